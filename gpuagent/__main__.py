@@ -1,0 +1,62 @@
+"""``gpuagent`` command line entry point."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+import structlog
+import uvloop
+
+from gpuagent import logs
+from gpuagent.app import Agent, FatalError, load_simulator
+from gpuagent.config import ConfigError, Settings, load_settings
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_CONFIG = 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse settings, run the agent on uvloop, and return the process exit code."""
+    try:
+        settings = load_settings(
+            sys.argv[1:] if argv is None else argv, os.environ, stderr_isatty=sys.stderr.isatty()
+        )
+        logs.configure(settings.log_format, settings.log_level)
+        agent = Agent(settings, simulator=load_simulator(settings))
+    except ConfigError as exc:
+        print(f"gpuagent: configuration error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    return uvloop.run(_run(agent, settings))
+
+
+async def _run(agent: Agent, settings: Settings) -> int:
+    log = structlog.get_logger("gpuagent")
+    log.info("running with config", config=json.loads(json.dumps(settings.as_dict())))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_signal(signum: signal.Signals) -> None:
+        if stop.is_set():
+            log.warning("second signal; exiting now", signal=signum.name)
+            os._exit(EXIT_FAILURE)
+        log.info("signal received; shutting down", signal=signum.name)
+        stop.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+    try:
+        await agent.run(stop)
+    except FatalError as exc:
+        log.error("fatal", error=str(exc))
+        return EXIT_FAILURE
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""The NVML poller: driver events and periodic probes feeding the device store.
+
+Two loops share one :class:`~gpuagent.gpu.nvml.Nvml`: a daemon thread blocks in the driver's event
+wait and hands each event to the event loop, and a probe cycle reads every GPU's telemetry on its
+own worker thread at the poll interval. Each GPU's state changes only through its own events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from functools import partial
+from typing import TypeVar
+
+import structlog
+
+from gpuagent.domain.devices import DriverState, Gpu, Snapshot
+from gpuagent.domain.health import (
+    HealthEvent,
+    HealthPolicy,
+    ProbeFailed,
+    RecoveryActionChanged,
+    record_event,
+)
+from gpuagent.domain.store import DeviceStore
+from gpuagent.gpu.nvml import DriverUnavailable, EventWaitError, Nvml, Probe
+from gpuagent.gpu.workers import Worker
+
+log = structlog.get_logger("gpuagent.monitor")
+T = TypeVar("T")
+
+
+class GpuMonitor:
+    """Owns the driver connection's lifetime and keeps the store's GPUs current."""
+
+    def __init__(
+        self,
+        store: DeviceStore,
+        nvml: Nvml,
+        policy: HealthPolicy,
+        *,
+        poll_interval: float,
+        init_retry_interval: float = 10.0,
+        call_timeout: float = 10.0,
+        event_wait_ms: int = 500,
+    ) -> None:
+        self._store = store
+        self._nvml = nvml
+        self._policy = policy
+        self._poll_interval = poll_interval
+        self._init_retry_interval = init_retry_interval
+        self._call_timeout = call_timeout
+        self._event_wait_ms = event_wait_ms
+        self._control = Worker("nvml-control")
+        self._workers: dict[int, Worker] = {}
+        self._recovery_actions: dict[int, int] = {}
+        self._poll_now = asyncio.Event()
+        self._stop_events = threading.Event()
+        self._event_thread: threading.Thread | None = None
+        self._started = False
+
+    async def start(self) -> None:
+        """Initialise the driver and discover GPUs; raises :class:`DriverUnavailable` on failure."""
+        try:
+            version = await self._call(self._control, self._nvml.init)
+            gpus = await self._call(self._control, self._nvml.discover)
+            await self._call(self._control, self._nvml.open_events)
+        except (DriverUnavailable, TimeoutError) as exc:
+            error = str(exc) or "nvml did not answer"
+            self._store.update(lambda s: replace(s, driver=DriverState(up=False, error=error)))
+            raise DriverUnavailable(error) from exc
+        for gpu in gpus:
+            self._workers[gpu.index] = Worker(f"nvml-gpu{gpu.index}")
+        self._store.update(
+            lambda s: replace(
+                s, gpus=tuple(gpus), discovered=True, driver=DriverState(up=True, version=version)
+            )
+        )
+        log.info(
+            "gpus discovered",
+            count=len(gpus),
+            driver_version=version,
+            gpus=[f"{g.index}:{g.uuid}" for g in gpus],
+        )
+        self._started = True
+
+    async def run(self) -> None:
+        """Keep the store current until cancelled; retries driver initialisation until it works."""
+        while not self._started:
+            try:
+                await self.start()
+            except DriverUnavailable as exc:
+                log.warning(
+                    "driver unavailable; retrying",
+                    error=str(exc),
+                    retry_in_s=self._init_retry_interval,
+                )
+                await asyncio.sleep(self._init_retry_interval)
+        loop = asyncio.get_running_loop()
+        self._event_thread = threading.Thread(
+            target=self._event_loop, args=(loop,), name="nvml-events", daemon=True
+        )
+        self._event_thread.start()
+        try:
+            while True:
+                await self.poll_once()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._poll_now.wait(), self._poll_interval)
+                self._poll_now.clear()
+        finally:
+            self._stop_events.set()
+
+    async def close(self) -> None:
+        """Stop the event thread and release the driver (bounded)."""
+        self._stop_events.set()
+        if self._started:
+            try:
+                await self._call(self._control, self._nvml.shutdown)
+            except TimeoutError:
+                log.warning("nvml shutdown did not return in time")
+        self._control.close()
+        for worker in self._workers.values():
+            worker.close()
+
+    async def poll_once(self) -> None:
+        """Probe every GPU whose worker is free, concurrently, and apply the results."""
+        pending: dict[int, asyncio.Future[Probe]] = {}
+        for index, worker in self._workers.items():
+            if worker.busy:
+                self.apply(index, ProbeFailed("an earlier nvml call has not returned"))
+                continue
+            pending[index] = worker.submit(partial(self._nvml.probe, index))
+        if not pending:
+            return
+        done, _ = await asyncio.wait(pending.values(), timeout=self._call_timeout)
+        for index, future in pending.items():
+            if future not in done:
+                self.apply(index, ProbeFailed(f"nvml call did not return in {self._call_timeout}s"))
+                continue
+            exc = future.exception()
+            if exc is not None:
+                log.error("probe failed unexpectedly", gpu=index, error=repr(exc))
+                self.apply(index, ProbeFailed(repr(exc)))
+                continue
+            self._apply_probe(index, future.result())
+
+    def apply(self, index: int, event: HealthEvent) -> None:
+        """Apply one health event to one GPU, logging a change of health."""
+        before = self._store.snapshot.gpu(index)
+        snapshot = self._store.update(lambda s: _map_gpu(s, index, self._record(event)))
+        after = snapshot.gpu(index)
+        if before is not None and after is not None and before.health != after.health:
+            emit = log.info if after.health.healthy else log.warning
+            emit(
+                "gpu health changed",
+                gpu=index,
+                uuid=after.uuid,
+                health=after.health.kubelet_health,
+                reason=after.health.reason,
+                event=type(event).__name__,
+            )
+
+    def _record(self, event: HealthEvent) -> Callable[[Gpu], Gpu]:
+        return lambda gpu: record_event(gpu, event, self._policy)
+
+    def _apply_probe(self, index: int, probe: Probe) -> None:
+        for event in probe.events:
+            self.apply(index, event)
+        if probe.recovery_action is not None:
+            # Only a change of the driver's recovery action is a signal; an unchanged "none" after
+            # an XID must not clear it.
+            previous = self._recovery_actions.get(index, 0)
+            self._recovery_actions[index] = probe.recovery_action
+            if probe.recovery_action != previous:
+                self.apply(index, RecoveryActionChanged(probe.recovery_action))
+        telemetry = probe.telemetry
+        self._store.update(lambda s: _map_gpu(s, index, lambda g: replace(g, telemetry=telemetry)))
+
+    def _event_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Runs on the ``nvml-events`` thread: blocks in the driver, posts events to the loop."""
+        while not self._stop_events.is_set():
+            try:
+                received = self._nvml.wait_event(self._event_wait_ms)
+            except EventWaitError as exc:
+                log.warning("event wait failed; probing all gpus", error=str(exc), lost=exc.lost)
+                loop.call_soon_threadsafe(self._poll_now.set)
+                self._stop_events.wait(self._event_wait_ms / 1000)
+                continue
+            if received is not None:
+                loop.call_soon_threadsafe(self._apply_event, *received)
+
+    def _apply_event(self, index: int, event: HealthEvent) -> None:
+        if isinstance(event, RecoveryActionChanged):
+            self._recovery_actions[index] = event.action
+        self.apply(index, event)
+
+    async def _call(self, worker: Worker, fn: Callable[[], T]) -> T:
+        return await asyncio.wait_for(worker.submit(fn), self._call_timeout)
+
+    @property
+    def gpu_indexes(self) -> Sequence[int]:
+        return tuple(self._workers)
+
+
+def _map_gpu(snapshot: Snapshot, index: int, change: Callable[[Gpu], Gpu]) -> Snapshot:
+    gpus = tuple(change(g) if g.index == index else g for g in snapshot.gpus)
+    return replace(snapshot, gpus=gpus)

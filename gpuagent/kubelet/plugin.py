@@ -1,0 +1,161 @@
+"""The DevicePlugin v1beta1 service, answering the kubelet from the device store."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+
+import structlog
+from grpclib import GRPCError
+from grpclib.const import Status
+
+from gpuagent._proto import v1beta1 as pb
+from gpuagent.domain.allocation import (
+    AllocationError,
+    AllocationPolicy,
+    ContainerAllocation,
+    UnhealthyDevicesError,
+)
+from gpuagent.domain.devices import Snapshot
+from gpuagent.domain.store import DeviceStore
+
+log = structlog.get_logger("gpuagent.plugin")
+
+DeviceList = tuple[tuple[str, str, int | None], ...]
+
+
+class DevicePluginService(pb.DevicePluginBase):
+    """Serves one resource's devices. Handlers never raise anything but :class:`GRPCError`."""
+
+    def __init__(
+        self,
+        store: DeviceStore,
+        policy: AllocationPolicy,
+        stopping: asyncio.Event,
+        *,
+        on_allocate: Callable[[float], None] | None = None,
+    ) -> None:
+        self._store = store
+        self._policy = policy
+        self._stopping = stopping
+        self._on_allocate = on_allocate
+        self._streams = 0
+        self._no_streams = asyncio.Event()
+        self._no_streams.set()
+
+    @property
+    def open_streams(self) -> int:
+        return self._streams
+
+    async def wait_drained(self) -> None:
+        """Return once no ListAndWatch stream is open."""
+        await self._no_streams.wait()
+
+    async def get_device_plugin_options(self, message: pb.Empty) -> pb.DevicePluginOptions:
+        return pb.DevicePluginOptions(
+            pre_start_required=False, get_preferred_allocation_available=True
+        )
+
+    async def list_and_watch(self, message: pb.Empty) -> AsyncIterator[pb.ListAndWatchResponse]:
+        """The full device list now, then again whenever a device's ID, health or NUMA node changes.
+
+        Ends with ``UNAVAILABLE`` when the agent shuts down, so the kubelet stops allocating from a
+        plugin that is going away.
+        """
+        self._streams += 1
+        self._no_streams.clear()
+        stop = asyncio.ensure_future(self._stopping.wait())
+        try:
+            snapshot = self._store.snapshot
+            sent = self._device_list(snapshot)
+            log.info("list-and-watch stream opened", devices=len(sent))
+            yield _response(sent)
+            while True:
+                newer = asyncio.ensure_future(self._store.wait_newer(snapshot.version))
+                await asyncio.wait({newer, stop}, return_when=asyncio.FIRST_COMPLETED)
+                if stop.done():
+                    newer.cancel()
+                    raise GRPCError(Status.UNAVAILABLE, "gpuagent is shutting down")
+                snapshot = newer.result()
+                current = self._device_list(snapshot)
+                if current != sent:
+                    sent = current
+                    yield _response(sent)
+        finally:
+            stop.cancel()
+            self._streams -= 1
+            if self._streams == 0:
+                self._no_streams.set()
+            log.info("list-and-watch stream closed")
+
+    async def allocate(self, message: pb.AllocateRequest) -> pb.AllocateResponse:
+        started = time.perf_counter()
+        if not message.container_requests:
+            raise GRPCError(Status.INVALID_ARGUMENT, "the request has no container requests")
+        snapshot = self._store.snapshot
+        responses = []
+        for request in message.container_requests:
+            try:
+                gpus = self._policy.resolve(snapshot, request.devices_ids)
+            except UnhealthyDevicesError as exc:
+                log.warning("allocate refused", reason=str(exc))
+                raise GRPCError(Status.FAILED_PRECONDITION, str(exc)) from exc
+            except AllocationError as exc:
+                log.warning("allocate refused", reason=str(exc))
+                raise GRPCError(Status.INVALID_ARGUMENT, str(exc)) from exc
+            responses.append(_container_response(self._policy.container_allocation(gpus)))
+            log.info("allocated", devices=list(request.devices_ids))
+        if self._on_allocate is not None:
+            self._on_allocate(time.perf_counter() - started)
+        return pb.AllocateResponse(container_responses=responses)
+
+    async def get_preferred_allocation(
+        self, message: pb.PreferredAllocationRequest
+    ) -> pb.PreferredAllocationResponse:
+        snapshot = self._store.snapshot
+        responses = []
+        for request in message.container_requests:
+            chosen = self._policy.preferred(
+                snapshot,
+                request.available_deviceIDs,
+                request.must_include_deviceIDs,
+                request.allocation_size,
+            )
+            responses.append(pb.ContainerPreferredAllocationResponse(device_i_ds=chosen))
+        return pb.PreferredAllocationResponse(container_responses=responses)
+
+    async def pre_start_container(
+        self, message: pb.PreStartContainerRequest
+    ) -> pb.PreStartContainerResponse:
+        return pb.PreStartContainerResponse()
+
+    def _device_list(self, snapshot: Snapshot) -> DeviceList:
+        strategy = self._policy.id_strategy
+        return tuple(
+            (gpu.device_id(strategy), gpu.health.kubelet_health, gpu.numa_node)
+            for gpu in snapshot.gpus
+        )
+
+
+def _response(devices: DeviceList) -> pb.ListAndWatchResponse:
+    return pb.ListAndWatchResponse(
+        devices=[
+            pb.Device(
+                id=device_id,
+                health=health,
+                topology=None if numa is None else pb.TopologyInfo(nodes=[pb.NumaNode(id=numa)]),
+            )
+            for device_id, health, numa in devices
+        ]
+    )
+
+
+def _container_response(allocation: ContainerAllocation) -> pb.ContainerAllocateResponse:
+    return pb.ContainerAllocateResponse(
+        envs=dict(allocation.envs),
+        mounts=[
+            pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
+            for m in allocation.mounts
+        ],
+    )

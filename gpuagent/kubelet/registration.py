@@ -1,0 +1,179 @@
+"""Serving the plugin socket and staying registered with the kubelet, across kubelet restarts.
+
+The cycle, forever: wait (with backoff) for ``kubelet.sock`` → serve on our own socket →
+``Register`` → watch both sockets. A restarting kubelet deletes every socket in the directory and
+recreates its own; either change ends the watch, and the cycle serves and registers again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import structlog
+from grpclib import GRPCError
+from grpclib.client import Channel
+from grpclib.server import Server
+
+from gpuagent._proto import v1beta1 as pb
+from gpuagent.domain.store import DeviceStore
+from gpuagent.kubelet.plugin import DevicePluginService
+
+log = structlog.get_logger("gpuagent.registration")
+
+API_VERSION = "v1beta1"
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """Intervals of the registration cycle, injectable so tests never wait on wall time."""
+
+    watch_interval: float = 0.1
+    register_timeout: float = 5.0
+    backoff_initial: float = 0.05
+    backoff_max: float = 1.0
+    register_retry_max: float = 30.0
+    close_timeout: float = 1.0
+
+
+class PluginEndpoint:
+    """Owns the plugin's Unix socket and its registration with the kubelet."""
+
+    def __init__(
+        self,
+        service: DevicePluginService,
+        store: DeviceStore,
+        *,
+        socket_path: Path,
+        kubelet_socket: Path,
+        resource_name: str,
+        timing: Timing = Timing(),
+        on_registered: Callable[[float], None] | None = None,
+    ) -> None:
+        self._service = service
+        self._store = store
+        self._socket_path = socket_path
+        self._kubelet_socket = kubelet_socket
+        self._resource_name = resource_name
+        self._timing = timing
+        self._on_registered = on_registered
+        self._server: Server | None = None
+        self.registrations = 0
+        self.last_error = ""
+
+    async def run(self) -> None:
+        """Serve and stay registered until cancelled."""
+        retry = self._timing.backoff_initial
+        try:
+            while True:
+                kubelet_inode = await self._wait_for_kubelet()
+                await self._serve()
+                started = time.perf_counter()
+                if await self._register():
+                    retry = self._timing.backoff_initial
+                    self._set_registered(True)
+                    if self._on_registered is not None:
+                        self._on_registered(time.perf_counter() - started)
+                    await self._watch(kubelet_inode)
+                    log.info("kubelet restart detected; serving and registering again")
+                    self._set_registered(False)
+                else:
+                    await asyncio.sleep(retry)
+                    retry = min(retry * 2, self._timing.register_retry_max)
+                await self._close_server()
+        finally:
+            self._set_registered(False)
+            await self._close_server()
+
+    async def _wait_for_kubelet(self) -> int:
+        delay = self._timing.backoff_initial
+        logged = False
+        while (inode := _socket_inode(self._kubelet_socket)) is None:
+            if not logged:
+                log.info("waiting for the kubelet socket", path=str(self._kubelet_socket))
+                logged = True
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self._timing.backoff_max)
+        return inode
+
+    async def _serve(self) -> None:
+        self._socket_path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            self._socket_path.unlink()  # a stale socket from an earlier run
+        server = Server([self._service])
+        await server.start(path=str(self._socket_path))
+        self._server = server
+        log.info("serving device plugin", socket=str(self._socket_path))
+
+    async def _register(self) -> bool:
+        request = pb.RegisterRequest(
+            version=API_VERSION,
+            endpoint=self._socket_path.name,
+            resource_name=self._resource_name,
+            options=pb.DevicePluginOptions(get_preferred_allocation_available=True),
+        )
+        channel = Channel(path=str(self._kubelet_socket))
+        try:
+            await pb.RegistrationStub(channel).register(
+                request, timeout=self._timing.register_timeout
+            )
+        except GRPCError as exc:
+            self.last_error = f"kubelet refused registration: {exc.status.name}: {exc.message}"
+        except (OSError, TimeoutError) as exc:
+            self.last_error = f"kubelet unreachable: {exc!r}"
+        else:
+            self.registrations += 1
+            self.last_error = ""
+            log.info(
+                "registered with kubelet", resource=self._resource_name, endpoint=request.endpoint
+            )
+            return True
+        finally:
+            channel.close()
+        log.error("registration failed", error=self.last_error)
+        return False
+
+    async def _watch(self, kubelet_inode: int) -> None:
+        own_inode = _socket_inode(self._socket_path)
+        while True:
+            await asyncio.sleep(self._timing.watch_interval)
+            if _socket_inode(self._socket_path) != own_inode:
+                return
+            if _socket_inode(self._kubelet_socket) != kubelet_inode:
+                return
+
+    async def _close_server(self) -> None:
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.close()
+        inner = getattr(server, "_server", None)
+        close_clients = getattr(inner, "close_clients", None)  # Python >= 3.13
+        if close_clients is not None:
+            close_clients()
+        try:
+            await asyncio.wait_for(server.wait_closed(), self._timing.close_timeout)
+        except TimeoutError:
+            # Python 3.12's Server.wait_closed() waits for idle clients grpclib never closes.
+            log.warning("plugin server close timed out; connections abandoned")
+        with contextlib.suppress(FileNotFoundError):
+            if _socket_inode(self._socket_path) is not None:
+                self._socket_path.unlink()
+
+    def _set_registered(self, registered: bool) -> None:
+        self._store.update(lambda s: replace(s, registered=registered))
+
+
+def _socket_inode(path: Path) -> int | None:
+    """The inode of the Unix socket at ``path``, or ``None`` if there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino if stat.S_ISSOCK(st.st_mode) else None

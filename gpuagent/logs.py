@@ -1,0 +1,54 @@
+"""structlog set-up: JSON lines off a TTY, readable console output on one."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import orjson
+import structlog
+
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
+           "error": logging.ERROR}  # fmt: skip
+
+
+def configure(fmt: str, level: str) -> None:
+    """Configure structlog (our own entries) and stdlib logging (grpclib, aiohttp) alike."""
+    numeric = _LEVELS[level]
+    shared: list[structlog.typing.Processor] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    if fmt == "json":
+        structlog.configure(
+            processors=[
+                *shared,
+                structlog.processors.dict_tracebacks,
+                structlog.processors.JSONRenderer(serializer=orjson.dumps),
+            ],
+            wrapper_class=structlog.make_filtering_bound_logger(numeric),
+            logger_factory=structlog.BytesLoggerFactory(sys.stderr.buffer),
+            cache_logger_on_first_use=True,
+        )
+        foreign_renderer: structlog.typing.Processor = structlog.processors.JSONRenderer()
+    else:
+        structlog.configure(
+            processors=[*shared, structlog.dev.ConsoleRenderer()],
+            wrapper_class=structlog.make_filtering_bound_logger(numeric),
+            logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+            cache_logger_on_first_use=True,
+        )
+        foreign_renderer = structlog.dev.ConsoleRenderer()
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name],
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                        foreign_renderer],
+        )
+    )  # fmt: skip
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    # Libraries are chatty at INFO (every cancelled stream); their warnings still come through.
+    root.setLevel(max(numeric, logging.WARNING))

@@ -1,0 +1,1 @@
+"""The HTTP adapter: /metrics, probes and (in simulation) fault injection; the only aiohttp code."""
