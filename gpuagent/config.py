@@ -1,0 +1,587 @@
+"""Command line, environment and config-file settings, resolved with flag > env > file > default."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import importlib.metadata
+import ipaddress
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+import yaml
+
+__all__ = ["ConfigError", "Settings", "load_settings"]
+
+T = TypeVar("T")
+D = TypeVar("D")
+
+CONFIG_VERSION = "v1"
+DEVICE_LIST_STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri")
+DEVICE_ID_STRATEGIES = ("uuid", "index")
+MIG_STRATEGIES = ("none", "single", "mixed")
+LOG_FORMATS = ("json", "console")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+MAX_SIMULATED_GPUS = 64
+MAX_POLL_INTERVAL = 3600.0
+
+_TRUE = frozenset({"true", "1", "yes"})
+_FALSE = frozenset({"false", "0", "no"})
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS_SUBDOMAIN_RE = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
+_RESOURCE_NAME_RE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_HOSTNAME_RE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?")
+
+
+class ConfigError(Exception):
+    """An invalid setting; ``key`` names the flag, environment variable or config key at fault."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(f"{key}: {reason}")
+        self.key = key
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The agent's effective configuration."""
+
+    socket_dir: Path
+    kubelet_socket: Path
+    pod_resources_socket: Path
+    metrics_host: str
+    metrics_port: int
+    config_file: Path | None
+    simulate: int | None
+    sim_config: Path | None
+    resource_name: str
+    device_list_strategy: tuple[str, ...]
+    device_id_strategy: str
+    mig_strategy: str
+    fail_on_init_error: bool
+    pass_device_specs: bool
+    nvidia_driver_root: Path
+    disable_healthchecks: str
+    enable_healthchecks: str
+    poll_interval: float
+    log_format: str
+    log_level: str
+
+    def as_dict(self) -> dict[str, object]:
+        """Return the settings as JSON-friendly values: paths as strings, tuples as lists."""
+        out: dict[str, object] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Path):
+                value = str(value)
+            elif isinstance(value, tuple):
+                value = list(value)
+            out[f.name] = value
+        return out
+
+
+class _Invalid(Exception):
+    """A raw value failed validation; the message is the reason."""
+
+
+def _type_name(raw: object) -> str:
+    return "null" if raw is None else type(raw).__name__
+
+
+def _text(raw: object) -> str:
+    if not isinstance(raw, str):
+        raise _Invalid(f"expected a string, got {_type_name(raw)}")
+    return raw
+
+
+def _parse_path(raw: object) -> Path:
+    text = _text(raw)
+    if not text:
+        raise _Invalid("must not be empty")
+    if "\0" in text:
+        raise _Invalid("must not contain a NUL character")
+    return Path(text)
+
+
+def _parse_bool(raw: object) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    if not isinstance(raw, str):
+        raise _Invalid(f"expected true or false, got {_type_name(raw)}")
+    text = raw
+    if text.lower() in _TRUE:
+        return True
+    if text.lower() in _FALSE:
+        return False
+    raise _Invalid(f"expected true or false, got {text!r}")
+
+
+def _parse_simulate(raw: object) -> int:
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        count = raw
+    elif isinstance(raw, str) and raw.isascii() and raw.strip().isdecimal():
+        count = int(raw)
+    else:
+        raise _Invalid(f"expected a whole number of GPUs, got {raw!r}")
+    if not 1 <= count <= MAX_SIMULATED_GPUS:
+        raise _Invalid(f"must be between 1 and {MAX_SIMULATED_GPUS}, got {count}")
+    return count
+
+
+def _parse_poll_interval(raw: object) -> float:
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+        seconds = float(raw)
+    elif isinstance(raw, str):
+        try:
+            seconds = float(raw)
+        except ValueError:
+            raise _Invalid(f"expected a number of seconds, got {raw!r}") from None
+    else:
+        raise _Invalid(f"expected a number of seconds, got {_type_name(raw)}")
+    if not (math.isfinite(seconds) and 0 < seconds <= MAX_POLL_INTERVAL):
+        raise _Invalid(f"must be > 0 and <= {MAX_POLL_INTERVAL:g} seconds, got {raw!r}")
+    return seconds
+
+
+def _choice(allowed: tuple[str, ...], *, fold_case: bool = False) -> Callable[[object], str]:
+    def parse(raw: object) -> str:
+        text = _text(raw)
+        value = text.lower() if fold_case else text
+        if value not in allowed:
+            raise _Invalid(f"must be one of {', '.join(allowed)}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _parse_device_list_strategy(raw: object) -> tuple[str, ...]:
+    if isinstance(raw, list):
+        items = [_text(item).strip() for item in raw]
+    else:
+        items = [item.strip() for item in _text(raw).split(",")]
+    if not items or "" in items:
+        raise _Invalid("expected a comma-separated list without empty entries")
+    unknown = [item for item in items if item not in DEVICE_LIST_STRATEGIES]
+    if unknown:
+        allowed = ", ".join(DEVICE_LIST_STRATEGIES)
+        raise _Invalid(f"unknown strategy {unknown[0]!r}; allowed: {allowed}")
+    strategies = tuple(dict.fromkeys(items))
+    if "cdi-annotations" in strategies and "cdi-cri" in strategies:
+        raise _Invalid("cdi-annotations and cdi-cri cannot be combined")
+    return strategies
+
+
+def _parse_healthchecks(raw: object) -> str:
+    if isinstance(raw, list):
+        return ",".join(_parse_healthchecks(item) for item in raw)
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        return str(raw)
+    return _text(raw)
+
+
+def _parse_resource_name(raw: object) -> str:
+    name = _text(raw)
+    prefix, slash, suffix = name.partition("/")
+    if not slash:
+        raise _Invalid(f"must be a domain-prefixed name such as nvidia.com/gpu, got {name!r}")
+    if name.startswith("requests."):
+        raise _Invalid(f"must not begin with 'requests.', got {name!r}")
+    if prefix == "kubernetes.io" or prefix.endswith(".kubernetes.io"):
+        raise _Invalid(f"must not be in the kubernetes.io namespace, got {name!r}")
+    if len(prefix) > 253 or not _DNS_SUBDOMAIN_RE.fullmatch(prefix):
+        raise _Invalid(f"prefix {prefix!r} is not a lower-case DNS subdomain")
+    if len(suffix) > 63 or not _RESOURCE_NAME_RE.fullmatch(suffix):
+        raise _Invalid(
+            f"name {suffix!r} must be 1-63 characters of [A-Za-z0-9-_.], "
+            "starting and ending with a letter or digit"
+        )
+    return name
+
+
+def _parse_metrics_address(raw: object) -> tuple[str, int]:
+    text = _text(raw)
+    host, colon, port_text = text.rpartition(":")
+    if not colon:
+        raise _Invalid(f"expected HOST:PORT (e.g. ':9400'), got {text!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise _Invalid(f"{host!r} is not an IPv6 address") from None
+    elif ":" in host:
+        raise _Invalid(f"an IPv6 host must be in brackets, e.g. '[::1]:9400', got {text!r}")
+    elif host and not _HOSTNAME_RE.fullmatch(host):
+        raise _Invalid(f"{host!r} is not a valid host name or address")
+    if not (port_text.isascii() and port_text.isdecimal()) or not 0 <= int(port_text) <= 65535:
+        raise _Invalid(f"port must be a number from 0 to 65535, got {port_text!r}")
+    return host, int(port_text)
+
+
+@dataclass(frozen=True, slots=True)
+class _Option(Generic[T]):
+    """One setting: its flag spelling, config key, environment names and parser."""
+
+    name: str
+    parse: Callable[[object], T]
+    help: str
+    metavar: str | None = None
+    aliases: tuple[str, ...] = ()
+    env_aliases: tuple[str, ...] = ()
+    is_bool: bool = False
+    in_file: bool = True
+
+    @property
+    def dest(self) -> str:
+        return self.name.replace("-", "_")
+
+    @property
+    def env_names(self) -> tuple[str, ...]:
+        return (f"GPUAGENT_{self.dest.upper()}", *self.env_aliases)
+
+
+SOCKET_DIR = _Option(
+    "socket-dir",
+    _parse_path,
+    "where plugin sockets are created (default /var/lib/kubelet/device-plugins)",
+    "DIR",
+)
+KUBELET_SOCKET = _Option(
+    "kubelet-socket",
+    _parse_path,
+    "kubelet Registration socket (default <socket-dir>/kubelet.sock)",
+    "PATH",
+    env_aliases=("KUBELET_SOCKET",),
+)
+POD_RESOURCES_SOCKET = _Option(
+    "pod-resources-socket",
+    _parse_path,
+    "kubelet pod-resources socket (default /var/lib/kubelet/pod-resources/kubelet.sock)",
+    "PATH",
+)
+METRICS_ADDRESS = _Option(
+    "metrics-address", _parse_metrics_address, "HTTP listen address (default :9400)", "HOST:PORT"
+)
+CONFIG = _Option(
+    "config",
+    _parse_path,
+    "versioned YAML config file",
+    "FILE",
+    aliases=("--config-file",),
+    env_aliases=("CONFIG_FILE",),
+    in_file=False,
+)
+SIMULATE = _Option("simulate", _parse_simulate, "run on N simulated GPUs (1-64)", "N")
+SIM_CONFIG = _Option(
+    "sim-config", _parse_path, "run on the simulated node described in FILE", "FILE"
+)
+RESOURCE_NAME = _Option(
+    "resource-name",
+    _parse_resource_name,
+    "extended resource for full GPUs (default nvidia.com/gpu)",
+    "NAME",
+)
+DEVICE_LIST_STRATEGY = _Option(
+    "device-list-strategy",
+    _parse_device_list_strategy,
+    f"comma list of {', '.join(DEVICE_LIST_STRATEGIES)} (default envvar)",
+    "LIST",
+    env_aliases=("DEVICE_LIST_STRATEGY",),
+)
+DEVICE_ID_STRATEGY = _Option(
+    "device-id-strategy",
+    _choice(DEVICE_ID_STRATEGIES),
+    "uuid or index (default uuid)",
+    "STRATEGY",
+    env_aliases=("DEVICE_ID_STRATEGY",),
+)
+MIG_STRATEGY = _Option(
+    "mig-strategy",
+    _choice(MIG_STRATEGIES),
+    "none, single or mixed (default none)",
+    "STRATEGY",
+    env_aliases=("MIG_STRATEGY",),
+)
+FAIL_ON_INIT_ERROR = _Option(
+    "fail-on-init-error",
+    _parse_bool,
+    "exit when the driver is unusable; false: serve probes and metrics and wait (default true)",
+    env_aliases=("FAIL_ON_INIT_ERROR",),
+    is_bool=True,
+)
+PASS_DEVICE_SPECS = _Option(
+    "pass-device-specs",
+    _parse_bool,
+    "return device nodes in Allocate responses (default false)",
+    env_aliases=("PASS_DEVICE_SPECS",),
+    is_bool=True,
+)
+NVIDIA_DRIVER_ROOT = _Option(
+    "nvidia-driver-root",
+    _parse_path,
+    "root of the NVIDIA driver installation (default /)",
+    "DIR",
+    aliases=("--driver-root",),
+    env_aliases=("NVIDIA_DRIVER_ROOT",),
+)
+DISABLE_HEALTHCHECKS = _Option(
+    "disable-healthchecks",
+    _parse_healthchecks,
+    "XIDs to ignore, 'xids' or 'all' (comma list)",
+    "LIST",
+    env_aliases=("DP_DISABLE_HEALTHCHECKS",),
+)
+ENABLE_HEALTHCHECKS = _Option(
+    "enable-healthchecks",
+    _parse_healthchecks,
+    "XIDs to check even if disabled, or 'all' (comma list)",
+    "LIST",
+    env_aliases=("DP_ENABLE_HEALTHCHECKS",),
+)
+POLL_INTERVAL = _Option(
+    "poll-interval",
+    _parse_poll_interval,
+    "seconds between telemetry and liveness polls of each GPU (default 5)",
+    "SECONDS",
+)
+LOG_FORMAT = _Option(
+    "log-format",
+    _choice(LOG_FORMATS),
+    "json or console (default console on a TTY, else json)",
+    "FORMAT",
+)
+LOG_LEVEL = _Option(
+    "log-level",
+    _choice(LOG_LEVELS, fold_case=True),
+    "debug, info, warning or error (default info)",
+    "LEVEL",
+)
+
+OPTIONS: tuple[_Option[Any], ...] = (
+    SOCKET_DIR,
+    KUBELET_SOCKET,
+    POD_RESOURCES_SOCKET,
+    METRICS_ADDRESS,
+    CONFIG,
+    SIMULATE,
+    SIM_CONFIG,
+    RESOURCE_NAME,
+    DEVICE_LIST_STRATEGY,
+    DEVICE_ID_STRATEGY,
+    MIG_STRATEGY,
+    FAIL_ON_INIT_ERROR,
+    PASS_DEVICE_SPECS,
+    NVIDIA_DRIVER_ROOT,
+    DISABLE_HEALTHCHECKS,
+    ENABLE_HEALTHCHECKS,
+    POLL_INTERVAL,
+    LOG_FORMAT,
+    LOG_LEVEL,
+)
+FILE_KEYS = tuple(opt.name for opt in OPTIONS if opt.in_file)
+
+
+class _StoreWithFlag(argparse.Action):
+    """Store ``(option string as typed, value)`` so errors can name the spelling the user used."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        setattr(namespace, self.dest, (option_string or self.option_strings[0], values))
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("gpuagent")
+    except importlib.metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpuagent",
+        description="Kubernetes GPU node agent: device plugin, GPU health and metrics.",
+        epilog="Every option is also settable as GPUAGENT_<OPTION> in the environment and, "
+        f"except --config, as a key of the config file (version: {CONFIG_VERSION}). "
+        "Precedence: flag > environment > config file > default. "
+        "Boolean flags take --name or --name=true|false.",
+        allow_abbrev=False,
+    )
+    parser.add_argument("--version", action="version", version=f"gpuagent {_version()}")
+    for opt in OPTIONS:
+        help_text = f"{opt.help} [env {', '.join(opt.env_names)}]"
+        parser.add_argument(
+            f"--{opt.name}",
+            *opt.aliases,
+            dest=opt.dest,
+            action=_StoreWithFlag,
+            nargs="?" if opt.is_bool else None,
+            metavar="true|false" if opt.is_bool else opt.metavar,
+            help=help_text,
+        )
+    return parser
+
+
+def _normalize_bool_flags(argv: Sequence[str]) -> list[str]:
+    """Rewrite a bare boolean flag to ``--name=true`` so it never consumes the next argument."""
+    bare = {
+        spelling for opt in OPTIONS if opt.is_bool for spelling in (f"--{opt.name}", *opt.aliases)
+    }
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            return [*out, *argv[i:]]
+        out.append(f"{arg}=true" if arg in bare else arg)
+    return out
+
+
+class _SafeLoaderNoDuplicates(yaml.SafeLoader):
+    """A safe YAML loader that rejects duplicate mapping keys."""
+
+
+def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    mapping = loader.construct_mapping(node)
+    seen: set[object] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark
+            )
+        seen.add(key)
+    return mapping
+
+
+_SafeLoaderNoDuplicates.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping
+)
+
+
+def _read_config_file(path: Path) -> dict[str, object]:
+    """Read and check the config file; return its settings keyed by option name."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError("config", f"cannot read {path}: {reason}") from None
+    try:
+        document = yaml.load(text, Loader=_SafeLoaderNoDuplicates)
+    except yaml.YAMLError as exc:
+        raise ConfigError("config", f"invalid YAML in {path}: {exc}") from None
+    if not isinstance(document, dict):
+        raise ConfigError(
+            "config", f"{path} must hold a mapping of settings, got {_type_name(document)}"
+        )
+    version = document.pop("version", None)
+    if version is None:
+        raise ConfigError("version", f"{path} must declare 'version: {CONFIG_VERSION}'")
+    if version != CONFIG_VERSION:
+        raise ConfigError(
+            "version", f"unsupported version {version!r} in {path}; expected {CONFIG_VERSION!r}"
+        )
+    for key in document:
+        if key not in FILE_KEYS:
+            raise ConfigError("config file", _unknown_key_reason(key))
+    return document
+
+
+def _unknown_key_reason(key: object) -> str:
+    if key == "config":
+        return "unknown key 'config' (the config file is chosen by --config or GPUAGENT_CONFIG)"
+    close = difflib.get_close_matches(str(key), FILE_KEYS, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"unknown key {key!r}{hint}"
+
+
+class _Sources:
+    """Finds each option's raw value and where it came from, by precedence."""
+
+    def __init__(self, flags: argparse.Namespace, environ: Mapping[str, str]) -> None:
+        self._flags = flags
+        self._environ = environ
+        self._file: dict[str, object] = {}
+
+    def load_file(self, path: Path) -> None:
+        self._file = _read_config_file(path)
+
+    def find(self, opt: _Option[Any]) -> tuple[object, str] | None:
+        given = getattr(self._flags, opt.dest, None)
+        if given is not None:
+            spelling, value = given
+            return value, spelling
+        for env_name in opt.env_names:
+            if self._environ.get(env_name):
+                return self._environ[env_name], env_name
+        if opt.name in self._file:
+            return self._file[opt.name], f"config file key {opt.name!r}"
+        return None
+
+    def get(self, opt: _Option[T], default: D) -> T | D:
+        found = self.find(opt)
+        if found is None:
+            return default
+        raw, label = found
+        try:
+            return opt.parse(raw)
+        except _Invalid as exc:
+            raise ConfigError(label, str(exc)) from None
+
+    def label(self, opt: _Option[Any]) -> str:
+        found = self.find(opt)
+        return found[1] if found else f"--{opt.name}"
+
+
+def load_settings(
+    argv: Sequence[str], environ: Mapping[str, str], *, stderr_isatty: bool = False
+) -> Settings:
+    """Resolve settings from ``argv`` (without the program name), ``environ`` and the config file.
+
+    Raises ConfigError for any invalid value; argparse exits 2 on usage errors and 0 for
+    --help and --version.
+    """
+    flags = _build_parser().parse_args(_normalize_bool_flags(argv))
+    sources = _Sources(flags, environ)
+    config_file = sources.get(CONFIG, None)
+    if config_file is not None:
+        sources.load_file(config_file)
+
+    socket_dir = sources.get(SOCKET_DIR, Path("/var/lib/kubelet/device-plugins"))
+    metrics_host, metrics_port = sources.get(METRICS_ADDRESS, ("", 9400))
+    simulate = sources.get(SIMULATE, None)
+    sim_config = sources.get(SIM_CONFIG, None)
+    if simulate is not None and sim_config is not None:
+        raise ConfigError(
+            sources.label(SIM_CONFIG), f"cannot be combined with {sources.label(SIMULATE)}"
+        )
+    return Settings(
+        socket_dir=socket_dir,
+        kubelet_socket=sources.get(KUBELET_SOCKET, socket_dir / "kubelet.sock"),
+        pod_resources_socket=sources.get(
+            POD_RESOURCES_SOCKET, Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+        ),
+        metrics_host=metrics_host,
+        metrics_port=metrics_port,
+        config_file=config_file,
+        simulate=simulate,
+        sim_config=sim_config,
+        resource_name=sources.get(RESOURCE_NAME, "nvidia.com/gpu"),
+        device_list_strategy=sources.get(DEVICE_LIST_STRATEGY, ("envvar",)),
+        device_id_strategy=sources.get(DEVICE_ID_STRATEGY, "uuid"),
+        mig_strategy=sources.get(MIG_STRATEGY, "none"),
+        fail_on_init_error=sources.get(FAIL_ON_INIT_ERROR, True),
+        pass_device_specs=sources.get(PASS_DEVICE_SPECS, False),
+        nvidia_driver_root=sources.get(NVIDIA_DRIVER_ROOT, Path("/")),
+        disable_healthchecks=sources.get(DISABLE_HEALTHCHECKS, ""),
+        enable_healthchecks=sources.get(ENABLE_HEALTHCHECKS, ""),
+        poll_interval=sources.get(POLL_INTERVAL, 5.0),
+        log_format=sources.get(LOG_FORMAT, "console" if stderr_isatty else "json"),
+        log_level=sources.get(LOG_LEVEL, "info"),
+    )
