@@ -1,0 +1,119 @@
+"""The health policy: XID classes, NVIDIA's env knobs, and recovery."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuagent.domain.devices import Condition, Gpu, GpuHealth
+from gpuagent.domain.health import (
+    DEFAULT_IGNORED_XIDS,
+    DoubleBitEccError,
+    GpuLost,
+    HealthCheckSpecError,
+    HealthEvent,
+    HealthPolicy,
+    ProbeFailed,
+    RecoveryActionChanged,
+    Responding,
+    XidError,
+    record_event,
+)
+
+HEALTHY = GpuHealth()
+
+
+@pytest.mark.parametrize(
+    ("disable", "enable", "xid", "checked"),
+    [
+        pytest.param("", "", 79, True, id="default-critical-xid"),
+        pytest.param("", "", 13, False, id="default-application-xid"),
+        pytest.param("", "", 109, False, id="default-ignores-109"),
+        pytest.param("48", "", 48, False, id="disable-adds-to-ignore-list"),
+        pytest.param("48", "", 79, True, id="disable-list-leaves-others"),
+        pytest.param("all", "", 79, False, id="disable-all"),
+        pytest.param("xids", "", 79, False, id="disable-xids"),
+        pytest.param("all", "79", 79, True, id="enable-beats-disable-all"),
+        pytest.param("all", "79", 48, False, id="enable-only-what-it-names"),
+        pytest.param("", "13", 13, True, id="enable-beats-default-ignore"),
+        pytest.param("", "all", 31, True, id="enable-all-checks-application-xids"),
+        pytest.param(" XIDS , 5 ", "", 5, False, id="case-and-spaces"),
+    ],
+)
+def test_xid_checks(disable: str, enable: str, xid: int, checked: bool) -> None:
+    policy = HealthPolicy.from_env_values(disable, enable)
+    assert policy.checks_xid(xid) is checked
+
+
+@pytest.mark.parametrize("bad", ["foo", "13,x", "-1", "1.5"])
+def test_bad_spec_names_the_variable_and_entry(bad: str) -> None:
+    with pytest.raises(HealthCheckSpecError, match="DP_DISABLE_HEALTHCHECKS"):
+        HealthPolicy.from_env_values(bad, "")
+
+
+def test_default_ignore_list_is_nvidias() -> None:
+    assert frozenset({13, 31, 43, 45, 68, 109}) == DEFAULT_IGNORED_XIDS
+
+
+def _run(events: list[HealthEvent], policy: HealthPolicy | None = None) -> GpuHealth:
+    policy = policy or HealthPolicy()
+    health = HEALTHY
+    for event in events:
+        health = policy.apply(health, event)
+    return health
+
+
+@pytest.mark.parametrize(
+    ("events", "conditions"),
+    [
+        pytest.param([XidError(79)], (Condition("xid", "79"),), id="critical-xid"),
+        pytest.param([XidError(13)], (), id="application-xid"),
+        pytest.param([XidError(79), XidError(48)], (Condition("xid", "48"),), id="latest-xid"),
+        pytest.param([DoubleBitEccError()], (Condition("ecc_dbe"),), id="dbe"),
+        pytest.param([GpuLost()], (Condition("lost"),), id="lost"),
+        pytest.param([ProbeFailed("Unknown Error")], (Condition("nvml_error", "Unknown Error"),),
+                     id="probe-failed"),
+        pytest.param([RecoveryActionChanged(1)], (Condition("recovery_action", "gpu_reset"),),
+                     id="driver-asks-for-reset"),
+        pytest.param([XidError(79), RecoveryActionChanged(1), RecoveryActionChanged(0)], (),
+                     id="recovery-clears-xid"),
+        pytest.param([DoubleBitEccError(), RecoveryActionChanged(0)], (), id="recovery-clears-ecc"),
+        pytest.param([GpuLost(), RecoveryActionChanged(0)], (Condition("lost"),),
+                     id="recovery-action-does-not-find-a-lost-gpu"),
+        pytest.param([GpuLost(), Responding()], (), id="answering-again-clears-lost"),
+        pytest.param([XidError(79), Responding()], (Condition("xid", "79"),),
+                     id="answering-does-not-clear-xid"),
+        pytest.param([XidError(79), GpuLost()], (Condition("xid", "79"), Condition("lost")),
+                     id="conditions-accumulate"),
+        pytest.param([RecoveryActionChanged(42)], (Condition("recovery_action", "42"),),
+                     id="unknown-action-number"),
+    ],
+)  # fmt: skip
+def test_state_machine(events: list[HealthEvent], conditions: tuple[Condition, ...]) -> None:
+    assert _run(events).conditions == conditions
+
+
+def test_disable_all_ignores_device_checks_too() -> None:
+    policy = HealthPolicy.from_env_values("all", "")
+    assert _run([GpuLost(), DoubleBitEccError(), XidError(79)], policy).healthy
+
+
+def test_reason_is_readable() -> None:
+    health = _run([XidError(79), GpuLost()])
+    assert not health.healthy
+    assert health.kubelet_health == "Unhealthy"
+    assert health.reason == "xid 79, lost"
+
+
+def test_record_event_counts_every_xid_even_ignored_ones() -> None:
+    gpu = Gpu(index=0, uuid="GPU-a", minor=0, name="x", memory_mib=1, pci_bus_id="b")
+    policy = HealthPolicy()
+    for xid in (13, 13, 79):
+        gpu = record_event(gpu, XidError(xid), policy)
+    assert dict(gpu.xid_counts) == {13: 2, 79: 1}
+    assert gpu.last_xid == 79
+    assert gpu.health.reason == "xid 79"
+
+
+def test_record_event_returns_same_gpu_when_nothing_changes() -> None:
+    gpu = Gpu(index=0, uuid="GPU-a", minor=0, name="x", memory_mib=1, pci_bus_id="b")
+    assert record_event(gpu, Responding(), HealthPolicy()) is gpu
