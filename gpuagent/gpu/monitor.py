@@ -116,6 +116,13 @@ class GpuMonitor:
     async def close(self) -> None:
         """Stop the event thread and release the driver (bounded)."""
         self._stop_events.set()
+        thread = self._event_thread
+        if thread is not None:
+            # The event set must outlive the wait that uses it: let the wait time out first.
+            await asyncio.to_thread(thread.join, self._event_wait_ms / 1000 + 1.0)
+            if thread.is_alive():
+                log.warning("nvml event wait did not return in time")
+                return
         if self._started:
             try:
                 await self._call(self._control, self._nvml.shutdown)
@@ -160,7 +167,7 @@ class GpuMonitor:
                 uuid=after.uuid,
                 health=after.health.kubelet_health,
                 reason=after.health.reason,
-                event=type(event).__name__,
+                cause=type(event).__name__,
             )
 
     def _record(self, event: HealthEvent) -> Callable[[Gpu], Gpu]:
@@ -186,11 +193,12 @@ class GpuMonitor:
                 received = self._nvml.wait_event(self._event_wait_ms)
             except EventWaitError as exc:
                 log.warning("event wait failed; probing all gpus", error=str(exc), lost=exc.lost)
-                loop.call_soon_threadsafe(self._poll_now.set)
+                if not _post(loop, self._poll_now.set):
+                    return
                 self._stop_events.wait(self._event_wait_ms / 1000)
                 continue
-            if received is not None:
-                loop.call_soon_threadsafe(self._apply_event, *received)
+            if received is not None and not _post(loop, self._apply_event, *received):
+                return
 
     def _apply_event(self, index: int, event: HealthEvent) -> None:
         if isinstance(event, RecoveryActionChanged):
@@ -203,6 +211,15 @@ class GpuMonitor:
     @property
     def gpu_indexes(self) -> Sequence[int]:
         return tuple(self._workers)
+
+
+def _post(loop: asyncio.AbstractEventLoop, callback: Callable[..., None], *args: object) -> bool:
+    """Hand ``callback`` to the loop from another thread; ``False`` once the loop has closed."""
+    try:
+        loop.call_soon_threadsafe(callback, *args)
+    except RuntimeError:
+        return False
+    return True
 
 
 def _map_gpu(snapshot: Snapshot, index: int, change: Callable[[Gpu], Gpu]) -> Snapshot:

@@ -12,6 +12,7 @@ import contextlib
 import os
 import stat
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -19,6 +20,7 @@ from pathlib import Path
 import structlog
 from grpclib import GRPCError
 from grpclib.client import Channel
+from grpclib.protocol import H2Protocol
 from grpclib.server import Server
 
 from gpuagent._proto import v1beta1 as pb
@@ -35,11 +37,36 @@ class Timing:
     """Intervals of the registration cycle, injectable so tests never wait on wall time."""
 
     watch_interval: float = 0.1
-    register_timeout: float = 5.0
+    # Longer than the kubelet's own 10 s blocking dial of our socket inside Register.
+    register_timeout: float = 12.0
     backoff_initial: float = 0.05
     backoff_max: float = 1.0
     register_retry_max: float = 30.0
     close_timeout: float = 1.0
+
+
+class _PluginServer(Server):
+    """grpclib's server, plus a way to drop its client connections.
+
+    ``Server.close()`` stops listening and cancels handlers but leaves HTTP/2 connections open
+    (grpclib#107: a proper fix needs GOAWAY); a dead kubelet's connections, or ours at shutdown,
+    would then linger. We keep the protocols and close their transports ourselves.
+    """
+
+    def __init__(self, service: DevicePluginService) -> None:
+        super().__init__([service])
+        self._protocols: weakref.WeakSet[H2Protocol] = weakref.WeakSet()
+
+    def _protocol_factory(self) -> H2Protocol:
+        protocol = super()._protocol_factory()
+        self._protocols.add(protocol)
+        return protocol
+
+    def drop_connections(self) -> None:
+        for protocol in list(self._protocols):
+            connection = getattr(protocol, "connection", None)
+            if connection is not None:
+                connection.close()
 
 
 class PluginEndpoint:
@@ -63,7 +90,7 @@ class PluginEndpoint:
         self._resource_name = resource_name
         self._timing = timing
         self._on_registered = on_registered
-        self._server: Server | None = None
+        self._server: _PluginServer | None = None
         self.registrations = 0
         self.last_error = ""
 
@@ -106,7 +133,7 @@ class PluginEndpoint:
         self._socket_path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             self._socket_path.unlink()  # a stale socket from an earlier run
-        server = Server([self._service])
+        server = _PluginServer(self._service)
         await server.start(path=str(self._socket_path))
         self._server = server
         log.info("serving device plugin", socket=str(self._socket_path))
@@ -153,15 +180,14 @@ class PluginEndpoint:
         if server is None:
             return
         server.close()
-        inner = getattr(server, "_server", None)
-        close_clients = getattr(inner, "close_clients", None)  # Python >= 3.13
-        if close_clients is not None:
-            close_clients()
+        # Let cancelled handlers finish (streams send their status), then drop the connections:
+        # Python >= 3.12's wait_closed() waits for every client to go.
+        await asyncio.sleep(0)
+        server.drop_connections()
         try:
             await asyncio.wait_for(server.wait_closed(), self._timing.close_timeout)
         except TimeoutError:
-            # Python 3.12's Server.wait_closed() waits for idle clients grpclib never closes.
-            log.warning("plugin server close timed out; connections abandoned")
+            log.warning("plugin server did not close in time")
         with contextlib.suppress(FileNotFoundError):
             if _socket_inode(self._socket_path) is not None:
                 self._socket_path.unlink()

@@ -1,0 +1,234 @@
+"""Per-device query entry points of the simulated ``libnvidia-ml`` (identity and telemetry)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pynvml
+
+from gpuagent.gpu.sim._abi import Symbol, as_int, device, out, write_str
+from gpuagent.gpu.sim.state import DriverState, GpuState
+
+SUCCESS = int(pynvml.NVML_SUCCESS)
+INVALID_ARGUMENT = int(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+NOT_SUPPORTED = int(pynvml.NVML_ERROR_NOT_SUPPORTED)
+_UINT = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+_ULL = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+
+
+def fill_pci(info: Any, gpu: GpuState) -> None:
+    """Write ``gpu``'s PCI identity into an ``nvmlPciInfo_t``."""
+    bus = gpu.spec.pci_bus
+    info.busIdLegacy = f"0000:{bus:02X}:00.0".encode()
+    info.domain = 0
+    info.bus = bus
+    info.device = 0
+    info.pciDeviceId = gpu.spec.profile.pci_device_id
+    info.pciSubSystemId = gpu.spec.profile.pci_subsystem_id
+    info.busId = gpu.spec.pci_bus_id.encode()
+
+
+def _uuid(st: DriverState, gpu: GpuState, buffer: object, length: object) -> int:
+    return write_str(buffer, length, gpu.spec.uuid)
+
+
+def _name(st: DriverState, gpu: GpuState, buffer: object, length: object) -> int:
+    return write_str(buffer, length, gpu.spec.name)
+
+
+def _index(st: DriverState, gpu: GpuState, ref: object) -> int:
+    out(ref).value = gpu.index
+    return SUCCESS
+
+
+def _minor(st: DriverState, gpu: GpuState, ref: object) -> int:
+    out(ref).value = gpu.spec.minor
+    return SUCCESS
+
+
+def _numa(st: DriverState, gpu: GpuState, ref: object) -> int:
+    out(ref).value = gpu.spec.numa_node
+    return SUCCESS
+
+
+def _architecture(st: DriverState, gpu: GpuState, ref: object) -> int:
+    out(ref).value = gpu.spec.architecture
+    return SUCCESS
+
+
+def _compute_capability(st: DriverState, gpu: GpuState, major: object, minor: object) -> int:
+    out(major).value, out(minor).value = gpu.spec.profile.compute_capability
+    return SUCCESS
+
+
+def _pci_info(st: DriverState, gpu: GpuState, ref: object) -> int:
+    fill_pci(out(ref), gpu)
+    return SUCCESS
+
+
+def _memory(st: DriverState, gpu: GpuState, ref: object) -> int:
+    s = st.sample(gpu)
+    memory = out(ref)
+    memory.total = s.fb_total_bytes
+    memory.used = s.fb_used_bytes + s.fb_reserved_bytes
+    memory.free = s.fb_free_bytes
+    return SUCCESS
+
+
+def _memory_v2(st: DriverState, gpu: GpuState, ref: object) -> int:
+    memory = out(ref)
+    if memory.version != pynvml.nvmlMemory_v2:
+        return int(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+    s = st.sample(gpu)
+    memory.total = s.fb_total_bytes
+    memory.reserved = s.fb_reserved_bytes
+    memory.used = s.fb_used_bytes
+    memory.free = s.fb_free_bytes
+    return SUCCESS
+
+
+def _temperature(st: DriverState, gpu: GpuState, sensor: object, ref: object) -> int:
+    if as_int(sensor) != pynvml.NVML_TEMPERATURE_GPU:
+        return INVALID_ARGUMENT
+    out(ref).value = st.sample(gpu).temperature_c
+    return SUCCESS
+
+
+def _power(st: DriverState, gpu: GpuState, ref: object) -> int:
+    out(ref).value = st.sample(gpu).power_mw
+    return SUCCESS
+
+
+def _power_limit(st: DriverState, gpu: GpuState, ref: object) -> int:
+    out(ref).value = gpu.spec.profile.power_limit_mw
+    return SUCCESS
+
+
+def _energy(st: DriverState, gpu: GpuState, ref: object) -> int:
+    out(ref).value = st.sample(gpu).energy_mj
+    return SUCCESS
+
+
+def _clock(st: DriverState, gpu: GpuState, kind: object, ref: object) -> int:
+    s = st.sample(gpu)
+    clocks = (s.graphics_clock_mhz, s.sm_clock_mhz, s.mem_clock_mhz, s.video_clock_mhz)
+    k = as_int(kind)
+    if not 0 <= k < len(clocks):
+        return INVALID_ARGUMENT
+    out(ref).value = clocks[k]
+    return SUCCESS
+
+
+def _max_clock(st: DriverState, gpu: GpuState, kind: object, ref: object) -> int:
+    p = gpu.spec.profile
+    clocks = (
+        p.max_graphics_clock_mhz,
+        p.max_sm_clock_mhz,
+        p.max_mem_clock_mhz,
+        p.max_video_clock_mhz,
+    )
+    k = as_int(kind)
+    if not 0 <= k < len(clocks):
+        return INVALID_ARGUMENT
+    out(ref).value = clocks[k]
+    return SUCCESS
+
+
+def _utilization(st: DriverState, gpu: GpuState, ref: object) -> int:
+    if gpu.spec.mig:
+        return NOT_SUPPORTED
+    s = st.sample(gpu)
+    util = out(ref)
+    util.gpu = s.gpu_util_pct
+    util.memory = s.mem_util_pct
+    return SUCCESS
+
+
+def _mig_mode(st: DriverState, gpu: GpuState, current: object, pending: object) -> int:
+    mode = pynvml.NVML_DEVICE_MIG_ENABLE if gpu.spec.mig else pynvml.NVML_DEVICE_MIG_DISABLE
+    out(current).value = mode
+    out(pending).value = mode
+    return SUCCESS
+
+
+def _field(st: DriverState, gpu: GpuState, field_id: int) -> tuple[int, int] | None:
+    """``(value type, value)`` of one field, or None when the simulated GPU lacks it."""
+    f = pynvml
+    if field_id == f.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION:
+        return _UINT, gpu.recovery_action
+    if field_id in (f.NVML_FI_DEV_ECC_DBE_VOL_TOTAL, f.NVML_FI_DEV_ECC_DBE_AGG_TOTAL):
+        return _ULL, gpu.ecc_dbe_count
+    if field_id in (f.NVML_FI_DEV_ECC_SBE_VOL_TOTAL, f.NVML_FI_DEV_ECC_SBE_AGG_TOTAL):
+        return _ULL, 0
+    if field_id == f.NVML_FI_DEV_MEMORY_TEMP:
+        return _UINT, st.sample(gpu).memory_temperature_c
+    if field_id == f.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION:
+        return _ULL, st.sample(gpu).energy_mj
+    if field_id == f.NVML_FI_DEV_NVLINK_LINK_COUNT:
+        return _UINT, len(gpu.links)
+    if field_id == f.NVML_FI_DEV_PCIE_REPLAY_COUNTER:
+        return _ULL, 0
+    if field_id in (
+        f.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+        f.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
+    ):
+        if not any(peer is not None for peer in gpu.links):
+            return _ULL, 0
+        s = st.sample(gpu)
+        tx = field_id == f.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
+        return _ULL, s.nvlink_tx_kib if tx else s.nvlink_rx_kib
+    if field_id in (
+        f.NVML_FI_DEV_REMAPPED_COR,
+        f.NVML_FI_DEV_REMAPPED_UNC,
+        f.NVML_FI_DEV_REMAPPED_PENDING,
+        f.NVML_FI_DEV_REMAPPED_FAILURE,
+    ):
+        return _UINT, 0
+    return None
+
+
+def _field_values(st: DriverState, gpu: GpuState, count: object, ref: object) -> int:
+    values = out(ref)
+    n = as_int(count)
+    if n < 0 or n > len(values):
+        return INVALID_ARGUMENT
+    now_us = time.time_ns() // 1000
+    for i in range(n):
+        slot = values[i]
+        slot.timestamp = now_us
+        slot.latencyUsec = 0
+        found = _field(st, gpu, int(slot.fieldId))
+        if found is None:
+            slot.nvmlReturn = NOT_SUPPORTED
+            continue
+        slot.valueType, value = found
+        if slot.valueType == _UINT:
+            slot.value.uiVal = value
+        else:
+            slot.value.ullVal = value
+        slot.nvmlReturn = SUCCESS
+    return SUCCESS
+
+
+SYMBOLS: dict[str, Symbol] = {
+    "nvmlDeviceGetUUID": device(_uuid),
+    "nvmlDeviceGetName": device(_name),
+    "nvmlDeviceGetIndex": device(_index),
+    "nvmlDeviceGetMinorNumber": device(_minor),
+    "nvmlDeviceGetNumaNodeId": device(_numa),
+    "nvmlDeviceGetArchitecture": device(_architecture),
+    "nvmlDeviceGetCudaComputeCapability": device(_compute_capability),
+    "nvmlDeviceGetPciInfo_v3": device(_pci_info),
+    "nvmlDeviceGetMemoryInfo": device(_memory),
+    "nvmlDeviceGetMemoryInfo_v2": device(_memory_v2),
+    "nvmlDeviceGetTemperature": device(_temperature),
+    "nvmlDeviceGetPowerUsage": device(_power),
+    "nvmlDeviceGetEnforcedPowerLimit": device(_power_limit),
+    "nvmlDeviceGetTotalEnergyConsumption": device(_energy),
+    "nvmlDeviceGetClockInfo": device(_clock),
+    "nvmlDeviceGetMaxClockInfo": device(_max_clock),
+    "nvmlDeviceGetUtilizationRates": device(_utilization),
+    "nvmlDeviceGetMigMode": device(_mig_mode),
+    "nvmlDeviceGetFieldValues": device(_field_values),
+}

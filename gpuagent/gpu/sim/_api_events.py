@@ -1,0 +1,138 @@
+"""Topology, NVLink and event entry points of the simulated ``libnvidia-ml``.
+
+A freed event set stays known to the driver: waiting on it, registering on it or freeing it
+again returns ``NVML_ERROR_INVALID_ARGUMENT`` (a real driver would read freed memory), and a
+thread blocked in ``nvmlEventSetWait_v2`` when its set is freed wakes with that code. A final
+``nvmlShutdown`` wakes blocked waiters with ``NVML_ERROR_UNINITIALIZED``.
+"""
+
+from __future__ import annotations
+
+import pynvml
+
+from gpuagent.gpu.sim._abi import Symbol, as_int, device, out
+from gpuagent.gpu.sim._api_device import fill_pci
+from gpuagent.gpu.sim.state import NO_INSTANCE, SUPPORTED_EVENTS, DriverState, EventSet, GpuState
+
+SUCCESS = int(pynvml.NVML_SUCCESS)
+INVALID_ARGUMENT = int(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+NOT_SUPPORTED = int(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+
+def _common_ancestor(st: DriverState, a: GpuState, b: GpuState, ref: object) -> int:
+    if a is b:
+        level = pynvml.NVML_TOPOLOGY_INTERNAL
+    elif a.spec.numa_node == b.spec.numa_node:
+        level = pynvml.NVML_TOPOLOGY_NODE
+    else:
+        level = pynvml.NVML_TOPOLOGY_SYSTEM
+    out(ref).value = level
+    return SUCCESS
+
+
+def _link(gpu: GpuState, link: object) -> int | None:
+    index = as_int(link)
+    return index if 0 <= index < len(gpu.links) else None
+
+
+def _link_state(st: DriverState, gpu: GpuState, link: object, ref: object) -> int:
+    index = _link(gpu, link)
+    if index is None:
+        return INVALID_ARGUMENT
+    active = gpu.links[index] is not None
+    out(ref).value = pynvml.NVML_FEATURE_ENABLED if active else pynvml.NVML_FEATURE_DISABLED
+    return SUCCESS
+
+
+def _remote_pci(st: DriverState, gpu: GpuState, link: object, ref: object) -> int:
+    index = _link(gpu, link)
+    if index is None:
+        return INVALID_ARGUMENT
+    peer = gpu.links[index]
+    if peer is None:
+        return NOT_SUPPORTED
+    fill_pci(out(ref), st.gpus[peer])
+    return SUCCESS
+
+
+def _remote_type(st: DriverState, gpu: GpuState, link: object, ref: object) -> int:
+    index = _link(gpu, link)
+    if index is None:
+        return INVALID_ARGUMENT
+    if gpu.links[index] is None:
+        return NOT_SUPPORTED
+    out(ref).value = pynvml.NVML_NVLINK_DEVICE_TYPE_GPU
+    return SUCCESS
+
+
+def _set_create(st: DriverState, ref: object) -> int:
+    out(ref).contents = st.new_event_set().handle
+    return SUCCESS
+
+
+def _live_set(st: DriverState, handle: object) -> EventSet | None:
+    event_set = st.event_set_of(handle)
+    return None if event_set is None or event_set.freed else event_set
+
+
+def _supported(st: DriverState, gpu: GpuState, ref: object) -> int:
+    out(ref).value = SUPPORTED_EVENTS
+    return SUCCESS
+
+
+def _register(st: DriverState, gpu: GpuState, mask: object, handle: object) -> int:
+    event_set = _live_set(st, handle)
+    if event_set is None:
+        return INVALID_ARGUMENT
+    bits = as_int(mask)
+    if bits & ~SUPPORTED_EVENTS:
+        return NOT_SUPPORTED
+    event_set.masks[gpu.index] = event_set.masks.get(gpu.index, 0) | bits
+    return SUCCESS
+
+
+def _wait(st: DriverState, handle: object, ref: object, timeout_ms: object) -> int:
+    event_set = _live_set(st, handle)
+    if event_set is None:
+        return INVALID_ARGUMENT
+    data = out(ref)
+    timeout = as_int(timeout_ms) / 1000.0
+    st.cond.wait_for(
+        lambda: bool(event_set.queue) or event_set.freed or st.init_count == 0, timeout
+    )
+    if event_set.freed:
+        return INVALID_ARGUMENT
+    if st.init_count == 0:
+        return int(pynvml.NVML_ERROR_UNINITIALIZED)
+    if not event_set.queue:
+        return int(pynvml.NVML_ERROR_TIMEOUT)
+    event = event_set.queue.popleft()
+    data.device = pynvml.c_nvmlDevice_t(st.gpus[event.gpu].handle)
+    data.eventType = event.event_type
+    data.eventData = event.data
+    data.gpuInstanceId = NO_INSTANCE
+    data.computeInstanceId = NO_INSTANCE
+    return SUCCESS
+
+
+def _set_free(st: DriverState, handle: object) -> int:
+    event_set = _live_set(st, handle)
+    if event_set is None:
+        return INVALID_ARGUMENT
+    event_set.freed = True
+    event_set.queue.clear()
+    st.cond.notify_all()
+    return SUCCESS
+
+
+SYMBOLS: dict[str, Symbol] = {
+    "nvmlDeviceGetTopologyCommonAncestor": device(_common_ancestor, handles=2),
+    "nvmlDeviceGetNvLinkState": device(_link_state),
+    "nvmlDeviceGetNvLinkRemotePciInfo_v2": device(_remote_pci),
+    "nvmlDeviceGetNvLinkRemoteDeviceType": device(_remote_type),
+    "nvmlEventSetCreate": Symbol(_set_create),
+    "nvmlDeviceGetSupportedEventTypes": device(_supported),
+    "nvmlDeviceRegisterEvents": device(_register),
+    "nvmlEventSetWait_v2": Symbol(_wait),
+    "nvmlEventSetFree": Symbol(_set_free),
+}

@@ -1,0 +1,224 @@
+"""The simulated ``libnvidia-ml.so.1``: an object pynvml loads in place of the C library."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import pynvml
+
+from gpuagent.gpu.sim import _api_device, _api_events, _api_system
+from gpuagent.gpu.sim._abi import BadArgument, Symbol, as_bytes, as_int
+from gpuagent.gpu.sim.spec import SimNode
+from gpuagent.gpu.sim.state import DriverState, GpuState
+
+SYMBOLS: dict[str, Symbol] = {
+    **_api_system.SYMBOLS,
+    **_api_device.SYMBOLS,
+    **_api_events.SYMBOLS,
+}
+
+
+@dataclass
+class _Rule:
+    code: int
+    remaining: int | None
+
+
+class _Entry:
+    """One C entry point as pynvml sees it: callable, and ``restype``/``argtypes`` can be set."""
+
+    restype: object = None
+    argtypes: object = None
+
+    def __init__(self, driver: SimDriver, name: str, symbol: Symbol) -> None:
+        self.__name__ = name
+        self._driver = driver
+        self._symbol = symbol
+
+    def __call__(self, *args: object) -> int | bytes:
+        return self._driver._call(self.__name__, self._symbol, args)
+
+    def __repr__(self) -> str:
+        return f"<simulated NVML entry point {self.__name__}>"
+
+
+class SimDriver:
+    """A fake NVIDIA driver: NVML's C entry points as attributes, plus fault injection.
+
+    Install it with :func:`install` and the unmodified pynvml wrappers talk to it. Every C symbol
+    (``nvmlInitWithFlags``, ``nvmlDeviceGetHandleByIndex_v2``, ``nvmlEventSetWait_v2``, …) is an
+    attribute taking the ctypes arguments pynvml passes and returning an NVML return code.
+    Telemetry is a smooth function of ``clock`` (seconds); fault state surfaces only through
+    NVML, as on a real node. Thread-safe: all state sits behind one lock, which an event-set wait
+    releases while it blocks.
+
+    Calls other than ``nvmlInitWithFlags``/``nvmlErrorString`` return UNINITIALIZED outside
+    ``nvmlInit``…``nvmlShutdown``. Waiting on, registering on or freeing a freed event set returns
+    INVALID_ARGUMENT (a blocked waiter wakes with it); the last ``nvmlShutdown`` wakes waiters
+    with UNINITIALIZED. Wait timeouts are wall-clock; ``clock`` only drives telemetry.
+    """
+
+    calls: Counter[str]
+
+    def __init__(self, node: SimNode, clock: Callable[[], float] = time.monotonic) -> None:
+        self._state = DriverState(node, clock)
+        self.calls = Counter()
+        self._rules: dict[tuple[str, int | None], _Rule] = {}
+        self._removed: set[str] = set()
+        self._entries = {name: _Entry(self, name, symbol) for name, symbol in SYMBOLS.items()}
+        for name, entry in self._entries.items():
+            setattr(self, name, entry)
+
+    @property
+    def node(self) -> SimNode:
+        """The simulated node this driver was built from."""
+        return self._state.node
+
+    # ----- dispatch ----------------------------------------------------------------------------
+    def _call(self, name: str, symbol: Symbol, args: tuple[object, ...]) -> int | bytes:
+        st = self._state
+        with st.cond:
+            self.calls[name] += 1
+            if name in self._removed:
+                return int(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+            injected = self._injected(name, symbol, args)
+            if injected is not None:
+                return injected
+            if symbol.needs_init and st.init_count == 0:
+                return int(pynvml.NVML_ERROR_UNINITIALIZED)
+            gpus: list[GpuState] = []
+            for handle in args[: symbol.handles]:
+                gpu = st.gpu_of(handle)
+                if gpu is None:
+                    return int(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+                gpus.append(gpu)
+            if not symbol.lost_ok and any(gpu.lost for gpu in gpus):
+                return int(pynvml.NVML_ERROR_GPU_IS_LOST)
+            try:
+                return symbol.impl(st, *gpus, *args[symbol.handles :])
+            except BadArgument:
+                return int(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+
+    def _target(self, symbol: Symbol, args: tuple[object, ...]) -> int | None:
+        st = self._state
+        try:
+            if symbol.target == "handle":
+                gpu = st.gpu_of(args[0])
+            elif symbol.target == "index":
+                return as_int(args[0])
+            elif symbol.target == "uuid":
+                gpu = st.find_uuid(as_bytes(args[0]))
+            elif symbol.target == "pci":
+                gpu = st.find_bus_id(as_bytes(args[0]))
+            else:
+                return None
+        except (BadArgument, IndexError):
+            return None
+        return None if gpu is None else gpu.index
+
+    def _injected(self, name: str, symbol: Symbol, args: tuple[object, ...]) -> int | None:
+        key: tuple[str, int | None] = (name, None)
+        if any(n == name and gpu is not None for n, gpu in self._rules):
+            target = self._target(symbol, args)
+            if (name, target) in self._rules:
+                key = (name, target)
+        rule = self._rules.get(key)
+        if rule is None:
+            return None
+        if rule.remaining is not None:
+            rule.remaining -= 1
+            if rule.remaining == 0:
+                del self._rules[key]
+        return rule.code
+
+    # ----- control plane -----------------------------------------------------------------------
+    def describe(self) -> list[dict[str, object]]:
+        """The simulated GPUs and their fault state, JSON-ready, one dict per GPU.
+
+        Keys: index, uuid, name, memory_mib, pci_bus_id, numa_node, mig (list of profiles),
+        state ("ok" or "lost"), recovery_action ("none", "gpu_reset", …), last_xid (int or None),
+        xid_count, ecc_dbe_count.
+        """
+        return self._state.describe()
+
+    def inject(self, gpu: int, fault: str, xid: int | None = None) -> dict[str, object]:
+        """Apply a fault to GPU ``gpu`` and return its new description.
+
+        ``fault`` is ``"xid"`` (needs a positive ``xid``; XIDs that need a reset also set the
+        recovery action to GPU_RESET), ``"lost"`` (XID 79, then every call on the GPU returns
+        GPU_IS_LOST), ``"ecc_dbe"`` (a double-bit ECC event, recovery action GPU_RESET) or
+        ``"recover"`` (answers again, recovery action NONE). Events go to every event set the GPU
+        is registered on for that event type.
+
+        Raises ``ValueError`` for an unknown fault, a bad or misplaced ``xid`` or a non-integer
+        ``gpu``, and ``LookupError`` for a GPU index that does not exist.
+        """
+        return self._state.inject(gpu, fault, xid)
+
+    # ----- test hooks --------------------------------------------------------------------------
+    def fail(
+        self, symbol: str, code: int, gpu: int | None = None, count: int | None = None
+    ) -> None:
+        """Make C symbol ``symbol`` return ``code``, only for GPU ``gpu`` if given, ``count`` times.
+
+        Without ``count`` the failure lasts until :meth:`clear_failures`. A later ``fail`` for the
+        same symbol and GPU replaces the earlier one.
+        """
+        sym = SYMBOLS.get(symbol)
+        if sym is None:
+            raise ValueError(f"the simulated driver has no symbol {symbol!r}")
+        if count is not None and count < 1:
+            raise ValueError(f"count must be at least 1, got {count}")
+        if gpu is not None:
+            if sym.target == "none":
+                raise ValueError(f"{symbol} does not act on one GPU")
+            if not 0 <= gpu < len(self._state.gpus):
+                raise LookupError(f"no simulated GPU {gpu}")
+        with self._state.cond:
+            self._rules[(symbol, gpu)] = _Rule(code=int(code), remaining=count)
+
+    def remove(self, symbol: str) -> None:
+        """Make C symbol ``symbol`` disappear, as in an older driver (FUNCTION_NOT_FOUND)."""
+        if symbol not in SYMBOLS:
+            raise ValueError(f"the simulated driver has no symbol {symbol!r}")
+        with self._state.cond:
+            self._removed.add(symbol)
+        if symbol in vars(self):
+            delattr(self, symbol)
+
+    def clear_failures(self) -> None:
+        """Undo every :meth:`fail` and :meth:`remove`."""
+        with self._state.cond:
+            self._rules.clear()
+            restored, self._removed = self._removed, set()
+        for name in restored:
+            setattr(self, name, self._entries[name])
+
+
+def install(driver: SimDriver) -> None:
+    """Make pynvml use ``driver`` as its NVML library (instead of loading libnvidia-ml.so.1)."""
+    with pynvml.libLoadLock:
+        pynvml.nvmlLib = driver
+        pynvml._nvmlGetFunctionPointer_cache.clear()
+
+
+def uninstall() -> None:
+    """Forget any installed driver: pynvml loads the real library on the next ``nvmlInit``."""
+    with pynvml.libLoadLock:
+        pynvml.nvmlLib = None
+        pynvml._nvmlGetFunctionPointer_cache.clear()
+        pynvml._nvmlLib_refcount = 0
+
+
+@contextmanager
+def installed(driver: SimDriver) -> Iterator[SimDriver]:
+    """``install(driver)`` for the duration of a ``with`` block, then :func:`uninstall`."""
+    install(driver)
+    try:
+        yield driver
+    finally:
+        uninstall()

@@ -1,0 +1,244 @@
+"""What a simulated node is made of: ``--simulate N`` and the ``--sim-config`` YAML document."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from gpuagent.gpu.sim.profiles import DEFAULT_PROFILE, GpuProfile, find_profile, mig_slices
+
+MAX_GPUS = 64
+MAX_NUMA_NODE = 1023
+MAX_MEMORY_MIB = 16 * 1024 * 1024
+MAX_LINKS_PER_PAIR = 18
+MIG_SLICES = 7
+DRIVER_VERSION = "580.95.05"
+CUDA_DRIVER_VERSION = 13000
+
+_UUID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://gpuagent.invalid/sim")
+_GPU_KEYS = frozenset({"name", "memory_mib", "numa_node", "mig"})
+_TOP_KEYS = frozenset({"version", "gpus", "nvlinks"})
+
+
+class SimConfigError(ValueError):
+    """A simulated-node description is invalid; ``key`` is the dotted path of the offending value.
+
+    ``str(error)`` is ``"<key>: <reason>"``, e.g. ``"gpus[1].memory_mib: must be an integer"``.
+    """
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"{key}: {message}")
+        self.key = key
+        self.message = message
+
+
+@dataclass(frozen=True)
+class SimGpuSpec:
+    """One simulated GPU: what the config chose plus the identity derived from its profile.
+
+    ``name`` is what NVML reports (the profile's model name unless the config named an unknown
+    model); everything not configurable comes from ``profile``.
+    """
+
+    index: int
+    name: str
+    memory_mib: int
+    numa_node: int
+    mig: tuple[str, ...]
+    uuid: str
+    pci_bus_id: str
+    minor: int
+    profile: GpuProfile
+
+    @property
+    def architecture(self) -> int:
+        """NVML architecture constant (``NVML_DEVICE_ARCH_*``)."""
+        return self.profile.architecture
+
+    @property
+    def pci_bus(self) -> int:
+        """The PCI bus number inside ``pci_bus_id``."""
+        return int(self.pci_bus_id.split(":")[1], 16)
+
+
+@dataclass(frozen=True)
+class SimNode:
+    """A simulated node: its GPUs, NVLink wiring ``(gpu_a, gpu_b, link_count)`` and driver."""
+
+    gpus: tuple[SimGpuSpec, ...]
+    nvlinks: tuple[tuple[int, int, int], ...] = ()
+    driver_version: str = DRIVER_VERSION
+    cuda_driver_version: int = CUDA_DRIVER_VERSION
+
+    def links_of(self, gpu: int) -> tuple[tuple[int, int], ...]:
+        """``(peer, link_count)`` for every NVLink connection of ``gpu``, in configuration order."""
+        peers: list[tuple[int, int]] = []
+        for a, b, count in self.nvlinks:
+            if a == gpu:
+                peers.append((b, count))
+            elif b == gpu:
+                peers.append((a, count))
+        return tuple(peers)
+
+
+def _gpu(
+    index: int,
+    count: int,
+    profile: GpuProfile,
+    *,
+    name: str | None = None,
+    memory_mib: int | None = None,
+    numa_node: int | None = None,
+    mig: tuple[str, ...] = (),
+) -> SimGpuSpec:
+    reported = profile.model_name if name is None else name
+    return SimGpuSpec(
+        index=index,
+        name=reported,
+        memory_mib=profile.memory_mib if memory_mib is None else memory_mib,
+        numa_node=(0 if index < (count + 1) // 2 else 1) if numa_node is None else numa_node,
+        mig=mig,
+        uuid=f"GPU-{uuid.uuid5(_UUID_NAMESPACE, f'{reported}/{index}')}",
+        pci_bus_id=f"00000000:{0x10 + 3 * index:02X}:00.0",
+        minor=index,
+        profile=profile,
+    )
+
+
+def node_from_count(n: int) -> SimNode:
+    """``--simulate N``: N H100 80GB HBM3 SXM GPUs on an HGX-like board.
+
+    Every pair is joined by NVLink (the profile's links shared evenly over the peers, at least
+    one each), the first half of the GPUs sits on NUMA node 0 and the rest on NUMA node 1.
+    """
+    if type(n) is not int or not 1 <= n <= MAX_GPUS:
+        raise SimConfigError(
+            "simulate", f"must be a number of GPUs from 1 to {MAX_GPUS}, got {n!r}"
+        )
+    profile = DEFAULT_PROFILE
+    gpus = tuple(_gpu(i, n, profile) for i in range(n))
+    per_pair = max(1, profile.nvlink_count // (n - 1)) if n > 1 else 0
+    links = tuple((a, b, per_pair) for a in range(n) for b in range(a + 1, n))
+    return SimNode(gpus=gpus, nvlinks=links)
+
+
+def _int(value: object, key: str, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SimConfigError(key, f"must be an integer, got {value!r}")
+    if not low <= value <= high:
+        raise SimConfigError(key, f"must be from {low} to {high}, got {value}")
+    return value
+
+
+def _mig(value: object, key: str, profile: GpuProfile) -> tuple[str, ...]:
+    if not isinstance(value, list | tuple):
+        raise SimConfigError(key, "must be a list of MIG profile names")
+    names: list[str] = []
+    for j, item in enumerate(value):
+        if not isinstance(item, str) or item not in profile.mig_profiles:
+            known = ", ".join(profile.mig_profiles)
+            raise SimConfigError(f"{key}[{j}]", f"unknown MIG profile {item!r} (known: {known})")
+        names.append(item)
+    if sum(mig_slices(name) for name in names) > MIG_SLICES:
+        raise SimConfigError(key, f"the profiles need more than the GPU's {MIG_SLICES} slices")
+    return tuple(names)
+
+
+def _gpu_from(item: object, index: int, count: int) -> SimGpuSpec:
+    key = f"gpus[{index}]"
+    if item is None:
+        item = {}
+    if not isinstance(item, Mapping):
+        raise SimConfigError(key, "must be a mapping of name, memory_mib, numa_node, mig")
+    for field in item:
+        if field not in _GPU_KEYS:
+            raise SimConfigError(
+                f"{key}.{field}", "unknown key (known: memory_mib, mig, name, numa_node)"
+            )
+    name: str | None = None
+    profile = DEFAULT_PROFILE
+    if "name" in item:
+        raw = item["name"]
+        if not isinstance(raw, str) or not raw.strip():
+            raise SimConfigError(f"{key}.name", f"must be a non-empty string, got {raw!r}")
+        found = find_profile(raw)
+        if found is None:
+            name = raw.strip()
+        else:
+            profile = found
+    memory = item.get("memory_mib")
+    numa = item.get("numa_node")
+    return _gpu(
+        index,
+        count,
+        profile,
+        name=name,
+        memory_mib=None if memory is None else _int(memory, f"{key}.memory_mib", 1, MAX_MEMORY_MIB),
+        numa_node=None if numa is None else _int(numa, f"{key}.numa_node", 0, MAX_NUMA_NODE),
+        mig=_mig(item.get("mig", []), f"{key}.mig", profile),
+    )
+
+
+def _nvlinks(value: object, gpus: Sequence[SimGpuSpec]) -> tuple[tuple[int, int, int], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list | tuple):
+        raise SimConfigError("nvlinks", "must be a list of [gpu_a, gpu_b, link_count]")
+    links: list[tuple[int, int, int]] = []
+    seen: set[frozenset[int]] = set()
+    used = [0] * len(gpus)
+    for k, item in enumerate(value):
+        key = f"nvlinks[{k}]"
+        if not isinstance(item, list | tuple) or len(item) != 3:
+            raise SimConfigError(key, f"must be [gpu_a, gpu_b, link_count], got {item!r}")
+        last = len(gpus) - 1
+        a = _int(item[0], f"{key}[0]", 0, last)
+        b = _int(item[1], f"{key}[1]", 0, last)
+        count = _int(item[2], f"{key}[2]", 1, MAX_LINKS_PER_PAIR)
+        if a == b:
+            raise SimConfigError(key, f"joins GPU {a} to itself")
+        if frozenset((a, b)) in seen:
+            raise SimConfigError(key, f"GPUs {a} and {b} are already joined")
+        seen.add(frozenset((a, b)))
+        for gpu in (a, b):
+            used[gpu] += count
+            available = gpus[gpu].profile.nvlink_count
+            if used[gpu] > available:
+                raise SimConfigError(key, f"GPU {gpu} would need more than its {available} links")
+        links.append((a, b, count))
+    return tuple(links)
+
+
+def node_from_mapping(data: object) -> SimNode:
+    """Parse a loaded ``--sim-config`` document (``version: v1``, ``gpus:``, ``nvlinks:``).
+
+    Raises :class:`SimConfigError` naming the dotted key of the first invalid value.
+    """
+    if not isinstance(data, Mapping):
+        raise SimConfigError("sim-config", "must be a mapping with version, gpus and nvlinks")
+    for key in data:
+        if key not in _TOP_KEYS:
+            raise SimConfigError(str(key), "unknown key (known: gpus, nvlinks, version)")
+    if data.get("version") != "v1":
+        raise SimConfigError("version", f"must be v1, got {data.get('version')!r}")
+    items = data.get("gpus")
+    if not isinstance(items, list | tuple) or not items:
+        raise SimConfigError("gpus", "must be a non-empty list of GPUs")
+    if len(items) > MAX_GPUS:
+        raise SimConfigError("gpus", f"at most {MAX_GPUS} GPUs, got {len(items)}")
+    gpus = tuple(_gpu_from(item, i, len(items)) for i, item in enumerate(items))
+    return SimNode(gpus=gpus, nvlinks=_nvlinks(data.get("nvlinks"), gpus))
+
+
+def load_sim_config(path: Path) -> SimNode:
+    """Read and parse a ``--sim-config`` YAML file; unreadable or malformed → key ``sim-config``."""
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = yaml.safe_load(text)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise SimConfigError("sim-config", f"cannot read {path}: {exc}") from exc
+    return node_from_mapping(data)

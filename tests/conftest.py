@@ -1,0 +1,55 @@
+"""Fixtures shared by the whole test suite."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+
+import pytest
+import uvloop
+from support.fake_kubelet import FakeKubelet
+from support.grpcstubs import StubModules, generate
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+    """Run every async test (and its async fixtures) once on each event loop.
+
+    pytest-asyncio 1.5 parametrizes each async test over the returned factories; the test ids
+    get an ``[asyncio]`` / ``[uvloop]`` suffix. A test can pick a subset with
+    ``@pytest.mark.asyncio(loop_factories=["uvloop"])``.
+    """
+    return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+
+
+@pytest.fixture(scope="session")
+def grpc_stubs(tmp_path_factory: pytest.TempPathFactory) -> StubModules:
+    """grpcio stubs for both protos, generated once per session by protoc."""
+    return generate(tmp_path_factory.mktemp("grpcstubs"))
+
+
+@pytest.fixture
+def short_tmp_path() -> Iterator[Path]:
+    """A short directory under /tmp: Unix socket paths must stay under 108 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="ga-", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def device_plugin_dir(short_tmp_path: Path) -> Path:
+    """Where the kubelet and the plugins put their sockets (created by ``FakeKubelet.start``)."""
+    return short_tmp_path / "device-plugins"
+
+
+@pytest.fixture
+def fake_kubelet(device_plugin_dir: Path, grpc_stubs: StubModules) -> Iterator[FakeKubelet]:
+    """A started kubelet stand-in on ``device_plugin_dir/kubelet.sock``; stopped afterwards."""
+    with FakeKubelet(device_plugin_dir, grpc_stubs) as kubelet:
+        yield kubelet

@@ -1,0 +1,91 @@
+"""Running a real agent in-process on a simulated driver, with fast registration timings."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+from gpuagent.app import Agent, load_simulator
+from gpuagent.config import load_settings
+from gpuagent.gpu.sim import SimDriver
+from gpuagent.kubelet.registration import Timing
+
+FAST = Timing(
+    watch_interval=0.02,
+    register_timeout=5.0,
+    backoff_initial=0.01,
+    backoff_max=0.05,
+    register_retry_max=0.2,
+    close_timeout=1.0,
+)
+
+
+@dataclass
+class RunningAgent:
+    agent: Agent
+    stop: asyncio.Event
+    task: asyncio.Task[None]
+    http: aiohttp.ClientSession
+    base_url: str
+
+    @property
+    def sim(self) -> SimDriver:
+        assert self.agent.simulator is not None
+        return self.agent.simulator
+
+    async def get(self, path: str) -> tuple[int, str]:
+        async with self.http.get(self.base_url + path) as response:
+            return response.status, await response.text()
+
+    async def fault(self, body: object) -> tuple[int, object]:
+        async with self.http.post(self.base_url + "/sim/faults", json=body) as response:
+            return response.status, await response.json()
+
+    async def shutdown(self) -> None:
+        self.stop.set()
+        await asyncio.wait_for(self.task, 5)
+
+
+@asynccontextmanager
+async def running_agent(
+    socket_dir: Path, args: Sequence[str] = ("--simulate", "4"), *, sysfs_root: Path | None = None
+) -> AsyncIterator[RunningAgent]:
+    """Start an agent with ``args`` (plus test-friendly addresses) and stop it afterwards."""
+    settings = load_settings(
+        [
+            "--socket-dir", str(socket_dir),
+            "--metrics-address", "127.0.0.1:0",
+            "--poll-interval", "0.05",
+            "--log-level", "warning",
+            *args,
+        ],
+        {},
+    )  # fmt: skip
+    agent = Agent(
+        settings,
+        simulator=load_simulator(settings),
+        sysfs_root=sysfs_root or Path("/nonexistent-sysfs"),
+        hostname="test-node",
+        registration_timing=FAST,
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(agent.run(stop), name="agent-under-test")
+    started = asyncio.create_task(agent.started.wait())
+    await asyncio.wait({task, started}, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        started.cancel()
+        task.result()  # raises the agent's error
+    assert agent.started.is_set(), "agent did not start in 10 s"
+    assert agent.http is not None
+    async with aiohttp.ClientSession() as http:
+        running = RunningAgent(agent, stop, task, http, f"http://127.0.0.1:{agent.http.port}")
+        try:
+            yield running
+        finally:
+            if not task.done():
+                await running.shutdown()

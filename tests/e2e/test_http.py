@@ -1,0 +1,188 @@
+"""The HTTP surface: probes, fault injection and /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from support.fake_kubelet import FakeKubelet
+
+from e2e.agentrun import RunningAgent, running_agent
+
+T = 10.0
+
+
+def samples(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                found[tuple(sorted(sample.labels.items()))] = sample.value
+    return found
+
+
+async def wait_for_metric(
+    run: RunningAgent, name: str, labels: dict[str, str], value: float
+) -> str:
+    text = ""
+    for _ in range(500):
+        _, text = await run.get("/metrics")
+        for key, got in samples(text, name).items():
+            if labels.items() <= dict(key).items() and got == value:
+                return text
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{name}{labels} never became {value}:\n{text}")
+
+
+async def test_sim_gpus_lists_the_simulated_node(device_plugin_dir: Path) -> None:
+    async with running_agent(device_plugin_dir, ("--simulate", "8")) as run:
+        async with run.http.get(run.base_url + "/sim/gpus") as response:
+            assert response.status == 200
+            gpus = await response.json()
+        assert [g["index"] for g in gpus] == list(range(8))
+        assert {g["name"] for g in gpus} == {"NVIDIA H100 80GB HBM3"}
+        assert [g["numa_node"] for g in gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
+        assert len({g["uuid"] for g in gpus}) == 8
+
+
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        pytest.param({"gpu": 9, "fault": "lost"}, 404, id="unknown-gpu"),
+        pytest.param({"gpu": 0, "fault": "melt"}, 400, id="unknown-fault"),
+        pytest.param({"gpu": 0, "fault": "xid"}, 400, id="xid-without-code"),
+        pytest.param({"gpu": "0", "fault": "lost"}, 400, id="gpu-not-int"),
+        pytest.param({"gpu": True, "fault": "lost"}, 400, id="gpu-bool"),
+        pytest.param({"fault": "lost"}, 400, id="gpu-missing"),
+        pytest.param({"gpu": 0}, 400, id="fault-missing"),
+        pytest.param({"gpu": 0, "fault": "xid", "xid": "79"}, 400, id="xid-not-int"),
+        pytest.param([1, 2], 400, id="not-an-object"),
+    ],
+)
+async def test_bad_fault_requests_are_refused(
+    device_plugin_dir: Path, body: object, status: int
+) -> None:
+    async with running_agent(device_plugin_dir, ("--simulate", "2")) as run:
+        got, payload = await run.fault(body)
+        assert got == status
+        assert isinstance(payload, dict)
+        assert payload["error"]
+
+
+async def test_malformed_json_is_400(device_plugin_dir: Path) -> None:
+    async with (
+        running_agent(device_plugin_dir, ("--simulate", "1")) as run,
+        run.http.post(run.base_url + "/sim/faults", data=b"{nope") as response,
+    ):
+        assert response.status == 400
+
+
+async def test_fault_response_is_the_gpus_new_state(device_plugin_dir: Path) -> None:
+    async with running_agent(device_plugin_dir, ("--simulate", "2")) as run:
+        status, state = await run.fault({"gpu": 1, "fault": "lost"})
+        assert status == 200
+        assert isinstance(state, dict)
+        assert state["index"] == 1
+        assert state["state"] == "lost"
+
+
+async def test_probes(fake_kubelet: FakeKubelet, device_plugin_dir: Path) -> None:
+    async with running_agent(device_plugin_dir) as run:
+        assert (await run.get("/healthz"))[0] == 200
+        await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+        for _ in range(200):
+            if (await run.get("/readyz"))[0] == 200:
+                break
+            await asyncio.sleep(0.01)
+        assert (await run.get("/readyz"))[0] == 200
+        status, body = await run.get("/")
+        assert status == 200
+        assert 'href="metrics"' in body
+
+
+async def test_metrics_report_health_and_xids(
+    fake_kubelet: FakeKubelet, device_plugin_dir: Path
+) -> None:
+    async with running_agent(device_plugin_dir) as run:
+        await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+        uuid = str(run.sim.describe()[1]["uuid"])
+        text = await wait_for_metric(run, "gpuagent_kubelet_registered", {}, 1)
+        assert samples(text, "gpuagent_gpu_healthy")[(("gpu", "1"), ("uuid", uuid))] == 1
+        # XID 8 needs no GPU reset, so the driver posts no recovery action beside it.
+        await run.fault({"gpu": 1, "fault": "xid", "xid": 8})
+        text = await wait_for_metric(run, "gpuagent_gpu_healthy", {"gpu": "1"}, 0)
+        assert samples(text, "gpuagent_xid_errors_total") == {
+            (("gpu", "1"), ("uuid", uuid), ("xid", "8")): 1
+        }
+        condition = samples(text, "gpuagent_gpu_condition")
+        assert condition == {
+            (("condition", "xid"), ("detail", "8"), ("gpu", "1"), ("uuid", uuid)): 1
+        }
+        last = samples(text, "DCGM_FI_DEV_XID_ERRORS")
+        assert [v for k, v in last.items() if ("gpu", "1") in k] == [8]
+
+
+async def test_metrics_carry_dcgm_names_and_labels(device_plugin_dir: Path) -> None:
+    async with running_agent(device_plugin_dir, ("--simulate", "2")) as run:
+        text = await wait_for_metric(run, "gpuagent_gpus", {}, 2)
+        for _ in range(200):
+            if samples(text, "DCGM_FI_DEV_GPU_TEMP"):
+                break
+            await asyncio.sleep(0.01)
+            _, text = await run.get("/metrics")
+        temps = samples(text, "DCGM_FI_DEV_GPU_TEMP")
+        assert len(temps) == 2
+        labels = dict(next(iter(temps)))
+        assert set(labels) == {
+            "gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname",
+            "DCGM_FI_DRIVER_VERSION",
+        }  # fmt: skip
+        assert labels["Hostname"] == "test-node"
+        assert labels["modelName"] == "NVIDIA H100 80GB HBM3"
+        driver = run.agent.store.snapshot.driver.version
+        assert driver
+        assert labels["DCGM_FI_DRIVER_VERSION"] == driver
+
+
+async def test_metrics_gzip(device_plugin_dir: Path) -> None:
+    async with running_agent(device_plugin_dir, ("--simulate", "1")) as run:
+        headers = {"Accept-Encoding": "gzip"}
+        async with run.http.get(
+            run.base_url + "/metrics", headers=headers, auto_decompress=False
+        ) as response:
+            assert response.headers["Content-Encoding"] == "gzip"
+            assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+            text = gzip.decompress(await response.read()).decode()
+        assert "gpuagent_gpus 1" in text
+
+
+async def test_own_families_pass_promtool(
+    fake_kubelet: FakeKubelet, device_plugin_dir: Path
+) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        if os.environ.get("GPUAGENT_REQUIRE_PROMTOOL"):
+            pytest.fail("promtool is required here (GPUAGENT_REQUIRE_PROMTOOL is set)")
+        pytest.skip("promtool not installed")
+    async with running_agent(device_plugin_dir) as run:
+        await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+        await run.fault({"gpu": 0, "fault": "xid", "xid": 79})
+        text = await wait_for_metric(run, "gpuagent_gpu_healthy", {"gpu": "0"}, 0)
+    own = "".join(line + "\n" for line in text.splitlines() if "gpuagent_" in line)
+    assert "gpuagent_gpu_condition" in own
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [promtool, "check", "metrics"],
+        input=own,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr + result.stdout
+    assert result.stderr.strip() == ""

@@ -1,0 +1,268 @@
+"""The agent driven as the kubelet drives it: grpcio client, real Unix sockets, simulated GPUs."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from support.fake_kubelet import FakeKubelet
+
+from e2e.agentrun import running_agent
+
+T = 10.0  # generous bound for anything that should take milliseconds
+
+
+def devices(update: Any) -> list[tuple[str, str, list[int]]]:
+    return [(d.ID, d.health, [n.ID for n in d.topology.nodes]) for d in update.devices]
+
+
+def health_of(update: Any) -> dict[str, str]:
+    return {d.ID: d.health for d in update.devices}
+
+
+async def test_registers_with_the_kubelets_fields(
+    fake_kubelet: FakeKubelet, device_plugin_dir: Path
+) -> None:
+    async with running_agent(device_plugin_dir):
+        (reg,) = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+        assert reg.version == "v1beta1"
+        assert reg.endpoint == "nvidia-gpu.sock"
+        assert reg.resource_name == "nvidia.com/gpu"
+        assert reg.options.get_preferred_allocation_available is True
+        assert reg.plugin_options.get_preferred_allocation_available is True
+        assert reg.plugin_options.pre_start_required is False
+        assert (device_plugin_dir / "nvidia-gpu.sock").is_socket()
+
+
+async def test_first_list_is_every_gpu_healthy_with_numa(
+    fake_kubelet: FakeKubelet, device_plugin_dir: Path
+) -> None:
+    async with running_agent(device_plugin_dir) as run:
+        (reg,) = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+        first = await asyncio.to_thread(reg.next_update, T)
+        uuids = [str(g["uuid"]) for g in run.sim.describe()]
+        assert devices(first) == [
+            (uuids[0], "Healthy", [0]),
+            (uuids[1], "Healthy", [0]),
+            (uuids[2], "Healthy", [1]),
+            (uuids[3], "Healthy", [1]),
+        ]
+        assert all(u.startswith("GPU-") for u in uuids)
+
+
+async def test_allocate_returns_visible_devices(
+    fake_kubelet: FakeKubelet, device_plugin_dir: Path
+) -> None:
+    async with running_agent(device_plugin_dir) as run:
+        await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+        uuids = [str(g["uuid"]) for g in run.sim.describe()]
+        response = await asyncio.to_thread(fake_kubelet.allocate, [uuids[2], uuids[0]])
+        (container,) = response.container_responses
+        assert dict(container.envs) == {"NVIDIA_VISIBLE_DEVICES": f"{uuids[2]},{uuids[0]}"}
+        assert run.agent.stats.allocations == 1
+
+
+async def test_index_strategy_lists_and_allocates_by_index(
+    fake_kubelet: FakeKubelet, device_plugin_dir: Path
+) -> None:
+    args = ("--simulate", "2", "--device-id-strategy", "index")
+    async with running_agent(device_plugin_dir, args):
+        (reg,) = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+        first = await asyncio.to_thread(reg.next_update, T)
+        assert [d.ID for d in first.devices] == ["0", "1"]
+        response = await asyncio.to_thread(fake_kubelet.allocate, ["1"])
+        assert dict(response.container_responses[0].envs) == {"NVIDIA_VISIBLE_DEVICES": "1"}
+
+
+async def test_unknown_ids_are_invalid_argument_naming_them(
+    fake_kubelet: FakeKubelet, device_plugin_dir: Path
+) -> None:
+    async with running_agent(device_plugin_dir) as run:
+        await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+        good = str(run.sim.describe()[0]["uuid"])
+        code, details = await asyncio.to_thread(
+            fake_kubelet.allocate_error, [good, "GPU-nope", "also-bad"]
+        )
+        assert code == grpc.StatusCode.INVALID_ARGUMENT
+        assert "GPU-nope" in details
+        assert "also-bad" in details
+        assert str(good) not in details
+
+
+async def test_unhealthy_ids_are_failed_precondition(
+    fake_kubelet: FakeKubelet, device_plugin_dir: Path
+) -> None:
+    async with running_agent(device_plugin_dir) as run:
+        (reg,) = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+        uuid = str(run.sim.describe()[1]["uuid"])
+        status, _ = await run.fault({"gpu": 1, "fault": "xid", "xid": 79})
+        assert status == 200
+        await asyncio.to_thread(reg.wait_until, lambda u: health_of(u)[uuid] == "Unhealthy", T)
+        code, details = await asyncio.to_thread(fake_kubelet.allocate_error, [uuid])
+        assert code == grpc.StatusCode.FAILED_PRECONDITION
+        assert uuid in details
+        assert "xid 79" in details
+
+
+@pytest.mark.parametrize(
+    ("fault", "reason"),
+    [
+        pytest.param({"fault": "xid", "xid": 79}, "xid 79", id="xid-79"),
+        pytest.param({"fault": "ecc_dbe"}, "ecc_dbe", id="double-bit-ecc"),
+        pytest.param({"fault": "lost"}, "lost", id="lost"),
+    ],
+)
+async def test_fault_turns_only_that_gpu_unhealthy_then_recovers(
+    fake_kubelet: FakeKubelet, device_plugin_dir: Path, fault: dict[str, object], reason: str
+) -> None:
+    async with running_agent(device_plugin_dir) as run:
+        (reg,) = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+        uuids = [str(g["uuid"]) for g in run.sim.describe()]
+        await asyncio.to_thread(reg.next_update, T)
+
+        status, _ = await run.fault({"gpu": 2, **fault})
+        assert status == 200
+        update = await asyncio.to_thread(
+            reg.wait_until, lambda u: health_of(u)[uuids[2]] == "Unhealthy", T
+        )
+        assert health_of(update) == {
+            uuids[0]: "Healthy", uuids[1]: "Healthy", uuids[2]: "Unhealthy", uuids[3]: "Healthy"
+        }  # fmt: skip
+        for _ in range(500):  # the probe that sees a lost GPU follows the XID 79 event
+            gpu = run.agent.store.snapshot.gpu(2)
+            assert gpu is not None
+            if reason in gpu.health.reason:
+                break
+            await asyncio.sleep(0.01)
+        assert gpu is not None
+        assert reason in gpu.health.reason
+
+        status, _ = await run.fault({"gpu": 2, "fault": "recover"})
+        assert status == 200
+        update = await asyncio.to_thread(
+            reg.wait_until, lambda u: health_of(u)[uuids[2]] == "Healthy", T
+        )
+        assert set(health_of(update).values()) == {"Healthy"}
+
+
+async def test_application_xid_keeps_gpu_healthy(
+    fake_kubelet: FakeKubelet, device_plugin_dir: Path
+) -> None:
+    async with running_agent(device_plugin_dir) as run:
+        (reg,) = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+        await asyncio.to_thread(reg.next_update, T)
+        status, _ = await run.fault({"gpu": 0, "fault": "xid", "xid": 13})
+        assert status == 200
+        # The XID is seen (and counted) but the GPU stays healthy.
+        for _ in range(200):
+            gpu = run.agent.store.snapshot.gpu(0)
+            if gpu is not None and gpu.xid_counts.get(13):
+                break
+            await asyncio.sleep(0.01)
+        gpu = run.agent.store.snapshot.gpu(0)
+        assert gpu is not None
+        assert dict(gpu.xid_counts) == {13: 1}
+        assert gpu.health.healthy
+        assert all(d.health == "Healthy" for d in reg.last_update.devices)
+
+
+async def test_disabled_healthchecks_keep_gpus_healthy(
+    fake_kubelet: FakeKubelet, device_plugin_dir: Path
+) -> None:
+    args = ("--simulate", "2", "--disable-healthchecks", "all")
+    async with running_agent(device_plugin_dir, args) as run:
+        (reg,) = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+        await run.fault({"gpu": 0, "fault": "xid", "xid": 79})
+        for _ in range(200):
+            gpu = run.agent.store.snapshot.gpu(0)
+            if gpu is not None and gpu.last_xid == 79:
+                break
+            await asyncio.sleep(0.01)
+        assert all(d.health == "Healthy" for d in reg.last_update.devices)
+
+
+async def test_kubelet_restart_reregisters(
+    fake_kubelet: FakeKubelet, device_plugin_dir: Path
+) -> None:
+    async with running_agent(device_plugin_dir) as run:
+        await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+        for n in (2, 3):
+            await asyncio.to_thread(fake_kubelet.restart)
+            regs = await asyncio.to_thread(fake_kubelet.wait_for_registrations, n, T)
+            first = await asyncio.to_thread(regs[-1].next_update, T)
+            assert len(first.devices) == 4
+        assert run.agent.endpoint is not None
+        assert run.agent.endpoint.registrations == 3
+        status, _ = await run.get("/readyz")
+        assert status == 200
+
+
+async def test_state_survives_kubelet_restart(
+    fake_kubelet: FakeKubelet, device_plugin_dir: Path
+) -> None:
+    async with running_agent(device_plugin_dir) as run:
+        await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+        uuid = str(run.sim.describe()[3]["uuid"])
+        await run.fault({"gpu": 3, "fault": "xid", "xid": 48})
+        await asyncio.to_thread(
+            fake_kubelet.latest().wait_until, lambda u: health_of(u)[uuid] == "Unhealthy", T
+        )
+        await asyncio.to_thread(fake_kubelet.restart)
+        regs = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 2, T)
+        first = await asyncio.to_thread(regs[-1].next_update, T)
+        assert health_of(first)[uuid] == "Unhealthy"
+
+
+async def test_waits_for_kubelet_then_registers(device_plugin_dir: Path, grpc_stubs: Any) -> None:
+    async with running_agent(device_plugin_dir) as run:
+        status, body = await run.get("/readyz")
+        assert status == 503
+        assert "not registered" in body
+        with FakeKubelet(device_plugin_dir, grpc_stubs) as kubelet:
+            await asyncio.to_thread(kubelet.wait_for_registrations, 1, T)
+            for _ in range(200):
+                status, _ = await run.get("/readyz")
+                if status == 200:
+                    break
+                await asyncio.sleep(0.01)
+            assert status == 200
+
+
+async def test_shutdown_ends_streams_with_status_and_removes_socket(
+    fake_kubelet: FakeKubelet, device_plugin_dir: Path
+) -> None:
+    async with running_agent(device_plugin_dir) as run:
+        (reg,) = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+        await asyncio.to_thread(reg.next_update, T)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await run.shutdown()
+        assert loop.time() - started < 2.0
+        end = await asyncio.to_thread(reg.wait_ended, T)
+        assert end.code == grpc.StatusCode.UNAVAILABLE
+        assert "shutting down" in end.details
+        assert not (device_plugin_dir / "nvidia-gpu.sock").exists()
+        assert (device_plugin_dir / "kubelet.sock").exists()
+
+
+async def test_preferred_allocation_honours_must_include_and_size(
+    fake_kubelet: FakeKubelet, device_plugin_dir: Path
+) -> None:
+    async with running_agent(device_plugin_dir) as run:
+        await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+        uuids = [str(g["uuid"]) for g in run.sim.describe()]
+        chosen = await asyncio.to_thread(fake_kubelet.preferred, uuids, [uuids[3]], 2)
+        assert chosen == [uuids[3], uuids[2]]  # same NUMA node as the must-include GPU
+
+
+async def test_pre_start_container_is_a_no_op(
+    fake_kubelet: FakeKubelet, device_plugin_dir: Path
+) -> None:
+    async with running_agent(device_plugin_dir) as run:
+        await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+        uuid = str(run.sim.describe()[0]["uuid"])
+        response = await asyncio.to_thread(fake_kubelet.pre_start, [uuid])
+        assert response.ByteSize() == 0

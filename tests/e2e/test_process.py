@@ -1,0 +1,196 @@
+"""The agent as an operator runs it: a separate process, its exit codes and signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support.fake_kubelet import FakeKubelet
+
+pytestmark = pytest.mark.slow
+
+T = 15.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def spawn(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpuagent", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def run_to_end(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpuagent", *args],
+        capture_output=True,
+        text=True,
+        timeout=T,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
+
+
+def http_get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def wait_http(port: int, path: str, status: int) -> str:
+    deadline = time.monotonic() + T
+    last: tuple[int, str] | None = None
+    while time.monotonic() < deadline:
+        try:
+            last = http_get(port, path)
+        except OSError:
+            last = None
+        if last is not None and last[0] == status:
+            return last[1]
+        time.sleep(0.02)
+    raise AssertionError(f"{path} never answered {status}; last: {last}")
+
+
+@pytest.fixture
+def agent_process(device_plugin_dir: Path) -> Iterator[tuple[subprocess.Popen[str], int]]:
+    port = free_port()
+    proc = spawn(
+        "--simulate", "2",
+        "--socket-dir", str(device_plugin_dir),
+        "--metrics-address", f"127.0.0.1:{port}",
+        "--log-format", "json",
+    )  # fmt: skip
+    try:
+        yield proc, port
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=T)
+
+
+def test_sigterm_ends_streams_removes_socket_exits_zero_quickly(
+    fake_kubelet: FakeKubelet,
+    device_plugin_dir: Path,
+    agent_process: tuple[subprocess.Popen[str], int],
+) -> None:
+    proc, port = agent_process
+    (reg,) = fake_kubelet.wait_for_registrations(1, T)
+    reg.next_update(T)
+    wait_http(port, "/readyz", 200)
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    code = proc.wait(timeout=T)
+    elapsed = time.monotonic() - started
+    _, stderr = proc.communicate()
+    assert code == 0, stderr
+    assert elapsed < 2.0, f"took {elapsed:.2f}s"
+    assert reg.wait_ended(T).code.name == "UNAVAILABLE"
+    assert not (device_plugin_dir / "nvidia-gpu.sock").exists()
+    events = [json.loads(line)["event"] for line in stderr.splitlines() if line.startswith("{")]
+    assert "running with config" in events
+    assert "registered with kubelet" in events
+    assert events[-1] == "stopped"
+
+
+def test_sigint_also_exits_zero(
+    fake_kubelet: FakeKubelet, agent_process: tuple[subprocess.Popen[str], int]
+) -> None:
+    proc, _ = agent_process
+    fake_kubelet.wait_for_registrations(1, T)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=T) == 0
+
+
+def test_registered_soon_after_start(
+    fake_kubelet: FakeKubelet, agent_process: tuple[subprocess.Popen[str], int]
+) -> None:
+    proc, _ = agent_process
+    (reg,) = fake_kubelet.wait_for_registrations(1, T)
+    first = reg.next_update(T)
+    assert len(first.devices) == 2
+    assert proc.poll() is None
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "needle"),
+    [
+        pytest.param(["--device-id-strategy", "serial"], {}, "--device-id-strategy", id="flag"),
+        pytest.param(["--simulate", "2"], {"MIG_STRATEGY": "weird"}, "MIG_STRATEGY", id="env"),
+        pytest.param(["--resource-name", "gpu"], {}, "--resource-name", id="resource-name"),
+        pytest.param(["--simulate", "0"], {}, "--simulate", id="simulate-range"),
+        pytest.param(["--bogus"], {}, "bogus", id="unknown-flag"),
+        pytest.param(["--simulate", "1"], {"DP_DISABLE_HEALTHCHECKS": "oops"},
+                     "DP_DISABLE_HEALTHCHECKS", id="healthcheck-spec"),
+    ],
+)  # fmt: skip
+def test_invalid_settings_exit_2_naming_the_key(
+    args: list[str], env: dict[str, str], needle: str
+) -> None:
+    result = run_to_end(*args, env=env)
+    assert result.returncode == 2, result.stderr
+    assert needle in result.stderr
+
+
+def test_bad_config_file_exits_2_naming_the_key(short_tmp_path: Path) -> None:
+    config = short_tmp_path / "gpuagent.yaml"
+    config.write_text("version: v1\nsokcet-dir: /tmp/x\n")
+    result = run_to_end("--config", str(config), "--simulate", "1")
+    assert result.returncode == 2
+    assert "sokcet-dir" in result.stderr
+
+
+def test_bad_sim_config_exits_2_naming_the_key(short_tmp_path: Path) -> None:
+    config = short_tmp_path / "node.yaml"
+    config.write_text("version: v1\ngpus:\n  - memory_mib: lots\n")
+    result = run_to_end("--sim-config", str(config))
+    assert result.returncode == 2
+    assert "memory_mib" in result.stderr
+
+
+def test_no_driver_with_fail_on_init_error_exits_1(short_tmp_path: Path) -> None:
+    result = run_to_end(
+        "--socket-dir", str(short_tmp_path), "--metrics-address", f"127.0.0.1:{free_port()}"
+    )
+    assert result.returncode == 1
+    assert "driver unavailable" in result.stderr.lower()
+
+
+def test_no_driver_without_fail_on_init_error_serves_probes(short_tmp_path: Path) -> None:
+    port = free_port()
+    proc = spawn(
+        "--fail-on-init-error=false",
+        "--socket-dir", str(short_tmp_path),
+        "--metrics-address", f"127.0.0.1:{port}",
+    )  # fmt: skip
+    try:
+        body = wait_http(port, "/readyz", 503)
+        assert "driver unavailable" in body
+        wait_http(port, "/healthz", 200)
+        metrics = wait_http(port, "/metrics", 200)
+        assert "gpuagent_driver_up 0" in metrics
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=T) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=T)

@@ -1,0 +1,408 @@
+"""Faults and test hooks of the simulated driver, observed through the real pynvml wrappers."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pynvml
+import pytest
+
+from gpuagent.gpu.sim import SimDriver, installed, node_from_count
+from gpuagent.gpu.sim.state import RESET_XIDS
+
+XID = pynvml.nvmlEventTypeXidCriticalError
+DBE = pynvml.nvmlEventTypeDoubleBitEccError
+RECOVERY = pynvml.nvmlEventTypeGpuRecoveryAction
+HEALTH = XID | DBE | RECOVERY
+GPU_RESET = pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET
+NONE = pynvml.NVML_GPU_RECOVERY_ACTION_NONE
+
+
+@pytest.fixture
+def driver() -> Iterator[SimDriver]:
+    """A 4-GPU node, installed below pynvml and initialised."""
+    with installed(SimDriver(node_from_count(4))) as drv:
+        pynvml.nvmlInit()
+        yield drv
+
+
+@pytest.fixture
+def events(driver: SimDriver) -> Iterator[Any]:
+    """An event set with every GPU registered for XID, double-bit ECC and recovery events."""
+    event_set = pynvml.nvmlEventSetCreate()
+    for index in range(4):
+        pynvml.nvmlDeviceRegisterEvents(handle(index), HEALTH, event_set)
+    yield event_set
+    pynvml.nvmlEventSetFree(event_set)
+
+
+def handle(index: int) -> Any:
+    return pynvml.nvmlDeviceGetHandleByIndex(index)
+
+
+def drain(event_set: Any) -> list[tuple[int, int, int]]:
+    """Every queued event as ``(gpu index, event type, event data)``, until a wait times out."""
+    addresses = {ctypes.addressof(handle(i).contents): i for i in range(4)}
+    seen: list[tuple[int, int, int]] = []
+    while True:
+        try:
+            data = pynvml.nvmlEventSetWait_v2(event_set, 0)
+        except pynvml.NVMLError_Timeout:
+            return seen
+        gpu = addresses[ctypes.addressof(data.device.contents)]
+        seen.append((gpu, int(data.eventType), int(data.eventData)))
+
+
+def recovery_action(index: int) -> int:
+    (value,) = pynvml.nvmlDeviceGetFieldValues(
+        handle(index), [pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION]
+    )
+    assert value.nvmlReturn == pynvml.NVML_SUCCESS
+    return int(value.value.uiVal)
+
+
+class TestXid:
+    def test_plain_xid(self, driver: SimDriver, events: Any) -> None:
+        """An XID that needs no reset is one XID event; the recovery action stays NONE."""
+        state = driver.inject(1, "xid", 13)
+        assert drain(events) == [(1, XID, 13)]
+        assert recovery_action(1) == NONE
+        assert (state["last_xid"], state["xid_count"], state["recovery_action"]) == (13, 1, "none")
+
+    @pytest.mark.parametrize("xid", sorted(RESET_XIDS))
+    def test_reset_xid(self, driver: SimDriver, events: Any, xid: int) -> None:
+        """An XID that needs a GPU reset also sets and announces recovery action GPU_RESET."""
+        state = driver.inject(2, "xid", xid)
+        assert drain(events) == [(2, XID, xid), (2, RECOVERY, GPU_RESET)]
+        assert recovery_action(2) == GPU_RESET
+        assert state["recovery_action"] == "gpu_reset"
+        assert recovery_action(1) == NONE
+
+    def test_event_data_of_every_gpu(self, driver: SimDriver, events: Any) -> None:
+        """Each event names the GPU it happened on through the device handle."""
+        for index in range(4):
+            driver.inject(index, "xid", 31 + index)
+        assert drain(events) == [(i, XID, 31 + i) for i in range(4)]
+
+    def test_counts(self, driver: SimDriver) -> None:
+        """describe() keeps the last XID and how many XIDs there were."""
+        for xid in (13, 43, 45):
+            driver.inject(0, "xid", xid)
+        state = driver.describe()[0]
+        assert (state["last_xid"], state["xid_count"]) == (45, 3)
+        assert driver.describe()[1]["xid_count"] == 0
+
+
+class TestLost:
+    @pytest.mark.parametrize(
+        "call",
+        [
+            pynvml.nvmlDeviceGetUUID,
+            pynvml.nvmlDeviceGetName,
+            pynvml.nvmlDeviceGetMemoryInfo,
+            pynvml.nvmlDeviceGetPciInfo,
+            pynvml.nvmlDeviceGetPowerUsage,
+            pynvml.nvmlDeviceGetUtilizationRates,
+            pynvml.nvmlDeviceGetTotalEnergyConsumption,
+            pynvml.nvmlDeviceGetSupportedEventTypes,
+            lambda h: pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
+            lambda h: pynvml.nvmlDeviceGetFieldValues(h, [230]),
+            lambda h: pynvml.nvmlDeviceGetTopologyCommonAncestor(handle(0), h),
+        ],
+    )
+    def test_device_calls_fail(self, driver: SimDriver, call: Callable[[Any], object]) -> None:
+        """Once lost, per-device calls on the GPU raise NVMLError_GpuIsLost."""
+        driver.inject(3, "lost")
+        with pytest.raises(pynvml.NVMLError_GpuIsLost):
+            call(handle(3))
+
+    def test_event_and_state(self, driver: SimDriver, events: Any) -> None:
+        """Losing a GPU raises XID 79 (which needs a reset) and shows it lost."""
+        state = driver.inject(3, "lost")
+        assert drain(events) == [(3, XID, 79), (3, RECOVERY, GPU_RESET)]
+        assert (state["state"], state["last_xid"]) == ("lost", 79)
+
+    def test_lookups_and_others_still_answer(self, driver: SimDriver) -> None:
+        """Handles can still be looked up, other GPUs are unaffected."""
+        uuid = driver.node.gpus[3].uuid
+        driver.inject(3, "lost")
+        lost = handle(3)
+        by_uuid = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+        assert ctypes.addressof(by_uuid.contents) == ctypes.addressof(lost.contents)
+        assert pynvml.nvmlDeviceGetCount() == 4
+        assert pynvml.nvmlDeviceGetUUID(handle(2)) == driver.node.gpus[2].uuid
+
+    def test_recover(self, driver: SimDriver, events: Any) -> None:
+        """Recovering answers again, clears the recovery action and announces NONE."""
+        driver.inject(3, "lost")
+        drain(events)
+        state = driver.inject(3, "recover")
+        assert pynvml.nvmlDeviceGetUUID(handle(3)) == driver.node.gpus[3].uuid
+        assert recovery_action(3) == NONE
+        assert drain(events) == [(3, RECOVERY, NONE)]
+        assert (state["state"], state["recovery_action"]) == ("ok", "none")
+
+
+class TestEcc:
+    def test_double_bit(self, driver: SimDriver, events: Any) -> None:
+        """A DBE is an ECC event, counted, and asks for a GPU reset."""
+        state = driver.inject(0, "ecc_dbe")
+        assert drain(events) == [(0, DBE, 0), (0, RECOVERY, GPU_RESET)]
+        assert recovery_action(0) == GPU_RESET
+        (count,) = pynvml.nvmlDeviceGetFieldValues(
+            handle(0), [pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL]
+        )
+        assert count.value.ullVal == 1
+        assert (state["ecc_dbe_count"], state["recovery_action"]) == (1, "gpu_reset")
+
+
+class TestEventSets:
+    def test_supported_types(self, driver: SimDriver) -> None:
+        """The GPU supports the health event types the agent needs."""
+        supported = pynvml.nvmlDeviceGetSupportedEventTypes(handle(0))
+        assert supported & (HEALTH | pynvml.nvmlEventTypeSingleBitEccError) == (
+            HEALTH | pynvml.nvmlEventTypeSingleBitEccError
+        )
+
+    def test_unsupported_types(self, driver: SimDriver) -> None:
+        """Registering for a type the GPU lacks is NOT_SUPPORTED, as in NVML."""
+        event_set = pynvml.nvmlEventSetCreate()
+        with pytest.raises(pynvml.NVMLError_NotSupported):
+            pynvml.nvmlDeviceRegisterEvents(handle(0), pynvml.nvmlEventTypeAll, event_set)
+
+    def test_only_registered_gpus_and_bits(self, driver: SimDriver) -> None:
+        """Events go to each set registered for that GPU and bit, and nowhere else."""
+        xid_only = pynvml.nvmlEventSetCreate()
+        everything = pynvml.nvmlEventSetCreate()
+        pynvml.nvmlDeviceRegisterEvents(handle(0), XID, xid_only)
+        pynvml.nvmlDeviceRegisterEvents(handle(0), HEALTH, everything)
+        pynvml.nvmlDeviceRegisterEvents(handle(1), HEALTH, everything)
+        driver.inject(0, "xid", 79)
+        driver.inject(2, "xid", 79)
+        driver.inject(1, "ecc_dbe")
+        assert drain(xid_only) == [(0, XID, 79)]
+        assert drain(everything) == [
+            (0, XID, 79),
+            (0, RECOVERY, GPU_RESET),
+            (1, DBE, 0),
+            (1, RECOVERY, GPU_RESET),
+        ]
+
+    def test_wait_times_out(self, driver: SimDriver, events: Any) -> None:
+        """Without events a wait blocks for its timeout, then raises NVMLError_Timeout."""
+        start = time.monotonic()
+        with pytest.raises(pynvml.NVMLError_Timeout):
+            pynvml.nvmlEventSetWait_v2(events, 30)
+        assert time.monotonic() - start >= 0.025
+
+    def test_wait_woken_by_inject(self, driver: SimDriver, events: Any) -> None:
+        """A blocked wait returns as soon as another thread injects a fault."""
+        injected_at: list[float] = []
+
+        def inject() -> None:
+            injected_at.append(time.monotonic())
+            driver.inject(2, "xid", 13)
+
+        timer = threading.Timer(0.05, inject)
+        start = time.monotonic()
+        timer.start()
+        try:
+            data = pynvml.nvmlEventSetWait_v2(events, 10_000)
+        finally:
+            timer.join()
+        woke = time.monotonic()
+        assert (int(data.eventType), int(data.eventData)) == (XID, 13)
+        assert woke - start >= 0.04
+        assert woke - injected_at[0] < 0.5
+
+    def test_free_wakes_waiter(self, driver: SimDriver) -> None:
+        """Freeing a set wakes a blocked waiter with INVALID_ARGUMENT; later waits get the same."""
+        event_set = pynvml.nvmlEventSetCreate()
+        pynvml.nvmlDeviceRegisterEvents(handle(0), XID, event_set)
+        errors: list[BaseException] = []
+        waiting = threading.Event()
+
+        def wait() -> None:
+            waiting.set()
+            try:
+                pynvml.nvmlEventSetWait_v2(event_set, 10_000)
+            except pynvml.NVMLError as exc:
+                errors.append(exc)
+
+        thread = threading.Thread(target=wait)
+        thread.start()
+        waiting.wait()
+        time.sleep(0.02)
+        pynvml.nvmlEventSetFree(event_set)
+        thread.join(timeout=2)
+        assert not thread.is_alive()
+        assert [type(e) for e in errors] == [pynvml.NVMLError_InvalidArgument]
+        with pytest.raises(pynvml.NVMLError_InvalidArgument):
+            pynvml.nvmlEventSetWait_v2(event_set, 0)
+        with pytest.raises(pynvml.NVMLError_InvalidArgument):
+            pynvml.nvmlEventSetFree(event_set)
+
+    def test_concurrent_injects(self, driver: SimDriver, events: Any) -> None:
+        """Injections from many threads while telemetry is read all arrive, none twice."""
+
+        def worker(gpu: int) -> None:
+            for xid in range(1, 51):
+                driver.inject(gpu, "xid", xid)
+                pynvml.nvmlDeviceGetPowerUsage(handle(gpu))
+
+        threads = [threading.Thread(target=worker, args=(gpu,)) for gpu in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        seen = drain(events)
+        for gpu in range(4):
+            assert [data for g, kind, data in seen if g == gpu and kind == XID] == list(
+                range(1, 51)
+            )
+        assert [d["xid_count"] for d in driver.describe()] == [50] * 4
+
+
+class TestHooks:
+    @pytest.mark.parametrize(
+        ("code", "error"),
+        [
+            (pynvml.NVML_ERROR_TIMEOUT, pynvml.NVMLError_Timeout),
+            (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVMLError_NotSupported),
+            (pynvml.NVML_ERROR_UNKNOWN, pynvml.NVMLError_Unknown),
+            (pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVMLError_GpuIsLost),
+        ],
+    )
+    def test_fail(self, driver: SimDriver, code: int, error: type[Exception]) -> None:
+        """fail() makes a symbol return the code until cleared."""
+        driver.fail("nvmlDeviceGetPowerUsage", code)
+        for _ in range(3):
+            with pytest.raises(error):
+                pynvml.nvmlDeviceGetPowerUsage(handle(0))
+        driver.clear_failures()
+        assert pynvml.nvmlDeviceGetPowerUsage(handle(0)) > 0
+
+    def test_fail_one_gpu_for_a_count(self, driver: SimDriver) -> None:
+        """A per-GPU failure spares the other GPUs and ends after ``count`` calls."""
+        driver.fail("nvmlDeviceGetTemperature", pynvml.NVML_ERROR_TIMEOUT, gpu=1, count=2)
+        for _ in range(2):
+            assert pynvml.nvmlDeviceGetTemperature(handle(0), 0) > 0
+            with pytest.raises(pynvml.NVMLError_Timeout):
+                pynvml.nvmlDeviceGetTemperature(handle(1), 0)
+        assert pynvml.nvmlDeviceGetTemperature(handle(1), 0) > 0
+
+    def test_fail_handle_lookup_by_index(self, driver: SimDriver) -> None:
+        """A per-GPU failure on a lookup applies to that GPU's index."""
+        driver.fail("nvmlDeviceGetHandleByIndex_v2", pynvml.NVML_ERROR_UNKNOWN, gpu=2)
+        handle(1)
+        with pytest.raises(pynvml.NVMLError_Unknown):
+            handle(2)
+
+    def test_fail_init(self, driver: SimDriver) -> None:
+        """Init itself can fail, e.g. as with an unloaded kernel module."""
+        driver.fail("nvmlInitWithFlags", pynvml.NVML_ERROR_DRIVER_NOT_LOADED, count=1)
+        with pytest.raises(pynvml.NVMLError_DriverNotLoaded):
+            pynvml.nvmlInit()
+        pynvml.nvmlInit()
+
+    def test_fail_wait(self, driver: SimDriver, events: Any) -> None:
+        """An injected wait failure is returned without consuming queued events."""
+        driver.inject(0, "xid", 13)
+        driver.fail("nvmlEventSetWait_v2", pynvml.NVML_ERROR_GPU_IS_LOST, count=1)
+        with pytest.raises(pynvml.NVMLError_GpuIsLost):
+            pynvml.nvmlEventSetWait_v2(events, 0)
+        assert drain(events) == [(0, XID, 13)]
+
+    @pytest.mark.parametrize("warm", [False, True])
+    def test_remove(self, driver: SimDriver, warm: bool) -> None:
+        """A removed symbol is missing (looked up or already cached) until cleared."""
+        if warm:
+            pynvml.nvmlDeviceGetMemoryInfo(handle(0), version=pynvml.nvmlMemory_v2)
+        driver.remove("nvmlDeviceGetMemoryInfo_v2")
+        assert not hasattr(driver, "nvmlDeviceGetMemoryInfo_v2")
+        with pytest.raises(pynvml.NVMLError_FunctionNotFound):
+            pynvml.nvmlDeviceGetMemoryInfo(handle(0), version=pynvml.nvmlMemory_v2)
+        assert pynvml.nvmlDeviceGetMemoryInfo(handle(0)).total > 0
+        driver.clear_failures()
+        assert hasattr(driver, "nvmlDeviceGetMemoryInfo_v2")
+        assert pynvml.nvmlDeviceGetMemoryInfo(handle(0), version=pynvml.nvmlMemory_v2).total > 0
+
+    def test_calls_counted(self, driver: SimDriver) -> None:
+        """Every call of a symbol is counted, failed ones included."""
+        before = driver.calls["nvmlDeviceGetPowerUsage"]
+        h = handle(0)
+        pynvml.nvmlDeviceGetPowerUsage(h)
+        driver.fail("nvmlDeviceGetPowerUsage", pynvml.NVML_ERROR_UNKNOWN)
+        with pytest.raises(pynvml.NVMLError_Unknown):
+            pynvml.nvmlDeviceGetPowerUsage(h)
+        assert driver.calls["nvmlDeviceGetPowerUsage"] == before + 2
+
+    @pytest.mark.parametrize(
+        ("args", "error"),
+        [
+            (("nvmlNoSuchThing", 3), ValueError),
+            (("nvmlDeviceGetCount_v2", 3, 0), ValueError),
+            (("nvmlDeviceGetPowerUsage", 3, 4), LookupError),
+            (("nvmlDeviceGetPowerUsage", 3, None, 0), ValueError),
+        ],
+    )
+    def test_fail_rejects(self, driver: SimDriver, args: tuple[Any, ...], error: type) -> None:
+        """fail() refuses unknown symbols, GPUs and counts."""
+        with pytest.raises(error):
+            driver.fail(*args)
+
+    def test_remove_rejects_unknown(self, driver: SimDriver) -> None:
+        """remove() refuses a symbol the driver never had."""
+        with pytest.raises(ValueError, match="nvmlNoSuchThing"):
+            driver.remove("nvmlNoSuchThing")
+
+
+class TestControlPlane:
+    def test_describe(self, driver: SimDriver) -> None:
+        """describe() is JSON-ready with one entry per GPU."""
+        described = json.loads(json.dumps(driver.describe()))
+        assert [d["index"] for d in described] == [0, 1, 2, 3]
+        first = described[0]
+        spec = driver.node.gpus[0]
+        assert first == {
+            "index": 0,
+            "uuid": spec.uuid,
+            "name": "NVIDIA H100 80GB HBM3",
+            "memory_mib": 81559,
+            "pci_bus_id": spec.pci_bus_id,
+            "numa_node": 0,
+            "mig": [],
+            "state": "ok",
+            "recovery_action": "none",
+            "last_xid": None,
+            "xid_count": 0,
+            "ecc_dbe_count": 0,
+        }
+
+    @pytest.mark.parametrize(
+        ("gpu", "fault", "xid", "error"),
+        [
+            (4, "lost", None, LookupError),
+            (-1, "recover", None, LookupError),
+            (0, "melt", None, ValueError),
+            (0, "xid", None, ValueError),
+            (0, "xid", 0, ValueError),
+            (0, "xid", -5, ValueError),
+            (0, "xid", True, ValueError),
+            (0, "xid", "79", ValueError),
+            (0, "lost", 79, ValueError),
+            ("0", "lost", None, ValueError),
+        ],
+    )
+    def test_inject_rejects(
+        self, driver: SimDriver, gpu: Any, fault: str, xid: Any, error: type
+    ) -> None:
+        """Unknown GPUs are LookupError; unknown faults and bad XIDs are ValueError."""
+        with pytest.raises(error):
+            driver.inject(gpu, fault, xid)
+        assert driver.describe()[0]["xid_count"] == 0

@@ -1,0 +1,1 @@
+"""Test support: an independent gRPC stack (grpcio + protoc stubs) that plays the kubelet."""
