@@ -20,6 +20,7 @@ from pathlib import Path
 import structlog
 from grpclib import GRPCError
 from grpclib.client import Channel
+from grpclib.exceptions import StreamTerminatedError
 from grpclib.protocol import H2Protocol
 from grpclib.server import Server
 
@@ -99,37 +100,51 @@ class PluginEndpoint:
         retry = self._timing.backoff_initial
         try:
             while True:
-                kubelet_inode = await self._wait_for_kubelet()
-                await self._serve()
-                started = time.perf_counter()
-                if await self._register():
+                try:
+                    registered = await self._cycle()
+                except Exception as exc:
+                    # e.g. the socket directory vanished or is not writable. Whatever it is, the
+                    # node must not lose its GPUs for good: report it and try again.
+                    self.last_error = f"plugin endpoint failed: {exc!r}"
+                    log.exception("plugin endpoint failed; retrying", error=self.last_error)
+                    registered = False
+                self._set_registered(False)
+                await self._close_server()
+                if registered:
                     retry = self._timing.backoff_initial
-                    self._set_registered(True)
-                    if self._on_registered is not None:
-                        self._on_registered(time.perf_counter() - started)
-                    await self._watch(kubelet_inode)
-                    log.info("kubelet restart detected; serving and registering again")
-                    self._set_registered(False)
                 else:
                     await asyncio.sleep(retry)
                     retry = min(retry * 2, self._timing.register_retry_max)
-                await self._close_server()
         finally:
             self._set_registered(False)
             await self._close_server()
 
-    async def _wait_for_kubelet(self) -> int:
+    async def _cycle(self) -> bool:
+        """Serve, register and watch once; ``True`` if registered until the kubelet restarted."""
+        kubelet_id = await self._wait_for_kubelet()
+        own_id = await self._serve()
+        started = time.perf_counter()
+        if not await self._register():
+            return False
+        self._set_registered(True)
+        if self._on_registered is not None:
+            self._on_registered(time.perf_counter() - started)
+        await self._watch(kubelet_id, own_id)
+        log.info("kubelet restart detected; serving and registering again")
+        return True
+
+    async def _wait_for_kubelet(self) -> SocketId:
         delay = self._timing.backoff_initial
         logged = False
-        while (inode := _socket_inode(self._kubelet_socket)) is None:
+        while (identity := _socket_id(self._kubelet_socket)) is None:
             if not logged:
                 log.info("waiting for the kubelet socket", path=str(self._kubelet_socket))
                 logged = True
             await asyncio.sleep(delay)
             delay = min(delay * 2, self._timing.backoff_max)
-        return inode
+        return identity
 
-    async def _serve(self) -> None:
+    async def _serve(self) -> SocketId | None:
         self._socket_path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             self._socket_path.unlink()  # a stale socket from an earlier run
@@ -137,6 +152,7 @@ class PluginEndpoint:
         await server.start(path=str(self._socket_path))
         self._server = server
         log.info("serving device plugin", socket=str(self._socket_path))
+        return _socket_id(self._socket_path)
 
     async def _register(self) -> bool:
         request = pb.RegisterRequest(
@@ -152,7 +168,8 @@ class PluginEndpoint:
             )
         except GRPCError as exc:
             self.last_error = f"kubelet refused registration: {exc.status.name}: {exc.message}"
-        except (OSError, TimeoutError) as exc:
+        except (OSError, TimeoutError, StreamTerminatedError) as exc:
+            # The kubelet went away mid-call (it restarts, or is not serving yet).
             self.last_error = f"kubelet unreachable: {exc!r}"
         else:
             self.registrations += 1
@@ -166,14 +183,14 @@ class PluginEndpoint:
         log.error("registration failed", error=self.last_error)
         return False
 
-    async def _watch(self, kubelet_inode: int) -> None:
-        own_inode = _socket_inode(self._socket_path)
+    async def _watch(self, kubelet_id: SocketId, own_id: SocketId | None) -> None:
+        """Return once either socket is gone or replaced (identities taken before ``Register``)."""
         while True:
+            if _socket_id(self._socket_path) != own_id or own_id is None:
+                return
+            if _socket_id(self._kubelet_socket) != kubelet_id:
+                return
             await asyncio.sleep(self._timing.watch_interval)
-            if _socket_inode(self._socket_path) != own_inode:
-                return
-            if _socket_inode(self._kubelet_socket) != kubelet_inode:
-                return
 
     async def _close_server(self) -> None:
         server, self._server = self._server, None
@@ -189,17 +206,22 @@ class PluginEndpoint:
         except TimeoutError:
             log.warning("plugin server did not close in time")
         with contextlib.suppress(FileNotFoundError):
-            if _socket_inode(self._socket_path) is not None:
+            if _socket_id(self._socket_path) is not None:
                 self._socket_path.unlink()
 
     def _set_registered(self, registered: bool) -> None:
         self._store.update(lambda s: replace(s, registered=registered))
 
 
-def _socket_inode(path: Path) -> int | None:
-    """The inode of the Unix socket at ``path``, or ``None`` if there is none."""
+# A socket file's identity. The inode number alone is not enough: a deleted socket's inode is
+# often reused at once by the socket that replaces it; the change time tells them apart.
+SocketId = tuple[int, int, int]
+
+
+def _socket_id(path: Path) -> SocketId | None:
+    """The identity of the Unix socket at ``path``, or ``None`` if there is none."""
     try:
         st = os.stat(path)
     except OSError:
         return None
-    return st.st_ino if stat.S_ISSOCK(st.st_mode) else None
+    return (st.st_dev, st.st_ino, st.st_ctime_ns) if stat.S_ISSOCK(st.st_mode) else None

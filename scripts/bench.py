@@ -1,0 +1,255 @@
+"""Benchmark gpuagent as a separate process, driven by the grpcio kubelet stand-in.
+
+Measures, on simulated GPUs: start → registered; Allocate round trip p50/p99 (kubelet side, so an
+upper bound of the agent's own time); fault injected → Unhealthy seen on the ListAndWatch stream;
+kubelet restart → registered again; RSS; idle CPU. Prints a table with each target; exits 0 even
+when a target is missed (the numbers are for people, not a gate: shared machines are noisy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from support.fake_kubelet import FakeKubelet  # noqa: E402
+from support.grpcstubs import StubModules, generate  # noqa: E402
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Row:
+    what: str
+    value: str
+    target: str
+    met: bool | None
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    k = max(0, min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1))))
+    return ordered[k]
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:.2f} ms"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Agent:
+    proc: subprocess.Popen[bytes]
+    port: int
+    started: float
+
+    def post_fault(self, body: dict[str, object]) -> None:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/sim/faults",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=5) as response:
+            response.read()
+
+    def get(self, path: str) -> bytes:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as r:
+            return bytes(r.read())
+
+    def cpu_seconds(self) -> float:
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime + stime
+
+    def rss_mib(self) -> tuple[float, float]:
+        status = Path(f"/proc/{self.proc.pid}/status").read_text().splitlines()
+        values = {k: v for k, _, v in (line.partition(":") for line in status)}
+        return int(values["VmRSS"].split()[0]) / 1024, int(values["VmHWM"].split()[0]) / 1024
+
+
+@contextmanager
+def agent(socket_dir: Path, gpus: int, extra: list[str] | None = None) -> Iterator[Agent]:
+    port = free_port()
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "gpuagent",
+            "--simulate", str(gpus),
+            "--socket-dir", str(socket_dir),
+            "--metrics-address", f"127.0.0.1:{port}",
+            "--log-level", "warning",
+            *(extra or []),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        yield Agent(proc, port, started)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def health(update: Any) -> dict[str, str]:
+    return {d.ID: d.health for d in update.devices}
+
+
+def shows(device_id: str, state: str) -> Callable[[Any], bool]:
+    """A predicate: the ListAndWatch update shows ``device_id`` in ``state``."""
+    return lambda update: health(update)[device_id] == state
+
+
+def bench_startup(stubs: StubModules, runs: int, gpus: int) -> list[float]:
+    """Process start → Register received by the kubelet, with the kubelet already up."""
+    samples = []
+    for _ in range(runs):
+        with tempdir() as d, FakeKubelet(d, stubs) as kubelet, agent(d, gpus) as a:
+            (reg,) = kubelet.wait_for_registrations(1, 30)
+            samples.append(reg.received_at - a.started)
+    return samples
+
+
+def bench_running(stubs: StubModules, args: argparse.Namespace) -> list[Row]:
+    rows: list[Row] = []
+    with tempdir() as d, FakeKubelet(d, stubs) as kubelet, agent(d, args.gpus) as a:
+        (reg,) = kubelet.wait_for_registrations(1, 30)
+        first = reg.next_update(10)
+        ids = [dev.ID for dev in first.devices]
+
+        # Allocate round trip, as the kubelet sees it.
+        for _ in range(50):
+            kubelet.allocate(ids[:1])
+        latencies = []
+        for i in range(args.allocations):
+            chosen = [ids[i % len(ids)], ids[(i + 1) % len(ids)]]
+            t0 = time.perf_counter()
+            kubelet.allocate(chosen)
+            latencies.append(time.perf_counter() - t0)
+        p50, p99 = percentile(latencies, 50), percentile(latencies, 99)
+        rows.append(Row("Allocate round trip p50", ms(p50), "", None))
+        rows.append(Row("Allocate round trip p99", ms(p99), "< 2 ms", p99 < 0.002))
+
+        # Fault → Unhealthy on the stream, and recover → Healthy.
+        to_unhealthy, to_healthy = [], []
+        for i in range(args.faults):
+            gpu = i % len(ids)
+            t0 = time.perf_counter()
+            a.post_fault({"gpu": gpu, "fault": "xid", "xid": 79})
+            reg.wait_until(shows(ids[gpu], "Unhealthy"), 10)
+            to_unhealthy.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            a.post_fault({"gpu": gpu, "fault": "recover"})
+            reg.wait_until(shows(ids[gpu], "Healthy"), 10)
+            to_healthy.append(time.perf_counter() - t0)
+        p99 = percentile(to_unhealthy, 99)
+        rows.append(Row("fault → Unhealthy on stream p50", ms(percentile(to_unhealthy, 50)), "",
+                        None))  # fmt: skip
+        rows.append(Row("fault → Unhealthy on stream p99", ms(p99), "< 100 ms", p99 < 0.1))
+        rows.append(Row("recover → Healthy on stream p99", ms(percentile(to_healthy, 99)), "",
+                        None))  # fmt: skip
+
+        # Kubelet restart → registered again.
+        rereg = []
+        for n in range(2, args.restarts + 2):
+            kubelet.restart()
+            regs = kubelet.wait_for_registrations(n, 10)
+            rereg.append(regs[-1].received_at - kubelet.restarts[-1])
+        reg = kubelet.latest()
+        p99 = percentile(rereg, 99)
+        rows.append(Row("kubelet restart → re-registered p50", ms(percentile(rereg, 50)), "",
+                        None))  # fmt: skip
+        rows.append(Row("kubelet restart → re-registered p99", ms(p99), "< 1 s", p99 < 1.0))
+
+        # Idle: registered, one stream open, nobody scraping.
+        time.sleep(1.0)
+        cpu0, t0 = a.cpu_seconds(), time.monotonic()
+        time.sleep(args.idle_seconds)
+        idle = (a.cpu_seconds() - cpu0) / (time.monotonic() - t0) * 100
+        rss, hwm = a.rss_mib()
+        rows.append(Row(f"idle CPU, {args.gpus} GPUs ({args.idle_seconds:.0f} s)",
+                        f"{idle:.2f} % of a core", "< 1 %", idle < 1.0))  # fmt: skip
+        rows.append(Row("RSS after the run (peak)", f"{rss:.1f} MiB ({hwm:.1f})", "< 60 MB",
+                        rss * 1.048576 < 60))  # fmt: skip
+
+        # One scrape, for scale.
+        t0 = time.perf_counter()
+        size = len(a.get("/metrics"))
+        rows.append(Row("GET /metrics", f"{ms(time.perf_counter() - t0)}, {size} bytes", "",
+                        None))  # fmt: skip
+    return rows
+
+
+@contextmanager
+def tempdir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="gab-", dir="/tmp"))
+    try:
+        yield path / "device-plugins"
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def table(rows: list[Row]) -> str:
+    width = max(len(r.what) for r in rows)
+    vwidth = max(len(r.value) for r in rows)
+    lines = [f"{'measure':<{width}}  {'value':<{vwidth}}  target", "-" * (width + vwidth + 20)]
+    for r in rows:
+        mark = "" if r.met is None else ("  ok" if r.met else "  MISSED")
+        lines.append(f"{r.what:<{width}}  {r.value:<{vwidth}}  {r.target}{mark}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--startups", type=int, default=5)
+    parser.add_argument("--allocations", type=int, default=2000)
+    parser.add_argument("--faults", type=int, default=100)
+    parser.add_argument("--restarts", type=int, default=20)
+    parser.add_argument("--idle-seconds", type=float, default=20.0)
+    parser.add_argument("--json", type=Path, help="also write the rows here")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as stubs_dir:
+        stubs = generate(Path(stubs_dir))
+        startup = bench_startup(stubs, args.startups, args.gpus)
+        rows = [
+            Row(f"start → registered p50 ({args.startups} runs)", ms(statistics.median(startup)),
+                "", None),
+            Row("start → registered max", ms(max(startup)), "< 1 s", max(startup) < 1.0),
+        ]  # fmt: skip
+        rows += bench_running(stubs, args)
+    print(f"gpuagent bench: {args.gpus} simulated GPUs, Python {sys.version.split()[0]}, "
+          f"{os.cpu_count()} CPUs")  # fmt: skip
+    print(table(rows))
+    if args.json:
+        args.json.write_text(json.dumps([r.__dict__ for r in rows], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
