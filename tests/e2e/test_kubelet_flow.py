@@ -266,3 +266,19 @@ async def test_pre_start_container_is_a_no_op(
         uuid = str(run.sim.describe()[0]["uuid"])
         response = await asyncio.to_thread(fake_kubelet.pre_start, [uuid])
         assert response.ByteSize() == 0
+
+
+async def test_restart_during_register_is_survived(
+    fake_kubelet: FakeKubelet, device_plugin_dir: Path
+) -> None:
+    """A kubelet that restarts while our Register is in flight must not take the agent down."""
+    async with running_agent(device_plugin_dir) as run:
+        for n in range(1, 6):
+            # Restart the moment the kubelet has received Register, before the agent has its reply.
+            await asyncio.to_thread(fake_kubelet.wait_for_registrations, n, T)
+            await asyncio.to_thread(fake_kubelet.restart)
+        regs = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 6, T)
+        first = await asyncio.to_thread(regs[-1].next_update, T)
+        assert len(first.devices) == 4
+        assert not run.task.done()
+        assert run.agent.liveness() is None
