@@ -79,9 +79,7 @@ default_message_pool.register_message("v1", "CDIDevice", CdiDevice)
 
 @dataclass(eq=False, repr=False)
 class ClaimResource(betterproto2.Message):
-    cdi_devices: "list[CdiDevice]" = betterproto2.field(
-        1, betterproto2.TYPE_MESSAGE, repeated=True
-    )
+    cdi_devices: "list[CdiDevice]" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, repeated=True)
 
     driver_name: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
 
@@ -89,9 +87,7 @@ class ClaimResource(betterproto2.Message):
 
     device_name: "str" = betterproto2.field(4, betterproto2.TYPE_STRING)
 
-    share_id: "str | None" = betterproto2.field(
-        5, betterproto2.TYPE_STRING, optional=True
-    )
+    share_id: "str | None" = betterproto2.field(5, betterproto2.TYPE_STRING, optional=True)
 
 
 default_message_pool.register_message("v1", "ClaimResource", ClaimResource)
@@ -101,9 +97,7 @@ default_message_pool.register_message("v1", "ClaimResource", ClaimResource)
 class ContainerDevices(betterproto2.Message):
     resource_name: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
 
-    device_ids: "list[str]" = betterproto2.field(
-        2, betterproto2.TYPE_STRING, repeated=True
-    )
+    device_ids: "list[str]" = betterproto2.field(2, betterproto2.TYPE_STRING, repeated=True)
 
     topology: "TopologyInfo | None" = betterproto2.field(
         3, betterproto2.TYPE_MESSAGE, optional=True
@@ -170,9 +164,7 @@ class GetPodResourcesRequest(betterproto2.Message):
     pod_namespace: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
 
 
-default_message_pool.register_message(
-    "v1", "GetPodResourcesRequest", GetPodResourcesRequest
-)
+default_message_pool.register_message("v1", "GetPodResourcesRequest", GetPodResourcesRequest)
 
 
 @dataclass(eq=False, repr=False)
@@ -182,9 +174,7 @@ class GetPodResourcesResponse(betterproto2.Message):
     )
 
 
-default_message_pool.register_message(
-    "v1", "GetPodResourcesResponse", GetPodResourcesResponse
-)
+default_message_pool.register_message("v1", "GetPodResourcesResponse", GetPodResourcesResponse)
 
 
 @dataclass(eq=False, repr=False)
@@ -192,9 +182,7 @@ class ListPodResourcesRequest(betterproto2.Message):
     pass
 
 
-default_message_pool.register_message(
-    "v1", "ListPodResourcesRequest", ListPodResourcesRequest
-)
+default_message_pool.register_message("v1", "ListPodResourcesRequest", ListPodResourcesRequest)
 
 
 @dataclass(eq=False, repr=False)
@@ -204,9 +192,7 @@ class ListPodResourcesResponse(betterproto2.Message):
     )
 
 
-default_message_pool.register_message(
-    "v1", "ListPodResourcesResponse", ListPodResourcesResponse
-)
+default_message_pool.register_message("v1", "ListPodResourcesResponse", ListPodResourcesResponse)
 
 
 @dataclass(eq=False, repr=False)
@@ -239,9 +225,7 @@ default_message_pool.register_message("v1", "PodResources", PodResources)
 
 @dataclass(eq=False, repr=False)
 class TopologyInfo(betterproto2.Message):
-    nodes: "list[NumaNode]" = betterproto2.field(
-        1, betterproto2.TYPE_MESSAGE, repeated=True
-    )
+    nodes: "list[NumaNode]" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, repeated=True)
 
 
 default_message_pool.register_message("v1", "TopologyInfo", TopologyInfo)
@@ -310,9 +294,7 @@ class PodResourcesListerStub(betterproto2_grpclib.ServiceStub):
 
 
 class PodResourcesListerBase(betterproto2_grpclib.ServiceBase):
-    async def list(
-        self, message: "ListPodResourcesRequest"
-    ) -> "ListPodResourcesResponse":
+    async def list(self, message: "ListPodResourcesRequest") -> "ListPodResourcesResponse":
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
@@ -327,8 +309,7 @@ class PodResourcesListerBase(betterproto2_grpclib.ServiceBase):
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
     async def __rpc_list(
-        self,
-        stream: "grpclib.server.Stream[ListPodResourcesRequest, ListPodResourcesResponse]",
+        self, stream: "grpclib.server.Stream[ListPodResourcesRequest, ListPodResourcesResponse]"
     ) -> None:
         request = await stream.recv_message()
         assert request is not None
@@ -345,8 +326,7 @@ class PodResourcesListerBase(betterproto2_grpclib.ServiceBase):
         await stream.send_message(response)
 
     async def __rpc_get(
-        self,
-        stream: "grpclib.server.Stream[GetPodResourcesRequest, GetPodResourcesResponse]",
+        self, stream: "grpclib.server.Stream[GetPodResourcesRequest, GetPodResourcesResponse]"
     ) -> None:
         request = await stream.recv_message()
         assert request is not None

@@ -79,9 +79,7 @@ default_message_pool.register_message("v1beta1", "CDIDevice", CdiDevice)
 
 @dataclass(eq=False, repr=False)
 class ContainerAllocateRequest(betterproto2.Message):
-    devices_ids: "list[str]" = betterproto2.field(
-        1, betterproto2.TYPE_STRING, repeated=True
-    )
+    devices_ids: "list[str]" = betterproto2.field(1, betterproto2.TYPE_STRING, repeated=True)
 
 
 default_message_pool.register_message(
@@ -94,30 +92,20 @@ class ContainerAllocateResponse(betterproto2.Message):
     envs: "dict[str, str]" = betterproto2.field(
         1,
         betterproto2.TYPE_MAP,
-        map_meta=betterproto2.map_meta(
-            betterproto2.TYPE_STRING, betterproto2.TYPE_STRING
-        ),
+        map_meta=betterproto2.map_meta(betterproto2.TYPE_STRING, betterproto2.TYPE_STRING),
     )
 
-    mounts: "list[Mount]" = betterproto2.field(
-        2, betterproto2.TYPE_MESSAGE, repeated=True
-    )
+    mounts: "list[Mount]" = betterproto2.field(2, betterproto2.TYPE_MESSAGE, repeated=True)
 
-    devices: "list[DeviceSpec]" = betterproto2.field(
-        3, betterproto2.TYPE_MESSAGE, repeated=True
-    )
+    devices: "list[DeviceSpec]" = betterproto2.field(3, betterproto2.TYPE_MESSAGE, repeated=True)
 
     annotations: "dict[str, str]" = betterproto2.field(
         4,
         betterproto2.TYPE_MAP,
-        map_meta=betterproto2.map_meta(
-            betterproto2.TYPE_STRING, betterproto2.TYPE_STRING
-        ),
+        map_meta=betterproto2.map_meta(betterproto2.TYPE_STRING, betterproto2.TYPE_STRING),
     )
 
-    cdi_devices: "list[CdiDevice]" = betterproto2.field(
-        5, betterproto2.TYPE_MESSAGE, repeated=True
-    )
+    cdi_devices: "list[CdiDevice]" = betterproto2.field(5, betterproto2.TYPE_MESSAGE, repeated=True)
 
 
 default_message_pool.register_message(
@@ -139,23 +127,17 @@ class ContainerPreferredAllocationRequest(betterproto2.Message):
 
 
 default_message_pool.register_message(
-    "v1beta1",
-    "ContainerPreferredAllocationRequest",
-    ContainerPreferredAllocationRequest,
+    "v1beta1", "ContainerPreferredAllocationRequest", ContainerPreferredAllocationRequest
 )
 
 
 @dataclass(eq=False, repr=False)
 class ContainerPreferredAllocationResponse(betterproto2.Message):
-    device_i_ds: "list[str]" = betterproto2.field(
-        1, betterproto2.TYPE_STRING, repeated=True
-    )
+    device_i_ds: "list[str]" = betterproto2.field(1, betterproto2.TYPE_STRING, repeated=True)
 
 
 default_message_pool.register_message(
-    "v1beta1",
-    "ContainerPreferredAllocationResponse",
-    ContainerPreferredAllocationResponse,
+    "v1beta1", "ContainerPreferredAllocationResponse", ContainerPreferredAllocationResponse
 )
 
 
@@ -177,14 +159,10 @@ default_message_pool.register_message("v1beta1", "Device", Device)
 class DevicePluginOptions(betterproto2.Message):
     pre_start_required: "bool" = betterproto2.field(1, betterproto2.TYPE_BOOL)
 
-    get_preferred_allocation_available: "bool" = betterproto2.field(
-        2, betterproto2.TYPE_BOOL
-    )
+    get_preferred_allocation_available: "bool" = betterproto2.field(2, betterproto2.TYPE_BOOL)
 
 
-default_message_pool.register_message(
-    "v1beta1", "DevicePluginOptions", DevicePluginOptions
-)
+default_message_pool.register_message("v1beta1", "DevicePluginOptions", DevicePluginOptions)
 
 
 @dataclass(eq=False, repr=False)
@@ -209,14 +187,10 @@ default_message_pool.register_message("v1beta1", "Empty", Empty)
 
 @dataclass(eq=False, repr=False)
 class ListAndWatchResponse(betterproto2.Message):
-    devices: "list[Device]" = betterproto2.field(
-        1, betterproto2.TYPE_MESSAGE, repeated=True
-    )
+    devices: "list[Device]" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, repeated=True)
 
 
-default_message_pool.register_message(
-    "v1beta1", "ListAndWatchResponse", ListAndWatchResponse
-)
+default_message_pool.register_message("v1beta1", "ListAndWatchResponse", ListAndWatchResponse)
 
 
 @dataclass(eq=False, repr=False)
@@ -241,8 +215,8 @@ default_message_pool.register_message("v1beta1", "NUMANode", NumaNode)
 
 @dataclass(eq=False, repr=False)
 class PreferredAllocationRequest(betterproto2.Message):
-    container_requests: "list[ContainerPreferredAllocationRequest]" = (
-        betterproto2.field(1, betterproto2.TYPE_MESSAGE, repeated=True)
+    container_requests: "list[ContainerPreferredAllocationRequest]" = betterproto2.field(
+        1, betterproto2.TYPE_MESSAGE, repeated=True
     )
 
 
@@ -253,8 +227,8 @@ default_message_pool.register_message(
 
 @dataclass(eq=False, repr=False)
 class PreferredAllocationResponse(betterproto2.Message):
-    container_responses: "list[ContainerPreferredAllocationResponse]" = (
-        betterproto2.field(1, betterproto2.TYPE_MESSAGE, repeated=True)
+    container_responses: "list[ContainerPreferredAllocationResponse]" = betterproto2.field(
+        1, betterproto2.TYPE_MESSAGE, repeated=True
     )
 
 
@@ -265,9 +239,7 @@ default_message_pool.register_message(
 
 @dataclass(eq=False, repr=False)
 class PreStartContainerRequest(betterproto2.Message):
-    devices_ids: "list[str]" = betterproto2.field(
-        1, betterproto2.TYPE_STRING, repeated=True
-    )
+    devices_ids: "list[str]" = betterproto2.field(1, betterproto2.TYPE_STRING, repeated=True)
 
 
 default_message_pool.register_message(
@@ -303,9 +275,7 @@ default_message_pool.register_message("v1beta1", "RegisterRequest", RegisterRequ
 
 @dataclass(eq=False, repr=False)
 class TopologyInfo(betterproto2.Message):
-    nodes: "list[NumaNode]" = betterproto2.field(
-        1, betterproto2.TYPE_MESSAGE, repeated=True
-    )
+    nodes: "list[NumaNode]" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, repeated=True)
 
 
 default_message_pool.register_message("v1beta1", "TopologyInfo", TopologyInfo)
@@ -443,15 +413,11 @@ class DevicePluginBase(betterproto2_grpclib.ServiceBase):
     Served by the device plugin on its own socket.
     """
 
-    async def get_device_plugin_options(
-        self, message: "Empty"
-    ) -> "DevicePluginOptions":
+    async def get_device_plugin_options(self, message: "Empty") -> "DevicePluginOptions":
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
-    async def list_and_watch(
-        self, message: "Empty"
-    ) -> "AsyncIterator[ListAndWatchResponse]":
+    async def list_and_watch(self, message: "Empty") -> "AsyncIterator[ListAndWatchResponse]":
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
         yield ListAndWatchResponse()
@@ -509,8 +475,7 @@ class DevicePluginBase(betterproto2_grpclib.ServiceBase):
         await stream.send_message(response)
 
     async def __rpc_pre_start_container(
-        self,
-        stream: "grpclib.server.Stream[PreStartContainerRequest, PreStartContainerResponse]",
+        self, stream: "grpclib.server.Stream[PreStartContainerRequest, PreStartContainerResponse]"
     ) -> None:
         request = await stream.recv_message()
         assert request is not None
@@ -561,9 +526,7 @@ class RegistrationBase(betterproto2_grpclib.ServiceBase):
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
-    async def __rpc_register(
-        self, stream: "grpclib.server.Stream[RegisterRequest, Empty]"
-    ) -> None:
+    async def __rpc_register(self, stream: "grpclib.server.Stream[RegisterRequest, Empty]") -> None:
         request = await stream.recv_message()
         assert request is not None
         response = await self.register(request)
