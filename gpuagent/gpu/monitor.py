@@ -56,7 +56,8 @@ class GpuMonitor:
         self._event_wait_ms = event_wait_ms
         self._control = Worker("nvml-control")
         self._workers: dict[int, Worker] = {}
-        self._recovery_actions: dict[int, int] = {}
+        # The recovery action each GPU's probes last read; events are transitions on their own.
+        self._probed_actions: dict[int, int] = {}
         self._poll_now = asyncio.Event()
         self._stop_events = threading.Event()
         self._event_thread: threading.Thread | None = None
@@ -66,12 +67,17 @@ class GpuMonitor:
         """Initialise the driver and discover GPUs; raises :class:`DriverUnavailable` on failure."""
         try:
             version = await self._call(self._control, self._nvml.init)
-            gpus = await self._call(self._control, self._nvml.discover)
-            await self._call(self._control, self._nvml.open_events)
         except (DriverUnavailable, TimeoutError) as exc:
-            error = str(exc) or "nvml did not answer"
-            self._store.update(lambda s: replace(s, driver=DriverState(up=False, error=error)))
-            raise DriverUnavailable(error) from exc
+            raise self._unavailable(exc) from exc
+        try:
+            gpus = await self._call(self._control, self._nvml.discover)
+            failed = await self._call(self._control, self._nvml.open_events)
+        except (DriverUnavailable, TimeoutError) as exc:
+            with contextlib.suppress(TimeoutError):
+                await self._call(self._control, self._nvml.shutdown)
+            raise self._unavailable(exc) from exc
+        for index, error in failed.items():
+            log.error("no health events for this gpu; relying on probes", gpu=index, error=error)
         for gpu in gpus:
             self._workers[gpu.index] = Worker(f"nvml-gpu{gpu.index}")
         self._store.update(
@@ -86,6 +92,11 @@ class GpuMonitor:
             gpus=[f"{g.index}:{g.uuid}" for g in gpus],
         )
         self._started = True
+
+    def _unavailable(self, exc: Exception) -> DriverUnavailable:
+        error = str(exc) or "nvml did not answer"
+        self._store.update(lambda s: replace(s, driver=DriverState(up=False, error=error)))
+        return DriverUnavailable(error)
 
     async def run(self) -> None:
         """Keep the store current until cancelled; retries driver initialisation until it works."""
@@ -177,10 +188,10 @@ class GpuMonitor:
         for event in probe.events:
             self.apply(index, event)
         if probe.recovery_action is not None:
-            # Only a change of the driver's recovery action is a signal; an unchanged "none" after
-            # an XID must not clear it.
-            previous = self._recovery_actions.get(index, 0)
-            self._recovery_actions[index] = probe.recovery_action
+            # Only a change between two readings is a signal: an unchanged "none" after an XID
+            # must not clear it, nor may a reading taken before an event overtake the event.
+            previous = self._probed_actions.get(index, 0)
+            self._probed_actions[index] = probe.recovery_action
             if probe.recovery_action != previous:
                 self.apply(index, RecoveryActionChanged(probe.recovery_action))
         telemetry = probe.telemetry
@@ -197,13 +208,9 @@ class GpuMonitor:
                     return
                 self._stop_events.wait(self._event_wait_ms / 1000)
                 continue
-            if received is not None and not _post(loop, self._apply_event, *received):
+            if received is not None and not _post(loop, self.apply, *received):
                 return
 
-    def _apply_event(self, index: int, event: HealthEvent) -> None:
-        if isinstance(event, RecoveryActionChanged):
-            self._recovery_actions[index] = event.action
-        self.apply(index, event)
 
     async def _call(self, worker: Worker, fn: Callable[[], T]) -> T:
         return await asyncio.wait_for(worker.submit(fn), self._call_timeout)

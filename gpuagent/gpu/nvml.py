@@ -83,16 +83,23 @@ class Nvml:
         """Initialise NVML; returns the driver version."""
         try:
             pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            raise DriverUnavailable(describe(exc)) from exc
+        try:
             return str(pynvml.nvmlSystemGetDriverVersion())
         except pynvml.NVMLError as exc:
+            self.shutdown()
             raise DriverUnavailable(describe(exc)) from exc
 
     def shutdown(self) -> None:
         """Free the event set and shut NVML down; errors are logged, never raised."""
+        event_set, self._event_set = self._event_set, None
+        if event_set is not None:
+            try:
+                pynvml.nvmlEventSetFree(event_set)
+            except pynvml.NVMLError as exc:
+                log.warning("freeing the nvml event set failed", error=describe(exc))
         try:
-            if self._event_set is not None:
-                pynvml.nvmlEventSetFree(self._event_set)
-                self._event_set = None
             pynvml.nvmlShutdown()
         except pynvml.NVMLError as exc:
             log.warning("nvml shutdown failed", error=describe(exc))

@@ -146,15 +146,22 @@ async def test_start_with_driver_down(
 
 
 class HangingInit(Nvml):
-    """A driver whose init never answers until released."""
+    """A driver whose init does not answer until released, and then fails without touching NVML.
+
+    (A late real init would land on whichever simulated driver the next test installed.)
+    """
 
     def __init__(self, sysfs_root: Path) -> None:
         super().__init__(sysfs_root)
         self.release = threading.Event()
+        self.returned = threading.Event()
 
     def init(self) -> str:
-        self.release.wait(WAIT_S)
-        return super().init()
+        try:
+            self.release.wait(WAIT_S)
+            raise DriverUnavailable("released")
+        finally:
+            self.returned.set()
 
 
 async def test_start_with_hung_init(store: DeviceStore, driver: SimDriver, tmp_path: Path) -> None:
@@ -169,6 +176,7 @@ async def test_start_with_hung_init(store: DeviceStore, driver: SimDriver, tmp_p
         assert store.snapshot.driver == DriverState(up=False, error="nvml did not answer")
     finally:
         nvml.release.set()
+        assert await asyncio.to_thread(nvml.returned.wait, WAIT_S)
         await asyncio.wait_for(monitor.close(), WAIT_S)
 
 
@@ -439,11 +447,6 @@ class StaleProbe(Nvml):
         return result
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="monitor bug: a probe reading taken before an XID's recovery-action event but applied "
-    "after it is treated as the action changing back to none, clearing the XID condition",
-)
 async def test_stale_probe_does_not_clear_xid(
     store: DeviceStore, driver: SimDriver, tmp_path: Path
 ) -> None:

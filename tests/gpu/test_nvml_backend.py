@@ -593,11 +593,6 @@ class TestShutdown:
         assert [e["event"] for e in logs] == ["nvml shutdown failed"]
         nvml.shutdown()  # the real one, so the simulated driver ends uninitialised
 
-    @pytest.mark.xfail(
-        strict=True,
-        reason="nvml bug: Nvml.shutdown() frees the event set and calls nvmlShutdown in one try "
-        "block, so a failing nvmlEventSetFree skips nvmlShutdown and NVML stays initialised",
-    )
     def test_shuts_down_even_if_freeing_events_fails(self, ready: Nvml, driver: SimDriver) -> None:
         """A failure to free the event set does not keep NVML initialised."""
         driver.fail("nvmlEventSetFree", UNKNOWN)
