@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import Enum, IntEnum
 from types import MappingProxyType
 
 HEALTHY = "Healthy"
@@ -51,17 +51,56 @@ class GpuHealth:
 
 @dataclass(frozen=True, slots=True)
 class Telemetry:
-    """One poll's readings for a GPU. ``None`` means the driver does not offer the value."""
+    """One poll's readings for a GPU, in dcgm-exporter's units.
+
+    ``None`` means the GPU or driver does not offer the value (it is then absent from /metrics).
+    Counters (energy, PCIe replays, NVLink traffic, remapped rows) only grow while the driver runs.
+    """
 
     temperature_c: float | None = None
+    memory_temperature_c: float | None = None
     power_w: float | None = None
+    energy_mj: float | None = None
     sm_clock_mhz: float | None = None
     mem_clock_mhz: float | None = None
     gpu_util_pct: float | None = None
     mem_util_pct: float | None = None
+    enc_util_pct: float | None = None
+    dec_util_pct: float | None = None
     fb_used_mib: float | None = None
     fb_free_mib: float | None = None
-    energy_mj: float | None = None
+    fb_reserved_mib: float | None = None
+    pcie_replays: float | None = None
+    nvlink_bandwidth_total: float | None = None
+    remapped_rows_correctable: float | None = None
+    remapped_rows_uncorrectable: float | None = None
+    row_remap_pending: float | None = None
+    row_remap_failure: float | None = None
+    ecc_sbe_volatile: float | None = None
+    ecc_dbe_volatile: float | None = None
+    # Profiling metrics through NVML GPM (Hopper and newer): ratios 0..1, PCIe in bytes/s.
+    gr_engine_active: float | None = None
+    sm_active: float | None = None
+    sm_occupancy: float | None = None
+    tensor_active: float | None = None
+    dram_active: float | None = None
+    pcie_tx_bytes: float | None = None
+    pcie_rx_bytes: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MigDevice:
+    """A MIG device: one compute instance inside one GPU instance of a MIG-enabled GPU."""
+
+    uuid: str
+    parent_index: int
+    gpu_instance_id: int
+    compute_instance_id: int
+    profile: str
+    memory_mib: int
+    # The /dev/nvidia-caps nodes a container needs for this device (GI and CI access).
+    device_nodes: tuple[str, ...] = ()
+    telemetry: Telemetry = Telemetry()
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +118,10 @@ class Gpu:
     telemetry: Telemetry = Telemetry()
     xid_counts: Mapping[int, int] = field(default_factory=lambda: MappingProxyType({}))
     last_xid: int | None = None
+    architecture: str = ""
+    compute_capability: str = ""
+    mig_enabled: bool = False
+    mig_devices: tuple[MigDevice, ...] = ()
 
     def device_id(self, strategy: IdStrategy) -> str:
         """The ID the kubelet sees for this GPU."""
@@ -88,6 +131,61 @@ class Gpu:
     def device_node(self) -> str:
         """Path of the GPU's character device inside a container."""
         return f"/dev/nvidia{self.minor}"
+
+
+class P2PLevel(IntEnum):
+    """How two GPUs reach each other over PCIe (NVML's topology levels; lower is closer)."""
+
+    INTERNAL = 0  # the same board (multi-GPU boards)
+    SINGLE = 10  # one PCIe switch
+    MULTIPLE = 20  # several PCIe switches, no host bridge
+    HOSTBRIDGE = 30  # the same host bridge
+    NODE = 40  # host bridges within one NUMA node
+    SYSTEM = 50  # across NUMA nodes (SMP interconnect)
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """How GPUs ``a`` < ``b`` are connected: PCIe level and direct NVLink link count."""
+
+    a: int
+    b: int
+    p2p: P2PLevel | None = None
+    nvlinks: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """Pairwise GPU connectivity, read once at discovery (never per RPC)."""
+
+    links: tuple[Link, ...] = ()
+
+    def between(self, a: int, b: int) -> Link | None:
+        lo, hi = min(a, b), max(a, b)
+        for link in self.links:
+            if link.a == lo and link.b == hi:
+                return link
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class PodRef:
+    """A container that holds a device, per the kubelet's pod-resources API."""
+
+    namespace: str
+    pod: str
+    container: str
+
+
+@dataclass(frozen=True, slots=True)
+class Attribution:
+    """Which containers hold which devices (keyed by the ID the kubelet knows), and how fresh."""
+
+    by_device: Mapping[str, tuple[PodRef, ...]] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    refreshed_at: float | None = None  # monotonic seconds of the last successful List
+    error: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +209,8 @@ class Snapshot:
     driver: DriverState = DriverState()
     discovered: bool = False
     registered: bool = False
+    topology: Topology = Topology()
+    pods: Attribution = Attribution()
 
     def gpu(self, index: int) -> Gpu | None:
         for gpu in self.gpus:

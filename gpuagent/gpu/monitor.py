@@ -211,7 +211,6 @@ class GpuMonitor:
             if received is not None and not _post(loop, self.apply, *received):
                 return
 
-
     async def _call(self, worker: Worker, fn: Callable[[], T]) -> T:
         return await asyncio.wait_for(worker.submit(fn), self._call_timeout)
 
