@@ -112,8 +112,10 @@ class Agent:
         sysfs_root: Path = Path("/sys"),
         hostname: str | None = None,
         registration_timing: Timing = Timing(),
+        nvml_call_timeout: float = 10.0,
     ) -> None:
         self.settings = settings
+        self._nvml_call_timeout = nvml_call_timeout
         self.plan = plan(settings)
         self.simulator = simulator
         self.store = DeviceStore()
@@ -157,6 +159,7 @@ class Agent:
             Nvml(self._sysfs_root),
             self.plan.health,
             poll_interval=self.settings.poll_interval,
+            call_timeout=self._nvml_call_timeout,
         )
         service = DevicePluginService(
             self.store, self.plan.allocation, self.stopping, on_allocate=self.stats.on_allocate

@@ -24,7 +24,15 @@ class SimulatorControl(Protocol):
 
     def describe(self) -> list[dict[str, object]]: ...
 
-    def inject(self, gpu: int, fault: str, xid: int | None = None) -> dict[str, object]: ...
+    def inject(
+        self,
+        gpu: int,
+        fault: str,
+        xid: int | None = None,
+        *,
+        seconds: object = None,
+        symbol: object = None,
+    ) -> dict[str, object]: ...
 
 
 class Probes(Protocol):
@@ -97,11 +105,16 @@ def _add_simulation_routes(app: web.Application, simulator: SimulatorControl) ->
         if not isinstance(gpu, int) or isinstance(gpu, bool):
             return _error(400, "'gpu' must be an integer GPU index")
         if not isinstance(fault, str):
-            return _error(400, "'fault' must be one of xid, lost, ecc_dbe, recover")
+            return _error(400, "'fault' must be a string naming the fault")
+        unknown = set(body) - {"gpu", "fault", "xid", "seconds", "symbol"}
+        if unknown:
+            return _error(400, f"unknown keys: {', '.join(sorted(map(str, unknown)))}")
         if xid is not None and (not isinstance(xid, int) or isinstance(xid, bool)):
             return _error(400, "'xid' must be an integer")
         try:
-            state = simulator.inject(gpu, fault, xid)
+            state = simulator.inject(
+                gpu, fault, xid, seconds=body.get("seconds"), symbol=body.get("symbol")
+            )
         except LookupError:
             return _error(404, f"no simulated GPU with index {gpu}")
         except ValueError as exc:

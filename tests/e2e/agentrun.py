@@ -53,7 +53,11 @@ class RunningAgent:
 
 @asynccontextmanager
 async def running_agent(
-    socket_dir: Path, args: Sequence[str] = ("--simulate", "4"), *, sysfs_root: Path | None = None
+    socket_dir: Path,
+    args: Sequence[str] = ("--simulate", "4"),
+    *,
+    sysfs_root: Path | None = None,
+    nvml_call_timeout: float = 10.0,
 ) -> AsyncIterator[RunningAgent]:
     """Start an agent with ``args`` (plus test-friendly addresses) and stop it afterwards."""
     settings = load_settings(
@@ -72,6 +76,7 @@ async def running_agent(
         sysfs_root=sysfs_root or Path("/nonexistent-sysfs"),
         hostname="test-node",
         registration_timing=FAST,
+        nvml_call_timeout=nvml_call_timeout,
     )
     stop = asyncio.Event()
     task = asyncio.create_task(agent.run(stop), name="agent-under-test")

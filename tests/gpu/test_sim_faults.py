@@ -382,6 +382,9 @@ class TestControlPlane:
             "last_xid": None,
             "xid_count": 0,
             "ecc_dbe_count": 0,
+            "hang_s": 0.0,
+            "not_supported": [],
+            "function_not_found": [],
         }
 
     @pytest.mark.parametrize(
@@ -406,3 +409,69 @@ class TestControlPlane:
         with pytest.raises(error):
             driver.inject(gpu, fault, xid)
         assert driver.describe()[0]["xid_count"] == 0
+
+
+class TestCallFaults:
+    """Faults in how calls behave: a hung GPU, a call not supported, a function missing."""
+
+    def test_hang_blocks_only_that_gpus_calls(self, driver: SimDriver) -> None:
+        """Calls on a hung GPU block for the hang; the other GPUs answer at once."""
+        h0 = pynvml.nvmlDeviceGetHandleByIndex(0)
+        h1 = pynvml.nvmlDeviceGetHandleByIndex(1)
+        driver.inject(1, "hang", seconds=0.3)
+        started = time.monotonic()
+        pynvml.nvmlDeviceGetTemperature(h0, pynvml.NVML_TEMPERATURE_GPU)
+        assert time.monotonic() - started < 0.1
+        started = time.monotonic()
+        pynvml.nvmlDeviceGetTemperature(h1, pynvml.NVML_TEMPERATURE_GPU)
+        assert time.monotonic() - started >= 0.25
+
+    def test_recover_releases_a_blocked_call(self, driver: SimDriver) -> None:
+        """A call blocked by a hang returns as soon as the GPU recovers."""
+        h1 = pynvml.nvmlDeviceGetHandleByIndex(1)
+        driver.inject(1, "hang", seconds=60)
+        done = threading.Event()
+
+        def call() -> None:
+            pynvml.nvmlDeviceGetTemperature(h1, pynvml.NVML_TEMPERATURE_GPU)
+            done.set()
+
+        thread = threading.Thread(target=call, daemon=True)
+        thread.start()
+        assert not done.wait(0.1)
+        driver.inject(1, "recover")
+        assert done.wait(5)
+        thread.join(5)
+
+    def test_not_supported_on_one_gpu(self, driver: SimDriver) -> None:
+        driver.inject(2, "not_supported", symbol="nvmlDeviceGetPowerUsage")
+        with pytest.raises(pynvml.NVMLError_NotSupported):
+            pynvml.nvmlDeviceGetPowerUsage(pynvml.nvmlDeviceGetHandleByIndex(2))
+        assert pynvml.nvmlDeviceGetPowerUsage(pynvml.nvmlDeviceGetHandleByIndex(1)) > 0
+        assert driver.describe()[2]["not_supported"] == ["nvmlDeviceGetPowerUsage"]
+
+    def test_function_not_found_is_driver_wide(self, driver: SimDriver) -> None:
+        driver.inject(0, "function_not_found", symbol="nvmlDeviceGetNumaNodeId")
+        for index in (0, 3):
+            with pytest.raises(pynvml.NVMLError_FunctionNotFound):
+                pynvml.nvmlDeviceGetNumaNodeId(pynvml.nvmlDeviceGetHandleByIndex(index))
+
+    @pytest.mark.parametrize(
+        ("fault", "params"),
+        [
+            ("hang", {}),
+            ("hang", {"seconds": 0}),
+            ("hang", {"seconds": 4000}),
+            ("hang", {"seconds": True}),
+            ("hang", {"seconds": 1, "symbol": "nvmlDeviceGetName"}),
+            ("not_supported", {}),
+            ("not_supported", {"symbol": "nvmlMadeUp"}),
+            ("not_supported", {"symbol": "nvmlDeviceGetName", "seconds": 1}),
+            ("function_not_found", {"symbol": 3}),
+            ("lost", {"seconds": 1}),
+            ("xid", {"symbol": "nvmlDeviceGetName"}),
+        ],
+    )
+    def test_bad_parameters(self, driver: SimDriver, fault: str, params: dict[str, object]) -> None:
+        with pytest.raises(ValueError, match=fault if fault != "xid" else "takes no"):
+            driver.inject(0, fault, 79 if fault == "xid" else None, **params)

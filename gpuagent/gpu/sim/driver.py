@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -14,6 +15,9 @@ from gpuagent.gpu.sim import _api_device, _api_events, _api_system
 from gpuagent.gpu.sim._abi import BadArgument, Symbol, as_bytes, as_int
 from gpuagent.gpu.sim.spec import SimNode
 from gpuagent.gpu.sim.state import DriverState, GpuState
+
+CALL_FAULTS = ("hang", "not_supported", "function_not_found")
+MAX_HANG_S = 3600.0
 
 SYMBOLS: dict[str, Symbol] = {
     **_api_system.SYMBOLS,
@@ -69,6 +73,8 @@ class SimDriver:
         self.calls = Counter()
         self._rules: dict[tuple[str, int | None], _Rule] = {}
         self._removed: set[str] = set()
+        self._hangs: dict[int, float] = {}  # gpu index -> monotonic time the hang ends
+        self._hang_released = threading.Event()
         self._entries = {name: _Entry(self, name, symbol) for name, symbol in SYMBOLS.items()}
         for name, entry in self._entries.items():
             setattr(self, name, entry)
@@ -81,6 +87,8 @@ class SimDriver:
     # ----- dispatch ----------------------------------------------------------------------------
     def _call(self, name: str, symbol: Symbol, args: tuple[object, ...]) -> int | bytes:
         st = self._state
+        if self._hangs:
+            self._hang_if_needed(symbol, args)
         with st.cond:
             self.calls[name] += 1
             if name in self._removed:
@@ -102,6 +110,16 @@ class SimDriver:
                 return symbol.impl(st, *gpus, *args[symbol.handles :])
             except BadArgument:
                 return int(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+
+    def _hang_if_needed(self, symbol: Symbol, args: tuple[object, ...]) -> None:
+        """Block (outside the lock, like a driver call stuck in the kernel) on a hung GPU."""
+        with self._state.cond:
+            target = self._target(symbol, args)
+            until = self._hangs.get(target) if target is not None else None
+        if until is not None:
+            delay = until - time.monotonic()
+            if delay > 0:
+                self._hang_released.wait(delay)
 
     def _target(self, symbol: Symbol, args: tuple[object, ...]) -> int | None:
         st = self._state
@@ -143,21 +161,86 @@ class SimDriver:
         state ("ok" or "lost"), recovery_action ("none", "gpu_reset", …), last_xid (int or None),
         xid_count, ecc_dbe_count.
         """
-        return self._state.describe()
+        return [self._describe(i) for i in range(len(self._state.gpus))]
 
-    def inject(self, gpu: int, fault: str, xid: int | None = None) -> dict[str, object]:
+    def inject(
+        self,
+        gpu: int,
+        fault: str,
+        xid: int | None = None,
+        *,
+        seconds: object = None,
+        symbol: object = None,
+    ) -> dict[str, object]:
         """Apply a fault to GPU ``gpu`` and return its new description.
 
-        ``fault`` is ``"xid"`` (needs a positive ``xid``; XIDs that need a reset also set the
-        recovery action to GPU_RESET), ``"lost"`` (XID 79, then every call on the GPU returns
-        GPU_IS_LOST), ``"ecc_dbe"`` (a double-bit ECC event, recovery action GPU_RESET) or
-        ``"recover"`` (answers again, recovery action NONE). Events go to every event set the GPU
-        is registered on for that event type.
+        Driver-state faults: ``"xid"`` (needs a positive ``xid``; XIDs that need a reset also set
+        the recovery action to GPU_RESET), ``"lost"`` (XID 79, then every call on the GPU returns
+        GPU_IS_LOST), ``"ecc_dbe"`` (a double-bit ECC event, recovery action GPU_RESET) and
+        ``"recover"`` (answers again, recovery action NONE, and the call faults below cleared).
+        Call faults: ``"hang"`` (every call on the GPU blocks for ``seconds``, then answers),
+        ``"not_supported"`` (``symbol`` returns NOT_SUPPORTED on this GPU) and
+        ``"function_not_found"`` (``symbol`` disappears driver-wide, as in an older driver).
 
-        Raises ``ValueError`` for an unknown fault, a bad or misplaced ``xid`` or a non-integer
-        ``gpu``, and ``LookupError`` for a GPU index that does not exist.
+        Raises ``ValueError`` for an unknown fault or a bad or misplaced parameter, and
+        ``LookupError`` for a GPU index that does not exist.
         """
-        return self._state.inject(gpu, fault, xid)
+        if fault in CALL_FAULTS:
+            return self._call_fault(gpu, fault, xid, seconds, symbol)
+        if seconds is not None or symbol is not None:
+            raise ValueError(f"fault {fault!r} takes no seconds or symbol")
+        self._state.inject(gpu, fault, xid)
+        if fault == "recover":
+            self._clear_call_faults(gpu)
+        return self._describe(gpu)
+
+    def _call_fault(
+        self, gpu: int, fault: str, xid: int | None, seconds: object, symbol: object
+    ) -> dict[str, object]:
+        if xid is not None:
+            raise ValueError(f"fault {fault!r} takes no xid")
+        if isinstance(gpu, bool) or not isinstance(gpu, int):
+            raise ValueError(f"gpu must be an integer index, got {gpu!r}")  # noqa: TRY004
+        if not 0 <= gpu < len(self._state.gpus):
+            raise LookupError(f"no simulated GPU {gpu} (there are {len(self._state.gpus)})")
+        if fault == "hang":
+            if symbol is not None:
+                raise ValueError("fault 'hang' takes no symbol")
+            if (
+                isinstance(seconds, bool)
+                or not isinstance(seconds, int | float)
+                or not 0 < seconds <= MAX_HANG_S
+            ):
+                raise ValueError(f"fault 'hang' needs seconds in (0, {MAX_HANG_S}]: {seconds!r}")
+            with self._state.cond:
+                self._hang_released.clear()
+                self._hangs[gpu] = time.monotonic() + float(seconds)
+        else:
+            if seconds is not None:
+                raise ValueError(f"fault {fault!r} takes no seconds")
+            if not isinstance(symbol, str) or symbol not in SYMBOLS:
+                raise ValueError(f"fault {fault!r} needs an NVML symbol name, got {symbol!r}")
+            if fault == "not_supported":
+                self.fail(symbol, int(pynvml.NVML_ERROR_NOT_SUPPORTED), gpu=gpu)
+            else:
+                self.remove(symbol)
+        return self._describe(gpu)
+
+    def _clear_call_faults(self, gpu: int) -> None:
+        with self._state.cond:
+            if self._hangs.pop(gpu, None) is not None and not self._hangs:
+                self._hang_released.set()
+            for key in [k for k in self._rules if k[1] == gpu]:
+                del self._rules[key]
+
+    def _describe(self, gpu: int) -> dict[str, object]:
+        described = self._state.describe()[gpu]
+        with self._state.cond:
+            until = self._hangs.get(gpu)
+            described["hang_s"] = max(0.0, until - time.monotonic()) if until else 0.0
+            described["not_supported"] = sorted(n for n, g in self._rules if g == gpu)
+            described["function_not_found"] = sorted(self._removed)
+        return described
 
     # ----- test hooks --------------------------------------------------------------------------
     def fail(
