@@ -12,18 +12,11 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from gpuagent.domain.devices import Condition, Gpu, GpuHealth
+from gpuagent.domain.xids import APPLICATION_XIDS
 
-# XIDs NVIDIA's device plugin treats as application errors: the GPU itself is still healthy.
-DEFAULT_IGNORED_XIDS: frozenset[int] = frozenset(
-    {
-        13,  # graphics engine exception
-        31,  # GPU memory page fault
-        43,  # GPU stopped processing
-        45,  # preemptive cleanup, due to previous errors
-        68,  # video processor exception
-        109,  # context switch timeout
-    }
-)
+# XIDs that do not make a GPU unhealthy by default: application errors per NVIDIA's XID catalog
+# and NVIDIA's device plugin's ignore list (13, 31, 43, 45, 68, 109). See gpuagent.domain.xids.
+DEFAULT_IGNORED_XIDS: frozenset[int] = APPLICATION_XIDS
 
 # NVML_GPU_RECOVERY_ACTION_* values and the names we report them under.
 RECOVERY_ACTIONS: dict[int, str] = {
@@ -42,6 +35,8 @@ ECC_DBE = "ecc_dbe"
 LOST = "lost"
 RECOVERY = "recovery_action"
 NVML_ERROR = "nvml_error"
+ROW_REMAP_PENDING = "row_remap_pending"
+ROW_REMAP_FAILURE = "row_remap_failure"
 # Conditions the driver's "no recovery action needed" signal clears.
 _CLEARED_BY_RECOVERY = frozenset({XID, ECC_DBE, RECOVERY})
 # Conditions cleared when the GPU answers a probe again.
@@ -80,12 +75,26 @@ class ProbeFailed:
 
 
 @dataclass(frozen=True, slots=True)
+class RowRemapState:
+    """The GPU's row-remapping state as last read: a remap waiting for a reset, or a failed one."""
+
+    pending: bool
+    failed: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Responding:
     """A liveness probe succeeded: the GPU answers the driver."""
 
 
 HealthEvent = (
-    XidError | DoubleBitEccError | GpuLost | RecoveryActionChanged | ProbeFailed | Responding
+    XidError
+    | DoubleBitEccError
+    | GpuLost
+    | RecoveryActionChanged
+    | ProbeFailed
+    | RowRemapState
+    | Responding
 )
 
 
@@ -161,6 +170,15 @@ class HealthPolicy:
                     return health
                 name = RECOVERY_ACTIONS.get(action, str(action))
                 return _with(_without(health, {RECOVERY}), Condition(RECOVERY, name))
+            case RowRemapState(pending=pending, failed=failed):
+                if not self.checks_device:
+                    return health
+                updated = _without(health, {ROW_REMAP_PENDING, ROW_REMAP_FAILURE})
+                if pending:
+                    updated = _with(updated, Condition(ROW_REMAP_PENDING))
+                if failed:
+                    updated = _with(updated, Condition(ROW_REMAP_FAILURE))
+                return health if set(updated.conditions) == set(health.conditions) else updated
             case Responding():
                 return _without(health, _CLEARED_BY_RESPONSE)
 

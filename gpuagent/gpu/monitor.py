@@ -23,6 +23,7 @@ from gpuagent.domain.health import (
     HealthPolicy,
     ProbeFailed,
     RecoveryActionChanged,
+    RowRemapState,
     record_event,
 )
 from gpuagent.domain.store import DeviceStore
@@ -195,6 +196,14 @@ class GpuMonitor:
             if probe.recovery_action != previous:
                 self.apply(index, RecoveryActionChanged(probe.recovery_action))
         telemetry = probe.telemetry
+        if telemetry.row_remap_pending is not None or telemetry.row_remap_failure is not None:
+            self.apply(
+                index,
+                RowRemapState(
+                    pending=bool(telemetry.row_remap_pending),
+                    failed=bool(telemetry.row_remap_failure),
+                ),
+            )
         self._store.update(lambda s: _map_gpu(s, index, lambda g: replace(g, telemetry=telemetry)))
 
     def _event_loop(self, loop: asyncio.AbstractEventLoop) -> None:

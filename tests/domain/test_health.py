@@ -15,6 +15,7 @@ from gpuagent.domain.health import (
     ProbeFailed,
     RecoveryActionChanged,
     Responding,
+    RowRemapState,
     XidError,
     record_event,
 )
@@ -28,6 +29,10 @@ HEALTHY = GpuHealth()
         pytest.param("", "", 79, True, id="default-critical-xid"),
         pytest.param("", "", 13, False, id="default-application-xid"),
         pytest.param("", "", 109, False, id="default-ignores-109"),
+        pytest.param("", "", 94, False, id="contained-ecc-is-an-application-error"),
+        pytest.param("", "", 95, True, id="uncontained-ecc-is-critical"),
+        pytest.param("", "", 4242, True, id="unknown-xid-is-critical"),
+        pytest.param("", "94", 94, True, id="enable-catalog-application-xid"),
         pytest.param("48", "", 48, False, id="disable-adds-to-ignore-list"),
         pytest.param("48", "", 79, True, id="disable-list-leaves-others"),
         pytest.param("all", "", 79, False, id="disable-all"),
@@ -50,8 +55,10 @@ def test_bad_spec_names_the_variable_and_entry(bad: str) -> None:
         HealthPolicy.from_env_values(bad, "")
 
 
-def test_default_ignore_list_is_nvidias() -> None:
-    assert frozenset({13, 31, 43, 45, 68, 109}) == DEFAULT_IGNORED_XIDS
+def test_default_ignore_list_covers_nvidias_and_catalog_application_errors() -> None:
+    assert frozenset({13, 31, 43, 45, 68, 109}) <= DEFAULT_IGNORED_XIDS
+    assert 94 in DEFAULT_IGNORED_XIDS  # contained ECC error: restart the app (NVIDIA #1974)
+    assert not {48, 62, 64, 74, 79, 95, 119, 120} & DEFAULT_IGNORED_XIDS
 
 
 def _run(events: list[HealthEvent], policy: HealthPolicy | None = None) -> GpuHealth:
@@ -86,6 +93,16 @@ def _run(events: list[HealthEvent], policy: HealthPolicy | None = None) -> GpuHe
                      id="conditions-accumulate"),
         pytest.param([RecoveryActionChanged(42)], (Condition("recovery_action", "42"),),
                      id="unknown-action-number"),
+        pytest.param([RowRemapState(pending=True, failed=False)],
+                     (Condition("row_remap_pending"),), id="remap-pending"),
+        pytest.param([RowRemapState(pending=True, failed=True)],
+                     (Condition("row_remap_pending"), Condition("row_remap_failure")),
+                     id="remap-failed"),
+        pytest.param([RowRemapState(pending=True, failed=False),
+                      RowRemapState(pending=False, failed=False)], (), id="remap-done-after-reset"),
+        pytest.param([RowRemapState(pending=True, failed=False), RecoveryActionChanged(0)],
+                     (Condition("row_remap_pending"),),
+                     id="recovery-action-alone-does-not-clear-a-pending-remap"),
     ],
 )  # fmt: skip
 def test_state_machine(events: list[HealthEvent], conditions: tuple[Condition, ...]) -> None:
@@ -117,3 +134,9 @@ def test_record_event_counts_every_xid_even_ignored_ones() -> None:
 def test_record_event_returns_same_gpu_when_nothing_changes() -> None:
     gpu = Gpu(index=0, uuid="GPU-a", minor=0, name="x", memory_mib=1, pci_bus_id="b")
     assert record_event(gpu, Responding(), HealthPolicy()) is gpu
+
+
+def test_unchanged_remap_state_keeps_the_same_health_object() -> None:
+    policy = HealthPolicy()
+    health = _run([RowRemapState(pending=True, failed=False), XidError(79)])
+    assert policy.apply(health, RowRemapState(pending=True, failed=False)) is health
