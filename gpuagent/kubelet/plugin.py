@@ -99,11 +99,13 @@ class DevicePluginService(pb.DevicePluginBase):
             try:
                 gpus = self._policy.resolve(snapshot, request.devices_ids)
             except UnhealthyDevicesError as exc:
-                log.warning("allocate refused", reason=str(exc))
-                raise GRPCError(Status.FAILED_PRECONDITION, str(exc)) from exc
+                reason = _bounded(str(exc))
+                log.warning("allocate refused", reason=reason)
+                raise GRPCError(Status.FAILED_PRECONDITION, reason) from exc
             except AllocationError as exc:
-                log.warning("allocate refused", reason=str(exc))
-                raise GRPCError(Status.INVALID_ARGUMENT, str(exc)) from exc
+                reason = _bounded(str(exc))
+                log.warning("allocate refused", reason=reason)
+                raise GRPCError(Status.INVALID_ARGUMENT, reason) from exc
             responses.append(_container_response(self._policy.container_allocation(gpus)))
             log.info("allocated", devices=list(request.devices_ids))
         if self._on_allocate is not None:
@@ -136,6 +138,16 @@ class DevicePluginService(pb.DevicePluginBase):
             (gpu.device_id(strategy), gpu.health.kubelet_health, gpu.numa_node)
             for gpu in snapshot.gpus
         )
+
+
+MAX_MESSAGE = 1024
+
+
+def _bounded(message: str) -> str:
+    """An error message short enough for a gRPC trailer, however many IDs a request named."""
+    if len(message) <= MAX_MESSAGE:
+        return message
+    return f"{message[:MAX_MESSAGE]}… (truncated; {len(message)} characters)"
 
 
 def _response(devices: DeviceList) -> pb.ListAndWatchResponse:

@@ -31,6 +31,7 @@ from gpuagent.kubelet.plugin import DevicePluginService
 log = structlog.get_logger("gpuagent.registration")
 
 API_VERSION = "v1beta1"
+SOCKET_MODE = 0o660
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +151,8 @@ class PluginEndpoint:
             self._socket_path.unlink()  # a stale socket from an earlier run
         server = _PluginServer(self._service)
         await server.start(path=str(self._socket_path))
+        # Only the kubelet (root) and the agent itself need the socket; never world-writable.
+        os.chmod(self._socket_path, SOCKET_MODE)
         self._server = server
         log.info("serving device plugin", socket=str(self._socket_path))
         return _socket_id(self._socket_path)
