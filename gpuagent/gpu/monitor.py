@@ -23,6 +23,7 @@ from gpuagent.domain.health import (
     HealthPolicy,
     ProbeFailed,
     RecoveryActionChanged,
+    Responding,
     RowRemapState,
     record_event,
 )
@@ -59,6 +60,8 @@ class GpuMonitor:
         self._workers: dict[int, Worker] = {}
         # The recovery action each GPU's probes last read; events are transitions on their own.
         self._probed_actions: dict[int, int] = {}
+        # Driver events applied per GPU; a probe that started before the latest event is stale.
+        self._event_counts: dict[int, int] = {}
         self._poll_now = asyncio.Event()
         self._stop_events = threading.Event()
         self._event_thread: threading.Thread | None = None
@@ -147,10 +150,12 @@ class GpuMonitor:
     async def poll_once(self) -> None:
         """Probe every GPU whose worker is free, concurrently, and apply the results."""
         pending: dict[int, asyncio.Future[Probe]] = {}
+        started: dict[int, int] = {}
         for index, worker in self._workers.items():
             if worker.busy:
                 self.apply(index, ProbeFailed("an earlier nvml call has not returned"))
                 continue
+            started[index] = self._event_counts.get(index, 0)
             pending[index] = worker.submit(partial(self._nvml.probe, index))
         if not pending:
             return
@@ -164,7 +169,8 @@ class GpuMonitor:
                 log.error("probe failed unexpectedly", gpu=index, error=repr(exc))
                 self.apply(index, ProbeFailed(repr(exc)))
                 continue
-            self._apply_probe(index, future.result())
+            stale = self._event_counts.get(index, 0) != started[index]
+            self._apply_probe(index, future.result(), stale=stale)
 
     def apply(self, index: int, event: HealthEvent) -> None:
         """Apply one health event to one GPU, logging a change of health."""
@@ -185,7 +191,20 @@ class GpuMonitor:
     def _record(self, event: HealthEvent) -> Callable[[Gpu], Gpu]:
         return lambda gpu: record_event(gpu, event, self._policy)
 
-    def _apply_probe(self, index: int, probe: Probe) -> None:
+    def _on_event(self, index: int, event: HealthEvent) -> None:
+        self._event_counts[index] = self._event_counts.get(index, 0) + 1
+        self.apply(index, event)
+
+    def _apply_probe(self, index: int, probe: Probe, *, stale: bool = False) -> None:
+        telemetry = probe.telemetry
+        if stale:
+            # A driver event arrived while this probe ran: its health readings may predate the
+            # event and must not overtake it. Keep the telemetry; the next probe decides.
+            if probe.events == (Responding(),):
+                self._store.update(
+                    lambda s: _map_gpu(s, index, lambda g: replace(g, telemetry=telemetry))
+                )
+            return
         for event in probe.events:
             self.apply(index, event)
         if probe.recovery_action is not None:
@@ -195,7 +214,6 @@ class GpuMonitor:
             self._probed_actions[index] = probe.recovery_action
             if probe.recovery_action != previous:
                 self.apply(index, RecoveryActionChanged(probe.recovery_action))
-        telemetry = probe.telemetry
         if telemetry.row_remap_pending is not None or telemetry.row_remap_failure is not None:
             self.apply(
                 index,
@@ -217,7 +235,7 @@ class GpuMonitor:
                     return
                 self._stop_events.wait(self._event_wait_ms / 1000)
                 continue
-            if received is not None and not _post(loop, self.apply, *received):
+            if received is not None and not _post(loop, self._on_event, *received):
                 return
 
     async def _call(self, worker: Worker, fn: Callable[[], T]) -> T:

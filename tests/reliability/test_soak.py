@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import grpc
 from e2e.agentrun import RunningAgent, running_agent
 from support.fake_kubelet import FakeKubelet
@@ -118,11 +119,11 @@ async def test_scrapes_allocations_and_faults_at_once(
                     refusal_codes.add(error.code())
                     counts["refusals"] += 1
 
-        async def scrape() -> None:
+        async def scrape(http: aiohttp.ClientSession) -> None:
             while time.monotonic() < deadline:
-                status, text = await run.get("/metrics")
-                assert status == 200
-                assert "gpuagent_gpus 4" in text
+                async with http.get(run.base_url + "/metrics") as response:
+                    assert response.status == 200
+                    assert "gpuagent_gpus 4" in await response.text()
                 counts["scrapes"] += 1
 
         async def faults() -> None:
@@ -139,7 +140,9 @@ async def test_scrapes_allocations_and_faults_at_once(
 
         allocator = asyncio.create_task(asyncio.to_thread(allocate))
         try:
-            await asyncio.gather(scrape(), scrape(), faults())
+            # Scrapers keep their own connections, closed before resources are counted again.
+            async with aiohttp.ClientSession() as http:
+                await asyncio.gather(scrape(http), scrape(http), faults())
         finally:
             stop.set()
             await allocator
