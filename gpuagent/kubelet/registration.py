@@ -93,6 +93,7 @@ class PluginEndpoint:
         self._timing = timing
         self._on_registered = on_registered
         self._server: _PluginServer | None = None
+        self._own_id: SocketId | None = None
         self.registrations = 0
         self.last_error = ""
 
@@ -155,7 +156,8 @@ class PluginEndpoint:
         os.chmod(self._socket_path, SOCKET_MODE)
         self._server = server
         log.info("serving device plugin", socket=str(self._socket_path))
-        return _socket_id(self._socket_path)
+        self._own_id = _socket_id(self._socket_path)
+        return self._own_id
 
     async def _register(self) -> bool:
         request = pb.RegisterRequest(
@@ -189,10 +191,29 @@ class PluginEndpoint:
     async def _watch(self, kubelet_id: SocketId, own_id: SocketId | None) -> None:
         """Return once either socket is gone or replaced (identities taken before ``Register``)."""
         while True:
-            if _socket_id(self._socket_path) != own_id or own_id is None:
+            current = _socket_id(self._socket_path)
+            if current != own_id or own_id is None:
+                if current is not None and _socket_id(self._kubelet_socket) == kubelet_id:
+                    await self._stand_by(kubelet_id)
                 return
             if _socket_id(self._kubelet_socket) != kubelet_id:
                 return
+            await asyncio.sleep(self._timing.watch_interval)
+
+    async def _stand_by(self, kubelet_id: SocketId) -> None:
+        """Another plugin (a rolling update's new agent) now serves our socket path and has
+        registered in our place: never take it back. Wait until its socket is gone or the kubelet
+        restarts, then serve and register again."""
+        log.warning(
+            "another plugin took over the socket; standing by", socket=str(self._socket_path)
+        )
+        self._set_registered(False)
+        self.last_error = "another plugin serves this socket"
+        await self._close_server()
+        while (  # noqa: ASYNC110 - the filesystem is polled; nothing in-process signals it
+            _socket_id(self._socket_path) is not None
+            and _socket_id(self._kubelet_socket) == kubelet_id
+        ):
             await asyncio.sleep(self._timing.watch_interval)
 
     async def _close_server(self) -> None:
@@ -208,9 +229,11 @@ class PluginEndpoint:
             await asyncio.wait_for(server.wait_closed(), self._timing.close_timeout)
         except TimeoutError:
             log.warning("plugin server did not close in time")
+        # Remove our own socket only: after a takeover the path is another plugin's.
         with contextlib.suppress(FileNotFoundError):
-            if _socket_id(self._socket_path) is not None:
+            if self._own_id is not None and _socket_id(self._socket_path) == self._own_id:
                 self._socket_path.unlink()
+        self._own_id = None
 
     def _set_registered(self, registered: bool) -> None:
         self._store.update(lambda s: replace(s, registered=registered))

@@ -84,6 +84,13 @@ async def test_not_supported_value_disappears_for_that_gpu_only(device_plugin_di
 async def test_function_not_found_is_absent_not_fatal(device_plugin_dir: Path) -> None:
     async with running_agent(device_plugin_dir, ("--simulate", "2")) as run:
         await wait_for_metric(run, "gpuagent_gpus", {}, 2)
+        # No DCGM family is exposed before the first poll: see power reported, then remove it.
+        for _ in range(300):
+            _, text = await run.get("/metrics")
+            if len(samples(text, "DCGM_FI_DEV_POWER_USAGE")) == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert len(samples(text, "DCGM_FI_DEV_POWER_USAGE")) == 2
         status, _ = await run.fault(
             {"gpu": 1, "fault": "function_not_found", "symbol": "nvmlDeviceGetPowerUsage"}
         )

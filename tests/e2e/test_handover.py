@@ -1,0 +1,60 @@
+"""A rolling update with surge: a second agent on the node takes over, the first stands by."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from support.fake_kubelet import FakeKubelet
+
+pytestmark = pytest.mark.slow
+T = 15.0
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _spawn(socket_dir: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpuagent", "--simulate", "2", "--socket-dir", str(socket_dir),
+         "--metrics-address", f"127.0.0.1:{_port()}", "--log-format", "json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ),
+    )  # fmt: skip
+
+
+def test_new_agent_takes_over_and_the_old_one_stands_by(
+    fake_kubelet: FakeKubelet, device_plugin_dir: Path
+) -> None:
+    old = _spawn(device_plugin_dir)
+    new: subprocess.Popen[str] | None = None
+    try:
+        fake_kubelet.wait_for_registrations(1, T)
+        new = _spawn(device_plugin_dir)
+        fake_kubelet.wait_for_registrations(2, T)
+        time.sleep(2.0)  # no ping-pong: the old agent does not register again
+        assert len(fake_kubelet.attempts) == 2
+        sock = device_plugin_dir / "nvidia-gpu.sock"
+        before = sock.stat().st_ino
+        old.send_signal(signal.SIGTERM)
+        assert old.wait(T) == 0
+        assert sock.exists(), "the old agent removed the new agent's socket"
+        assert sock.stat().st_ino == before
+        time.sleep(1.0)
+        assert len(fake_kubelet.attempts) == 2
+        latest = fake_kubelet.latest()
+        assert latest.ended is None, "the new agent's stream must stay open"
+    finally:
+        for proc in (old, new):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+            if proc is not None:
+                proc.communicate(timeout=T)
