@@ -84,9 +84,14 @@ class GpuMonitor:
             log.error("no health events for this gpu; relying on probes", gpu=index, error=error)
         for gpu in gpus:
             self._workers[gpu.index] = Worker(f"nvml-gpu{gpu.index}")
+        topology = self._nvml.topology
         self._store.update(
             lambda s: replace(
-                s, gpus=tuple(gpus), discovered=True, driver=DriverState(up=True, version=version)
+                s,
+                gpus=tuple(gpus),
+                topology=topology,
+                discovered=True,
+                driver=DriverState(up=True, version=version),
             )
         )
         log.info(
@@ -94,6 +99,8 @@ class GpuMonitor:
             count=len(gpus),
             driver_version=version,
             gpus=[f"{g.index}:{g.uuid}" for g in gpus],
+            mig_devices=sum(len(g.mig_devices) for g in gpus),
+            nvlink_pairs=sum(1 for link in topology.links if link.nvlinks),
         )
         self._started = True
 

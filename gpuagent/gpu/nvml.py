@@ -10,14 +10,14 @@ from __future__ import annotations
 import ctypes
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pynvml
 import structlog
 
-from gpuagent.domain.devices import Condition, Gpu, GpuHealth, Telemetry
+from gpuagent.domain.devices import Condition, Gpu, GpuHealth, Telemetry, Topology
 from gpuagent.domain.health import (
     LOST,
     DoubleBitEccError,
@@ -28,6 +28,9 @@ from gpuagent.domain.health import (
     Responding,
     XidError,
 )
+from gpuagent.gpu.mig import DEFAULT_MIG_MINORS, read_mig
+from gpuagent.gpu.telemetry import TelemetryReader
+from gpuagent.gpu.topology import read_topology
 
 log = structlog.get_logger("gpuagent.nvml")
 T = TypeVar("T")
@@ -70,13 +73,18 @@ def describe(error: pynvml.NVMLError) -> str:
 class Nvml:
     """Blocking access to the driver. Safe to call from several threads (NVML is thread-safe)."""
 
-    def __init__(self, sysfs_root: Path = Path("/sys")) -> None:
+    def __init__(
+        self, sysfs_root: Path = Path("/sys"), mig_minors: Path = DEFAULT_MIG_MINORS
+    ) -> None:
         self._sysfs_root = sysfs_root
+        self._mig_minors = mig_minors
+        self.topology = Topology()
         self._handles: dict[int, Any] = {}
         self._by_address: dict[int, int] = {}
         self._event_set: Any = None
         self._absent_logged: set[tuple[int, str]] = set()
         self._absent_lock = threading.Lock()
+        self._reader = TelemetryReader(self._optional)
 
     # ----- lifecycle ---------------------------------------------------------------------------
     def init(self) -> str:
@@ -92,7 +100,8 @@ class Nvml:
             raise DriverUnavailable(describe(exc)) from exc
 
     def shutdown(self) -> None:
-        """Free the event set and shut NVML down; errors are logged, never raised."""
+        """Free GPM samples and the event set, shut NVML down; errors are logged, never raised."""
+        self._reader.close()
         event_set, self._event_set = self._event_set, None
         if event_set is not None:
             try:
@@ -116,6 +125,8 @@ class Nvml:
             gpu = self._discover_one(index)
             if gpu is not None:
                 gpus.append(gpu)
+        # Read once here, never per RPC; a lost GPU leaves its pairs unknown instead of failing.
+        self.topology = read_topology(self._handles)
         return gpus
 
     def _discover_one(self, index: int) -> Gpu | None:
@@ -140,6 +151,8 @@ class Nvml:
                 pci_bus_id=bus_id,
                 numa_node=self._numa_node(index, handle, bus_id),
             )
+            enabled, migs = read_mig(index, handle, gpu.minor, mig_minors=self._mig_minors)
+            gpu = replace(gpu, mig_enabled=enabled, mig_devices=migs)
         except pynvml.NVMLError as exc:
             # Named but not describable: advertise it so the kubelet sees it, as unhealthy.
             log.error("gpu discovery failed", gpu=index, uuid=uuid, error=describe(exc))
@@ -246,32 +259,7 @@ class Nvml:
         return Probe(events=(Responding(),), telemetry=telemetry, recovery_action=action)
 
     def _telemetry(self, index: int, handle: Any) -> Telemetry:
-        opt = self._optional
-        power = opt(index, "power", pynvml.nvmlDeviceGetPowerUsage, handle)
-        util = opt(index, "utilization", pynvml.nvmlDeviceGetUtilizationRates, handle)
-        memory = opt(index, "memory", self._memory_info, handle)
-        mib = 1024 * 1024
-        return Telemetry(
-            temperature_c=opt(
-                index,
-                "temperature",
-                pynvml.nvmlDeviceGetTemperature,
-                handle,
-                pynvml.NVML_TEMPERATURE_GPU,
-            ),
-            power_w=None if power is None else power / 1000.0,
-            sm_clock_mhz=opt(
-                index, "sm_clock", pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_SM
-            ),
-            mem_clock_mhz=opt(
-                index, "mem_clock", pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_MEM
-            ),
-            gpu_util_pct=None if util is None else float(util.gpu),
-            mem_util_pct=None if util is None else float(util.memory),
-            fb_used_mib=None if memory is None else memory.used / mib,
-            fb_free_mib=None if memory is None else memory.free / mib,
-            energy_mj=opt(index, "energy", pynvml.nvmlDeviceGetTotalEnergyConsumption, handle),
-        )
+        return self._reader.read(index, handle)
 
     def _recovery_action(self, handle: Any) -> int | None:
         try:

@@ -14,7 +14,8 @@ from gpuagent.gpu.sim import (
     node_from_count,
     node_from_mapping,
 )
-from gpuagent.gpu.sim.profiles import A100_40GB, H100_80GB
+from gpuagent.gpu.sim.profiles import A100_40GB, A100_80GB, H100_80GB, place_mig
+from gpuagent.gpu.sim.spec import node_with_nvswitches
 
 H100_NAME = "NVIDIA H100 80GB HBM3"
 
@@ -182,6 +183,14 @@ class TestNodeFromMapping:
             (v1({"mig": ["1g.10gb", 7]}), "gpus[0].mig[1]"),
             (v1({"mig": ["1g.5gb"]}), "gpus[0].mig[0]"),
             (v1({"mig": ["7g.80gb", "1g.10gb"]}), "gpus[0].mig"),
+            (v1({"mig": ["1g.10gb+me", "1g.10gb+me"]}), "gpus[0].mig[1]"),
+            (v1({"mig": ["4g.40gb", "4g.40gb"]}), "gpus[0].mig[1]"),
+            (v1({"mig": ["1g.20gb"] * 5}), "gpus[0].mig[4]"),
+            (v1({"mig": ["1g.10gb"] * 8}), "gpus[0].mig[7]"),
+            (v1({"mig": ["3g.40gb", "3g.40gb", "1g.10gb"]}), "gpus[0].mig"),
+            (v1({"mig": ["4g.40gb", "1g.20gb", "1g.20gb", "1g.10gb"]}), "gpus[0].mig"),
+            (v1({"name": "A100-40GB", "mig": ["7g.40gb", "1g.5gb"]}), "gpus[0].mig"),
+            (v1({}, {"name": "H200", "mig": ["3g.40gb"]}), "gpus[1].mig[0]"),
             (v1({}, {}, nvlinks="all"), "nvlinks"),
             (v1({}, {}, nvlinks=[[0, 1]]), "nvlinks[0]"),
             (v1({}, {}, nvlinks=[[0, 1, 1, 1]]), "nvlinks[0]"),
@@ -201,6 +210,110 @@ class TestNodeFromMapping:
             node_from_mapping(data)
         assert info.value.key == key
         assert str(info.value).startswith(f"{key}: ")
+
+
+class TestMigLayouts:
+    @pytest.mark.parametrize(
+        ("name", "mig", "placed"),
+        [
+            (
+                "A100-80GB",
+                ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"],
+                [("3g.40gb", 4, 2), ("2g.20gb", 2, 4), ("1g.10gb", 0, 7), ("1g.10gb", 1, 8)],
+            ),
+            (
+                "H100",
+                ["1g.10gb", "4g.40gb", "1g.20gb", "1g.10gb+me"],
+                [("4g.40gb", 0, 1), ("1g.20gb", 6, 6), ("1g.10gb+me", 4, 11), ("1g.10gb", 5, 12)],
+            ),
+            ("H100", ["3g.40gb", "3g.40gb"], [("3g.40gb", 0, 1), ("3g.40gb", 4, 2)]),
+            (
+                "H100",
+                ["2g.20gb", "2g.20gb", "3g.40gb"],
+                [("2g.20gb", 0, 3), ("2g.20gb", 2, 4), ("3g.40gb", 4, 2)],
+            ),
+            ("H100", ["1g.20gb"] * 4, [("1g.20gb", s, 3 + s // 2) for s in (0, 2, 4, 6)]),
+            ("A100-40GB", ["1g.5gb"] * 7, [("1g.5gb", s, 7 + s) for s in range(7)]),
+            ("H200", ["7g.141gb"], [("7g.141gb", 0, 0)]),
+        ],
+    )
+    def test_valid_layouts(
+        self, name: str, mig: list[str], placed: list[tuple[str, int, int]]
+    ) -> None:
+        """Valid layouts become MIG devices with non-overlapping placements, in GI order."""
+        (gpu,) = node_from_mapping(v1({"name": name, "mig": mig})).gpus
+        assert gpu.mig == tuple(mig)
+        devices = gpu.mig_devices
+        assert [(d.name, d.start, d.gpu_instance_id) for d in devices] == sorted(
+            placed, key=lambda p: p[2]
+        )
+        slices = [s for d in devices for s in range(d.start, d.start + d.profile.memory_slices)]
+        assert len(slices) == len(set(slices))
+        assert all(d.compute_instance_id == 0 for d in devices)
+        assert len({d.uuid for d in devices}) == len(devices)
+        assert all(
+            re.fullmatch(r"MIG-[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}", d.uuid) for d in devices
+        )
+
+    def test_memory_from_profile(self) -> None:
+        """Instance memory is the profile's; a GPU configured smaller scales it by its share."""
+        node = node_from_mapping(
+            v1({"name": "A100-80GB", "mig": ["3g.40gb"]}, {"memory_mib": 40000, "mig": ["7g.80gb"]})
+        )
+        assert node.gpus[0].mig_devices[0].memory_mib == 40448
+        assert node.gpus[1].mig_devices[0].memory_mib == 81152 * 40000 // 81559
+
+    def test_placement_message(self) -> None:
+        """A layout that fits the slices but not the placements says so."""
+        with pytest.raises(SimConfigError, match="no valid placement"):
+            node_from_mapping(v1({"mig": ["3g.40gb", "3g.40gb", "1g.10gb"]}))
+
+    def test_place_mig(self) -> None:
+        """Larger instances go first, each at its highest free placement; overlaps fail."""
+        twenty = A100_80GB.mig_profile("1g.20gb")
+        three = A100_80GB.mig_profile("3g.40gb")
+        four = A100_80GB.mig_profile("4g.40gb")
+        assert twenty is not None
+        assert three is not None
+        assert four is not None
+        assert place_mig([twenty, three, twenty]) == (2, 4, 0)
+        assert place_mig([three, four]) == (4, 0)
+        assert place_mig([four, four]) is None
+        assert place_mig([three, three, twenty]) is None
+        assert place_mig([]) == ()
+
+    def test_profiles_listed_in_nvidia_order(self) -> None:
+        """Profile names per model are listed as nvidia-smi mig -lgip lists them."""
+        assert A100_40GB.mig_profile_names == (
+            "1g.5gb",
+            "1g.5gb+me",
+            "1g.10gb",
+            "2g.10gb",
+            "3g.20gb",
+            "4g.20gb",
+            "7g.40gb",
+        )
+        assert [p.profile_id for p in H100_80GB.mig_profiles] == [19, 20, 15, 14, 9, 5, 0]
+
+
+class TestNvSwitchNode:
+    @pytest.mark.parametrize(("switches", "split"), [(4, [5, 5, 4, 4]), (6, [3] * 6), (1, [18])])
+    def test_links_over_switches(self, switches: int, split: list[int]) -> None:
+        """Each GPU spreads its 18 links over the switches and has no direct GPU link."""
+        node = node_with_nvswitches(3, switches)
+        assert node.nvlinks == ()
+        assert node.nvswitches == switches
+        for gpu in range(3):
+            assert [count for _, count in node.switch_links_of(gpu)] == split
+
+    @pytest.mark.parametrize(
+        ("n", "switches", "key"), [(0, 4, "simulate"), (2, 0, "nvswitches"), (2, 17, "nvswitches")]
+    )
+    def test_rejects(self, n: int, switches: int, key: str) -> None:
+        """Out-of-range sizes are errors naming the key."""
+        with pytest.raises(SimConfigError) as info:
+            node_with_nvswitches(n, switches)
+        assert info.value.key == key
 
 
 class TestLoadSimConfig:

@@ -7,6 +7,7 @@ from typing import Any
 
 import pynvml
 
+from gpuagent.gpu.sim import telemetry
 from gpuagent.gpu.sim._abi import Symbol, as_int, device, out, write_str
 from gpuagent.gpu.sim.state import DriverState, GpuState
 
@@ -15,6 +16,8 @@ INVALID_ARGUMENT = int(pynvml.NVML_ERROR_INVALID_ARGUMENT)
 NOT_SUPPORTED = int(pynvml.NVML_ERROR_NOT_SUPPORTED)
 _UINT = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
 _ULL = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+#: ``nvmlFieldValue_t.scopeId`` asking for the sum over every NVLink (NVML's UINT_MAX).
+ALL_LINKS = 0xFFFF_FFFF
 
 
 def fill_pci(info: Any, gpu: GpuState) -> None:
@@ -145,6 +148,34 @@ def _utilization(st: DriverState, gpu: GpuState, ref: object) -> int:
     return SUCCESS
 
 
+def _encoder(st: DriverState, gpu: GpuState, util: object, period: object) -> int:
+    out(util).value = st.sample(gpu).enc_util_pct
+    out(period).value = telemetry.ENCODER_SAMPLING_US
+    return SUCCESS
+
+
+def _decoder(st: DriverState, gpu: GpuState, util: object, period: object) -> int:
+    out(util).value = st.sample(gpu).dec_util_pct
+    out(period).value = telemetry.DECODER_SAMPLING_US
+    return SUCCESS
+
+
+def _pcie_replays(st: DriverState, gpu: GpuState, ref: object) -> int:
+    out(ref).value = st.sample(gpu).pcie_replays
+    return SUCCESS
+
+
+def _remapped_rows(  # noqa: PLR0917 (the C signature)
+    st: DriverState, gpu: GpuState, corr: object, unc: object, pending: object, failure: object
+) -> int:
+    # Row remapping is Ampere and newer, and not readable while MIG instances exist.
+    if gpu.spec.mig:
+        return NOT_SUPPORTED
+    for ref in (corr, unc, pending, failure):
+        out(ref).value = 0
+    return SUCCESS
+
+
 def _mig_mode(st: DriverState, gpu: GpuState, current: object, pending: object) -> int:
     mode = pynvml.NVML_DEVICE_MIG_ENABLE if gpu.spec.mig else pynvml.NVML_DEVICE_MIG_DISABLE
     out(current).value = mode
@@ -152,8 +183,29 @@ def _mig_mode(st: DriverState, gpu: GpuState, current: object, pending: object) 
     return SUCCESS
 
 
-def _field(st: DriverState, gpu: GpuState, field_id: int) -> tuple[int, int] | None:
-    """``(value type, value)`` of one field, or None when the simulated GPU lacks it."""
+def _nvlink(st: DriverState, gpu: GpuState, field_id: int, scope: int) -> tuple[int, int] | int:
+    """NVLink data counter (KiB) of one link, or of all links for ``ALL_LINKS``; else an error."""
+    active = sum(peer is not None for peer in gpu.links)
+    if scope != ALL_LINKS:
+        if not 0 <= scope < len(gpu.links):
+            return INVALID_ARGUMENT
+        if gpu.links[scope] is None:
+            return _ULL, 0
+    if active == 0:
+        return _ULL, 0
+    s = st.sample(gpu)
+    total = (
+        s.nvlink_tx_kib
+        if field_id == pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
+        else s.nvlink_rx_kib
+    )
+    return _ULL, total if scope == ALL_LINKS else total // active
+
+
+def _field(
+    st: DriverState, gpu: GpuState, field_id: int, scope: int = 0
+) -> tuple[int, int] | int | None:
+    """``(value type, value)`` of one field, an error code for its slot, or None if unknown."""
     f = pynvml
     if field_id == f.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION:
         return _UINT, gpu.recovery_action
@@ -168,23 +220,19 @@ def _field(st: DriverState, gpu: GpuState, field_id: int) -> tuple[int, int] | N
     if field_id == f.NVML_FI_DEV_NVLINK_LINK_COUNT:
         return _UINT, len(gpu.links)
     if field_id == f.NVML_FI_DEV_PCIE_REPLAY_COUNTER:
-        return _ULL, 0
+        return _ULL, st.sample(gpu).pcie_replays
     if field_id in (
         f.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
         f.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
     ):
-        if not any(peer is not None for peer in gpu.links):
-            return _ULL, 0
-        s = st.sample(gpu)
-        tx = field_id == f.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
-        return _ULL, s.nvlink_tx_kib if tx else s.nvlink_rx_kib
+        return _nvlink(st, gpu, field_id, scope)
     if field_id in (
         f.NVML_FI_DEV_REMAPPED_COR,
         f.NVML_FI_DEV_REMAPPED_UNC,
         f.NVML_FI_DEV_REMAPPED_PENDING,
         f.NVML_FI_DEV_REMAPPED_FAILURE,
     ):
-        return _UINT, 0
+        return NOT_SUPPORTED if gpu.spec.mig else (_UINT, 0)
     return None
 
 
@@ -198,9 +246,9 @@ def _field_values(st: DriverState, gpu: GpuState, count: object, ref: object) ->
         slot = values[i]
         slot.timestamp = now_us
         slot.latencyUsec = 0
-        found = _field(st, gpu, int(slot.fieldId))
-        if found is None:
-            slot.nvmlReturn = NOT_SUPPORTED
+        found = _field(st, gpu, int(slot.fieldId), int(slot.scopeId))
+        if found is None or isinstance(found, int):
+            slot.nvmlReturn = NOT_SUPPORTED if found is None else found
             continue
         slot.valueType, value = found
         if slot.valueType == _UINT:
@@ -229,6 +277,10 @@ SYMBOLS: dict[str, Symbol] = {
     "nvmlDeviceGetClockInfo": device(_clock),
     "nvmlDeviceGetMaxClockInfo": device(_max_clock),
     "nvmlDeviceGetUtilizationRates": device(_utilization),
+    "nvmlDeviceGetEncoderUtilization": device(_encoder),
+    "nvmlDeviceGetDecoderUtilization": device(_decoder),
+    "nvmlDeviceGetPcieReplayCounter": device(_pcie_replays),
+    "nvmlDeviceGetRemappedRows": device(_remapped_rows),
     "nvmlDeviceGetMigMode": device(_mig_mode),
     "nvmlDeviceGetFieldValues": device(_field_values),
 }

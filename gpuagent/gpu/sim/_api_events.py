@@ -1,4 +1,4 @@
-"""Topology, NVLink and event entry points of the simulated ``libnvidia-ml``.
+"""Event entry points of the simulated ``libnvidia-ml`` (topology and NVLink: ``_api_topology``).
 
 A freed event set stays known to the driver: waiting on it, registering on it or freeing it
 again returns ``NVML_ERROR_INVALID_ARGUMENT`` (a real driver would read freed memory), and a
@@ -11,58 +11,11 @@ from __future__ import annotations
 import pynvml
 
 from gpuagent.gpu.sim._abi import Symbol, as_int, device, out
-from gpuagent.gpu.sim._api_device import fill_pci
 from gpuagent.gpu.sim.state import NO_INSTANCE, SUPPORTED_EVENTS, DriverState, EventSet, GpuState
 
 SUCCESS = int(pynvml.NVML_SUCCESS)
 INVALID_ARGUMENT = int(pynvml.NVML_ERROR_INVALID_ARGUMENT)
 NOT_SUPPORTED = int(pynvml.NVML_ERROR_NOT_SUPPORTED)
-
-
-def _common_ancestor(st: DriverState, a: GpuState, b: GpuState, ref: object) -> int:
-    if a is b:
-        level = pynvml.NVML_TOPOLOGY_INTERNAL
-    elif a.spec.numa_node == b.spec.numa_node:
-        level = pynvml.NVML_TOPOLOGY_NODE
-    else:
-        level = pynvml.NVML_TOPOLOGY_SYSTEM
-    out(ref).value = level
-    return SUCCESS
-
-
-def _link(gpu: GpuState, link: object) -> int | None:
-    index = as_int(link)
-    return index if 0 <= index < len(gpu.links) else None
-
-
-def _link_state(st: DriverState, gpu: GpuState, link: object, ref: object) -> int:
-    index = _link(gpu, link)
-    if index is None:
-        return INVALID_ARGUMENT
-    active = gpu.links[index] is not None
-    out(ref).value = pynvml.NVML_FEATURE_ENABLED if active else pynvml.NVML_FEATURE_DISABLED
-    return SUCCESS
-
-
-def _remote_pci(st: DriverState, gpu: GpuState, link: object, ref: object) -> int:
-    index = _link(gpu, link)
-    if index is None:
-        return INVALID_ARGUMENT
-    peer = gpu.links[index]
-    if peer is None:
-        return NOT_SUPPORTED
-    fill_pci(out(ref), st.gpus[peer])
-    return SUCCESS
-
-
-def _remote_type(st: DriverState, gpu: GpuState, link: object, ref: object) -> int:
-    index = _link(gpu, link)
-    if index is None:
-        return INVALID_ARGUMENT
-    if gpu.links[index] is None:
-        return NOT_SUPPORTED
-    out(ref).value = pynvml.NVML_NVLINK_DEVICE_TYPE_GPU
-    return SUCCESS
 
 
 def _set_create(st: DriverState, ref: object) -> int:
@@ -126,10 +79,6 @@ def _set_free(st: DriverState, handle: object) -> int:
 
 
 SYMBOLS: dict[str, Symbol] = {
-    "nvmlDeviceGetTopologyCommonAncestor": device(_common_ancestor, handles=2),
-    "nvmlDeviceGetNvLinkState": device(_link_state),
-    "nvmlDeviceGetNvLinkRemotePciInfo_v2": device(_remote_pci),
-    "nvmlDeviceGetNvLinkRemoteDeviceType": device(_remote_type),
     "nvmlEventSetCreate": Symbol(_set_create),
     "nvmlDeviceGetSupportedEventTypes": device(_supported),
     "nvmlDeviceRegisterEvents": device(_register),

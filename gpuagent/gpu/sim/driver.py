@@ -11,7 +11,14 @@ from dataclasses import dataclass
 
 import pynvml
 
-from gpuagent.gpu.sim import _api_device, _api_events, _api_system
+from gpuagent.gpu.sim import (
+    _api_device,
+    _api_events,
+    _api_gpm,
+    _api_mig,
+    _api_system,
+    _api_topology,
+)
 from gpuagent.gpu.sim._abi import BadArgument, Symbol, as_bytes, as_int
 from gpuagent.gpu.sim.spec import SimNode
 from gpuagent.gpu.sim.state import DriverState, GpuState
@@ -23,6 +30,9 @@ SYMBOLS: dict[str, Symbol] = {
     **_api_system.SYMBOLS,
     **_api_device.SYMBOLS,
     **_api_events.SYMBOLS,
+    **_api_topology.SYMBOLS,
+    **_api_mig.SYMBOLS,
+    **_api_gpm.SYMBOLS,
 }
 
 

@@ -9,13 +9,29 @@ from pathlib import Path
 
 import yaml
 
-from gpuagent.gpu.sim.profiles import DEFAULT_PROFILE, GpuProfile, find_profile, mig_slices
+from gpuagent.gpu.sim.profiles import (
+    DEFAULT_PROFILE,
+    MIG_COMPUTE_SLICES,
+    GpuProfile,
+    MigProfile,
+    find_profile,
+    gpu_instance_id,
+    place_mig,
+)
 
 MAX_GPUS = 64
 MAX_NUMA_NODE = 1023
 MAX_MEMORY_MIB = 16 * 1024 * 1024
 MAX_LINKS_PER_PAIR = 18
-MIG_SLICES = 7
+MIG_SLICES = MIG_COMPUTE_SLICES
+MAX_NVSWITCHES = 16
+#: The NVSwitches' PCI buses (``00000000:E0:00.0`` onwards), clear of the GPUs' buses.
+NVSWITCH_FIRST_BUS = 0xE0
+#: /proc/driver/nvidia-caps/mig-minors: GPU-instance and compute-instance IDs it has entries for,
+#: and the GPU minors it covers at least (the kernel module lists 32 GPUs).
+CAPS_GPU_INSTANCES = 15
+CAPS_COMPUTE_INSTANCES = 8
+CAPS_GPUS = 32
 DRIVER_VERSION = "580.95.05"
 CUDA_DRIVER_VERSION = 13000
 
@@ -37,11 +53,34 @@ class SimConfigError(ValueError):
 
 
 @dataclass(frozen=True)
+class SimMigSpec:
+    """One MIG device of a simulated GPU: a GPU instance and the compute instance spanning it.
+
+    ``start`` is the placement's first memory slice; ``memory_mib`` is the profile's memory,
+    scaled by the GPU's configured memory over its model's.
+    """
+
+    profile: MigProfile
+    gpu_instance_id: int
+    compute_instance_id: int
+    start: int
+    memory_mib: int
+    uuid: str
+
+    @property
+    def name(self) -> str:
+        """The profile name, e.g. ``"3g.40gb"``."""
+        return self.profile.name
+
+
+@dataclass(frozen=True)
 class SimGpuSpec:
     """One simulated GPU: what the config chose plus the identity derived from its profile.
 
     ``name`` is what NVML reports (the profile's model name unless the config named an unknown
-    model); everything not configurable comes from ``profile``.
+    model); everything not configurable comes from ``profile``. ``mig`` lists the configured MIG
+    profiles; ``mig_devices`` the MIG devices they became, in GPU-instance ID order (MIG mode is
+    enabled exactly when there are some).
     """
 
     index: int
@@ -53,6 +92,7 @@ class SimGpuSpec:
     pci_bus_id: str
     minor: int
     profile: GpuProfile
+    mig_devices: tuple[SimMigSpec, ...] = ()
 
     @property
     def architecture(self) -> int:
@@ -67,12 +107,27 @@ class SimGpuSpec:
 
 @dataclass(frozen=True)
 class SimNode:
-    """A simulated node: its GPUs, NVLink wiring ``(gpu_a, gpu_b, link_count)`` and driver."""
+    """A simulated node: its GPUs, NVLink wiring and driver.
+
+    ``nvlinks`` are direct GPU-to-GPU links ``(gpu_a, gpu_b, link_count)``; ``nvswitch_links`` are
+    links from a GPU to an NVSwitch ``(gpu, switch, link_count)`` (see :func:`node_with_nvswitches`;
+    not offered by ``--sim-config``). A GPU's links are numbered in that order: direct ones first.
+    """
 
     gpus: tuple[SimGpuSpec, ...]
     nvlinks: tuple[tuple[int, int, int], ...] = ()
     driver_version: str = DRIVER_VERSION
     cuda_driver_version: int = CUDA_DRIVER_VERSION
+    nvswitch_links: tuple[tuple[int, int, int], ...] = ()
+
+    @property
+    def nvswitches(self) -> int:
+        """How many NVSwitches the node has."""
+        return 1 + max((switch for _, switch, _ in self.nvswitch_links), default=-1)
+
+    def switch_links_of(self, gpu: int) -> tuple[tuple[int, int], ...]:
+        """``(switch, link_count)`` for every NVSwitch connection of ``gpu``."""
+        return tuple((switch, count) for g, switch, count in self.nvswitch_links if g == gpu)
 
     def links_of(self, gpu: int) -> tuple[tuple[int, int], ...]:
         """``(peer, link_count)`` for every NVLink connection of ``gpu``, in configuration order."""
@@ -83,6 +138,44 @@ class SimNode:
             elif b == gpu:
                 peers.append((a, count))
         return tuple(peers)
+
+
+def switch_bus_id(switch: int) -> str:
+    """The PCI bus ID of NVSwitch number ``switch``."""
+    return f"00000000:{NVSWITCH_FIRST_BUS + switch:02X}:00.0"
+
+
+def mig_memory_mib(shape: MigProfile, profile: GpuProfile, memory_mib: int) -> int:
+    """Memory of a ``shape`` instance on a ``profile`` GPU configured with ``memory_mib``.
+
+    The profile's size scaled by the configured memory over the model's (the same at defaults), so
+    every instance keeps its share of the GPU.
+    """
+    return max(1, shape.memory_mib * memory_mib // profile.memory_mib)
+
+
+def _mig_devices(
+    profile: GpuProfile, names: tuple[str, ...], memory_mib: int, gpu_uuid: str
+) -> tuple[SimMigSpec, ...]:
+    profiles = [profile.mig_profile(name) for name in names]
+    shapes = [p for p in profiles if p is not None]
+    starts = place_mig(shapes)
+    if len(shapes) != len(names) or starts is None:
+        raise ValueError(f"invalid MIG layout {names!r} for {profile.key}")  # validated by _mig
+    devices = []
+    for shape, start in zip(shapes, starts, strict=True):
+        gi = gpu_instance_id(start, shape.memory_slices)
+        devices.append(
+            SimMigSpec(
+                profile=shape,
+                gpu_instance_id=gi,
+                compute_instance_id=0,
+                start=start,
+                memory_mib=mig_memory_mib(shape, profile, memory_mib),
+                uuid=f"MIG-{uuid.uuid5(_UUID_NAMESPACE, f'{gpu_uuid}/{gi}/0')}",
+            )
+        )
+    return tuple(sorted(devices, key=lambda d: d.gpu_instance_id))
 
 
 def _gpu(
@@ -96,16 +189,19 @@ def _gpu(
     mig: tuple[str, ...] = (),
 ) -> SimGpuSpec:
     reported = profile.model_name if name is None else name
+    memory = profile.memory_mib if memory_mib is None else memory_mib
+    gpu_uuid = f"GPU-{uuid.uuid5(_UUID_NAMESPACE, f'{reported}/{index}')}"
     return SimGpuSpec(
         index=index,
         name=reported,
-        memory_mib=profile.memory_mib if memory_mib is None else memory_mib,
+        memory_mib=memory,
         numa_node=(0 if index < (count + 1) // 2 else 1) if numa_node is None else numa_node,
         mig=mig,
-        uuid=f"GPU-{uuid.uuid5(_UUID_NAMESPACE, f'{reported}/{index}')}",
+        uuid=gpu_uuid,
         pci_bus_id=f"00000000:{0x10 + 3 * index:02X}:00.0",
         minor=index,
         profile=profile,
+        mig_devices=_mig_devices(profile, mig, memory, gpu_uuid) if mig else (),
     )
 
 
@@ -126,6 +222,52 @@ def node_from_count(n: int) -> SimNode:
     return SimNode(gpus=gpus, nvlinks=links)
 
 
+def node_with_nvswitches(n: int, switches: int = 4) -> SimNode:
+    """N H100 GPUs joined only through ``switches`` NVSwitches, as on an HGX H100 board.
+
+    Each GPU spreads its 18 links over the switches (5, 5, 4, 4 for four), so any two GPUs reach
+    each other over 18 links through the fabric; no link joins two GPUs directly. NUMA nodes split
+    like ``--simulate N``. For tests and programmatic use; ``--sim-config`` has no such key.
+    """
+    if type(n) is not int or not 1 <= n <= MAX_GPUS:
+        raise SimConfigError(
+            "simulate", f"must be a number of GPUs from 1 to {MAX_GPUS}, got {n!r}"
+        )
+    if type(switches) is not int or not 1 <= switches <= MAX_NVSWITCHES:
+        raise SimConfigError("nvswitches", f"must be from 1 to {MAX_NVSWITCHES}, got {switches!r}")
+    profile = DEFAULT_PROFILE
+    per_switch = [
+        profile.nvlink_count // switches + (1 if k < profile.nvlink_count % switches else 0)
+        for k in range(switches)
+    ]
+    links = tuple(
+        (gpu, k, count) for gpu in range(n) for k, count in enumerate(per_switch) if count > 0
+    )
+    gpus = tuple(_gpu(i, n, profile) for i in range(n))
+    return SimNode(gpus=gpus, nvswitch_links=links)
+
+
+def mig_minors_text(node: SimNode) -> str:
+    """The node's ``/proc/driver/nvidia-caps/mig-minors``, as the NVIDIA kernel module writes it.
+
+    ``config 1``, ``monitor 2``, then for every GPU minor (at least 32) and every possible GPU
+    instance (0-14) ``gpu<minor>/gi<gi>/access <N>`` followed by its compute instances (0-7)
+    ``gpu<minor>/gi<gi>/ci<ci>/access <N+1+ci>``: 135 consecutive minors per GPU from 3 on, so the
+    last line of a 32-GPU file is ``gpu31/gi14/ci7/access 4322``.
+    """
+    gpus = max(CAPS_GPUS, 1 + max((g.minor for g in node.gpus), default=0))
+    lines = ["config 1", "monitor 2"]
+    minor = 3
+    for gpu in range(gpus):
+        for gi in range(CAPS_GPU_INSTANCES):
+            lines.append(f"gpu{gpu}/gi{gi}/access {minor}")
+            minor += 1
+            for ci in range(CAPS_COMPUTE_INSTANCES):
+                lines.append(f"gpu{gpu}/gi{gi}/ci{ci}/access {minor}")
+                minor += 1
+    return "\n".join(lines) + "\n"
+
+
 def _int(value: object, key: str, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise SimConfigError(key, f"must be an integer, got {value!r}")
@@ -135,17 +277,29 @@ def _int(value: object, key: str, low: int, high: int) -> int:
 
 
 def _mig(value: object, key: str, profile: GpuProfile) -> tuple[str, ...]:
+    """Validate a MIG layout: known names, per-profile instance limits, slices and placements."""
     if not isinstance(value, list | tuple):
         raise SimConfigError(key, "must be a list of MIG profile names")
-    names: list[str] = []
+    shapes: list[MigProfile] = []
     for j, item in enumerate(value):
-        if not isinstance(item, str) or item not in profile.mig_profiles:
-            known = ", ".join(profile.mig_profiles)
-            raise SimConfigError(f"{key}[{j}]", f"unknown MIG profile {item!r} (known: {known})")
-        names.append(item)
-    if sum(mig_slices(name) for name in names) > MIG_SLICES:
+        shape = profile.mig_profile(item) if isinstance(item, str) else None
+        if shape is None:
+            known = ", ".join(profile.mig_profile_names)
+            raise SimConfigError(
+                f"{key}[{j}]", f"unknown MIG profile {item!r} for {profile.key} (known: {known})"
+            )
+        if sum(1 for s in shapes if s is shape) >= shape.max_instances:
+            raise SimConfigError(
+                f"{key}[{j}]",
+                f"at most {shape.max_instances} {shape.name} instance(s) fit on one GPU",
+            )
+        shapes.append(shape)
+    if sum(s.slices for s in shapes) > MIG_SLICES:
         raise SimConfigError(key, f"the profiles need more than the GPU's {MIG_SLICES} slices")
-    return tuple(names)
+    if place_mig(shapes) is None:
+        names = ", ".join(s.name for s in shapes)
+        raise SimConfigError(key, f"no valid placement holds {names} (memory slices overlap)")
+    return tuple(s.name for s in shapes)
 
 
 def _gpu_from(item: object, index: int, count: int) -> SimGpuSpec:

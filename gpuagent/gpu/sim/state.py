@@ -1,7 +1,12 @@
-"""The simulated driver's mutable state: per-GPU health, event sets and fault injection.
+"""The simulated driver's mutable state: per-GPU health, MIG devices, event sets and faults.
 
 Everything here is guarded by ``DriverState.cond`` (one lock); event-set waits release it while
 they block.
+
+A MIG device has its own ``nvmlDevice_t`` and its own :class:`GpuState` (``mig`` set), so the
+per-device entry points (UUID, name, memory, …) answer for it as NVML does, with the MIG device's
+UUID and memory. Its index is its parent's: a fault injected on a GPU (lost, a hang, a failing
+call) reaches its MIG devices too.
 """
 
 from __future__ import annotations
@@ -10,14 +15,17 @@ import ctypes
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 import pynvml
 
 from gpuagent.gpu.sim import telemetry
 from gpuagent.gpu.sim._abi import parse_bus_id
-from gpuagent.gpu.sim.spec import SimGpuSpec, SimNode
+from gpuagent.gpu.sim.spec import SimGpuSpec, SimMigSpec, SimNode
+
+T = TypeVar("T")
 
 #: XIDs after which NVIDIA's XID catalog asks for a GPU reset.
 RESET_XIDS = frozenset({48, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120})
@@ -46,23 +54,57 @@ RECOVERY_ACTION_NAMES = {
 }
 
 
+@dataclass(frozen=True)
+class LinkEnd:
+    """The far end of one active NVLink: a GPU (by index) or an NVSwitch (by number)."""
+
+    kind: int  # NVML_NVLINK_DEVICE_TYPE_GPU or NVML_NVLINK_DEVICE_TYPE_SWITCH
+    index: int
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.kind == int(pynvml.NVML_NVLINK_DEVICE_TYPE_GPU)
+
+
 @dataclass
 class GpuState:
-    """One GPU: its spec, its opaque NVML handle, its NVLink table and its fault state."""
+    """One GPU or MIG device: its spec, opaque NVML handle, NVLink table and fault state.
+
+    ``links`` has one slot per NVLink of the GPU (``None``: inactive). A full GPU lists its MIG
+    devices in ``migs``; a MIG device's own state has ``mig`` set and no links.
+    """
 
     spec: SimGpuSpec
     handle: pynvml.struct_c_nvmlDevice_t
-    links: tuple[int | None, ...]
+    links: tuple[LinkEnd | None, ...]
     lost: bool = False
     recovery_action: int = pynvml.NVML_GPU_RECOVERY_ACTION_NONE
     last_xid: int | None = None
     xid_count: int = 0
     ecc_dbe_count: int = 0
+    migs: tuple[MigState, ...] = ()
+    mig: MigState | None = field(default=None, repr=False)
 
     @property
     def index(self) -> int:
-        """The GPU's NVML index."""
+        """The GPU's NVML index (a MIG device's is its parent's)."""
         return self.spec.index
+
+    @property
+    def mig_enabled(self) -> bool:
+        """MIG mode is on: a full GPU configured with MIG devices."""
+        return self.mig is None and bool(self.migs)
+
+
+@dataclass(eq=False)
+class MigState:
+    """One MIG device: its GPU instance and compute instance handles and its device state."""
+
+    spec: SimMigSpec
+    parent: GpuState = field(repr=False)
+    device: GpuState = field(repr=False)
+    gpu_instance: pynvml.struct_c_nvmlGpuInstance_t = field(repr=False)
+    compute_instance: pynvml.struct_c_nvmlComputeInstance_t = field(repr=False)
 
 
 @dataclass(frozen=True)
@@ -84,12 +126,26 @@ class EventSet:
     freed: bool = False
 
 
-def _link_table(node: SimNode, gpu: SimGpuSpec) -> tuple[int | None, ...]:
-    peers: list[int | None] = []
+def _link_table(node: SimNode, gpu: SimGpuSpec) -> tuple[LinkEnd | None, ...]:
+    """Direct GPU links first (in configuration order), then NVSwitch links, then inactive slots."""
+    ends: list[LinkEnd | None] = []
     for peer, count in node.links_of(gpu.index):
-        peers.extend([peer] * count)
-    slots = max(gpu.profile.nvlink_count, len(peers))
-    return tuple(peers) + (None,) * (slots - len(peers))
+        ends.extend([LinkEnd(pynvml.NVML_NVLINK_DEVICE_TYPE_GPU, peer)] * count)
+    for switch, count in node.switch_links_of(gpu.index):
+        ends.extend([LinkEnd(pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH, switch)] * count)
+    slots = max(gpu.profile.nvlink_count, len(ends))
+    return tuple(ends) + (None,) * (slots - len(ends))
+
+
+def _lookup(table: Mapping[int, T], handle: object) -> T | None:
+    """The object behind an opaque NVML handle (a pointer to one of ours), else None."""
+    try:
+        if not handle:
+            return None
+        contents = handle.contents  # type: ignore[attr-defined]
+        return table.get(ctypes.addressof(contents))
+    except (AttributeError, TypeError, ValueError):
+        return None
 
 
 class DriverState:
@@ -106,33 +162,64 @@ class DriverState:
             for g in node.gpus
         )
         self.by_address = {ctypes.addressof(g.handle): g for g in self.gpus}
+        self.gpu_instances: dict[int, MigState] = {}
+        self.compute_instances: dict[int, MigState] = {}
+        for gpu in self.gpus:
+            gpu.migs = tuple(self._new_mig(gpu, m) for m in gpu.spec.mig_devices)
         self.event_sets: dict[int, EventSet] = {}
+
+    def _new_mig(self, parent: GpuState, spec: SimMigSpec) -> MigState:
+        device = GpuState(
+            spec=replace(
+                parent.spec,
+                name=f"{parent.spec.name} MIG {spec.name}",
+                uuid=spec.uuid,
+                memory_mib=spec.memory_mib,
+                mig_devices=(),
+            ),
+            handle=pynvml.struct_c_nvmlDevice_t(),
+            links=(),
+        )
+        mig = MigState(
+            spec=spec,
+            parent=parent,
+            device=device,
+            gpu_instance=pynvml.struct_c_nvmlGpuInstance_t(),
+            compute_instance=pynvml.struct_c_nvmlComputeInstance_t(),
+        )
+        device.mig = mig
+        self.by_address[ctypes.addressof(device.handle)] = device
+        self.gpu_instances[ctypes.addressof(mig.gpu_instance)] = mig
+        self.compute_instances[ctypes.addressof(mig.compute_instance)] = mig
+        return mig
 
     # ----- lookups (caller holds the lock) -----------------------------------------------------
     def gpu_of(self, handle: object) -> GpuState | None:
-        """The GPU behind an ``nvmlDevice_t`` (a pointer to one of our handles), else None."""
-        try:
-            if not handle:
-                return None
-            contents = handle.contents  # type: ignore[attr-defined]
-            return self.by_address.get(ctypes.addressof(contents))
-        except (AttributeError, TypeError, ValueError):
-            return None
+        """The GPU or MIG device behind an ``nvmlDevice_t`` (one of our handles), else None."""
+        return _lookup(self.by_address, handle)
+
+    def gpu_instance_of(self, handle: object) -> MigState | None:
+        """The MIG device whose GPU instance is behind an ``nvmlGpuInstance_t``, else None."""
+        return _lookup(self.gpu_instances, handle)
+
+    def compute_instance_of(self, handle: object) -> MigState | None:
+        """The MIG device whose compute instance is behind an ``nvmlComputeInstance_t``."""
+        return _lookup(self.compute_instances, handle)
 
     def event_set_of(self, handle: object) -> EventSet | None:
         """The event set behind an ``nvmlEventSet_t``, else None (freed sets included)."""
-        try:
-            if not handle:
-                return None
-            contents = handle.contents  # type: ignore[attr-defined]
-            return self.event_sets.get(ctypes.addressof(contents))
-        except (AttributeError, TypeError, ValueError):
-            return None
+        return _lookup(self.event_sets, handle)
 
     def find_uuid(self, uuid: bytes) -> GpuState | None:
-        """The GPU with this UUID (exact, as NVML compares), else None."""
+        """The GPU or MIG device with this UUID (exact, as NVML compares), else None."""
         text = uuid.decode(errors="replace")
-        return next((g for g in self.gpus if g.spec.uuid == text), None)
+        for gpu in self.gpus:
+            if gpu.spec.uuid == text:
+                return gpu
+            for mig in gpu.migs:
+                if mig.device.spec.uuid == text:
+                    return mig.device
+        return None
 
     def find_bus_id(self, bus_id: bytes) -> GpuState | None:
         """The GPU at this PCI address (``[domain:]bus:device.function``, any case), else None."""
@@ -170,6 +257,13 @@ class DriverState:
         if xid in RESET_XIDS:
             self._set_recovery(gpu, pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET)
 
+    @staticmethod
+    def _set_lost(gpu: GpuState, *, lost: bool) -> None:
+        """A GPU and its MIG devices fall off the bus (or come back) together."""
+        gpu.lost = lost
+        for mig in gpu.migs:
+            mig.device.lost = lost
+
     def inject(self, gpu: int, fault: str, xid: int | None = None) -> dict[str, object]:
         """Apply a fault (see ``SimDriver.inject``) and return the GPU's new description."""
         if fault not in FAULTS:
@@ -190,14 +284,14 @@ class DriverState:
             if fault == "xid":
                 self._xid(state, code)
             elif fault == "lost":
-                state.lost = True
+                self._set_lost(state, lost=True)
                 self._xid(state, LOST_XID)
             elif fault == "ecc_dbe":
                 state.ecc_dbe_count += 1
                 self._emit(state, pynvml.nvmlEventTypeDoubleBitEccError, 0)
                 self._set_recovery(state, pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET)
             else:
-                state.lost = False
+                self._set_lost(state, lost=False)
                 self._set_recovery(state, pynvml.NVML_GPU_RECOVERY_ACTION_NONE)
             return self._describe(state)
 

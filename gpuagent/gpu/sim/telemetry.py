@@ -3,6 +3,10 @@
 Each GPU follows its own sinusoid (phases spaced by the golden angle, so no two GPUs move in
 step); power follows utilisation, temperature follows power, and the energy counter is the exact
 integral of power, so it only ever grows.
+
+Profiling (GPM) metrics are linear in the same wave, so the mean of any of them over an interval
+follows exactly from the wave's integral at the interval's two ends (:attr:`Sample.activity_s`),
+the way real GPM derives rates from two counter snapshots (:func:`gpm_value`).
 """
 
 from __future__ import annotations
@@ -10,13 +14,58 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import pynvml
+
 from gpuagent.gpu.sim.profiles import GpuProfile
 
 UTIL_PERIOD_S = 240.0
 MEMORY_PERIOD_S = 600.0
 UPTIME_AT_START_S = 3600.0
+#: One PCIe replay every this many seconds of driver uptime (a slow, realistic trickle).
+PCIE_REPLAY_EVERY_S = 900.0
+#: Sampling periods NVML reports with encoder/decoder utilisation (microseconds).
+ENCODER_SAMPLING_US = 167_000
+DECODER_SAMPLING_US = 167_000
+#: NVLink data rate (TX, KiB/s) at the wave's mean; RX runs at 90 % of TX.
+NVLINK_RATE_KIB = 20_000_000.0
+NVLINK_RX_SHARE = 0.9
 _GOLDEN_ANGLE = math.pi * (3.0 - math.sqrt(5.0))
 _MIB = 1024 * 1024
+_KIB_PER_MIB = 1024.0
+
+_G = pynvml
+#: GPM metric id -> (mean, amplitude) of ``mean + amplitude * wave``, in NVML's unit
+#: (percent 0..100, or MiB/s for the PCIe and NVLink rates). Other ids are NOT_SUPPORTED.
+GPM_MODEL: dict[int, tuple[float, float]] = {
+    _G.NVML_GPM_METRIC_GRAPHICS_UTIL: (50.0, 40.0),  # follows gpu_util_pct
+    _G.NVML_GPM_METRIC_SM_UTIL: (45.0, 36.0),
+    _G.NVML_GPM_METRIC_SM_OCCUPANCY: (30.0, 22.0),
+    _G.NVML_GPM_METRIC_INTEGER_UTIL: (8.0, 5.0),
+    _G.NVML_GPM_METRIC_ANY_TENSOR_UTIL: (25.0, 20.0),
+    _G.NVML_GPM_METRIC_DFMA_TENSOR_UTIL: (0.0, 0.0),
+    _G.NVML_GPM_METRIC_HMMA_TENSOR_UTIL: (20.0, 16.0),
+    _G.NVML_GPM_METRIC_DMMA_TENSOR_UTIL: (0.0, 0.0),
+    _G.NVML_GPM_METRIC_IMMA_TENSOR_UTIL: (5.0, 4.0),
+    _G.NVML_GPM_METRIC_DRAM_BW_UTIL: (30.0, 25.0),  # follows mem_util_pct
+    _G.NVML_GPM_METRIC_FP64_UTIL: (1.0, 0.5),
+    _G.NVML_GPM_METRIC_FP32_UTIL: (12.0, 9.0),
+    _G.NVML_GPM_METRIC_FP16_UTIL: (6.0, 4.0),
+    _G.NVML_GPM_METRIC_PCIE_TX_PER_SEC: (1500.0, 1000.0),
+    _G.NVML_GPM_METRIC_PCIE_RX_PER_SEC: (2500.0, 2000.0),
+    # The NVLink rates match the NVLINK_THROUGHPUT_DATA_* field counters' slope (KiB -> MiB).
+    _G.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC: (
+        NVLINK_RATE_KIB * 0.5 / _KIB_PER_MIB,
+        NVLINK_RATE_KIB * 0.4 / _KIB_PER_MIB,
+    ),
+    _G.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC: (
+        NVLINK_RATE_KIB * 0.5 * NVLINK_RX_SHARE / _KIB_PER_MIB,
+        NVLINK_RATE_KIB * 0.4 * NVLINK_RX_SHARE / _KIB_PER_MIB,
+    ),
+}
+#: GPM metrics that read 0 on a GPU without active NVLinks.
+GPM_NVLINK_METRICS = frozenset(
+    {_G.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC, _G.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC}
+)
 
 
 @dataclass(frozen=True)
@@ -38,6 +87,12 @@ class Sample:
     fb_used_bytes: int
     nvlink_tx_kib: int
     nvlink_rx_kib: int
+    enc_util_pct: int
+    dec_util_pct: int
+    pcie_replays: int
+    # Seconds since the driver started, and the integral of the GPU's wave up to then (GPM).
+    t_s: float
+    activity_s: float
 
     @property
     def fb_free_bytes(self) -> int:
@@ -70,7 +125,7 @@ def sample(profile: GpuProfile, index: int, memory_mib: int, t: float) -> Sample
     used = int((total - reserved) * (0.45 + 0.3 * mem_wave))
     temperature = 32.0 + 45.0 * (power - profile.idle_power_mw) / profile.power_limit_mw
     clock_scale = 0.75 + 0.25 * util
-    nvlink_rate_kib = 20_000_000.0
+    nvlink_rate_kib = NVLINK_RATE_KIB
     nvlink = nvlink_rate_kib * (elapsed * 0.5 - (0.4 / omega) * math.cos(omega * t + phase))
     return Sample(
         gpu_util_pct=round(util * 100),
@@ -87,5 +142,33 @@ def sample(profile: GpuProfile, index: int, memory_mib: int, t: float) -> Sample
         fb_reserved_bytes=reserved,
         fb_used_bytes=used,
         nvlink_tx_kib=round(nvlink + nvlink_rate_kib * 0.4 / omega * 2),
-        nvlink_rx_kib=round(nvlink * 0.9 + nvlink_rate_kib * 0.4 / omega * 2),
+        nvlink_rx_kib=round(nvlink * NVLINK_RX_SHARE + nvlink_rate_kib * 0.4 / omega * 2),
+        enc_util_pct=round(12.0 + 10.0 * math.sin(omega * t + phase + 1.1)),
+        dec_util_pct=round(20.0 + 15.0 * math.sin(omega * t + phase + 2.3)),
+        pcie_replays=int((elapsed + 137.0 * index) // PCIE_REPLAY_EVERY_S),
+        t_s=t,
+        activity_s=-math.cos(omega * t + phase) / omega,
     )
+
+
+def gpm_rate(metric_id: int, index: int, t: float, *, nvlink: bool = True) -> float:
+    """GPM metric ``metric_id`` of GPU ``index`` at the instant ``t`` (NVML's unit)."""
+    mean, amplitude = GPM_MODEL[metric_id]
+    if metric_id in GPM_NVLINK_METRICS and not nvlink:
+        return 0.0
+    omega = 2.0 * math.pi / UTIL_PERIOD_S
+    return mean + amplitude * math.sin(omega * t + index * _GOLDEN_ANGLE)
+
+
+def gpm_value(metric_id: int, first: Sample, second: Sample, *, nvlink: bool = True) -> float:
+    """What ``nvmlGpmMetricsGet`` reports for ``metric_id`` between two samples of one GPU.
+
+    The mean of :func:`gpm_rate` over the interval; NaN when both samples are of one instant.
+    """
+    mean, amplitude = GPM_MODEL[metric_id]
+    if metric_id in GPM_NVLINK_METRICS and not nvlink:
+        return 0.0
+    interval = second.t_s - first.t_s
+    if interval == 0:
+        return math.nan
+    return mean + amplitude * (second.activity_s - first.activity_s) / interval

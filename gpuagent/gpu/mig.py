@@ -1,0 +1,308 @@
+"""MIG discovery from the driver: is MIG mode on, and which MIG devices does the GPU hold.
+
+:func:`read_mig` reads, for one GPU, every MIG device (one compute instance of one GPU instance):
+its ``MIG-`` UUID, GPU- and compute-instance IDs, memory, profile name as NVIDIA spells it, and
+the ``/dev/nvidia-caps`` device nodes a container needs to use it.
+
+Profile names follow go-nvlib (``pkg/nvlib/device/mig_profile.go``), which NVIDIA's device plugin
+uses for its ``nvidia.com/mig-<profile>`` resources and which matches ``nvidia-smi``:
+
+* ``<G>g.<GB>gb`` where G is the GPU instance's slice count, or ``<C>c.<G>g.<GB>gb`` when the
+  compute instance has C < G slices;
+* GB: the instance's share of the GPU's memory rounded **up** to the next eighth, times the GPU's
+  memory in GiB rounded up, rounded to the nearest integer (halves up) — see :func:`mig_memory_gb`.
+  An H100 80GB (81559 MiB, 80 GiB rounded up) ``1g`` instance of 9984 MiB is 0.122 of it → 1/8 →
+  10 → ``1g.10gb``; an H200's (141 GiB) half is 70.5 → ``3g.71gb``;
+* a suffix from the GPU-instance profile: ``+me`` (media extensions, ``*_REV1``), ``+me.all``,
+  ``+gfx``, or ``-me`` (``*_NO_ME``). ``*_REV2`` (``1g.20gb`` on H100) has none: only its memory
+  differs.
+
+Errors: MIG mode not offered (NOT_SUPPORTED, FUNCTION_NOT_FOUND) means not enabled; values the
+driver does not offer degrade (no suffix, memory from another call), logged once. Any other NVML
+error — above all a lost GPU — is raised as :class:`pynvml.NVMLError` for the caller's discovery
+to handle like any other failing GPU.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pynvml
+import structlog
+
+from gpuagent.domain.devices import MigDevice
+
+log = structlog.get_logger("gpuagent.mig")
+
+DEFAULT_MIG_MINORS = Path("/proc/driver/nvidia-caps/mig-minors")
+CAPS_DEVICE_DIR = "/dev/nvidia-caps"
+MIB = 1024 * 1024
+GIB = 1024 * MIB
+_EIGHTHS = 8
+
+_ABSENT = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+_NO_DEVICE_AT_INDEX = (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_ERROR_INVALID_ARGUMENT)
+_LOOKUP_REFUSED = (*_ABSENT, pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_ERROR_NO_PERMISSION)
+
+#: Name suffix per GPU-instance profile (``NVML_GPU_INSTANCE_PROFILE_*``), as go-nvlib spells it.
+PROFILE_SUFFIXES: Mapping[int, str] = {
+    pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1: "+me",
+    pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE_REV1: "+me",
+    pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_ALL_ME: "+me.all",
+    pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE_ALL_ME: "+me.all",
+    pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_GFX: "+gfx",
+    pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE_GFX: "+gfx",
+    pynvml.NVML_GPU_INSTANCE_PROFILE_3_SLICE_GFX: "+gfx",
+    pynvml.NVML_GPU_INSTANCE_PROFILE_4_SLICE_GFX: "+gfx",
+    pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_NO_ME: "-me",
+    pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE_NO_ME: "-me",
+}
+
+_logged_files: set[Path] = set()
+_logged_files_lock = threading.Lock()
+
+
+def read_mig(
+    index: int, handle: Any, minor: int, *, mig_minors: Path = DEFAULT_MIG_MINORS
+) -> tuple[bool, tuple[MigDevice, ...]]:
+    """``(MIG mode enabled, its MIG devices)`` of the GPU with NVML index ``index``.
+
+    ``handle`` is the GPU's NVML device handle and ``minor`` its device minor (``/dev/nvidia<N>``),
+    which names its entries in the ``mig_minors`` file. Without that file (no driver caps, or not
+    mounted into the agent's container) the devices have no ``device_nodes``; that is logged once
+    per file. A GPU without MIG support, or with MIG mode off, is ``(False, ())``.
+
+    Blocking; raises :class:`pynvml.NVMLError` for driver failures other than an absent value.
+    """
+    try:
+        current, _pending = pynvml.nvmlDeviceGetMigMode(handle)
+    except pynvml.NVMLError as exc:
+        if exc.value in _ABSENT:
+            return False, ()
+        raise
+    if int(current) != pynvml.NVML_DEVICE_MIG_ENABLE:
+        return False, ()
+    return True, _Reader(index, handle, minor, mig_minors).devices()
+
+
+def mig_memory_gb(memory_mib: int, total_memory_bytes: int) -> int:
+    """The ``<GB>`` of a MIG profile name: ``memory_mib`` of a GPU with ``total_memory_bytes``.
+
+    The instance's share of the GPU is rounded up to the next eighth, multiplied by the GPU's
+    memory in GiB rounded up, then rounded to the nearest integer, halves up — go-nvlib's
+    ``getMigMemorySizeGB`` in exact integer arithmetic. 0 when the total is unknown.
+    """
+    if total_memory_bytes <= 0 or memory_mib <= 0:
+        return 0
+    eighths = -(-memory_mib * MIB * _EIGHTHS // total_memory_bytes)  # ceil
+    total_gib = -(-total_memory_bytes // GIB)  # ceil
+    return (2 * eighths * total_gib + _EIGHTHS) // (2 * _EIGHTHS)  # round(eighths * gib / 8)
+
+
+def mig_profile_name(
+    gpu_slices: int,
+    compute_slices: int,
+    memory_mib: int,
+    total_memory_bytes: int,
+    gi_profile: int | None = None,
+) -> str:
+    """NVIDIA's name of a MIG profile: ``"3g.40gb"``, ``"1c.3g.40gb"``, ``"1g.10gb+me"``.
+
+    ``gpu_slices``/``compute_slices``/``memory_mib``: the GPU instance's and compute instance's
+    slice counts and the instance's memory (``nvmlDeviceGetAttributes_v2``);
+    ``total_memory_bytes``: the parent GPU's memory; ``gi_profile``: the GPU instance's
+    ``NVML_GPU_INSTANCE_PROFILE_*``, which decides the suffix (none when unknown).
+    """
+    gb = mig_memory_gb(memory_mib, total_memory_bytes)
+    suffix = "" if gi_profile is None else PROFILE_SUFFIXES.get(gi_profile, "")
+    if compute_slices in (0, gpu_slices):
+        return f"{gpu_slices}g.{gb}gb{suffix}"
+    return f"{compute_slices}c.{gpu_slices}g.{gb}gb{suffix}"
+
+
+def parse_mig_minors(text: str) -> dict[str, int]:
+    """``/proc/driver/nvidia-caps/mig-minors`` as ``{capability: device minor}``.
+
+    Each line is ``<capability> <minor>`` (``config 1``, ``gpu0/gi3/access 30``,
+    ``gpu0/gi3/ci0/access 31``). Lines that are not exactly a name and a non-negative decimal
+    number are skipped; a repeated name keeps its last minor.
+    """
+    minors: dict[str, int] = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) != 2:
+            continue
+        name, value = fields
+        if value.isascii() and value.isdigit():
+            minors[name] = int(value)
+    return minors
+
+
+def mig_device_nodes(
+    minors: Mapping[str, int], gpu_minor: int, gpu_instance: int, compute_instance: int
+) -> tuple[str, ...]:
+    """The ``/dev/nvidia-caps`` nodes of a MIG device: its GPU-instance and compute-instance access.
+
+    Empty when either capability is missing from ``minors`` (a container needs both).
+    """
+    gi = minors.get(f"gpu{gpu_minor}/gi{gpu_instance}/access")
+    ci = minors.get(f"gpu{gpu_minor}/gi{gpu_instance}/ci{compute_instance}/access")
+    if gi is None or ci is None:
+        return ()
+    return (f"{CAPS_DEVICE_DIR}/nvidia-cap{gi}", f"{CAPS_DEVICE_DIR}/nvidia-cap{ci}")
+
+
+def load_mig_minors(path: Path = DEFAULT_MIG_MINORS) -> dict[str, int] | None:
+    """The parsed ``mig-minors`` file, or None when it cannot be read (logged once per path)."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        with _logged_files_lock:
+            first = path not in _logged_files
+            _logged_files.add(path)
+        if first:
+            log.warning(
+                "mig capability minors unreadable; mig devices get no device nodes",
+                path=str(path),
+                error=str(exc),
+            )
+        return None
+    return parse_mig_minors(text)
+
+
+class _Reader:
+    """One GPU's MIG devices, with the lookups they share."""
+
+    def __init__(self, index: int, handle: Any, minor: int, mig_minors: Path) -> None:
+        self._index = index
+        self._handle = handle
+        self._minor = minor
+        self._minors_path = mig_minors
+        self._minors: dict[str, int] | None = None
+        self._minors_loaded = False
+        self._profiles: dict[int, tuple[int, Any]] | None = None  # profile ID -> (index, info)
+        self._info_version = 2
+        self._logged: set[str] = set()
+
+    def devices(self) -> tuple[MigDevice, ...]:
+        try:
+            count = int(pynvml.nvmlDeviceGetMaxMigDeviceCount(self._handle))
+        except pynvml.NVMLError as exc:
+            if exc.value not in _ABSENT:
+                raise
+            self._once("count", "mig devices cannot be listed", exc)
+            return ()
+        total = int(pynvml.nvmlDeviceGetMemoryInfo(self._handle).total)
+        devices = []
+        for i in range(count):
+            try:
+                mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(self._handle, i)
+            except pynvml.NVMLError as exc:
+                if exc.value in _NO_DEVICE_AT_INDEX:
+                    continue  # indexes may be sparse
+                raise
+            devices.append(self._device(mig, total))
+        return tuple(devices)
+
+    def _device(self, mig: Any, total: int) -> MigDevice:
+        uuid = str(pynvml.nvmlDeviceGetUUID(mig))
+        gi = int(pynvml.nvmlDeviceGetGpuInstanceId(mig))
+        ci = int(pynvml.nvmlDeviceGetComputeInstanceId(mig))
+        gi_profile, gi_info = self._gpu_instance_profile(gi)
+        attrs = self._attributes(mig)
+        if attrs is not None:
+            gpu_slices = int(attrs.gpuInstanceSliceCount)
+            compute_slices = int(attrs.computeInstanceSliceCount)
+            memory_mib = int(attrs.memorySizeMB)
+        else:
+            gpu_slices = compute_slices = 0 if gi_info is None else int(gi_info.sliceCount)
+            memory_mib = int(pynvml.nvmlDeviceGetMemoryInfo(mig).total) // MIB
+        profile = ""
+        if gpu_slices:
+            profile = mig_profile_name(gpu_slices, compute_slices, memory_mib, total, gi_profile)
+        else:
+            log.warning("mig profile unknown", gpu=self._index, uuid=uuid)
+        return MigDevice(
+            uuid=uuid,
+            parent_index=self._index,
+            gpu_instance_id=gi,
+            compute_instance_id=ci,
+            profile=profile,
+            memory_mib=memory_mib,
+            device_nodes=self._device_nodes(gi, ci),
+        )
+
+    def _attributes(self, mig: Any) -> Any:
+        try:
+            return pynvml.nvmlDeviceGetAttributes_v2(mig)
+        except pynvml.NVMLError as exc:
+            if exc.value not in _ABSENT:
+                raise
+            self._once("attributes", "mig device attributes not offered", exc)
+            return None
+
+    def _gpu_instance_profile(self, gi: int) -> tuple[int | None, Any]:
+        """``(NVML_GPU_INSTANCE_PROFILE_*, its profile info)`` of GPU instance ``gi``, if known."""
+        try:
+            instance = pynvml.nvmlDeviceGetGpuInstanceById(self._handle, gi)
+            profile_id = int(pynvml.nvmlGpuInstanceGetInfo(instance).profileId)
+        except pynvml.NVMLError as exc:
+            if exc.value not in _LOOKUP_REFUSED:
+                raise
+            self._once("gpu instance", "gpu instance not readable; profile names lack +me", exc)
+            return None, None
+        found = self._profile_table().get(profile_id)
+        if found is None:
+            return None, None
+        return found
+
+    def _profile_table(self) -> dict[int, tuple[int, Any]]:
+        """``{profile ID: (NVML_GPU_INSTANCE_PROFILE_*, profile info)}`` of the GPU, read once."""
+        if self._profiles is None:
+            self._profiles = {}
+            for profile in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
+                info = self._profile_info(profile)
+                if info is not None:
+                    self._profiles[int(info.id)] = (profile, info)
+        return self._profiles
+
+    def _profile_info(self, profile: int) -> Any:
+        """One GPU-instance profile's info (versioned call first), None if the GPU lacks it."""
+        while True:
+            try:
+                return pynvml.nvmlDeviceGetGpuInstanceProfileInfo(
+                    self._handle, profile, self._info_version
+                )
+            except pynvml.NVMLError as exc:
+                if exc.value == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND and self._info_version > 1:
+                    self._info_version = 1  # an older driver: the unversioned call
+                    continue
+                if exc.value in (*_LOOKUP_REFUSED, pynvml.NVML_ERROR_INVALID_ARGUMENT):
+                    return None
+                raise
+
+    def _device_nodes(self, gi: int, ci: int) -> tuple[str, ...]:
+        if not self._minors_loaded:
+            self._minors = load_mig_minors(self._minors_path)
+            self._minors_loaded = True
+        if self._minors is None:
+            return ()
+        nodes = mig_device_nodes(self._minors, self._minor, gi, ci)
+        if not nodes:
+            log.warning(
+                "mig device has no capability minors",
+                gpu=self._index,
+                gpu_instance=gi,
+                compute_instance=ci,
+                path=str(self._minors_path),
+            )
+        return nodes
+
+    def _once(self, what: str, event: str, exc: pynvml.NVMLError) -> None:
+        if what in self._logged:
+            return
+        self._logged.add(what)
+        log.info(event, gpu=self._index, error=f"{exc} (NVML {exc.value})")
