@@ -170,4 +170,12 @@ def _container_response(allocation: ContainerAllocation) -> pb.ContainerAllocate
             pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
             for m in allocation.mounts
         ],
+        devices=[
+            pb.DeviceSpec(
+                container_path=d.container_path, host_path=d.host_path, permissions=d.permissions
+            )
+            for d in allocation.devices
+        ],
+        annotations=dict(allocation.annotations),
+        cdi_devices=[pb.CdiDevice(name=name) for name in allocation.cdi_devices],
     )

@@ -1,4 +1,4 @@
-"""Allocation policy: validation and the container's view."""
+"""The original single-resource policy (kept until the service uses resources and containers)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,16 @@ from gpuagent.domain.allocation import (
     UnhealthyDevicesError,
     UnknownDevicesError,
 )
-from gpuagent.domain.devices import Condition, Gpu, GpuHealth, IdStrategy, Snapshot
+from gpuagent.domain.devices import (
+    Condition,
+    Gpu,
+    GpuHealth,
+    IdStrategy,
+    Link,
+    P2PLevel,
+    Snapshot,
+    Topology,
+)
 
 
 def _gpu(index: int, numa: int | None = 0, healthy: bool = True) -> Gpu:
@@ -86,3 +95,16 @@ ALL = ["GPU-0", "GPU-1", "GPU-2", "GPU-4"]
 )  # fmt: skip
 def test_preferred(available: list[str], must: list[str], size: int, expected: list[str]) -> None:
     assert UUID.preferred(SNAPSHOT, available, must, size) == expected
+
+
+def test_preferred_follows_nvlink_over_numa() -> None:
+    linked = Snapshot(
+        gpus=SNAPSHOT.gpus,
+        topology=Topology(links=(Link(0, 4, p2p=P2PLevel.SYSTEM, nvlinks=4),)),
+    )
+    assert UUID.preferred(linked, ALL, ["GPU-0"], 2) == ["GPU-0", "GPU-4"]
+
+
+def test_container_allocation_has_no_device_specs_annotations_or_cdi_devices() -> None:
+    alloc = UUID.container_allocation(UUID.resolve(SNAPSHOT, ["GPU-0"]))
+    assert (alloc.devices, dict(alloc.annotations), alloc.cdi_devices) == ((), {}, ())

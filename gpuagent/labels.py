@@ -1,0 +1,249 @@
+"""Node labels in the manner of NVIDIA's GPU feature discovery, as a node-feature-discovery file.
+
+:func:`node_labels` computes GFD's labels (``internal/lm`` in NVIDIA/k8s-device-plugin) from a
+snapshot and the resource settings; :func:`sync_features` writes them atomically as ``key=value``
+lines into NFD's ``features.d`` directory, which NFD's ``local`` source turns into node labels.
+
+Differences from GFD, each deliberate: no ``gfd.timestamp`` (it would rewrite the file on every
+pass, and NFD relabels on every change); MIG mixed-strategy labels are keyed by the resource name
+(``nvidia.com/mig-1g.10gb.me.count``: GFD's ``+`` is not valid in a label key); on a node with
+several GPU models the labels describe the most numerous model; with per-GPU replica counts
+``gpu.replicas`` is the smallest.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from gpuagent.atomicfile import remove_if_present, write_if_changed
+from gpuagent.domain.devices import Gpu, MigDevice, Snapshot
+from gpuagent.domain.resources import (
+    MigStrategy,
+    ResourceSettings,
+    mig_resource_name,
+)
+
+__all__ = [
+    "DEFAULT_FEATURES_FILE",
+    "arch_family",
+    "node_labels",
+    "render_features",
+    "sync_features",
+]
+
+DEFAULT_FEATURES_FILE = Path("/etc/kubernetes/node-feature-discovery/features.d/gpuagent")
+GPU = "nvidia.com/gpu"  # GFD labels full GPUs under this name whatever the resource is called
+MAX_VALUE = 63
+DEFAULT_SETTINGS = ResourceSettings()
+# Products with MIG mode, for when the driver's answer is not at hand (``mig_capable``).
+_MIG_PRODUCTS = re.compile(
+    r"\b(A100|A800|A30|H100|H800|H200|H20|GH200|B100|B200|B300|GB200|GB300)\b"
+)
+_NOT_IN_VALUE = re.compile(r"[^A-Za-z0-9._ -]")
+_COMPUTE_CAPABILITY = re.compile(r"(\d+)\.(\d+)")
+_PROFILE = re.compile(r"(?:(\d+)c\.)?(\d+)g\.")
+
+
+def arch_family(major: int, minor: int) -> str:
+    """GFD's ``gpu.family`` for a compute capability (``getArchFamily``)."""
+    families = {1: "tesla", 2: "fermi", 3: "kepler", 5: "maxwell", 6: "pascal", 9: "hopper"}
+    if major == 7:
+        return "volta" if minor < 5 else "turing"
+    if major == 8:
+        return "ampere" if minor < 9 else "ada-lovelace"
+    if major in (10, 12):
+        return "blackwell"
+    return families.get(major, "undefined")
+
+
+def node_labels(
+    snapshot: Snapshot,
+    settings: ResourceSettings = DEFAULT_SETTINGS,
+    *,
+    cuda_version: tuple[int, int] | None = None,
+    machine: str = "",
+    mig_capable: bool | None = None,
+) -> dict[str, str]:
+    """The node's GFD labels; empty without GPUs.
+
+    ``cuda_version`` is the driver's CUDA version (NVML ``nvmlSystemGetCudaDriverVersion``),
+    ``machine`` the DMI product name, ``mig_capable`` whether any GPU supports MIG per the driver
+    (else guessed from MIG mode and the product names). Values are sanitised as GFD does (spaces
+    become ``-``) and cut to 63 characters.
+    """
+    gpus = sorted(snapshot.gpus, key=lambda g: g.index)
+    if not gpus:
+        return {}
+    labels: dict[str, str] = {}
+    labels.update(_version_labels(snapshot.driver.version, cuda_version))
+    if machine:
+        labels["nvidia.com/gpu.machine"] = _value(machine)
+    if mig_capable is None:
+        mig_capable = any(
+            g.mig_enabled or g.mig_devices or _MIG_PRODUCTS.search(g.name) for g in gpus
+        )
+    labels["nvidia.com/mig.capable"] = str(bool(mig_capable)).lower()
+    labels["nvidia.com/mps.capable"] = "false"
+    sharing = settings.time_slicing
+    labels["nvidia.com/gpu.sharing-strategy"] = "time-slicing" if sharing.enabled else "none"
+    labels.update(_gpu_labels(gpus, settings))
+    if settings.mig_strategy is MigStrategy.SINGLE:
+        labels["nvidia.com/mig.strategy"] = "single"
+        labels.update(_single_labels(gpus, settings))
+    elif settings.mig_strategy is MigStrategy.MIXED:
+        labels["nvidia.com/mig.strategy"] = "mixed"
+        labels.update(_mixed_labels(gpus, settings))
+    return labels
+
+
+def render_features(labels: Mapping[str, str]) -> bytes:
+    """NFD's feature-file format: ``key=value`` lines, sorted."""
+    return "".join(f"{key}={labels[key]}\n" for key in sorted(labels)).encode()
+
+
+def sync_features(labels: Mapping[str, str], path: Path = DEFAULT_FEATURES_FILE) -> bool:
+    """Write the feature file atomically if it changed; remove it when ``labels`` is empty.
+
+    Returns whether the file changed. Raises :class:`OSError`.
+    """
+    if not labels:
+        return remove_if_present(path)
+    return write_if_changed(path, render_features(labels))
+
+
+def _value(text: str) -> str:
+    """A label value as GFD's ``sanitise`` makes it, at most 63 characters."""
+    cleaned = "-".join(_NOT_IN_VALUE.sub("", text).split())[:MAX_VALUE]
+    return cleaned.strip("-_.")
+
+
+def _version_labels(driver: str, cuda: tuple[int, int] | None) -> dict[str, str]:
+    out: dict[str, str] = {}
+    parts = driver.split(".")
+    if 2 <= len(parts) <= 3 and all(p.isdigit() for p in parts):
+        major, minor, rev = parts[0], parts[1], parts[2] if len(parts) == 3 else ""
+        out |= {
+            "nvidia.com/cuda.driver.major": major,
+            "nvidia.com/cuda.driver.minor": minor,
+            "nvidia.com/cuda.driver.rev": rev,
+            "nvidia.com/cuda.driver-version.major": major,
+            "nvidia.com/cuda.driver-version.minor": minor,
+            "nvidia.com/cuda.driver-version.revision": rev,
+            "nvidia.com/cuda.driver-version.full": driver,
+        }
+    if cuda is not None:
+        major_c, minor_c = (str(v) for v in cuda)
+        out |= {
+            "nvidia.com/cuda.runtime.major": major_c,
+            "nvidia.com/cuda.runtime.minor": minor_c,
+            "nvidia.com/cuda.runtime-version.major": major_c,
+            "nvidia.com/cuda.runtime-version.minor": minor_c,
+            "nvidia.com/cuda.runtime-version.full": f"{major_c}.{minor_c}",
+        }
+    return out
+
+
+def _sharing(settings: ResourceSettings, name: str) -> tuple[int, bool]:
+    """(replicas, renamed) for a resource, from the time-slicing rules naming it."""
+    rules = [r for r in settings.time_slicing.resources if r.name == name]
+    if not rules:
+        return 1, False
+    renamed = settings.time_slicing.rename_by_default or any(r.rename for r in rules)
+    return min(r.replicas for r in rules), renamed
+
+
+def _product(parts: Sequence[str], replicas: int, renamed: bool) -> str:
+    words = [_value(p) for p in parts if p]
+    if replicas > 1 and not renamed:
+        words.append("SHARED")
+    return _value("-".join(words))
+
+
+def _gpu_labels(gpus: Sequence[Gpu], settings: ResourceSettings) -> dict[str, str]:
+    counts = Counter(g.name for g in gpus)
+    first_index = {g.name: g.index for g in reversed(gpus)}
+    model = max(counts, key=lambda name: (counts[name], -first_index[name]))
+    same = [g for g in gpus if g.name == model]
+    first = same[0]
+    if all(g.mig_enabled for g in same):
+        replicas, renamed = 0, False  # GFD labels MIG-mode GPUs "without sharing"
+    else:
+        replicas, renamed = _sharing(settings, settings.resource_name)
+    labels = {
+        f"{GPU}.product": _product([model], replicas, renamed),
+        f"{GPU}.count": str(len(same)),
+        f"{GPU}.replicas": str(replicas),
+    }
+    if first.memory_mib:
+        labels[f"{GPU}.memory"] = str(first.memory_mib)
+    found = _COMPUTE_CAPABILITY.fullmatch(first.compute_capability)
+    if found and int(found[1]) > 0:
+        major, minor = int(found[1]), int(found[2])
+        labels[f"{GPU}.family"] = arch_family(major, minor)
+        labels[f"{GPU}.compute.major"] = str(major)
+        labels[f"{GPU}.compute.minor"] = str(minor)
+    return labels
+
+
+def _mig_labels(
+    key: str, gpu: Gpu, mig: MigDevice, *, count: int, settings: ResourceSettings, sharing_of: str
+) -> dict[str, str]:
+    replicas, renamed = _sharing(settings, sharing_of)
+    labels = {
+        # "+" is not valid in a label value: spelled "." as in the resource name.
+        f"{key}.product": _product(
+            [gpu.name, "MIG", mig.profile.replace("+", ".")], replicas, renamed
+        ),
+        f"{key}.count": str(count),
+        f"{key}.replicas": str(replicas),
+        f"{key}.memory": str(mig.memory_mib),
+    }
+    found = _PROFILE.match(mig.profile)
+    if found:
+        g_slices = found[2]
+        labels[f"{key}.slices.gi"] = g_slices
+        labels[f"{key}.slices.ci"] = found[1] or g_slices
+    return labels
+
+
+def _single_labels(gpus: Sequence[Gpu], settings: ResourceSettings) -> dict[str, str]:
+    in_mig = [g for g in gpus if g.mig_enabled]
+    if not in_mig:
+        return {}  # like mig-strategy none
+    migs = [(g, m) for g in in_mig for m in g.mig_devices]
+    profiles = {m.profile for _, m in migs}
+    if len(in_mig) != len(gpus) or any(not g.mig_devices for g in in_mig) or len(profiles) != 1:
+        return {
+            f"{GPU}.product": _value(f"{in_mig[0].name}-MIG-INVALID"),
+            f"{GPU}.count": "0",
+            f"{GPU}.replicas": "0",
+            f"{GPU}.memory": "0",
+        }
+    gpu, mig = migs[0]
+    return _mig_labels(
+        GPU, gpu, mig, count=len(migs), settings=settings, sharing_of=settings.resource_name
+    )
+
+
+def _mixed_labels(gpus: Sequence[Gpu], settings: ResourceSettings) -> dict[str, str]:
+    first: dict[str, tuple[Gpu, MigDevice]] = {}
+    counts: Counter[str] = Counter()
+    for gpu in gpus:
+        if not gpu.mig_enabled:
+            continue
+        for mig in gpu.mig_devices:
+            try:
+                name = mig_resource_name(mig.profile, settings.domain)
+            except ValueError:
+                continue
+            first.setdefault(name, (gpu, mig))
+            counts[name] += 1
+    labels: dict[str, str] = {}
+    for name, (gpu, mig) in sorted(first.items()):
+        labels.update(
+            _mig_labels(name, gpu, mig, count=counts[name], settings=settings, sharing_of=name)
+        )
+    return labels

@@ -1,0 +1,86 @@
+"""Small hand-built nodes for the allocation, CDI and label tests: GPUs, MIG devices, links."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from gpuagent.domain.devices import (
+    Condition,
+    DriverState,
+    Gpu,
+    GpuHealth,
+    Link,
+    MigDevice,
+    P2PLevel,
+    Snapshot,
+    Topology,
+)
+
+__all__ = ["H100", "gpu", "gpu_uuid", "link", "mig", "mig_uuid", "node"]
+
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def gpu_uuid(index: int) -> str:
+    return f"GPU-{index:08x}-1111-4222-8333-{index:012x}"
+
+
+def mig_uuid(gpu_index: int, gi: int) -> str:
+    return f"MIG-{gpu_index:08x}-{gi:04x}-4555-8666-{gi:012x}"
+
+
+def mig(gpu_index: int, gi: int, profile: str = "1g.10gb", memory_mib: int = 9856) -> MigDevice:
+    """A MIG device with GPU instance ``gi`` (compute instance 0) and its two caps nodes."""
+    return MigDevice(
+        uuid=mig_uuid(gpu_index, gi),
+        parent_index=gpu_index,
+        gpu_instance_id=gi,
+        compute_instance_id=0,
+        profile=profile,
+        memory_mib=memory_mib,
+        device_nodes=(
+            f"/dev/nvidia-caps/nvidia-cap{100 + 10 * gpu_index + gi}",
+            f"/dev/nvidia-caps/nvidia-cap{200 + 10 * gpu_index + gi}",
+        ),
+    )
+
+
+def gpu(
+    index: int,
+    *,
+    numa: int | None = None,
+    healthy: bool = True,
+    name: str = H100,
+    memory_mib: int = 81559,
+    compute_capability: str = "9.0",
+    migs: Iterable[MigDevice] = (),
+    mig_enabled: bool | None = None,
+) -> Gpu:
+    devices = tuple(migs)
+    return Gpu(
+        index=index,
+        uuid=gpu_uuid(index),
+        minor=index,
+        name=name,
+        memory_mib=memory_mib,
+        pci_bus_id=f"00000000:{0x18 + index:02x}:00.0",
+        numa_node=numa,
+        health=GpuHealth() if healthy else GpuHealth((Condition("xid", "79"),)),
+        compute_capability=compute_capability,
+        mig_enabled=bool(devices) if mig_enabled is None else mig_enabled,
+        mig_devices=devices,
+    )
+
+
+def link(a: int, b: int, nvlinks: int = 0, p2p: P2PLevel | None = None) -> Link:
+    return Link(min(a, b), max(a, b), p2p=p2p, nvlinks=nvlinks)
+
+
+def node(*gpus: Gpu, links: Iterable[Link] = (), driver: str = "550.54.15") -> Snapshot:
+    return Snapshot(
+        version=1,
+        gpus=tuple(gpus),
+        driver=DriverState(up=True, version=driver),
+        discovered=True,
+        topology=Topology(links=tuple(links)),
+    )
