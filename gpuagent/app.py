@@ -9,27 +9,40 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import Coroutine
-from dataclasses import dataclass, field
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import structlog
 
 from gpuagent import __version__
+from gpuagent.cdi import DEFAULT_CDI_DIR, build_spec, sync_spec
 from gpuagent.config import ConfigError, Settings
-from gpuagent.domain.allocation import SUPPORTED_STRATEGIES, AllocationPolicy
+from gpuagent.domain.containers import CONTROL_NODES, ContainerSettings, DeviceListStrategy
 from gpuagent.domain.devices import IdStrategy
 from gpuagent.domain.health import HealthCheckSpecError, HealthPolicy
 from gpuagent.domain.naming import socket_name
+from gpuagent.domain.preferred import SharedAllocationPolicy
+from gpuagent.domain.resources import (
+    MigStrategy,
+    ReplicaRule,
+    ResourceSettings,
+    SettingError,
+    TimeSlicing,
+)
+from gpuagent.domain.serving import ResourceView, ServingPolicy
 from gpuagent.domain.store import DeviceStore
 from gpuagent.gpu import sim
 from gpuagent.gpu.monitor import GpuMonitor
 from gpuagent.gpu.nvml import DriverUnavailable, Nvml
 from gpuagent.kubelet.plugin import DevicePluginService
+from gpuagent.kubelet.podresources import PodResourcesClient
 from gpuagent.kubelet.registration import PluginEndpoint, Timing
-from gpuagent.web.metrics import AgentCounters, MetricsRenderer
+from gpuagent.labels import DEFAULT_FEATURES_FILE, node_labels, sync_features
+from gpuagent.web.metrics import AgentCounters, MetricsRenderer, PodResourcesStats
 from gpuagent.web.server import HttpServer, build_app
+from gpuagent.web.webconfig import WebConfigError, WebConfigFile
 
 log = structlog.get_logger("gpuagent")
 
@@ -43,36 +56,117 @@ class FatalError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """Settings checked for what this build supports, turned into domain policies."""
+    """Settings turned into domain policies."""
 
-    allocation: AllocationPolicy
+    serving: ServingPolicy
     health: HealthPolicy
 
 
-def plan(settings: Settings) -> Plan:
-    """Validate settings beyond their syntax; raises :class:`ConfigError` (exit code 2)."""
-    unsupported = [s for s in settings.device_list_strategy if s not in SUPPORTED_STRATEGIES]
-    if unsupported:
-        raise ConfigError(
-            "device-list-strategy", f"{', '.join(unsupported)} is not supported by this version"
-        )
-    if settings.mig_strategy != "none":
-        raise ConfigError("mig-strategy", "MIG strategies are not supported by this version")
-    if settings.pass_device_specs:
-        raise ConfigError("pass-device-specs", "device specs are not supported by this version")
+def plan(settings: Settings, *, control_nodes: tuple[str, ...] | None = None) -> Plan:
+    """Validate settings beyond their syntax; raises :class:`ConfigError` (exit code 2).
+
+    ``control_nodes`` are the NVIDIA control device nodes present under the driver root, found
+    once here (the domain does no I/O).
+    """
+    root = settings.nvidia_driver_root
+    if control_nodes is None:
+        control_nodes = tuple(p for p in CONTROL_NODES if (root / p.lstrip("/")).exists())
     try:
         health = HealthPolicy.from_env_values(
             settings.disable_healthchecks, settings.enable_healthchecks
         )
     except HealthCheckSpecError as exc:
         raise ConfigError("healthchecks", str(exc)) from exc
-    return Plan(
-        allocation=AllocationPolicy(
-            id_strategy=IdStrategy(settings.device_id_strategy),
-            list_strategies=settings.device_list_strategy,
-        ),
-        health=health,
+    try:
+        serving = ServingPolicy(
+            resources=ResourceSettings(
+                resource_name=settings.resource_name,
+                mig_strategy=MigStrategy(settings.mig_strategy),
+                time_slicing=time_slicing(settings.sharing),
+            ),
+            containers=ContainerSettings(
+                strategies=tuple(DeviceListStrategy(s) for s in settings.device_list_strategy),
+                id_strategy=IdStrategy(settings.device_id_strategy),
+                pass_device_specs=settings.pass_device_specs,
+                dev_root=str(root),
+                control_nodes=control_nodes,
+                cdi_annotation_prefix=settings.cdi_annotation_prefix,
+            ),
+            shared_allocation=SharedAllocationPolicy(settings.shared_devices_allocation_policy),
+        )
+    except SettingError as exc:
+        raise ConfigError(exc.key, exc.reason) from exc
+    return Plan(serving=serving, health=health)
+
+
+def time_slicing(sharing: Mapping[str, object]) -> TimeSlicing:
+    """NVIDIA's ``sharing.timeSlicing`` block as the domain's :class:`TimeSlicing`.
+
+    Raises :class:`SettingError` naming the key (``sharing.timeSlicing.resources[1].replicas``).
+    """
+    block = sharing.get("timeSlicing") or {}
+    key = "sharing.timeSlicing"
+    if not isinstance(block, Mapping):
+        raise SettingError(key, "expected a mapping")
+    unknown = set(block) - {"renameByDefault", "failRequestsGreaterThanOne", "resources"}
+    if unknown:
+        raise SettingError(key, f"unknown keys {sorted(map(str, unknown))}")
+    rules = []
+    entries = block.get("resources") or []
+    if not isinstance(entries, list):
+        raise SettingError(f"{key}.resources", "expected a list")
+    for i, entry in enumerate(entries):
+        where = f"{key}.resources[{i}]"
+        if not isinstance(entry, Mapping):
+            raise SettingError(where, "expected a mapping {name, replicas, devices, rename}")
+        extra = set(entry) - {"name", "replicas", "devices", "rename"}
+        if extra:
+            raise SettingError(where, f"unknown keys {sorted(map(str, extra))}")
+        devices = entry.get("devices", "all")
+        if isinstance(devices, list):
+            devices = tuple(str(d) for d in devices)
+        rules.append(
+            ReplicaRule(
+                name=entry.get("name"),  # type: ignore[arg-type]  # validated by TimeSlicing
+                replicas=entry.get("replicas"),  # type: ignore[arg-type]
+                devices=devices,
+                rename=entry.get("rename", ""),
+            )
+        )
+    flags = {}
+    for name in ("renameByDefault", "failRequestsGreaterThanOne"):
+        value = block.get(name, False)
+        if not isinstance(value, bool):
+            raise SettingError(f"{key}.{name}", f"expected true or false, got {value!r}")
+        flags[name] = value
+    return TimeSlicing(
+        resources=tuple(rules),
+        rename_by_default=flags["renameByDefault"],
+        fail_requests_greater_than_one=flags["failRequestsGreaterThanOne"],
     )
+
+
+def served_resources(plan: Plan) -> tuple[str, ...]:
+    """The resource names this agent advertises (time-slicing renames included), for attribution.
+
+    MIG resources (``<domain>/mig-…``) are recognised by the attribution itself.
+    """
+    resources = plan.serving.resources
+    sharing = resources.time_slicing
+    names = {resources.resource_name, f"{resources.resource_name}.shared"}
+    names.update(rule.name for rule in sharing.resources)
+    names.update(sharing.target(rule) for rule in sharing.resources)
+    return tuple(sorted(names))
+
+
+def load_web_config(settings: Settings) -> WebConfigFile | None:
+    """The ``--web-config-file``, checked (TLS files included); raises :class:`ConfigError`."""
+    if settings.web_config_file is None:
+        return None
+    try:
+        return WebConfigFile(settings.web_config_file)
+    except WebConfigError as exc:
+        raise ConfigError(f"web-config-file {exc.key}", exc.reason) from exc
 
 
 def load_simulator(settings: Settings) -> sim.SimDriver | None:
@@ -117,8 +211,15 @@ class Agent:
         self.settings = settings
         self._nvml_call_timeout = nvml_call_timeout
         self.plan = plan(settings)
+        self.web_config = load_web_config(settings)
         self.simulator = simulator
         self.store = DeviceStore()
+        self.pod_resources = PodResourcesClient(
+            self.store,
+            settings.pod_resources_socket,
+            served_resources(self.plan),
+            interval=settings.pod_resources_interval,
+        )
         self.stats = Stats()
         self.stopping = asyncio.Event()
         self.started = asyncio.Event()
@@ -126,7 +227,9 @@ class Agent:
         self._hostname = hostname or socket.gethostname()
         self._timing = registration_timing
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self.endpoint: PluginEndpoint | None = None
+        self.view = ResourceView(self.plan.serving)
+        self.services: dict[str, DevicePluginService] = {}
+        self.endpoints: dict[str, PluginEndpoint] = {}
         self.http: HttpServer | None = None
 
     # ----- probes ------------------------------------------------------------------------------
@@ -140,14 +243,34 @@ class Agent:
             return f"driver unavailable: {snapshot.driver.error or 'not initialised yet'}"
         if not snapshot.discovered:
             return "gpus not discovered yet"
+        if self.view.error:
+            return f"devices cannot be advertised: {self.view.error}"
         if not snapshot.registered:
-            detail = self.endpoint.last_error if self.endpoint is not None else ""
+            missing = [e for e in self.endpoints.values() if not e.registered]
+            detail = "; ".join(
+                f"{e.resource_name}: {e.last_error}" for e in missing if e.last_error
+            )
             return "not registered with the kubelet" + (f": {detail}" if detail else "")
         return None
 
+    @property
+    def endpoint(self) -> PluginEndpoint | None:
+        """The endpoint of the main resource (``--resource-name``), else the first one."""
+        main = self.endpoints.get(self.plan.serving.resources.resource_name)
+        return main or next(iter(self.endpoints.values()), None)
+
     def counters(self) -> AgentCounters:
-        registrations = self.endpoint.registrations if self.endpoint is not None else 0
-        return AgentCounters(registrations=registrations, allocations=self.stats.allocations)
+        registrations = sum(e.registrations for e in self.endpoints.values())
+        pods = self.pod_resources
+        return AgentCounters(
+            registrations=registrations,
+            allocations=self.stats.allocations,
+            pod_resources=PodResourcesStats(pods.requests, pods.errors, pods.socket_present),
+        )
+
+    def _on_allocate(self, seconds: float) -> None:
+        self.stats.on_allocate(seconds)
+        self.pod_resources.poke()
 
     # ----- lifecycle ---------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
@@ -161,26 +284,25 @@ class Agent:
             poll_interval=self.settings.poll_interval,
             call_timeout=self._nvml_call_timeout,
         )
-        service = DevicePluginService(
-            self.store, self.plan.allocation, self.stopping, on_allocate=self.stats.on_allocate
-        )
-        self.endpoint = PluginEndpoint(
-            service,
-            self.store,
-            socket_path=self.settings.socket_dir / socket_name(self.settings.resource_name),
-            kubelet_socket=self.settings.kubelet_socket,
-            resource_name=self.settings.resource_name,
-            timing=self._timing,
-            on_registered=self.stats.register_seconds.append,
+        renderer = MetricsRenderer(
+            self._hostname,
+            __version__,
+            hostname_label=None if self.settings.no_hostname else self.settings.hostname_label,
         )
         app = build_app(
             self.store,
-            MetricsRenderer(self._hostname, __version__),
+            renderer,
             self.counters,
             self,
             simulator=self.simulator,
+            web_config=self.web_config,
         )
-        self.http = HttpServer(app, self.settings.metrics_host, self.settings.metrics_port)
+        self.http = HttpServer(
+            app,
+            self.settings.metrics_host,
+            self.settings.metrics_port,
+            ssl_context=self.web_config.ssl_context if self.web_config is not None else None,
+        )
         try:
             await self.http.start()
             try:
@@ -192,20 +314,100 @@ class Agent:
                     "driver unavailable; serving probes and metrics, retrying", error=str(exc)
                 )
             self._spawn("nvml-poller", monitor.run())
-            self._spawn("kubelet-registration", self._register_when_discovered(self.endpoint))
+            self._spawn("kubelet-registration", self._serve_resources())
+            self._spawn("pod-resources", self.pod_resources.run())
+            self._spawn("node-files", self._write_node_files())
             self.started.set()
             await self._supervise(stop)
         finally:
-            await self._shutdown(service, monitor)
+            await self._shutdown(monitor)
 
     def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
         self._tasks[name] = asyncio.create_task(coro, name=name)
 
-    async def _register_when_discovered(self, endpoint: PluginEndpoint) -> None:
+    async def _serve_resources(self) -> None:
+        """Once GPUs are discovered, serve and register one endpoint per advertised resource."""
         version = self.store.snapshot.version
         while not self.store.snapshot.discovered:
             version = (await self.store.wait_newer(version)).version
-        await endpoint.run()
+        resources = self.view.resources(self.store.snapshot)
+        for note in resources.notes:
+            log.warning("resource note", note=note)
+        # A node without devices still registers its main resource (with no devices), so the
+        # kubelet shows capacity 0 rather than a stale value.
+        names = resources.names or (self.plan.serving.resources.resource_name,)
+        for name in names:
+            resource = resources.get(name)
+            socket_file = resource.socket_name if resource is not None else socket_name(name)
+            service = DevicePluginService(
+                self.store, self.view, name, self.stopping, on_allocate=self._on_allocate
+            )
+            self.services[name] = service
+            self.endpoints[name] = PluginEndpoint(
+                service,
+                self.store,
+                socket_path=self.settings.socket_dir / socket_file,
+                kubelet_socket=self.settings.kubelet_socket,
+                resource_name=name,
+                timing=self._timing,
+                on_registered=self.stats.register_seconds.append,
+                on_state=self._publish_registration,
+            )
+        log.info("serving resources", resources=list(names))
+        async with asyncio.TaskGroup() as group:
+            for name, endpoint in self.endpoints.items():
+                group.create_task(endpoint.run(), name=f"kubelet-registration:{name}")
+
+    async def _write_node_files(self) -> None:
+        """Keep the CDI spec (with a cdi-* strategy) and the node-label file current.
+
+        Both depend on which devices exist, not on health or telemetry, so they are rebuilt only
+        when the device set changes; the writers replace a file atomically and only when its
+        content differs. A write that fails is logged and retried at the next change.
+        """
+        containers = self.plan.serving.containers
+        write_cdi = any(s.value.startswith("cdi-") for s in containers.strategies)
+        write_labels = self.settings.node_labels
+        if self.simulator is not None:
+            # Simulated GPUs must not reach the host's real CDI or NFD directories by default.
+            write_cdi = write_cdi and self.settings.cdi_spec_dir != DEFAULT_CDI_DIR
+            write_labels = write_labels and self.settings.node_labels_file != DEFAULT_FEATURES_FILE
+        if not write_cdi and not write_labels:
+            await asyncio.Event().wait()  # nothing to keep current; stay alive for supervision
+        written: object = None
+        version = -1
+        while True:
+            snapshot = await self.store.wait_newer(version)
+            version = snapshot.version
+            key = (snapshot.discovered, tuple((g.uuid, g.mig_devices) for g in snapshot.gpus))
+            if not snapshot.discovered or key == written:
+                continue
+            written = key
+            if write_cdi:
+                spec = build_spec(
+                    snapshot,
+                    dev_root=containers.dev_root,
+                    control_nodes=containers.control_nodes,
+                )
+                await self._write("cdi spec", sync_spec, spec, self.settings.cdi_spec_dir)
+            if write_labels:
+                labels = node_labels(snapshot, self.plan.serving.resources)
+                await self._write(
+                    "node labels", sync_features, labels, self.settings.node_labels_file
+                )
+
+    async def _write(self, what: str, writer: Callable[..., bool], *args: object) -> None:
+        try:
+            changed = await asyncio.to_thread(writer, *args)
+        except OSError as exc:
+            log.warning("cannot write file", what=what, error=str(exc))
+        else:
+            if changed:
+                log.info("file updated", what=what, path=str(args[-1]))
+
+    def _publish_registration(self) -> None:
+        registered = bool(self.endpoints) and all(e.registered for e in self.endpoints.values())
+        self.store.update(lambda s: replace(s, registered=registered))
 
     async def _supervise(self, stop: asyncio.Event) -> None:
         stopper = asyncio.create_task(stop.wait(), name="stop-signal")
@@ -223,11 +425,14 @@ class Agent:
             log.error("task ended unexpectedly", task=task.get_name(), error=repr(error))
             raise FatalError(f"task {task.get_name()} ended: {error!r}")
 
-    async def _shutdown(self, service: DevicePluginService, monitor: GpuMonitor) -> None:
+    async def _shutdown(self, monitor: GpuMonitor) -> None:
         log.info("shutting down")
         self.stopping.set()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(service.wait_drained(), SHUTDOWN_STREAMS_TIMEOUT)
+            await asyncio.wait_for(
+                asyncio.gather(*(s.wait_drained() for s in self.services.values())),
+                SHUTDOWN_STREAMS_TIMEOUT,
+            )
         for task in self._tasks.values():
             task.cancel()
         if self._tasks:

@@ -28,6 +28,8 @@ LOG_FORMATS = ("json", "console")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 MAX_SIMULATED_GPUS = 64
 MAX_POLL_INTERVAL = 3600.0
+MIN_POD_RESOURCES_INTERVAL = 1.0
+HOSTNAME_LABELS = ("Hostname", "hostname")
 
 _TRUE = frozenset({"true", "1", "yes"})
 _FALSE = frozenset({"false", "0", "no"})
@@ -70,6 +72,16 @@ class Settings:
     poll_interval: float
     log_format: str
     log_level: str
+    web_config_file: Path | None
+    hostname_label: str
+    no_hostname: bool
+    pod_resources_interval: float
+    sharing: Mapping[str, object]
+    shared_devices_allocation_policy: str
+    cdi_annotation_prefix: str
+    cdi_spec_dir: Path
+    node_labels: bool
+    node_labels_file: Path
 
     def as_dict(self) -> dict[str, object]:
         """Return the settings as JSON-friendly values: paths as strings, tuples as lists."""
@@ -80,6 +92,8 @@ class Settings:
                 value = str(value)
             elif isinstance(value, tuple):
                 value = list(value)
+            elif isinstance(value, Mapping):
+                value = dict(value)
             out[f.name] = value
         return out
 
@@ -105,6 +119,13 @@ def _parse_path(raw: object) -> Path:
     if "\0" in text:
         raise _Invalid("must not contain a NUL character")
     return Path(text)
+
+
+def _text_nonempty(raw: object) -> str:
+    text = _text(raw)
+    if not text:
+        raise _Invalid("must not be empty")
+    return text
 
 
 def _parse_bool(raw: object) -> bool:
@@ -145,6 +166,31 @@ def _parse_poll_interval(raw: object) -> float:
     if not (math.isfinite(seconds) and 0 < seconds <= MAX_POLL_INTERVAL):
         raise _Invalid(f"must be > 0 and <= {MAX_POLL_INTERVAL:g} seconds, got {raw!r}")
     return seconds
+
+
+def _parse_pod_resources_interval(raw: object) -> float:
+    seconds = _parse_poll_interval(raw)
+    if seconds < MIN_POD_RESOURCES_INTERVAL:
+        raise _Invalid(f"must be at least {MIN_POD_RESOURCES_INTERVAL:g} second, got {raw!r}")
+    return seconds
+
+
+def _parse_sharing(raw: object) -> Mapping[str, object]:
+    """NVIDIA's ``sharing`` block: a mapping in the file, YAML/JSON text in a flag or env."""
+    value = raw
+    if isinstance(raw, str):
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            raise _Invalid(f"not valid YAML or JSON: {exc}") from None
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _Invalid(f"expected a mapping such as {{timeSlicing: ...}}, got {_type_name(value)}")
+    unknown = set(value) - {"timeSlicing"}
+    if unknown:
+        raise _Invalid(f"unknown keys {sorted(map(str, unknown))} (known: timeSlicing)")
+    return value
 
 
 def _choice(allowed: tuple[str, ...], *, fold_case: bool = False) -> Callable[[object], str]:
@@ -361,6 +407,73 @@ LOG_LEVEL = _Option(
     "LEVEL",
 )
 
+WEB_CONFIG_FILE = _Option(
+    "web-config-file",
+    _parse_path,
+    "TLS and basic auth for the HTTP server, in the Prometheus exporter-toolkit format",
+    "FILE",
+)
+HOSTNAME_LABEL = _Option(
+    "hostname-label",
+    _choice(HOSTNAME_LABELS),
+    "name of the host label on dcgm-exporter series: Hostname (before dcgm-exporter 4.5) or "
+    "hostname (default Hostname)",
+    "NAME",
+)
+NO_HOSTNAME = _Option(
+    "no-hostname",
+    _parse_bool,
+    "leave the host label off dcgm-exporter series (default false)",
+    is_bool=True,
+)
+POD_RESOURCES_INTERVAL = _Option(
+    "pod-resources-interval",
+    _parse_pod_resources_interval,
+    "seconds between pod-resources List calls at rest; Allocate triggers one sooner (default 30)",
+    "SECONDS",
+)
+
+SHARING = _Option(
+    "sharing",
+    _parse_sharing,
+    "time-slicing as in NVIDIA's config file: {timeSlicing: {renameByDefault, "
+    "failRequestsGreaterThanOne, resources: [{name, replicas, devices, rename}]}}",
+    "YAML",
+)
+SHARED_DEVICES_ALLOCATION_POLICY = _Option(
+    "shared-devices-allocation-policy",
+    _choice(("distributed", "packed")),
+    "preferred placement of replicas and MIG devices: distributed or packed (default distributed)",
+    "POLICY",
+    env_aliases=("SHARED_DEVICES_ALLOCATION_POLICY",),
+)
+CDI_ANNOTATION_PREFIX = _Option(
+    "cdi-annotation-prefix",
+    _text_nonempty,
+    "annotation prefix of the cdi-annotations strategy (default cdi.k8s.io/)",
+    "PREFIX",
+    env_aliases=("CDI_ANNOTATION_PREFIX",),
+)
+CDI_SPEC_DIR = _Option(
+    "cdi-spec-dir",
+    _parse_path,
+    "where the node's CDI spec is written with a cdi-* strategy (default /var/run/cdi)",
+    "DIR",
+)
+NODE_LABELS = _Option(
+    "node-labels",
+    _parse_bool,
+    "write GPU feature labels for node-feature-discovery (default true)",
+    is_bool=True,
+)
+NODE_LABELS_FILE = _Option(
+    "node-labels-file",
+    _parse_path,
+    "the node-feature-discovery feature file "
+    "(default /etc/kubernetes/node-feature-discovery/features.d/gpuagent)",
+    "FILE",
+)
+
 OPTIONS: tuple[_Option[Any], ...] = (
     SOCKET_DIR,
     KUBELET_SOCKET,
@@ -381,6 +494,16 @@ OPTIONS: tuple[_Option[Any], ...] = (
     POLL_INTERVAL,
     LOG_FORMAT,
     LOG_LEVEL,
+    WEB_CONFIG_FILE,
+    HOSTNAME_LABEL,
+    NO_HOSTNAME,
+    POD_RESOURCES_INTERVAL,
+    SHARING,
+    SHARED_DEVICES_ALLOCATION_POLICY,
+    CDI_ANNOTATION_PREFIX,
+    CDI_SPEC_DIR,
+    NODE_LABELS,
+    NODE_LABELS_FILE,
 )
 FILE_KEYS = tuple(opt.name for opt in OPTIONS if opt.in_file)
 
@@ -584,4 +707,19 @@ def load_settings(
         poll_interval=sources.get(POLL_INTERVAL, 5.0),
         log_format=sources.get(LOG_FORMAT, "console" if stderr_isatty else "json"),
         log_level=sources.get(LOG_LEVEL, "info"),
+        web_config_file=sources.get(WEB_CONFIG_FILE, None),
+        hostname_label=sources.get(HOSTNAME_LABEL, "Hostname"),
+        no_hostname=sources.get(NO_HOSTNAME, False),
+        pod_resources_interval=sources.get(POD_RESOURCES_INTERVAL, 30.0),
+        sharing=sources.get(SHARING, {}),
+        shared_devices_allocation_policy=sources.get(
+            SHARED_DEVICES_ALLOCATION_POLICY, "distributed"
+        ),
+        cdi_annotation_prefix=sources.get(CDI_ANNOTATION_PREFIX, "cdi.k8s.io/"),
+        cdi_spec_dir=sources.get(CDI_SPEC_DIR, Path("/var/run/cdi")),
+        node_labels=sources.get(NODE_LABELS, True),
+        node_labels_file=sources.get(
+            NODE_LABELS_FILE,
+            Path("/etc/kubernetes/node-feature-discovery/features.d/gpuagent"),
+        ),
     )

@@ -29,6 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+import bench_metrics  # noqa: E402
 from support.fake_kubelet import FakeKubelet  # noqa: E402
 from support.grpcstubs import StubModules, generate  # noqa: E402
 
@@ -232,6 +233,7 @@ def main() -> int:
     parser.add_argument("--restarts", type=int, default=20)
     parser.add_argument("--idle-seconds", type=float, default=20.0)
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    bench_metrics.add_arguments(parser)
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as stubs_dir:
@@ -243,6 +245,7 @@ def main() -> int:
             Row("start → registered max", ms(max(startup)), "< 1 s", max(startup) < 1.0),
         ]  # fmt: skip
         rows += bench_running(stubs, args)
+        rows += bench_metrics.rows(stubs, args, agent, tempdir, Row)
     print(f"gpuagent bench: {args.gpus} simulated GPUs, Python {sys.version.split()[0]}, "
           f"{os.cpu_count()} CPUs")  # fmt: skip
     print(table(rows))

@@ -48,6 +48,16 @@ def test_defaults() -> None:
         "poll_interval": 5.0,
         "log_format": "json",
         "log_level": "info",
+        "web_config_file": None,
+        "hostname_label": "Hostname",
+        "no_hostname": False,
+        "pod_resources_interval": 30.0,
+        "sharing": {},
+        "shared_devices_allocation_policy": "distributed",
+        "cdi_annotation_prefix": "cdi.k8s.io/",
+        "cdi_spec_dir": "/var/run/cdi",
+        "node_labels": True,
+        "node_labels_file": "/etc/kubernetes/node-feature-discovery/features.d/gpuagent",
     }
 
 
@@ -123,6 +133,27 @@ PRECEDENCE_CASES = [
         "log_level",
         ("debug", "warning", "error"),
         id="log-level",
+    ),
+    pytest.param(
+        "web-config-file",
+        ("/flag.yml", "/env.yml", "/file.yml"),
+        "web_config_file",
+        (Path("/flag.yml"), Path("/env.yml"), Path("/file.yml")),
+        id="web-config-file",
+    ),
+    pytest.param(
+        "hostname-label",
+        ("hostname", "Hostname", "hostname"),
+        "hostname_label",
+        ("hostname", "Hostname", "hostname"),
+        id="hostname-label",
+    ),
+    pytest.param(
+        "pod-resources-interval",
+        ("5", "10", "60"),
+        "pod_resources_interval",
+        (5.0, 10.0, 60.0),
+        id="pod-resources-interval",
     ),
 ]
 
@@ -648,6 +679,19 @@ enable-healthchecks: all
 poll-interval: 2
 log-format: console
 log-level: debug
+web-config-file: /etc/gpuagent/web.yml
+hostname-label: hostname
+no-hostname: true
+pod-resources-interval: 12.5
+sharing:
+  timeSlicing:
+    renameByDefault: true
+    resources: [{name: nvidia.com/gpu, replicas: 4}]
+shared-devices-allocation-policy: packed
+cdi-annotation-prefix: example.com/
+cdi-spec-dir: /etc/cdi
+node-labels: false
+node-labels-file: /tmp/features
 """,
     )
     assert load(["--config", str(cfg)]).as_dict() == {
@@ -671,6 +715,21 @@ log-level: debug
         "poll_interval": 2.0,
         "log_format": "console",
         "log_level": "debug",
+        "web_config_file": "/etc/gpuagent/web.yml",
+        "hostname_label": "hostname",
+        "no_hostname": True,
+        "pod_resources_interval": 12.5,
+        "sharing": {
+            "timeSlicing": {
+                "renameByDefault": True,
+                "resources": [{"name": "nvidia.com/gpu", "replicas": 4}],
+            }
+        },
+        "shared_devices_allocation_policy": "packed",
+        "cdi_annotation_prefix": "example.com/",
+        "cdi_spec_dir": "/etc/cdi",
+        "node_labels": False,
+        "node_labels_file": "/tmp/features",
     }
 
 
@@ -802,3 +861,65 @@ def test_settings_is_frozen() -> None:
     settings = load()
     with pytest.raises(AttributeError):
         settings.mig_strategy = "mixed"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("value", "ok"),
+    [
+        pytest.param("1", True, id="one-second"),
+        pytest.param("30", True, id="default"),
+        pytest.param("3600", True, id="max"),
+        pytest.param("0.5", False, id="too-often"),
+        pytest.param("0", False, id="zero"),
+        pytest.param("3601", False, id="too-long"),
+        pytest.param("nan", False, id="nan"),
+        pytest.param("often", False, id="word"),
+    ],
+)
+def test_pod_resources_interval(value: str, ok: bool) -> None:
+    if ok:
+        settings = load(["--pod-resources-interval", value])
+        assert settings.pod_resources_interval == float(value)
+    else:
+        error = config_error([], {"GPUAGENT_POD_RESOURCES_INTERVAL": value})
+        assert error.key == "GPUAGENT_POD_RESOURCES_INTERVAL"
+
+
+@pytest.mark.parametrize("value", ["HOSTNAME", "host", ""])
+def test_hostname_label_invalid(value: str) -> None:
+    error = config_error(["--hostname-label", value])
+    assert error.key == "--hostname-label"
+    assert "Hostname, hostname" in error.reason
+
+
+def test_no_hostname_sources(tmp_path: Path) -> None:
+    assert load(["--no-hostname"]).no_hostname is True
+    assert load(["--no-hostname=false"], {"GPUAGENT_NO_HOSTNAME": "true"}).no_hostname is False
+    cfg = write_config(tmp_path, "version: v1\nno-hostname: true\n")
+    assert load(["--config", str(cfg)]).no_hostname is True
+    assert load(["--config", str(cfg)], {"GPUAGENT_NO_HOSTNAME": "false"}).no_hostname is False
+
+
+def test_web_config_file_in_file_must_be_a_path(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, "version: v1\nweb-config-file: [a, b]\n")
+    error = config_error(["--config", str(cfg)])
+    assert error.key == "config file key 'web-config-file'"
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        pytest.param("[1, 2]", "expected a mapping", id="not-a-mapping"),
+        pytest.param("{mps: {}}", "unknown keys", id="mps-not-supported"),
+        pytest.param("{timeSlicing: [", "not valid YAML", id="bad-yaml"),
+    ],
+)
+def test_bad_sharing_flag(value: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as info:
+        load(["--sharing", value])
+    assert info.value.key == "--sharing"
+
+
+def test_sharing_from_env_json() -> None:
+    settings = load([], {"GPUAGENT_SHARING": '{"timeSlicing": {"resources": []}}'})
+    assert settings.sharing == {"timeSlicing": {"resources": []}}

@@ -13,11 +13,14 @@ from grpclib.const import Status
 from gpuagent._proto import v1beta1 as pb
 from gpuagent.domain.allocation import (
     AllocationError,
-    AllocationPolicy,
     ContainerAllocation,
+    EmptyRequestError,
     UnhealthyDevicesError,
 )
+from gpuagent.domain.containers import allocate
 from gpuagent.domain.devices import Snapshot
+from gpuagent.domain.preferred import preferred_allocation
+from gpuagent.domain.serving import ResourceView
 from gpuagent.domain.store import DeviceStore
 
 log = structlog.get_logger("gpuagent.plugin")
@@ -31,13 +34,15 @@ class DevicePluginService(pb.DevicePluginBase):
     def __init__(
         self,
         store: DeviceStore,
-        policy: AllocationPolicy,
+        view: ResourceView,
+        resource_name: str,
         stopping: asyncio.Event,
         *,
         on_allocate: Callable[[float], None] | None = None,
     ) -> None:
         self._store = store
-        self._policy = policy
+        self._view = view
+        self.resource_name = resource_name
         self._stopping = stopping
         self._on_allocate = on_allocate
         self._streams = 0
@@ -94,10 +99,14 @@ class DevicePluginService(pb.DevicePluginBase):
         if not message.container_requests:
             raise GRPCError(Status.INVALID_ARGUMENT, "the request has no container requests")
         snapshot = self._store.snapshot
+        resource = self._view.resources(snapshot).get(self.resource_name)
+        containers = self._view.policy.containers
         responses = []
         for request in message.container_requests:
             try:
-                gpus = self._policy.resolve(snapshot, request.devices_ids)
+                if resource is None:
+                    raise EmptyRequestError(f"{self.resource_name} has no devices on this node")
+                allocation = allocate(resource, request.devices_ids, containers)
             except UnhealthyDevicesError as exc:
                 reason = _bounded(str(exc))
                 log.warning("allocate refused", reason=reason)
@@ -106,8 +115,8 @@ class DevicePluginService(pb.DevicePluginBase):
                 reason = _bounded(str(exc))
                 log.warning("allocate refused", reason=reason)
                 raise GRPCError(Status.INVALID_ARGUMENT, reason) from exc
-            responses.append(_container_response(self._policy.container_allocation(gpus)))
-            log.info("allocated", devices=list(request.devices_ids))
+            responses.append(_container_response(allocation))
+            log.info("allocated", resource=self.resource_name, devices=list(request.devices_ids))
         if self._on_allocate is not None:
             self._on_allocate(time.perf_counter() - started)
         return pb.AllocateResponse(container_responses=responses)
@@ -116,14 +125,20 @@ class DevicePluginService(pb.DevicePluginBase):
         self, message: pb.PreferredAllocationRequest
     ) -> pb.PreferredAllocationResponse:
         snapshot = self._store.snapshot
+        resource = self._view.resources(snapshot).get(self.resource_name)
+        scores = self._view.scores(snapshot)
         responses = []
         for request in message.container_requests:
-            chosen = self._policy.preferred(
-                snapshot,
-                request.available_deviceIDs,
-                request.must_include_deviceIDs,
-                request.allocation_size,
-            )
+            chosen: list[str] = []
+            if resource is not None:
+                chosen = preferred_allocation(
+                    resource,
+                    scores,
+                    request.available_deviceIDs,
+                    request.must_include_deviceIDs,
+                    request.allocation_size,
+                    policy=self._view.policy.shared_allocation,
+                )
             responses.append(pb.ContainerPreferredAllocationResponse(device_i_ds=chosen))
         return pb.PreferredAllocationResponse(container_responses=responses)
 
@@ -133,11 +148,8 @@ class DevicePluginService(pb.DevicePluginBase):
         return pb.PreStartContainerResponse()
 
     def _device_list(self, snapshot: Snapshot) -> DeviceList:
-        strategy = self._policy.id_strategy
-        return tuple(
-            (gpu.device_id(strategy), gpu.health.kubelet_health, gpu.numa_node)
-            for gpu in snapshot.gpus
-        )
+        resource = self._view.resources(snapshot).get(self.resource_name)
+        return () if resource is None else resource.kubelet_devices()
 
 
 MAX_MESSAGE = 1024

@@ -84,6 +84,7 @@ class PluginEndpoint:
         resource_name: str,
         timing: Timing = Timing(),
         on_registered: Callable[[float], None] | None = None,
+        on_state: Callable[[], None] | None = None,
     ) -> None:
         self._service = service
         self._store = store
@@ -95,6 +96,8 @@ class PluginEndpoint:
         self._server: _PluginServer | None = None
         self._own_id: SocketId | None = None
         self.registrations = 0
+        self.registered = False
+        self._on_state = on_state
         self.last_error = ""
 
     async def run(self) -> None:
@@ -235,8 +238,16 @@ class PluginEndpoint:
                 self._socket_path.unlink()
         self._own_id = None
 
+    @property
+    def resource_name(self) -> str:
+        return self._resource_name
+
     def _set_registered(self, registered: bool) -> None:
-        self._store.update(lambda s: replace(s, registered=registered))
+        self.registered = registered
+        if self._on_state is not None:
+            self._on_state()  # the owner of several endpoints decides what the store says
+        else:
+            self._store.update(lambda s: replace(s, registered=registered))
 
 
 # A socket file's identity. The inode number alone is not enough: a deleted socket's inode is

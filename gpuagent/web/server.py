@@ -1,22 +1,58 @@
-"""The aiohttp application: /metrics, /healthz, /readyz, a landing page, /sim/* in simulation."""
+"""The aiohttp application: /metrics, /healthz, /readyz, a landing page, /sim/* in simulation.
+
+Limits against slow or hostile clients (see :class:`HttpLimits`, documented in docs/metrics.md):
+request line and header sizes and count, request bodies, idle and header-read time (aiohttp's
+keep-alive timer runs from the moment a connection opens), TLS handshake time, concurrent
+connections, concurrent /metrics responses, and the time to write one. /metrics bodies are written
+in 64 KiB pieces that wait for the socket to drain, so a client that reads slowly holds at most
+about one piece in memory; the body itself is shared by every scrape of a snapshot version.
+"""
 
 from __future__ import annotations
 
-import gzip
+import asyncio
+import contextlib
 import json
+import ssl
+import time
 from collections.abc import Callable
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Protocol, cast
 
 import structlog
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 
 from gpuagent.domain.store import DeviceStore
 from gpuagent.web.exposition import CONTENT_TYPE
-from gpuagent.web.metrics import AgentCounters, MetricsRenderer
+from gpuagent.web.metrics import (
+    INLINE_GZIP_BYTES,
+    AgentCounters,
+    DevicePart,
+    MetricsRenderer,
+)
+from gpuagent.web.webconfig import AuthResult, WebConfigFile
 
 log = structlog.get_logger("gpuagent.http")
 
 MAX_BODY = 64 * 1024
+# Paths the kubelet probes: its HTTP probes cannot send credentials, so auth never applies.
+UNAUTHENTICATED = frozenset({"/healthz", "/readyz"})
+
+
+@dataclass(frozen=True, slots=True)
+class HttpLimits:
+    """What one client, or many, may cost the HTTP server."""
+
+    max_connections: int = 256
+    max_concurrent_scrapes: int = 32
+    keepalive_timeout: float = 60.0
+    write_timeout: float = 30.0
+    tls_handshake_timeout: float = 10.0
+    max_line_size: int = 8190
+    max_field_size: int = 8190
+    max_headers: int = 64
+    chunk: int = 64 * 1024
 
 
 class SimulatorControl(Protocol):
@@ -49,17 +85,20 @@ def build_app(
     counters: Callable[[], AgentCounters],
     probes: Probes,
     simulator: SimulatorControl | None = None,
+    *,
+    web_config: WebConfigFile | None = None,
+    limits: HttpLimits = HttpLimits(),
 ) -> web.Application:
     """The HTTP surface, reading only from ``store`` and the injected callables."""
-    app = web.Application(client_max_size=MAX_BODY)
+    app = web.Application(client_max_size=MAX_BODY, middlewares=[_auth_middleware(web_config)])
+    scrapes = _Scrapes(store, renderer, counters, limits)
 
-    async def metrics(request: web.Request) -> web.Response:
-        body = renderer.render(store.snapshot, counters()).encode()
-        headers = {"Content-Type": CONTENT_TYPE}
-        if "gzip" in request.headers.get("Accept-Encoding", ""):
-            body = gzip.compress(body, compresslevel=1)
-            headers["Content-Encoding"] = "gzip"
-        return web.Response(body=body, headers=headers)
+    async def add_headers(request: web.Request, response: web.StreamResponse) -> None:
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        if web_config is not None:
+            response.headers.update(web_config.config.headers)
+
+    app.on_response_prepare.append(add_headers)
 
     async def healthz(request: web.Request) -> web.Response:
         problem = probes.liveness()
@@ -82,7 +121,7 @@ def build_app(
         )
 
     app.router.add_get("/", index)
-    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/metrics", scrapes.handle)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     if simulator is not None:
@@ -130,25 +169,181 @@ def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
 
 
+def _auth_middleware(web_config: WebConfigFile | None) -> Middleware:
+    @web.middleware
+    async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if web_config is not None:
+            web_config.refresh(time.monotonic())
+            if web_config.auth.enabled and request.path not in UNAUTHENTICATED:
+                result = await web_config.auth.check(request.headers.get("Authorization"))
+                if result == AuthResult.BUSY:
+                    return web.Response(status=429, text="too many authentication attempts\n")
+                if result != AuthResult.OK:
+                    return web.Response(
+                        status=401,
+                        text="unauthorized\n",
+                        headers={"WWW-Authenticate": 'Basic realm="gpuagent"'},
+                    )
+        return await handler(request)
+
+    return auth
+
+
+class _Scrapes:
+    """/metrics: the cached device part plus a fresh agent part, written with back-pressure."""
+
+    def __init__(
+        self,
+        store: DeviceStore,
+        renderer: MetricsRenderer,
+        counters: Callable[[], AgentCounters],
+        limits: HttpLimits,
+    ) -> None:
+        self._store = store
+        self._renderer = renderer
+        self._counters = counters
+        self._limits = limits
+        self._in_flight = 0
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        started = time.perf_counter()
+        if self._in_flight >= self._limits.max_concurrent_scrapes:
+            return web.Response(status=503, text="too many concurrent scrapes\n")
+        self._in_flight += 1
+        try:
+            return await self._respond(request)
+        finally:
+            self._in_flight -= 1
+            self._renderer.scrapes.observe(time.perf_counter() - started)
+
+    async def _respond(self, request: web.Request) -> web.StreamResponse:
+        snapshot = self._store.snapshot
+        gzipped = _accepts_gzip(request.headers.get("Accept-Encoding", ""))
+        part = self._renderer.devices(snapshot, compress=gzipped)
+        tail = self._renderer.agent(snapshot, self._counters())
+        headers = {"Content-Type": CONTENT_TYPE, "Vary": "Accept-Encoding"}
+        if gzipped:
+            await _compressed(part)
+            chunks = part.gzip(tail)
+            headers["Content-Encoding"] = "gzip"
+        else:
+            chunks = [*part.chunks, tail]
+        response = web.StreamResponse(headers=headers)
+        response.content_length = sum(len(c) for c in chunks)
+        await response.prepare(request)
+        if request.method != "HEAD":
+            try:
+                async with asyncio.timeout(self._limits.write_timeout):
+                    for chunk in chunks:
+                        view = memoryview(chunk)
+                        for i in range(0, len(view), self._limits.chunk):
+                            await response.write(view[i : i + self._limits.chunk])
+            except TimeoutError:
+                log.warning("scrape client too slow; connection dropped")
+                if request.transport is not None:
+                    request.transport.abort()
+                return response
+        await response.write_eof()
+        return response
+
+
+async def _compressed(part: DevicePart) -> None:
+    """Wait until the device part is compressed: inline when small, else in the worker threads.
+
+    Concurrent scrapes of one version share the same compression (it is started once).
+    """
+    if part.gzip_ready:
+        return
+    if part.size < INLINE_GZIP_BYTES:
+        part.start_gzip(threaded=False)
+    await asyncio.wrap_future(part.finish_gzip())
+
+
+def _accepts_gzip(accept_encoding: str) -> bool:
+    for item in accept_encoding.split(","):
+        coding, _, params = item.partition(";")
+        if coding.strip().lower() != "gzip":
+            continue
+        q = params.strip()
+        if q.startswith("q="):
+            try:
+                return float(q[2:]) > 0
+            except ValueError:
+                return False
+        return True
+    return False
+
+
+class _Refuse(asyncio.Protocol):
+    """A connection over the limit: answered 503 and closed, costing nothing further."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        transport.write(
+            b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        )
+        transport.close()
+
+
 class HttpServer:
     """Runs an application on a TCP address; ``port`` is the bound port (useful with port 0)."""
 
-    def __init__(self, app: web.Application, host: str, port: int) -> None:
+    def __init__(
+        self,
+        app: web.Application,
+        host: str,
+        port: int,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        limits: HttpLimits = HttpLimits(),
+    ) -> None:
         self._runner = web.AppRunner(
-            app, handle_signals=False, shutdown_timeout=1.0, access_log=None
+            app,
+            handle_signals=False,
+            shutdown_timeout=1.0,
+            access_log=None,
+            keepalive_timeout=limits.keepalive_timeout,
+            max_line_size=limits.max_line_size,
+            max_field_size=limits.max_field_size,
+            max_headers=limits.max_headers,
         )
         self._host = host or None
         self._port = port
+        self._ssl = ssl_context
+        self._limits = limits
+        self._server: asyncio.Server | None = None
         self.port = port
+        self.refused = 0
 
     async def start(self) -> None:
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self._host, self._port)
-        await site.start()
-        addresses = self._runner.addresses
-        if addresses:
-            self.port = int(addresses[0][1])
-        log.info("http listening", host=self._host or "*", port=self.port)
+        handler_factory = self._runner.server
+        assert handler_factory is not None
+
+        def protocol() -> asyncio.Protocol:
+            if len(handler_factory.connections) >= self._limits.max_connections:
+                self.refused += 1
+                return _Refuse()
+            return handler_factory()
+
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            protocol,
+            self._host,
+            self._port,
+            ssl=self._ssl,
+            ssl_handshake_timeout=self._limits.tls_handshake_timeout if self._ssl else None,
+            reuse_address=True,
+        )
+        self.port = int(self._server.sockets[0].getsockname()[1])
+        log.info(
+            "http listening", host=self._host or "*", port=self.port, tls=self._ssl is not None
+        )
 
     async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
         await self._runner.cleanup()
+        if self._server is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._server.wait_closed(), 1.0)

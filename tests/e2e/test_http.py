@@ -141,8 +141,9 @@ async def test_metrics_carry_dcgm_names_and_labels(device_plugin_dir: Path) -> N
         labels = dict(next(iter(temps)))
         assert set(labels) == {
             "gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname",
-            "DCGM_FI_DRIVER_VERSION",
+            "DCGM_FI_DRIVER_VERSION", "container", "namespace", "pod",
         }  # fmt: skip
+        assert (labels["container"], labels["namespace"], labels["pod"]) == ("", "", "")
         assert labels["Hostname"] == "test-node"
         assert labels["modelName"] == "NVIDIA H100 80GB HBM3"
         driver = run.agent.store.snapshot.driver.version

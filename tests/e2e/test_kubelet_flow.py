@@ -65,15 +65,18 @@ async def test_allocate_returns_visible_devices(
         assert run.agent.stats.allocations == 1
 
 
-async def test_index_strategy_lists_and_allocates_by_index(
+async def test_index_strategy_lists_uuids_and_hands_out_indexes(
     fake_kubelet: FakeKubelet, device_plugin_dir: Path
 ) -> None:
+    """As NVIDIA's plugin: the kubelet always sees UUIDs (stable across renumbering, which its
+    checkpoint relies on); --device-id-strategy index changes what the container receives."""
     args = ("--simulate", "2", "--device-id-strategy", "index")
-    async with running_agent(device_plugin_dir, args):
+    async with running_agent(device_plugin_dir, args) as run:
         (reg,) = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
         first = await asyncio.to_thread(reg.next_update, T)
-        assert [d.ID for d in first.devices] == ["0", "1"]
-        response = await asyncio.to_thread(fake_kubelet.allocate, ["1"])
+        uuids = [str(g["uuid"]) for g in run.sim.describe()]
+        assert [d.ID for d in first.devices] == uuids
+        response = await asyncio.to_thread(fake_kubelet.allocate, [uuids[1]])
         assert dict(response.container_responses[0].envs) == {"NVIDIA_VISIBLE_DEVICES": "1"}
 
 

@@ -1,0 +1,63 @@
+"""What the device-plugin service serves: resources, allocation and preferences, per snapshot.
+
+:class:`ResourceView` computes the node's resources once per snapshot version and the pair scores
+once per topology, so an RPC does a dictionary lookup, never a rebuild and never an NVML call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gpuagent.domain.containers import ContainerSettings
+from gpuagent.domain.devices import Snapshot, Topology
+from gpuagent.domain.preferred import PairScores, SharedAllocationPolicy
+from gpuagent.domain.resources import (
+    NodeResources,
+    ResourceError,
+    ResourceSettings,
+    build_resources,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ServingPolicy:
+    """Everything that shapes what the kubelet is offered and what a container receives."""
+
+    resources: ResourceSettings = field(default_factory=ResourceSettings)
+    containers: ContainerSettings = field(default_factory=ContainerSettings)
+    shared_allocation: SharedAllocationPolicy = SharedAllocationPolicy.DISTRIBUTED
+
+
+class ResourceView:
+    """The node's resources for the latest snapshot, cached by version."""
+
+    def __init__(self, policy: ServingPolicy) -> None:
+        self.policy = policy
+        self._version = -1
+        self._resources = NodeResources()
+        self._error = ""
+        self._topology: Topology | None = None
+        self._scores = PairScores()
+
+    def resources(self, snapshot: Snapshot) -> NodeResources:
+        """The resources of ``snapshot``; empty (with :attr:`error` set) when they are invalid."""
+        if snapshot.version != self._version:
+            try:
+                self._resources = build_resources(snapshot, self.policy.resources)
+                self._error = ""
+            except ResourceError as exc:
+                self._resources = NodeResources()
+                self._error = str(exc)
+            self._version = snapshot.version
+        return self._resources
+
+    @property
+    def error(self) -> str:
+        """Why the last snapshot's resources could not be built, or empty."""
+        return self._error
+
+    def scores(self, snapshot: Snapshot) -> PairScores:
+        if snapshot.topology is not self._topology:
+            self._scores = PairScores.of(snapshot)
+            self._topology = snapshot.topology
+        return self._scores

@@ -1,0 +1,222 @@
+"""Pod attribution from the kubelet's pod-resources API (``v1.PodResourcesLister/List``).
+
+The mapping from device IDs to containers is cached in the store (``Snapshot.pods``) and refreshed
+in the background — never by a scrape (dcgm-exporter #599):
+
+* soon after each successful ``Allocate`` (:meth:`PodResourcesClient.poke`, debounced, with a few
+  follow-up Lists while the kubelet has not recorded the allocation yet);
+* on a slow backstop timer (``--pod-resources-interval``, default 30 s) otherwise.
+
+The socket may be absent (pod-resources not mounted) or vanish and come back (kubelet restart):
+the last known mapping is kept with its age, the failure is logged once per change of state, and
+the client tries again on its timer. A recreated socket (new inode or ctime) gets a new
+connection. grpclib has no receive-size limit (unlike grpc-go's 4 MiB default, dcgm-exporter #509);
+responses are bounded here at :data:`MAX_RESPONSE_BYTES`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import stat
+import time
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import structlog
+from grpclib.client import Channel
+from grpclib.config import Configuration
+from grpclib.encoding.proto import ProtoCodec
+
+from gpuagent._proto import v1 as pb
+from gpuagent.domain.attribution import Allocated, by_device
+from gpuagent.domain.devices import Attribution, Snapshot
+from gpuagent.domain.store import DeviceStore
+
+__all__ = ["MAX_RESPONSE_BYTES", "PodResourcesClient"]
+
+log = structlog.get_logger("gpuagent.podresources")
+
+# 64 times grpc-go's default; a node would need ~100,000 containers with devices to reach it.
+MAX_RESPONSE_BYTES = 256 * 1024 * 1024
+# HTTP/2 flow-control windows: large responses arrive in few round trips.
+_WINDOW = 16 * 1024 * 1024
+
+
+class ResponseTooLarge(ValueError):
+    pass
+
+
+class _BoundedCodec(ProtoCodec):
+    """grpclib's protobuf codec, refusing to decode a response above :data:`MAX_RESPONSE_BYTES`."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+
+    def decode(self, data: bytes, message_type: Any) -> Any:
+        if len(data) > self._limit:
+            raise ResponseTooLarge(f"response of {len(data)} bytes exceeds {self._limit}")
+        return super().decode(data, message_type)
+
+
+class PodResourcesClient:
+    """Keeps ``Snapshot.pods`` current from the kubelet's pod-resources socket."""
+
+    def __init__(
+        self,
+        store: DeviceStore,
+        socket_path: Path,
+        served_resources: Collection[str],
+        *,
+        interval: float = 30.0,
+        debounce: float = 0.25,
+        follow_ups: tuple[float, ...] = (0.5, 1.0, 2.0),
+        timeout: float = 10.0,
+        max_response_bytes: int = MAX_RESPONSE_BYTES,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._store = store
+        self._socket = socket_path
+        self._served = frozenset(served_resources)
+        self._interval = interval
+        self._debounce = debounce
+        self._follow_ups = follow_ups
+        self._timeout = timeout
+        self._max_response = max_response_bytes
+        self._monotonic = monotonic
+        self._poked = asyncio.Event()
+        self._channel: Channel | None = None
+        self._identity: tuple[int, int] | None = None
+        self._problem: str | None = None  # the failure last logged, None while healthy
+        self.requests = 0
+        self.errors = 0
+        self.socket_present = False
+
+    def poke(self) -> None:
+        """An ``Allocate`` was answered: list again soon (bursts are coalesced)."""
+        self._poked.set()
+
+    async def run(self) -> None:
+        """Refresh now, then after each poke and on the backstop timer, until cancelled."""
+        try:
+            await self.refresh()
+            while True:
+                if await self._wait_poke(self._interval):
+                    await self._after_allocate()
+                else:
+                    await self.refresh()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+
+    async def refresh(self) -> bool:
+        """One ``List``; returns whether the mapping changed. Never raises (but cancellation)."""
+        before = self._store.snapshot.pods.by_device
+        identity = _socket_identity(self._socket)
+        self.socket_present = identity is not None
+        if identity is None:
+            self.close()
+            self._identity = None
+            self._failed("pod-resources socket absent; no pod labels until it appears")
+            return False
+        if identity != self._identity:
+            self.close()  # a new socket: the kubelet restarted
+            self._identity = identity
+        if self._channel is None:
+            self._channel = Channel(
+                path=str(self._socket),
+                codec=_BoundedCodec(self._max_response),
+                config=Configuration(
+                    http2_connection_window_size=_WINDOW, http2_stream_window_size=_WINDOW
+                ),
+            )
+        self.requests += 1
+        try:
+            response = await pb.PodResourcesListerStub(self._channel).list(
+                pb.ListPodResourcesRequest(), timeout=self._timeout
+            )
+            mapping = by_device(_allocations(response), self._served)
+        except Exception as exc:  # any transport, status or decode error: keep the old mapping
+            self.close()
+            self._failed(f"pod-resources List failed: {type(exc).__name__}: {exc}")
+            return False
+        now = self._monotonic()
+        self._store.update(
+            lambda s: replace(s, pods=Attribution(by_device=mapping, refreshed_at=now))
+        )
+        if self._problem is not None:
+            log.info("pod-resources List works again", devices=len(mapping))
+            self._problem = None
+        return mapping != before
+
+    def _failed(self, problem: str) -> None:
+        self.errors += 1
+        if problem != self._problem:
+            log.warning(problem, socket=str(self._socket))
+            self._problem = problem
+        self._store.update(lambda s: _with_error(s, problem))
+
+    async def _wait_poke(self, seconds: float) -> bool:
+        try:
+            async with asyncio.timeout(seconds):
+                await self._poked.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    async def _after_allocate(self) -> None:
+        while True:
+            await self._coalesce()
+            before = self._store.snapshot.pods.by_device
+            if await self.refresh():
+                return
+            # The kubelet records an allocation after our answer reaches it: look again shortly.
+            for delay in self._follow_ups:
+                if await self._wait_poke(delay):
+                    break  # another Allocate meanwhile: start over
+                await self.refresh()
+                if self._store.snapshot.pods.by_device != before:
+                    return
+            else:
+                return
+
+    async def _coalesce(self) -> None:
+        """Wait until Allocates pause for ``debounce`` (a pod's containers, a gang of pods)."""
+        deadline = self._monotonic() + 4 * self._debounce
+        while True:
+            self._poked.clear()
+            remaining = deadline - self._monotonic()
+            if remaining <= 0 or not await self._wait_poke(min(self._debounce, remaining)):
+                return
+
+
+def _with_error(snapshot: Snapshot, problem: str) -> Snapshot:
+    return replace(snapshot, pods=replace(snapshot.pods, error=problem))
+
+
+def _socket_identity(path: Path) -> tuple[int, int] | None:
+    with contextlib.suppress(OSError):
+        st = os.stat(path)
+        if stat.S_ISSOCK(st.st_mode):
+            return st.st_ino, st.st_ctime_ns
+    return None
+
+
+def _allocations(response: pb.ListPodResourcesResponse) -> Iterator[Allocated]:
+    for pod in response.pod_resources:
+        for container in pod.containers:
+            for devices in container.devices:
+                yield Allocated(
+                    namespace=pod.namespace,
+                    pod=pod.name,
+                    container=container.name,
+                    resource=devices.resource_name,
+                    device_ids=tuple(devices.device_ids),
+                )

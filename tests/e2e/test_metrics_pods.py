@@ -1,0 +1,206 @@
+"""Pod labels on /metrics, end to end: a real agent, the kubelet and pod-resources stand-ins."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from support.fake_kubelet import FakeKubelet
+from support.fake_podresources import FakePodResources, Held
+from support.grpcstubs import StubModules
+
+from e2e.agentrun import RunningAgent, running_agent
+
+T = 10.0
+GPU = "nvidia.com/gpu"
+
+
+@pytest.fixture
+def pod_resources(short_tmp_path: Path, grpc_stubs: StubModules) -> Iterator[FakePodResources]:
+    with FakePodResources(short_tmp_path / "pod-resources" / "kubelet.sock", grpc_stubs) as fake:
+        yield fake
+
+
+def series(text: str, name: str) -> list[dict[str, str]]:
+    return [
+        dict(s.labels)
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == name
+    ]
+
+
+def value(text: str, name: str) -> float | None:
+    for f in text_string_to_metric_families(text):
+        for s in f.samples:
+            if s.name == name:
+                return float(s.value)
+    return None
+
+
+async def metrics_until(run: RunningAgent, predicate: object, within: float = T) -> str:
+    assert callable(predicate)
+    deadline = time.monotonic() + within
+    text = ""
+    while time.monotonic() < deadline:
+        _, text = await run.get("/metrics")
+        if predicate(text):
+            return text
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"/metrics never matched:\n{text[-3000:]}")
+
+
+def pods_on(text: str, gpu: str) -> set[str]:
+    return {s["pod"] for s in series(text, "DCGM_FI_DEV_GPU_TEMP") if s["gpu"] == gpu}
+
+
+async def allocate(kubelet: FakeKubelet, ids: list[str]) -> None:
+    await asyncio.to_thread(kubelet.allocate, ids)
+
+
+async def test_pod_labels_follow_allocate_disappearance_and_return(
+    fake_kubelet: FakeKubelet, device_plugin_dir: Path, pod_resources: FakePodResources
+) -> None:
+    args = ("--simulate", "2", "--pod-resources-socket", str(pod_resources.socket_path),
+            "--pod-resources-interval", "3600")  # fmt: skip
+    async with running_agent(device_plugin_dir, args) as run:
+        (reg,) = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+        ids = [d.ID for d in (await asyncio.to_thread(reg.next_update, T)).devices]
+        text = await metrics_until(run, lambda t: value(t, "gpuagent_pod_resources_up") == 1)
+        assert pods_on(text, "0") == {""}
+
+        # Allocate, and only then does the kubelet record it: no 3600 s backstop wait.
+        started = time.monotonic()
+        await allocate(fake_kubelet, [ids[0]])
+        pod_resources.set([Held("ml", "train-0", "worker", GPU, (ids[0],))])
+        text = await metrics_until(run, lambda t: pods_on(t, "0") == {"train-0"}, within=5.0)
+        assert time.monotonic() - started < 5.0
+        (labels,) = [s for s in series(text, "DCGM_FI_DEV_GPU_TEMP") if s["gpu"] == "0"]
+        assert (labels["namespace"], labels["container"]) == ("ml", "worker")
+        assert pods_on(text, "1") == {""}
+
+        # The socket vanishes: labels are kept, the age grows, the failure is visible.
+        pod_resources.stop()
+        await allocate(fake_kubelet, [ids[1]])
+        text = await metrics_until(run, lambda t: value(t, "gpuagent_pod_resources_up") == 0)
+        assert pods_on(text, "0") == {"train-0"}
+        age = value(text, "gpuagent_pod_resources_age_seconds")
+        assert age is not None
+        text = await metrics_until(
+            run, lambda t: (value(t, "gpuagent_pod_resources_age_seconds") or 0) > age + 0.2
+        )
+        assert value(text, "gpuagent_pod_resources_socket_present") == 0
+        assert (value(text, "gpuagent_pod_resources_errors_total") or 0) >= 1
+
+        # It comes back (a restarted kubelet, new socket): labels follow the new mapping.
+        pod_resources.set([Held("ml", "train-1", "worker", GPU, (ids[1],))])
+        pod_resources.start()
+        await allocate(fake_kubelet, [ids[1]])
+        text = await metrics_until(run, lambda t: pods_on(t, "1") == {"train-1"})
+        assert pods_on(text, "0") == {""}
+        assert value(text, "gpuagent_pod_resources_up") == 1
+        assert (value(text, "gpuagent_pod_resources_age_seconds") or 99) < 5
+
+
+async def test_replicas_and_index_ids_give_one_series_per_pod(
+    fake_kubelet: FakeKubelet, device_plugin_dir: Path, pod_resources: FakePodResources
+) -> None:
+    pod_resources.set([
+        Held("a", "p0", "c", GPU, ("1::0",)),
+        Held("b", "p1", "c", GPU, ("1::1",)),
+        Held("b", "p2", "c", GPU, ("0",)),
+        Held("x", "other", "c", "example.com/fpga", ("1",)),
+    ])  # fmt: skip
+    args = ("--simulate", "2", "--device-id-strategy", "index",
+            "--pod-resources-socket", str(pod_resources.socket_path))  # fmt: skip
+    async with running_agent(device_plugin_dir, args) as run:
+        text = await metrics_until(run, lambda t: pods_on(t, "1") == {"p0", "p1"})
+        assert pods_on(text, "0") == {"p2"}
+        for name in ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_XID_ERRORS"):
+            gpu1 = [s for s in series(text, name) if s["gpu"] == "1"]
+            assert sorted((s["namespace"], s["pod"]) for s in gpu1) == [("a", "p0"), ("b", "p1")]
+        allocated = series(text, "gpuagent_device_allocated")
+        assert sorted(s["pod"] for s in allocated) == ["p0", "p1", "p2"]
+
+
+async def test_pod_resources_calls_at_rest_are_bounded(
+    fake_kubelet: FakeKubelet, device_plugin_dir: Path, pod_resources: FakePodResources
+) -> None:
+    args = ("--simulate", "2", "--pod-resources-socket", str(pod_resources.socket_path))
+    async with running_agent(device_plugin_dir, args) as run:
+        await metrics_until(run, lambda t: value(t, "gpuagent_pod_resources_up") == 1)
+        for _ in range(100):  # scrapes never call the kubelet
+            await run.get("/metrics")
+        await asyncio.sleep(1.0)
+        assert pod_resources.calls == 1  # the default 30 s backstop: 2 per minute at rest
+
+
+async def test_mig_devices_get_series_and_pods_end_to_end(
+    device_plugin_dir: Path, short_tmp_path: Path, pod_resources: FakePodResources
+) -> None:
+    layout = short_tmp_path / "mig.yaml"
+    layout.write_text("version: v1\ngpus:\n  - mig: [3g.40gb, 2g.20gb, 1g.10gb]\n  - {}\n")
+    args = ("--sim-config", str(layout), "--pod-resources-socket", str(pod_resources.socket_path),
+            "--pod-resources-interval", "1")  # fmt: skip
+    async with running_agent(device_plugin_dir, args) as run:
+        text = await metrics_until(
+            run, lambda t: any("GPU_I_ID" in s for s in series(t, "DCGM_FI_DEV_GPU_TEMP"))
+        )
+        migs = run.agent.store.snapshot.gpus[0].mig_devices
+        assert len(migs) == 3
+        by_gi = {m.gpu_instance_id: m for m in migs}
+        temps = [s for s in series(text, "DCGM_FI_DEV_GPU_TEMP") if s["gpu"] == "0"]
+        assert sorted(int(s["GPU_I_ID"]) for s in temps) == sorted(by_gi)
+        for s in temps:
+            assert s["GPU_I_PROFILE"] == by_gi[int(s["GPU_I_ID"])].profile
+            assert s["UUID"] == run.agent.store.snapshot.gpus[0].uuid
+        # One MIG device by UUID (EKS suffix), another by MIG index.
+        first, second = migs[0], migs[1]
+        pod_resources.set([
+            Held("ml", "a", "c", "nvidia.com/mig-3g.40gb", (first.uuid + "::0",)),
+            Held("ml", "b", "c", "nvidia.com/mig-2g.20gb", ("0:1",)),
+        ])  # fmt: skip
+
+        def pods_by_gi(t: str) -> dict[str, str]:
+            return {
+                s["GPU_I_ID"]: s["pod"]
+                for s in series(t, "DCGM_FI_DEV_GPU_TEMP")
+                if s["gpu"] == "0"
+            }
+
+        want = {
+            str(first.gpu_instance_id): "a",
+            str(second.gpu_instance_id): "b",
+            str(migs[2].gpu_instance_id): "",
+        }
+        await metrics_until(run, lambda t: pods_by_gi(t) == want)
+
+
+async def test_renamed_time_slicing_replicas_are_attributed(
+    fake_kubelet: FakeKubelet, device_plugin_dir: Path, pod_resources: FakePodResources
+) -> None:
+    sharing = (
+        '{"timeSlicing": {"renameByDefault": true,'
+        ' "resources": [{"name": "nvidia.com/gpu", "replicas": 2}]}}'
+    )
+    args = ("--simulate", "2", "--sharing", sharing, "--pod-resources-interval", "3600",
+            "--pod-resources-socket", str(pod_resources.socket_path))  # fmt: skip
+    async with running_agent(device_plugin_dir, args) as run:
+        (reg,) = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+        assert reg.resource_name == "nvidia.com/gpu.shared"
+        ids = sorted(d.ID for d in (await asyncio.to_thread(reg.next_update, T)).devices)
+        uuid0 = str(run.sim.describe()[0]["uuid"])
+        replicas = [i for i in ids if i.startswith(uuid0)]
+        await asyncio.to_thread(
+            fake_kubelet.allocate, replicas[:1], resource="nvidia.com/gpu.shared"
+        )
+        pod_resources.set([
+            Held("ml", "one", "c", "nvidia.com/gpu.shared", (replicas[0],)),
+            Held("ml", "two", "c", "nvidia.com/gpu.shared", (replicas[1],)),
+        ])  # fmt: skip
+        text = await metrics_until(run, lambda t: pods_on(t, "0") == {"one", "two"})
+        assert pods_on(text, "1") == {""}

@@ -1,0 +1,266 @@
+"""A real Prometheus server scrapes a running agent; dashboards' queries and the alert rules work.
+
+Uses Debian's ``prometheus`` package (``/usr/bin/prometheus``), installed by ``.ci/run``. The test
+is skipped only when the binary is missing and ``GPUAGENT_REQUIRE_PROMTOOL`` is unset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+from support.fake_podresources import FakePodResources, Held
+from support.grpcstubs import StubModules
+
+from e2e.agentrun import running_agent
+
+ROOT = Path(__file__).resolve().parents[2]
+MONITORING = ROOT / "manifests" / "monitoring"
+GPUS = 4
+WAIT = 60.0
+
+# The NVIDIA DCGM Exporter Dashboard (grafana.com 12239), panel by panel (reference/metrics.md §7).
+DASHBOARD_12239 = {
+    "GPU Temperature": 'DCGM_FI_DEV_GPU_TEMP{instance=~"$instance", gpu=~"$gpu"}',
+    "GPU Power Usage": 'DCGM_FI_DEV_POWER_USAGE{instance=~"$instance", gpu=~"$gpu"}',
+    "GPU SM Clocks": 'DCGM_FI_DEV_SM_CLOCK{instance=~"$instance", gpu=~"$gpu"} * 1000000',
+    "GPU Utilization": 'DCGM_FI_DEV_GPU_UTIL{instance=~"$instance", gpu=~"$gpu"}',
+    "GPU Framebuffer Mem Used": 'DCGM_FI_DEV_FB_USED{instance=~"$instance", gpu=~"$gpu"}',
+    "Tensor Core Utilization": (
+        'DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{instance=~"$instance", gpu=~"$gpu"}'
+    ),
+}
+DASHBOARD_12239_TOTALS = {
+    "GPU Avg. Temp": 'avg(DCGM_FI_DEV_GPU_TEMP{instance=~"$instance", gpu=~"$gpu"})',
+    "GPU Power Total": 'sum(DCGM_FI_DEV_POWER_USAGE{instance=~"$instance", gpu=~"$gpu"})',
+}
+# Plausible ranges of each panel's values in its unit.
+RANGES = {
+    "GPU Temperature": (1, 150),
+    "GPU Power Usage": (1, 2000),
+    "GPU SM Clocks": (1e8, 5e9),
+    "GPU Utilization": (0, 100),
+    "GPU Framebuffer Mem Used": (0, 200_000),
+    "Tensor Core Utilization": (0, 1),
+}
+
+
+def prometheus_binary() -> str:
+    found = shutil.which("prometheus") or (
+        "/usr/bin/prometheus" if os.access("/usr/bin/prometheus", os.X_OK) else None
+    )
+    if found is None:
+        if os.environ.get("GPUAGENT_REQUIRE_PROMTOOL"):
+            pytest.fail("prometheus is required here (GPUAGENT_REQUIRE_PROMTOOL is set)")
+        pytest.skip("prometheus not installed")
+    return found
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Prometheus:
+    url: str
+    log: Path
+
+
+@pytest.fixture
+def prometheus_factory(tmp_path: Path) -> Iterator[Any]:
+    binary = prometheus_binary()
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(target: str) -> Prometheus:
+        port = free_port()
+        config = tmp_path / "prometheus.yml"
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "global": {
+                        "scrape_interval": "500ms",
+                        "scrape_timeout": "400ms",
+                        "evaluation_interval": "500ms",
+                    },
+                    "rule_files": [str(MONITORING / "alerts.yaml")],
+                    "scrape_configs": [
+                        {"job_name": "gpuagent", "static_configs": [{"targets": [target]}]}
+                    ],
+                }
+            )
+        )
+        log = tmp_path / "prometheus.log"
+        with log.open("wb") as out:
+            procs.append(
+                subprocess.Popen(
+                    [
+                        binary,
+                        f"--config.file={config}",
+                        f"--storage.tsdb.path={tmp_path / 'data'}",
+                        f"--web.listen-address=127.0.0.1:{port}",
+                        "--log.level=warn",
+                    ],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+        return Prometheus(f"http://127.0.0.1:{port}", log)
+
+    try:
+        yield start
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=10)
+
+
+async def api(http: aiohttp.ClientSession, prom: Prometheus, path: str, **params: str) -> Any:
+    async with http.get(prom.url + path, params=params) as response:
+        body = await response.json()
+    assert body["status"] == "success", body
+    return body["data"]
+
+
+async def until(what: str, check: Any, prom: Prometheus) -> Any:
+    deadline = time.monotonic() + WAIT
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            last = await check()
+        except (aiohttp.ClientError, AssertionError) as exc:
+            last = exc
+        else:
+            if last:
+                return last
+        await asyncio.sleep(0.2)
+    log = prom.log.read_text(errors="replace")[-3000:] if prom.log.exists() else ""
+    raise AssertionError(f"{what}: never true; last {last!r}\nprometheus log:\n{log}")
+
+
+def substitute(expr: str, instance: str, gpus: list[str]) -> str:
+    return (
+        expr.replace("$instance", instance)
+        .replace("$gpu", "(" + "|".join(gpus) + ")")
+        .replace("$__rate_interval", "5s")
+        .replace("$__range", "1m")
+    )
+
+
+@pytest.fixture
+def pod_resources(short_tmp_path: Path, grpc_stubs: StubModules) -> Iterator[FakePodResources]:
+    with FakePodResources(short_tmp_path / "pr" / "kubelet.sock", grpc_stubs) as fake:
+        fake.set([Held("ml", "train-0", "main", "nvidia.com/gpu", ("0",))])
+        yield fake
+
+
+@pytest.mark.asyncio(loop_factories=["uvloop"])
+@pytest.mark.slow
+async def test_prometheus_scrapes_and_dashboards_see_every_gpu(
+    device_plugin_dir: Path, pod_resources: FakePodResources, prometheus_factory: Any
+) -> None:
+    args = ("--simulate", str(GPUS), "--device-id-strategy", "index",
+            "--pod-resources-socket", str(pod_resources.socket_path))  # fmt: skip
+    async with running_agent(device_plugin_dir, args) as run, aiohttp.ClientSession() as http:
+        assert run.agent.http is not None
+        target = f"127.0.0.1:{run.agent.http.port}"
+        status, _ = await run.fault({"gpu": 1, "fault": "xid", "xid": 79})
+        assert status == 200
+        prom = prometheus_factory(target)
+
+        async def ready() -> bool:
+            async with http.get(prom.url + "/-/ready") as response:
+                return response.status == 200
+
+        await until("prometheus ready", ready, prom)
+
+        async def scraped() -> bool:
+            data = await api(http, prom, "/api/v1/query", query=f'up{{instance="{target}"}}')
+            return bool(data["result"]) and data["result"][0]["value"][1] == "1"
+
+        await until("target up", scraped, prom)
+
+        # The dashboard's variables.
+        async def instances() -> list[str]:
+            found = await api(http, prom, "/api/v1/label/instance/values",
+                              **{"match[]": "DCGM_FI_DEV_GPU_TEMP"})  # fmt: skip
+            return list(found)
+
+        assert await until("instance variable", instances, prom) == [target]
+        gpus = await api(http, prom, "/api/v1/label/gpu/values",
+                         **{"match[]": "DCGM_FI_DEV_GPU_TEMP"})  # fmt: skip
+        assert sorted(gpus) == [str(i) for i in range(GPUS)]
+
+        # Dashboard 12239: one series per simulated GPU, in the panel's unit.
+        for title, expr in DASHBOARD_12239.items():
+            query = substitute(expr, target, gpus)
+
+            async def per_gpu(query: str = query) -> list[Any]:
+                data = await api(http, prom, "/api/v1/query", query=query)
+                result: list[Any] = data["result"]
+                return result if len(result) == GPUS else []
+
+            result = await until(title, per_gpu, prom)
+            assert sorted(r["metric"]["gpu"] for r in result) == sorted(gpus), title
+            low, high = RANGES[title]
+            for r in result:
+                assert low <= float(r["value"][1]) <= high, (title, r)
+        for title, expr in DASHBOARD_12239_TOTALS.items():
+            data = await api(http, prom, "/api/v1/query", query=substitute(expr, target, gpus))
+            assert len(data["result"]) == 1, title
+        # Pod attribution reached Prometheus: GPU 0's series carry the pod that holds it.
+        data = await api(http, prom, "/api/v1/query",
+                         query='DCGM_FI_DEV_GPU_TEMP{pod!=""}')  # fmt: skip
+        assert [(r["metric"]["gpu"], r["metric"]["pod"]) for r in data["result"]] == [
+            ("0", "train-0")
+        ]
+
+        # Our dashboard: every panel's every query returns data.
+        dashboard = json.loads((MONITORING / "dashboard.json").read_text())
+        for panel in dashboard["panels"]:
+            for target_def in panel.get("targets", []):
+                query = substitute(target_def["expr"], target, gpus)
+
+                async def has_data(query: str = query) -> bool:
+                    data = await api(http, prom, "/api/v1/query", query=query)
+                    return bool(data["result"])
+
+                await until(f"dashboard panel {panel['title']!r}: {query}", has_data, prom)
+
+        # The alert rules load and evaluate without errors; the unhealthy GPU is pending/firing.
+        async def rules_evaluated() -> list[Any]:
+            data = await api(http, prom, "/api/v1/rules")
+            rules = [rule for group in data["groups"] for rule in group["rules"]]
+            done = all(r["lastEvaluation"] > "2000" for r in rules)
+            return rules if rules and done else []
+
+        rules = await until("rules evaluated", rules_evaluated, prom)
+        assert {r["health"] for r in rules} == {"ok"}, [r for r in rules if r["health"] != "ok"]
+
+        async def unhealthy_alert() -> list[Any]:
+            data = await api(http, prom, "/api/v1/alerts")
+            return [a for a in data["alerts"] if a["labels"]["alertname"] == "GPUUnhealthy"]
+
+        alerts = await until("GPUUnhealthy pending", unhealthy_alert, prom)
+        assert {a["labels"]["gpu"] for a in alerts} == {"1"}
+        assert ("xid", "79") in {(a["labels"]["condition"], a["labels"]["detail"]) for a in alerts}

@@ -1,0 +1,268 @@
+"""The pod-resources client against a grpcio stand-in of the kubelet's pod-resources server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from support.fake_podresources import FakePodResources, Held
+from support.grpcstubs import StubModules
+from support.synthetic import gpu_uuid, mig_uuid, synthetic_snapshot
+
+from gpuagent.domain.attribution import Target, attributions
+from gpuagent.domain.devices import Attribution, PodRef
+from gpuagent.domain.store import DeviceStore
+from gpuagent.kubelet.podresources import PodResourcesClient
+
+GPU = "nvidia.com/gpu"
+T = 10.0
+
+
+@pytest.fixture
+def socket_path(short_tmp_path: Path) -> Path:
+    return short_tmp_path / "pod-resources" / "kubelet.sock"
+
+
+@pytest.fixture
+def kubelet(socket_path: Path, grpc_stubs: StubModules) -> Iterator[FakePodResources]:
+    with FakePodResources(socket_path, grpc_stubs) as fake:
+        yield fake
+
+
+def held(pod: str, *ids: str, resource: str = GPU, container: str = "main") -> Held:
+    return Held("ns", pod, container, resource, ids)
+
+
+async def eventually(predicate: Callable[[], bool], within: float = T) -> None:
+    deadline = time.monotonic() + within
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.01)
+
+
+@contextlib.asynccontextmanager
+async def running(client: PodResourcesClient) -> AsyncIterator[asyncio.Task[None]]:
+    task = asyncio.create_task(client.run())
+    try:
+        yield task
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_list_maps_served_devices(kubelet: FakePodResources, socket_path: Path) -> None:
+    kubelet.set([
+        held("a", gpu_uuid(0)),
+        held("b", gpu_uuid(1) + "::0", gpu_uuid(1) + "::1"),
+        held("c", "fpga-0", resource="example.com/fpga"),
+        held("m", mig_uuid(2, 7), resource="nvidia.com/mig-1g.10gb"),
+    ])  # fmt: skip
+    store = DeviceStore(synthetic_snapshot(2))
+    client = PodResourcesClient(store, socket_path, (GPU,))
+    try:
+        assert await client.refresh() is True
+        pods = store.snapshot.pods
+        assert dict(pods.by_device) == {
+            gpu_uuid(0): (PodRef("ns", "a", "main"),),
+            gpu_uuid(1) + "::0": (PodRef("ns", "b", "main"),),
+            gpu_uuid(1) + "::1": (PodRef("ns", "b", "main"),),
+            mig_uuid(2, 7): (PodRef("ns", "m", "main"),),
+        }
+        assert pods.refreshed_at is not None
+        assert pods.error == ""
+        assert attributions(store.snapshot)[Target(1)] == (PodRef("ns", "b", "main"),)
+        assert await client.refresh() is False  # nothing changed
+        assert (client.requests, client.errors, kubelet.calls) == (2, 0, 2)
+    finally:
+        client.close()
+
+
+async def test_socket_absent_keeps_mapping_and_logs_once(
+    kubelet: FakePodResources, socket_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kubelet.set([held("a", gpu_uuid(0))])
+    store = DeviceStore(synthetic_snapshot(1))
+    client = PodResourcesClient(store, socket_path, (GPU,))
+    try:
+        await client.refresh()
+        refreshed = store.snapshot.pods.refreshed_at
+        kubelet.stop()
+        assert not kubelet.running
+        for _ in range(3):
+            assert await client.refresh() is False
+        pods = store.snapshot.pods
+        assert pods.refreshed_at == refreshed
+        assert gpu_uuid(0) in pods.by_device
+        assert "socket absent" in pods.error
+        assert (client.errors, client.requests, client.socket_present) == (3, 1, False)
+        assert capsys.readouterr().out.count("socket absent") == 1
+        kubelet.set([held("b", gpu_uuid(0))])
+        kubelet.start()
+        assert await client.refresh() is True
+        assert store.snapshot.pods.error == ""
+        assert store.snapshot.pods.by_device[gpu_uuid(0)] == (PodRef("ns", "b", "main"),)
+        assert "works again" in capsys.readouterr().out
+    finally:
+        client.close()
+
+
+async def test_never_present_socket_is_not_an_error_loop(socket_path: Path) -> None:
+    store = DeviceStore(synthetic_snapshot(1))
+    client = PodResourcesClient(store, socket_path, (GPU,), interval=0.05)
+    async with running(client):
+        await asyncio.sleep(0.3)
+    # One look per interval, no tight loop, no crash; no pod labels.
+    assert 1 <= client.errors <= 8
+    assert client.requests == 0
+    assert store.snapshot.pods.by_device == {}
+    assert store.snapshot.pods.refreshed_at is None
+
+
+async def test_kubelet_restart_reconnects(kubelet: FakePodResources, socket_path: Path) -> None:
+    kubelet.set([held("a", gpu_uuid(0))])
+    store = DeviceStore(synthetic_snapshot(1))
+    client = PodResourcesClient(store, socket_path, (GPU,))
+    try:
+        await client.refresh()
+        kubelet.restart()  # a new socket file, the old connection is gone
+        kubelet.set([held("z", gpu_uuid(0))])
+        assert await client.refresh() is True
+        assert store.snapshot.pods.by_device[gpu_uuid(0)] == (PodRef("ns", "z", "main"),)
+        assert client.errors == 0
+    finally:
+        client.close()
+
+
+async def test_error_status_keeps_mapping(kubelet: FakePodResources, socket_path: Path) -> None:
+    kubelet.set([held("a", gpu_uuid(0))])
+    store = DeviceStore(synthetic_snapshot(1))
+    client = PodResourcesClient(store, socket_path, (GPU,))
+    try:
+        await client.refresh()
+        kubelet.fail_with(grpc.StatusCode.RESOURCE_EXHAUSTED)
+        assert await client.refresh() is False
+        assert "RESOURCE_EXHAUSTED" in store.snapshot.pods.error
+        assert gpu_uuid(0) in store.snapshot.pods.by_device
+        kubelet.fail_with(None)
+        await client.refresh()
+        assert store.snapshot.pods.error == ""
+    finally:
+        client.close()
+
+
+async def test_response_larger_than_4_mib(kubelet: FakePodResources, socket_path: Path) -> None:
+    kubelet.set([held("a", gpu_uuid(0))])
+    kubelet.padding = 6 * 1024 * 1024
+    store = DeviceStore(synthetic_snapshot(1))
+    client = PodResourcesClient(store, socket_path, (GPU,))
+    try:
+        assert await client.refresh() is True
+        assert dict(store.snapshot.pods.by_device) == {gpu_uuid(0): (PodRef("ns", "a", "main"),)}
+    finally:
+        client.close()
+
+
+async def test_response_over_the_bound_is_an_error(
+    kubelet: FakePodResources, socket_path: Path
+) -> None:
+    kubelet.padding = 64 * 1024
+    store = DeviceStore(synthetic_snapshot(1))
+    client = PodResourcesClient(store, socket_path, (GPU,), max_response_bytes=16 * 1024)
+    try:
+        assert await client.refresh() is False
+        assert "exceeds" in store.snapshot.pods.error
+    finally:
+        client.close()
+
+
+async def test_allocate_refreshes_without_waiting_for_the_timer(
+    kubelet: FakePodResources, socket_path: Path
+) -> None:
+    store = DeviceStore(synthetic_snapshot(2))
+    client = PodResourcesClient(store, socket_path, (GPU,), interval=3600, debounce=0.02)
+    async with running(client):
+        await eventually(lambda: kubelet.calls == 1)
+        kubelet.set([held("new", gpu_uuid(1))])
+        client.poke()
+        await eventually(lambda: gpu_uuid(1) in store.snapshot.pods.by_device, within=2.0)
+
+
+async def test_allocate_follow_ups_until_the_kubelet_records_it(
+    kubelet: FakePodResources, socket_path: Path
+) -> None:
+    store = DeviceStore(synthetic_snapshot(2))
+    client = PodResourcesClient(
+        store, socket_path, (GPU,), interval=3600, debounce=0.01, follow_ups=(0.05, 0.1, 0.2)
+    )
+    async with running(client):
+        await eventually(lambda: kubelet.calls == 1)
+        client.poke()  # the kubelet has not recorded the allocation yet
+        await eventually(lambda: kubelet.calls == 2)
+        kubelet.set([held("late", gpu_uuid(0))])
+        await eventually(lambda: gpu_uuid(0) in store.snapshot.pods.by_device, within=2.0)
+        calls = kubelet.calls
+        assert calls <= 5
+        await asyncio.sleep(0.5)  # follow-ups stop once the mapping changed
+        assert kubelet.calls == calls
+
+
+async def test_a_burst_of_allocates_is_one_list(
+    kubelet: FakePodResources, socket_path: Path
+) -> None:
+    kubelet.set([held("a", gpu_uuid(0))])
+    store = DeviceStore(synthetic_snapshot(2))
+    client = PodResourcesClient(
+        store, socket_path, (GPU,), interval=3600, debounce=0.05, follow_ups=()
+    )
+    async with running(client):
+        await eventually(lambda: kubelet.calls == 1)
+        kubelet.set([held("a", gpu_uuid(0)), held("b", gpu_uuid(1))])
+        for _ in range(20):  # a burst: no wall time passes between pokes
+            client.poke()
+            await asyncio.sleep(0)
+        await eventually(lambda: gpu_uuid(1) in store.snapshot.pods.by_device)
+        await asyncio.sleep(0.3)
+        assert kubelet.calls == 2
+
+
+async def test_calls_at_rest_follow_the_interval(
+    kubelet: FakePodResources, socket_path: Path
+) -> None:
+    store = DeviceStore(synthetic_snapshot(1))
+    client = PodResourcesClient(store, socket_path, (GPU,), interval=0.1)
+    async with running(client):
+        await eventually(lambda: kubelet.calls >= 1)
+        start = time.monotonic()
+        await asyncio.sleep(1.0)
+        calls = kubelet.calls_since(start)
+    # 1 s at a 0.1 s interval: about 10 calls (fewer on a loaded machine), never a tight loop.
+    assert 2 <= calls <= 11
+
+
+async def test_default_interval_means_one_call_at_start(
+    kubelet: FakePodResources, socket_path: Path
+) -> None:
+    store = DeviceStore(synthetic_snapshot(1))
+    client = PodResourcesClient(store, socket_path, (GPU,))  # 30 s backstop
+    async with running(client):
+        await eventually(lambda: kubelet.calls == 1)
+        await asyncio.sleep(1.0)
+        assert kubelet.calls == 1  # ≤ 2 per minute at rest
+
+
+async def test_mapping_survives_in_snapshot_equality() -> None:
+    # The store bumps its version only on change; a repeated failure changes nothing.
+    store = DeviceStore(synthetic_snapshot(1))
+    client = PodResourcesClient(store, Path("/nonexistent/kubelet.sock"), (GPU,))
+    await client.refresh()
+    version = store.snapshot.version
+    await client.refresh()
+    assert store.snapshot.version == version
+    assert isinstance(store.snapshot.pods, Attribution)

@@ -1,0 +1,189 @@
+"""The operator documentation cannot drift from the code, the manifests or itself.
+
+- Generated parts (the option table, the PrometheusRule) match a fresh generation.
+- Links between the documents resolve, anchors included; paths and commands they name exist.
+- The migration tables name only gpuagent flags and environment variables that exist, and cover
+  every flag of NVIDIA's device plugin and dcgm-exporter listed in the project's reference notes.
+- Metric names, sizing figures and the README's set-up commands match what is shipped.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpuagent.config import FILE_KEYS, OPTIONS
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+# The documents this suite owns (docs/metrics.md has its own tests).
+OWNED = [
+    ROOT / "README.md",
+    DOCS / "install.md",
+    DOCS / "configuration.md",
+    DOCS / "migration.md",
+    DOCS / "troubleshooting.md",
+]
+REFERENCE = ROOT.parent / "shared" / "reference"
+
+FLAGS = {spelling for opt in OPTIONS for spelling in (f"--{opt.name}", *opt.aliases)}
+ENV_NAMES = {name for opt in OPTIONS for name in opt.env_names}
+
+
+def read(path: Path) -> str:
+    return path.read_text(encoding="utf-8")
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a Markdown heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", read(path), flags=re.DOTALL)
+    return {slug(m) for m in re.findall(r"^#{1,6} (.+)$", text, re.MULTILINE)}
+
+
+def prose(path: Path) -> str:
+    """The document without fenced code blocks."""
+    return re.sub(r"```.*?```", "", read(path), flags=re.DOTALL)
+
+
+def test_generated_files_are_current() -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gen_files.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr + "\n(run scripts/gen-files and commit)"
+
+
+def test_option_table_lists_every_option_once() -> None:
+    table = read(DOCS / "configuration.md").split("<!-- BEGIN GENERATED")[1]
+    for opt in OPTIONS:
+        assert table.count(f"`--{opt.name} ") + table.count(f"`--{opt.name}[") == 1, opt.name
+
+
+@pytest.mark.parametrize("doc", OWNED, ids=lambda p: p.name)
+def test_links_resolve(doc: Path) -> None:
+    for target in re.findall(r"\]\(([^)\s]+)\)", prose(doc)):
+        if re.match(r"[a-z]+://", target):
+            continue
+        file_part, _, anchor = target.partition("#")
+        path = (doc.parent / file_part).resolve() if file_part else doc
+        assert path.exists(), f"{doc.name}: link to missing {target}"
+        if anchor:
+            assert path.suffix == ".md", target
+            assert anchor in anchors(path), f"{doc.name}: no heading for #{anchor} in {path.name}"
+
+
+@pytest.mark.parametrize("doc", OWNED, ids=lambda p: p.name)
+def test_named_paths_and_overlays_exist(doc: Path) -> None:
+    text = read(doc)
+    for token in re.findall(r"`((?:manifests|deploy|docs|scripts|tests)/[\w./-]*)`", text):
+        assert (ROOT / token).exists(), f"{doc.name} names {token}, which does not exist"
+    for target in re.findall(r"kubectl apply -k (manifests/[\w/-]+)", text):
+        assert (ROOT / target / "kustomization.yaml").exists(), f"{doc.name}: {target}"
+
+
+@pytest.mark.parametrize("doc", OWNED, ids=lambda p: p.name)
+def test_named_agent_metrics_exist(doc: Path) -> None:
+    source = "\n".join(read(p) for p in (ROOT / "gpuagent").rglob("*.py"))
+    for name in set(re.findall(r"\bgpuagent_[a-z_]+[a-z]\b", read(doc))):
+        assert name in source, f"{doc.name} names metric {name}, which the agent does not export"
+
+
+def test_readme_keeps_its_two_setup_commands() -> None:
+    blocks = "\n".join(re.findall(r"```sh\n(.*?)```", read(ROOT / "README.md"), re.DOTALL))
+    lines = [line.strip() for line in blocks.splitlines()]
+    assert any(
+        line.startswith(
+            "python3 -m venv .venv && .venv/bin/pip install . && .venv/bin/gpuagent --simulate 8 "
+        )
+        for line in lines
+    )
+    assert "scripts/test" in lines
+
+
+def _tables(path: Path) -> list[list[list[str]]]:
+    """Every Markdown table in the document, as rows of cells (header row first)."""
+    tables: list[list[list[str]]] = []
+    current: list[list[str]] = []
+    for line in read(path).splitlines():
+        if line.startswith("|"):
+            cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
+            if not all(re.fullmatch(r"-+", c) for c in cells):
+                current.append(cells)
+        elif current:
+            tables.append(current)
+            current = []
+    if current:
+        tables.append(current)
+    return tables
+
+
+def test_migration_tables_name_only_real_gpuagent_settings() -> None:
+    tables = [t for t in _tables(DOCS / "migration.md") if t[0][-1] == "gpuagent"]
+    assert len(tables) == 3
+    for table in tables:
+        config_table = table[0][0] == "NVIDIA config key"
+        for row in table[1:]:
+            ours = row[-1]
+            for token in re.findall(r"`([^`]+)`", ours):
+                if token.startswith("--"):
+                    assert token in FLAGS, f"migration.md: no flag {token} ({row[0]})"
+                elif re.fullmatch(r"[A-Z][A-Z0-9_]+", token):
+                    assert token in ENV_NAMES, f"migration.md: no env name {token} ({row[0]})"
+                elif config_table and re.fullmatch(r"[a-z][a-z-]+", token):
+                    assert token in FILE_KEYS, f"migration.md: no config key {token}"
+            if "same env name" in ours:
+                for env in re.findall(r"`([A-Z][A-Z0-9_]+)`", row[1]):
+                    assert env in ENV_NAMES, f"migration.md: {env} is not accepted"
+
+
+def _reference_section(name: str, start: str, end: str) -> str:
+    path = REFERENCE / name
+    if not path.exists():
+        pytest.skip(f"the project's reference notes are not beside the repository ({path})")
+    text = read(path)
+    return text[text.index(start) : text.index(end, text.index(start))]
+
+
+@pytest.mark.parametrize(
+    ("name", "start", "end"),
+    [
+        pytest.param("deviceplugin-api.md", "### 3.2 ", "### 3.3 ", id="nvidia-device-plugin"),
+        pytest.param("metrics.md", "## 5. ", "## 6. ", id="dcgm-exporter"),
+    ],
+)
+def test_migration_covers_every_flag_they_have(name: str, start: str, end: str) -> None:
+    section = _reference_section(name, start, end)
+    migration = read(DOCS / "migration.md")
+    theirs: set[str] = set()
+    for line in section.splitlines():
+        if line.startswith("| ") and not line.startswith("| Flag"):
+            first = line.split("|")[1]
+            theirs.update(re.findall(r"--[a-z][\w-]*", first))
+            theirs.update(re.findall(r"`([A-Z][A-Z0-9_]+)`", line.split("|")[2]))
+    assert theirs
+    missing = sorted(t for t in theirs if f"`{t}`" not in migration)
+    assert not missing, f"migration.md does not map {missing}"
+
+
+def test_sizing_in_the_docs_is_the_manifests() -> None:
+    daemonset = yaml.safe_load(read(ROOT / "manifests" / "base" / "daemonset.yaml"))
+    resources = daemonset["spec"]["template"]["spec"]["containers"][0]["resources"]
+    install = read(DOCS / "install.md")
+    requests, limits = resources["requests"], resources["limits"]
+    expected = (
+        f"requests `cpu: {requests['cpu']}`, `memory: {requests['memory']}`; "
+        f"limit `memory: {limits['memory']}`"
+    )
+    assert expected in " ".join(install.split()), expected

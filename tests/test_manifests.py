@@ -1,0 +1,627 @@
+"""What a platform team installs: kustomize overlays, the image recipe, the systemd unit.
+
+Every overlay is built with ``kubectl kustomize`` and validated offline against the Kubernetes
+schemas (kubernetes-validate, strict: unknown fields fail) and, for the Prometheus Operator kinds,
+against the operator's CRD schemas (tests/schemas). Rules the API server enforces beyond the
+schemas, the agent's own config schema, and the paths the agent uses by default are checked here
+too. Finally the agent is started exactly as the DaemonSet starts it and the probes the manifest
+points at are asked.
+
+External tools (kubectl, hadolint, yamllint, systemd-analyze, promtool) are required when ``CI``
+is set and skip the tests that need them otherwise.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import importlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from support.fake_kubelet import FakeKubelet
+from support.grpcstubs import StubModules
+
+from gpuagent.app import plan
+from gpuagent.config import ConfigError, load_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+MANIFESTS = ROOT / "manifests"
+KUSTOMIZATIONS = {
+    "base": MANIFESTS / "base",
+    **{
+        path.parent.name: path.parent
+        for path in sorted((MANIFESTS / "overlays").glob("*/kustomization.yaml"))
+    },
+}
+EXPECTED_OVERLAYS = {"base", "time-slicing", "mig-mixed", "cdi", "prometheus-operator"}
+# Kubernetes versions whose schemas every manifest must pass: the oldest with CDI devices on by
+# default in the device-plugin API (1.29) and the newest kubernetes-validate bundles.
+K8S_VERSIONS = ("1.29.0", "latest")
+# Overlays allowed to add a capability, and which: seeing every MIG device takes the driver's
+# mig/monitor capability, which the NVIDIA runtime grants only to a CAP_SYS_ADMIN container.
+ADDED_CAPABILITIES = {"mig-mixed": {"SYS_ADMIN"}}
+# Host directories the DaemonSet must mount for features that have no agent option yet.
+EXTRA_HOST_DIRS = {
+    "/var/run/cdi": "CDI specs (cdi-* device-list strategies)",
+    "/etc/kubernetes/node-feature-discovery/features.d": "node-feature-discovery feature files",
+}
+# Agent settings that are paths but not host paths the DaemonSet must provide.
+NOT_HOST_PATHS = {
+    "nvidia_driver_root",  # "/" inside the container: the NVIDIA runtime injects the driver there
+    "config_file",
+    "sim_config",
+    "web_config_file",
+}
+T = 15.0
+
+
+# ----- tools --------------------------------------------------------------------------------------
+
+
+def tool(name: str) -> str:
+    """The path of an external tool: the virtual environment's first (pinned in the test extra),
+    then PATH. Missing: fails under CI, skips otherwise."""
+    local = Path(sys.executable).parent / name
+    if local.is_file() and os.access(local, os.X_OK):
+        return str(local)
+    found = shutil.which(name)
+    if found:
+        return found
+    why = f"{name} not found (the test extra of pyproject.toml or .ci/run installs it)"
+    if os.environ.get("CI"):
+        pytest.fail(f"required in CI: {why}")
+    pytest.skip(why)
+
+
+def module(name: str) -> Any:
+    """Import an optional validation library: required under CI, skipped otherwise."""
+    try:
+        return __import__(name, fromlist=["_"])
+    except ImportError:
+        why = f"python module {name} not installed (pip install -e '.[test]')"
+        if os.environ.get("CI"):
+            pytest.fail(f"required in CI: {why}")
+        pytest.skip(why)
+
+
+def run(*cmd: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=120, check=False)
+
+
+# ----- building the overlays ----------------------------------------------------------------------
+
+
+@functools.cache
+def _build(name: str) -> tuple[dict[str, Any], ...]:
+    kubectl = tool("kubectl")
+    result = run(kubectl, "kustomize", str(KUSTOMIZATIONS[name]))
+    assert result.returncode == 0, f"kubectl kustomize {name} failed:\n{result.stderr}"
+    docs = [doc for doc in yaml.safe_load_all(result.stdout) if doc is not None]
+    assert docs, f"{name} built nothing"
+    return tuple(docs)
+
+
+def build(name: str) -> list[dict[str, Any]]:
+    """The objects ``kubectl kustomize`` builds for an overlay (a fresh copy each call)."""
+    return copy.deepcopy(list(_build(name)))
+
+
+def only(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = [doc for doc in docs if doc["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind}, found {len(found)}"
+    return found[0]
+
+
+def container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    pod = only(docs, "DaemonSet")["spec"]["template"]["spec"]
+    (ctr,) = [c for c in pod["containers"] if c["name"] == "gpuagent"]
+    return dict(ctr)
+
+
+def config_text(docs: list[dict[str, Any]]) -> str:
+    """The agent's config file as the DaemonSet mounts it (``--config`` in a configMap mount)."""
+    ctr = container(docs)
+    pod = only(docs, "DaemonSet")["spec"]["template"]["spec"]
+    (config_arg,) = [a for a in ctr.get("args", []) if a.startswith("--config=")]
+    path = Path(config_arg.partition("=")[2])
+    (mount,) = [m for m in ctr["volumeMounts"] if path.parent == Path(m["mountPath"])]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    cm_name = volume["configMap"]["name"]
+    (cm,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == cm_name]
+    return str(cm["data"][path.name])
+
+
+def manifest_env(ctr: dict[str, Any]) -> dict[str, str]:
+    """The container's environment from the manifest, field references resolved for a test node."""
+    fields = {"spec.nodeName": "test-node", "metadata.name": "gpuagent-test"}
+    env: dict[str, str] = {}
+    for item in ctr.get("env", []):
+        if "value" in item:
+            env[item["name"]] = str(item["value"])
+        else:
+            path = item["valueFrom"]["fieldRef"]["fieldPath"]
+            assert path in fields, f"env {item['name']}: no test value for fieldRef {path}"
+            env[item["name"]] = fields[path]
+    return env
+
+
+def image_env() -> dict[str, str]:
+    """The ENV of the Containerfile's final stage (what the image adds to every container)."""
+    text = (ROOT / "Containerfile").read_text(encoding="utf-8").replace("\\\n", " ")
+    final = text.rsplit("\nFROM ", 1)[1]
+    env: dict[str, str] = {}
+    for line in final.splitlines():
+        if line.startswith("ENV "):
+            for name, value in re.findall(r"(\w+)=(\S+)", line[4:]):
+                env[name] = value
+    return env
+
+
+def effective_settings(docs: list[dict[str, Any]], tmp: Path) -> Any:
+    """The agent's settings as the DaemonSet's command line, env and config file resolve them."""
+    config = tmp / "config.yaml"
+    config.write_text(config_text(docs), encoding="utf-8")
+    args = [
+        f"--config={config}" if a.startswith("--config=") else a
+        for a in container(docs).get("args", [])
+    ]
+    return load_settings(args, {**image_env(), **manifest_env(container(docs))})
+
+
+# ----- the overlays exist and build ---------------------------------------------------------------
+
+
+def test_every_overlay_is_there() -> None:
+    assert set(KUSTOMIZATIONS) >= EXPECTED_OVERLAYS
+
+
+@pytest.mark.parametrize("name", sorted(KUSTOMIZATIONS))
+def test_overlay_builds_with_kubectl_kustomize(name: str) -> None:
+    kinds = sorted(doc["kind"] for doc in build(name))
+    assert {"DaemonSet", "ServiceAccount", "Service", "ConfigMap"} <= set(kinds)
+    for doc in build(name):
+        assert doc["metadata"].get("namespace") == "kube-system", doc["metadata"]
+        assert doc["metadata"]["labels"]["app.kubernetes.io/name"] == "gpuagent"
+    if name == "prometheus-operator":
+        assert {"ServiceMonitor", "PrometheusRule"} <= set(kinds)
+
+
+# ----- schemas ------------------------------------------------------------------------------------
+
+
+def _validate_core(doc: dict[str, Any]) -> None:
+    kv = module("kubernetes_validate")
+    for version in K8S_VERSIONS:
+        wanted = kv.latest_version() if version == "latest" else version
+        kv.validate(doc, wanted, strict=True)
+
+
+MONITORING_SCHEMAS = Path(__file__).parent / "schemas" / "monitoring.coreos.com-v1.json"
+
+
+@functools.cache
+def _monitoring_validators() -> dict[str, Any]:
+    jsonschema = module("jsonschema")
+    kinds = json.loads(MONITORING_SCHEMAS.read_text(encoding="utf-8"))["kinds"]
+    return {kind: jsonschema.Draft202012Validator(schema) for kind, schema in kinds.items()}
+
+
+def _validate_monitoring(doc: dict[str, Any]) -> None:
+    """Prometheus Operator kinds against the CRDs' schemas (tests/schemas, made strict by
+    scripts/gen_crd_schemas.py: an unknown field fails, as ``kubectl apply`` would refuse it)."""
+    assert doc["apiVersion"] == "monitoring.coreos.com/v1", doc["apiVersion"]
+    validator = _monitoring_validators()[doc["kind"]]
+    errors = [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(doc)]
+    assert not errors, f"{doc['kind']} fails the CRD schema:\n" + "\n".join(errors)
+
+
+def validate(doc: dict[str, Any]) -> None:
+    if doc["apiVersion"].startswith("monitoring.coreos.com/"):
+        _validate_monitoring(doc)
+    else:
+        _validate_core(doc)
+
+
+@pytest.mark.parametrize("name", sorted(KUSTOMIZATIONS))
+def test_overlay_passes_kubernetes_schemas(name: str) -> None:
+    for doc in build(name):
+        validate(doc)
+
+
+def test_the_validators_reject_unknown_and_mistyped_fields() -> None:
+    """The schema checks are real, strict and offline: a typo'd field or a wrong type fails."""
+    kv = module("kubernetes_validate")
+    docs = build("prometheus-operator")
+    daemonset = only(docs, "DaemonSet")
+    daemonset["spec"]["template"]["spec"]["containers"][0]["readOnlyRootFileSystem"] = True
+    with pytest.raises(kv.ValidationError):
+        validate(daemonset)
+    service = only(docs, "Service")
+    service["spec"]["ports"][0]["port"] = "9400"
+    with pytest.raises(kv.ValidationError):
+        validate(service)
+    monitor = only(docs, "ServiceMonitor")
+    monitor["spec"]["endpoints"][0]["intervall"] = "15s"
+    with pytest.raises(AssertionError, match="'intervall' was unexpected"):
+        validate(monitor)
+
+
+@pytest.mark.parametrize("name", sorted(KUSTOMIZATIONS))
+def test_references_inside_the_build_resolve(name: str) -> None:
+    """What the API server or the controllers would only find out at run time."""
+    docs = build(name)
+    ds = only(docs, "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    ctr = container(docs)
+    labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert ds["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    # Volumes, ConfigMaps, the ServiceAccount.
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert {m["name"] for m in ctr["volumeMounts"]} <= set(volumes)
+    names = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    for volume in volumes.values():
+        if "configMap" in volume:
+            assert ("ConfigMap", volume["configMap"]["name"]) in names
+    assert ("ServiceAccount", pod["serviceAccountName"]) in names
+    # Probes and the Service point at a named container port.
+    ports = {p["name"]: p["containerPort"] for p in ctr["ports"]}
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert ctr[probe]["httpGet"]["port"] in ports
+    service = only(docs, "Service")
+    assert service["spec"]["selector"].items() <= labels.items()
+    for port in service["spec"]["ports"]:
+        assert port["targetPort"] in ports
+    # The ServiceMonitor finds the Service and its port.
+    for monitor in (d for d in docs if d["kind"] == "ServiceMonitor"):
+        assert monitor["spec"]["selector"]["matchLabels"].items() <= (
+            service["metadata"]["labels"].items()
+        )
+        service_ports = {p["name"] for p in service["spec"]["ports"]}
+        assert {e["port"] for e in monitor["spec"]["endpoints"]} <= service_ports
+        assert monitor["metadata"]["namespace"] == service["metadata"]["namespace"]
+    # API server rule (not in the schema): no escalation forbidden together with CAP_SYS_ADMIN.
+    sc = ctr["securityContext"]
+    if sc.get("allowPrivilegeEscalation") is False:
+        assert "SYS_ADMIN" not in sc["capabilities"].get("add", [])
+        assert not sc.get("privileged")
+
+
+# ----- what the DaemonSet promises ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(KUSTOMIZATIONS))
+def test_daemonset_runs_as_a_node_critical_least_privileged_plugin(name: str) -> None:
+    docs = build(name)
+    ds = only(docs, "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    ctr = container(docs)
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in (
+        pod["tolerations"]
+    )
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    keys = {e["key"] for t in terms["nodeSelectorTerms"] for e in t["matchExpressions"]}
+    assert keys == {"feature.node.kubernetes.io/pci-10de.present", "nvidia.com/gpu.present"}
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+
+    sc = ctr["securityContext"]
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    assert set(sc["capabilities"].get("add", [])) == ADDED_CAPABILITIES.get(name, set())
+    if name not in ADDED_CAPABILITIES:
+        assert sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc.get("privileged", False) is False
+
+    resources = ctr["resources"]
+    assert {"cpu", "memory"} <= set(resources["requests"])
+    assert "memory" in resources["limits"]
+    assert "cpu" not in resources["limits"], "a CPU limit throttles start-up (docs/install.md)"
+
+    assert ctr["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert ctr["readinessProbe"]["httpGet"]["path"] == "/readyz"
+
+    update = ds["spec"]["updateStrategy"]
+    assert update["type"] == "RollingUpdate"
+    # One node at a time, never two agents on one node (they would take the socket from each
+    # other); the agent stops in about 2 s, well within the grace period.
+    assert update["rollingUpdate"] == {"maxUnavailable": 1, "maxSurge": 0}
+    assert 2 < pod["terminationGracePeriodSeconds"] <= 30
+
+
+@pytest.mark.parametrize("name", sorted(KUSTOMIZATIONS))
+def test_mounts_match_the_paths_the_agent_uses(name: str, tmp_path: Path) -> None:
+    """Every host path the agent uses — its defaults, and what the manifest's own command line,
+    env and config file resolve to — is a hostPath mounted at the same path in the container."""
+    docs = build(name)
+    pod = only(docs, "DaemonSet")["spec"]["template"]["spec"]
+    ctr = container(docs)
+    host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    mounted: dict[Path, bool] = {}
+    for mount in ctr["volumeMounts"]:
+        if mount["name"] in host:
+            assert mount["mountPath"] == host[mount["name"]], "host paths keep their path"
+            mounted[Path(mount["mountPath"])] = not mount.get("readOnly", False)
+
+    def covering(path: Path) -> Path | None:
+        return next((m for m in mounted if path == m or m in path.parents), None)
+
+    defaults = load_settings([], {})
+    effective = effective_settings(docs, tmp_path)
+    for settings in (defaults, effective):
+        for field, value in settings.as_dict().items():
+            if field in NOT_HOST_PATHS or not isinstance(getattr(settings, field), Path):
+                continue
+            assert covering(Path(str(value))) is not None, f"{field}={value} is not mounted"
+        # The plugin socket is created in socket-dir: that mount must be writable. The
+        # pod-resources socket is only connected to: the directory (not the file) is mounted,
+        # so a restarted kubelet's new socket is seen.
+        assert mounted[settings.socket_dir] is True
+        assert settings.kubelet_socket.parent == settings.socket_dir
+        assert settings.pod_resources_socket.parent in mounted
+    for path, what in EXTRA_HOST_DIRS.items():
+        assert mounted.get(Path(path)) is True, f"{path} ({what}) must be mounted writable"
+    # The probes' port is the port the agent listens on.
+    (port,) = [p["containerPort"] for p in ctr["ports"] if p["name"] == "metrics"]
+    assert effective.metrics_port == port
+    assert effective.metrics_host == ""
+
+
+@pytest.mark.parametrize(
+    ("module_name", "constant", "host_dir"),
+    [
+        ("gpuagent.cdi", "DEFAULT_CDI_DIR", "/var/run/cdi"),
+        (
+            "gpuagent.labels",
+            "DEFAULT_FEATURES_FILE",
+            "/etc/kubernetes/node-feature-discovery/features.d",
+        ),
+    ],
+)
+def test_extra_host_dirs_are_the_agents_defaults(
+    module_name: str, constant: str, host_dir: str
+) -> None:
+    """The CDI and NFD directories the DaemonSet mounts are where the agent writes by default."""
+    assert host_dir in EXTRA_HOST_DIRS
+    if importlib.util.find_spec(module_name) is None:
+        pytest.skip(f"{module_name} is not in this version of the agent")
+    default = Path(getattr(importlib.import_module(module_name), constant))
+    assert host_dir in (str(default), str(default.parent)), f"{module_name}.{constant}={default}"
+
+
+@pytest.mark.parametrize("name", sorted(KUSTOMIZATIONS))
+def test_overlay_config_is_valid_for_the_agent(name: str, tmp_path: Path) -> None:
+    """Key names and values pass the agent's config schema; a mode this version does not run is
+    refused by name ("not supported by this version") rather than silently ignored."""
+    docs = build(name)
+    settings = effective_settings(docs, tmp_path)
+    assert settings.config_file is not None
+    refused: ConfigError | None = None
+    try:
+        plan(settings)
+    except ConfigError as exc:
+        refused = exc
+    if refused is not None:
+        assert "not supported by this version" in refused.reason, refused
+        assert name in {"mig-mixed", "cdi"}, f"{name} should run today: {refused}"
+
+
+def test_overlays_set_their_mode() -> None:
+    def config(name: str) -> dict[str, Any]:
+        loaded = yaml.safe_load(config_text(build(name)))
+        assert isinstance(loaded, dict)
+        return loaded
+
+    assert config("base")["mig-strategy"] == "none"
+    assert config("mig-mixed")["mig-strategy"] == "mixed"
+    assert config("cdi")["device-list-strategy"] in ("cdi-cri", "cdi-annotations")
+    env = manifest_env(container(build("mig-mixed")))
+    assert env["NVIDIA_MIG_MONITOR_DEVICES"] == "all"
+    assert "replicas" in config_text(build("time-slicing"))  # documented, commented out for now
+
+
+# ----- Prometheus Operator ------------------------------------------------------------------------
+
+
+def test_prometheus_rule_passes_promtool(tmp_path: Path) -> None:
+    rule = only(build("prometheus-operator"), "PrometheusRule")
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}), encoding="utf-8")
+    result = run(tool("promtool"), "check", "rules", str(rules))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# ----- YAML, Containerfile, systemd unit ----------------------------------------------------------
+
+
+def test_yaml_lint() -> None:
+    result = run(tool("yamllint"), "--strict", "--format", "parsable", ".")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_containerfile_lint() -> None:
+    result = run(tool("hadolint"), "--no-color", "--failure-threshold", "style", "Containerfile")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_containerfile_shape() -> None:
+    text = (ROOT / "Containerfile").read_text(encoding="utf-8")
+    stages = re.findall(r"^FROM (\S+)", text, re.MULTILINE)
+    assert len(stages) >= 2, "multi-stage: build tools stay out of the final image"
+    assert all("slim" in image for image in stages)
+    final = text.rsplit("\nFROM ", 1)[1]
+    assert "--from=build" in final
+    assert "pip install" not in final
+    assert "apt-get" not in final
+    assert 'ENTRYPOINT ["gpuagent"]' in final
+    env = image_env()
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+    user = re.findall(r"^USER (\S+)", final, re.MULTILINE)
+    assert user, "the image names its user"
+    assert user[-1].split(":")[0] not in ("0", "root")
+    for label in ("title", "description", "version", "revision", "source", "licenses"):
+        assert f"org.opencontainers.image.{label}=" in final
+
+
+UNIT = ROOT / "deploy" / "systemd" / "gpuagent.service"
+
+
+def _unit_values(key: str) -> list[str]:
+    text = UNIT.read_text(encoding="utf-8")
+    return re.findall(rf"^{key}=(.*)$", text, re.MULTILINE)
+
+
+def test_systemd_unit_verifies(tmp_path: Path) -> None:
+    """``systemd-analyze verify`` knows every key; its exposure score stays low."""
+    analyze = tool("systemd-analyze")
+    unit = tmp_path / "gpuagent.service"
+    # verify checks that the executable exists: point it at this environment's gpuagent.
+    agent = Path(sys.executable).parent / "gpuagent"
+    unit.write_text(
+        UNIT.read_text(encoding="utf-8").replace("/usr/local/bin/gpuagent", str(agent)),
+        encoding="utf-8",
+    )
+    result = run(analyze, "verify", str(unit))
+    assert result.returncode == 0, result.stderr
+    assert not result.stderr.strip(), "systemd-analyze warns about the unit"
+    result = run(analyze, "security", "--offline=true", str(unit))
+    match = re.search(r"Overall exposure level for \S+: ([\d.]+)", result.stdout)
+    assert match, result.stdout + result.stderr
+    assert float(match.group(1)) <= 3.0, result.stdout
+
+
+def test_systemd_unit_command_line_is_valid_and_writes_only_where_needed() -> None:
+    (exec_start,) = _unit_values("ExecStart")
+    argv = exec_start.split()
+    assert argv[0] == "/usr/local/bin/gpuagent"
+    args = [
+        str(ROOT / "deploy" / "systemd" / "config.yaml") if a == "/etc/gpuagent/config.yaml" else a
+        for a in argv[1:]
+    ]
+    settings = load_settings(args, {})
+    plan(settings)
+    assert settings.socket_dir == load_settings([], {}).socket_dir
+    writable = " ".join(_unit_values("ReadWritePaths")).split()
+    assert str(settings.socket_dir) in writable
+    assert {w.lstrip("-") for w in writable} == {str(settings.socket_dir), *EXTRA_HOST_DIRS}
+    assert _unit_values("ProtectSystem") == ["strict"]
+    assert _unit_values("NoNewPrivileges") == ["yes"]
+    assert _unit_values("CapabilityBoundingSet") == [""]
+
+
+# ----- the agent as the DaemonSet starts it -------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _probe(port: int, probe: dict[str, Any]) -> int | None:
+    url = f"http://127.0.0.1:{port}{probe['httpGet']['path']}"
+    try:
+        with urllib.request.urlopen(url, timeout=probe.get("timeoutSeconds", 1)) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        return int(error.code)
+    except OSError:
+        return None
+
+
+def _wait_probe(port: int, probe: dict[str, Any], status: int) -> None:
+    deadline = time.monotonic() + T
+    last = None
+    while time.monotonic() < deadline:
+        last = _probe(port, probe)
+        if last == status:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{probe['httpGet']['path']} never answered {status}; last {last}")
+
+
+@pytest.fixture
+def daemonset_agent(
+    short_tmp_path: Path,
+) -> Iterator[tuple[subprocess.Popen[str], dict[str, Any], Path, int, dict[str, Any]]]:
+    """The agent started with the base DaemonSet's entrypoint, args and env (image ENV included).
+
+    Overrides, appended after the manifest's args (flags take precedence over the config file),
+    because a test cannot be a GPU node: ``--simulate 2`` (no driver here), ``--socket-dir`` and
+    ``--pod-resources-socket`` under a temporary directory (the hostPath mounts), and
+    ``--metrics-address 127.0.0.1:<free port>`` (:9400 may be taken). The config file is the
+    ConfigMap's, at a temporary path instead of /etc/gpuagent.
+    """
+    docs = build("base")
+    ctr = container(docs)
+    pod = only(docs, "DaemonSet")["spec"]["template"]["spec"]
+    config = short_tmp_path / "config.yaml"
+    config.write_text(config_text(docs), encoding="utf-8")
+    args = [f"--config={config}" if a.startswith("--config=") else a for a in ctr["args"]]
+    socket_dir = short_tmp_path / "device-plugins"
+    port = _free_port()
+    overrides = [
+        "--simulate", "2",
+        "--socket-dir", str(socket_dir),
+        "--pod-resources-socket", str(short_tmp_path / "pod-resources" / "kubelet.sock"),
+        "--metrics-address", f"127.0.0.1:{port}",
+    ]  # fmt: skip
+    # The image's PATH points at its own virtual environment: here that is sys.executable's.
+    env = {**image_env(), **manifest_env(ctr), "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    assert ctr.get("command") is None, "the image's ENTRYPOINT (gpuagent) runs"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpuagent", *args, *overrides],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        yield proc, ctr, socket_dir, port, pod
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=T)
+
+
+@pytest.mark.slow
+def test_agent_started_as_the_daemonset_answers_its_probes(
+    daemonset_agent: tuple[subprocess.Popen[str], dict[str, Any], Path, int, dict[str, Any]],
+    grpc_stubs: StubModules,
+) -> None:
+    proc, ctr, socket_dir, port, pod = daemonset_agent
+    liveness, readiness = ctr["livenessProbe"], ctr["readinessProbe"]
+    # Alive at once, not ready while no kubelet is there (the agent waits for kubelet.sock).
+    _wait_probe(port, liveness, 200)
+    assert _probe(port, readiness) == 503
+    with FakeKubelet(socket_dir, grpc_stubs) as kubelet:
+        (registration,) = kubelet.wait_for_registrations(1, T)
+        assert registration.resource_name == "nvidia.com/gpu"
+        assert len(registration.next_update(T).devices) == 2
+        _wait_probe(port, readiness, 200)
+        assert _probe(port, liveness) == 200
+        # Stopping (what the kubelet does on a rolling update) fits in the grace period.
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=pod["terminationGracePeriodSeconds"])
+        assert code == 0, proc.communicate()[1]
+        assert time.monotonic() - started < pod["terminationGracePeriodSeconds"]
+    _, stderr = proc.communicate(timeout=T)
+    assert stderr.lstrip().startswith("{"), "log-format json from the ConfigMap"

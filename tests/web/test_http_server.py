@@ -1,0 +1,315 @@
+"""The HTTP server on its own: scrapes, coalescing, TLS, basic auth and hostile clients."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import gzip
+import ssl
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import aiohttp
+import bcrypt
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from support.synthetic import synthetic_snapshot
+from support.tls import Pki, make_pki
+
+from gpuagent.domain.store import DeviceStore
+from gpuagent.web.metrics import AgentCounters, MetricsRenderer
+from gpuagent.web.server import HttpLimits, HttpServer, build_app
+from gpuagent.web.webconfig import WebConfigFile
+
+PASSWORD = b"scrape-me"
+HASH = bcrypt.hashpw(PASSWORD, bcrypt.gensalt(4)).decode()
+AUTH = {"Authorization": "Basic " + base64.b64encode(b"prometheus:" + PASSWORD).decode()}
+
+
+class _Probes:
+    def liveness(self) -> str | None:
+        return None
+
+    def readiness(self) -> str | None:
+        return "not registered with the kubelet"
+
+
+@dataclass
+class Served:
+    store: DeviceStore
+    renderer: MetricsRenderer
+    server: HttpServer
+    url: str
+
+
+@asynccontextmanager
+async def serving(
+    *,
+    gpus: int = 4,
+    web_config: WebConfigFile | None = None,
+    limits: HttpLimits | None = None,
+    replicas: int = 0,
+) -> AsyncIterator[Served]:
+    limits = limits or HttpLimits()
+    store = DeviceStore(synthetic_snapshot(gpus, replicas=replicas))
+    renderer = MetricsRenderer("node-1", "1.0")
+    app = build_app(store, renderer, AgentCounters, _Probes(), web_config=web_config, limits=limits)
+    server = HttpServer(
+        app,
+        "127.0.0.1",
+        0,
+        ssl_context=web_config.ssl_context if web_config else None,
+        limits=limits,
+    )
+    await server.start()
+    scheme = "https" if web_config is not None and web_config.ssl_context else "http"
+    try:
+        yield Served(store, renderer, server, f"{scheme}://127.0.0.1:{server.port}")
+    finally:
+        await server.close()
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+def write_web_config(path: Path, body: str) -> WebConfigFile:
+    path.write_text(body)
+    return WebConfigFile(path)
+
+
+async def test_scrape_parses_and_is_labelled_as_text_004() -> None:
+    async with serving() as s, aiohttp.ClientSession() as http:
+        async with http.get(s.url + "/metrics") as response:
+            assert response.status == 200
+            assert response.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+            assert response.headers["X-Content-Type-Options"] == "nosniff"
+            text = await response.text()
+        names = {f.name for f in text_string_to_metric_families(text)}
+        assert {"DCGM_FI_DEV_GPU_TEMP", "gpuagent_scrape_duration_seconds"} <= names
+
+
+@pytest.mark.parametrize(
+    ("accept", "gzipped"),
+    [
+        ("gzip", True),
+        ("deflate, gzip;q=0.5", True),
+        ("gzip;q=0", False),
+        ("identity", False),
+        ("", False),
+    ],
+)
+async def test_gzip_negotiation(accept: str, gzipped: bool) -> None:
+    async with serving(replicas=40) as s, aiohttp.ClientSession(auto_decompress=False) as http:
+        async with http.get(s.url + "/metrics", headers={"Accept-Encoding": accept}) as response:
+            body = await response.read()
+            assert response.headers.get("Content-Encoding") == ("gzip" if gzipped else None)
+            assert int(response.headers["Content-Length"]) == len(body)
+        text = (gzip.decompress(body) if gzipped else body).decode()
+        assert "DCGM_FI_DEV_GPU_TEMP" in text
+        assert text.endswith("gpuagent_scrape_duration_seconds_count 0\n")
+
+
+async def test_head_has_no_body() -> None:
+    async with (
+        serving() as s,
+        aiohttp.ClientSession() as http,
+        http.head(s.url + "/metrics") as response,
+    ):
+        assert response.status == 200
+        assert await response.read() == b""
+
+
+async def test_concurrent_scrapes_render_once_per_version() -> None:
+    async with serving(gpus=8, replicas=8) as s, aiohttp.ClientSession() as http:
+
+        async def scrape() -> str:
+            async with http.get(s.url + "/metrics", headers={"Accept-Encoding": "gzip"}) as r:
+                return await r.text()
+
+        bodies = await asyncio.gather(*(scrape() for _ in range(20)))
+        assert s.renderer.device_renders == 1
+        device_parts = {b.split("# HELP gpuagent_build_info")[0] for b in bodies}
+        assert len(device_parts) == 1
+        s.store.update(lambda snap: replace(snap, registered=False))
+        await scrape()
+        assert s.renderer.device_renders == 2
+        assert s.renderer.scrapes.count == 21
+
+
+async def test_scrape_duration_is_recorded() -> None:
+    async with serving() as s, aiohttp.ClientSession() as http:
+        for _ in range(3):
+            async with http.get(s.url + "/metrics") as response:
+                text = await response.text()
+        assert "gpuagent_scrape_duration_seconds_count 2\n" in text
+        assert s.renderer.scrapes.count == 3
+
+
+async def test_too_many_concurrent_scrapes_get_503() -> None:
+    limits = HttpLimits(max_concurrent_scrapes=1, chunk=1024, write_timeout=5.0)
+    # ~20 MB: more than loopback socket buffers hold.
+    async with serving(gpus=8, replicas=300, limits=limits) as s:
+        # A client that asks and never reads holds the only slot while its socket is full.
+        _reader, writer = await asyncio.open_connection("127.0.0.1", s.server.port)
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        await writer.drain()
+        async with aiohttp.ClientSession() as http:
+            status = 0
+            for _ in range(200):
+                async with http.get(s.url + "/metrics") as response:
+                    status = response.status
+                if status == 503:
+                    break
+                await asyncio.sleep(0.01)
+            assert status == 503
+            # Probes are not scrapes: still answered.
+            async with http.get(s.url + "/healthz") as response:
+                assert response.status == 200
+        writer.close()
+
+
+async def test_a_client_that_stops_reading_is_dropped_without_blocking_others() -> None:
+    limits = HttpLimits(write_timeout=0.3, chunk=16 * 1024)
+    # ~20 MB: more than loopback socket buffers hold, so the server's writes must wait.
+    async with serving(gpus=8, replicas=300, limits=limits) as s:
+        reader, writer = await asyncio.open_connection("127.0.0.1", s.server.port)
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        await writer.drain()
+        async with aiohttp.ClientSession() as http:
+            for _ in range(5):  # others are served while it stalls
+                async with http.get(s.url + "/metrics") as response:
+                    assert response.status == 200
+                    await response.read()
+        # Its connection is aborted once the write timeout passes.
+        received = 0
+        await asyncio.sleep(0.5)  # well after the write timeout
+        with contextlib.suppress(ConnectionResetError):
+            async with asyncio.timeout(10):
+                while chunk := await reader.read(1 << 20):
+                    received += len(chunk)
+        body_size = len(s.renderer.devices(s.store.snapshot).text)
+        assert received < body_size
+        writer.close()
+
+
+async def test_oversized_headers_are_refused() -> None:
+    async with serving() as s, aiohttp.ClientSession() as http:
+        async with http.get(s.url + "/metrics", headers={"X-Big": "a" * 20_000}) as response:
+            assert response.status in (400, 431)
+        many = {f"X-H{i}": "v" for i in range(200)}
+        async with http.get(s.url + "/metrics", headers=many) as response:
+            assert response.status in (400, 431)
+
+
+async def test_a_silent_connection_is_closed_after_the_keepalive_timeout() -> None:
+    limits = HttpLimits(keepalive_timeout=0.2)
+    async with serving(limits=limits) as s:
+        reader, writer = await asyncio.open_connection("127.0.0.1", s.server.port)
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # headers never finished
+        await writer.drain()
+        async with asyncio.timeout(5):
+            assert await reader.read() == b""
+        writer.close()
+
+
+async def test_connections_over_the_limit_are_refused() -> None:
+    limits = HttpLimits(max_connections=3)
+    async with serving(limits=limits) as s:
+        held = [await asyncio.open_connection("127.0.0.1", s.server.port) for _ in range(3)]
+        for _ in range(100):  # until the server has accepted all three
+            if len(s.server._runner.server.connections) == 3:  # type: ignore[union-attr]
+                break
+            await asyncio.sleep(0.01)
+        reader, writer = await asyncio.open_connection("127.0.0.1", s.server.port)
+        async with asyncio.timeout(5):
+            answer = await reader.read()
+        assert answer.startswith(b"HTTP/1.1 503")
+        assert s.server.refused == 1
+        for _, w in held:
+            w.close()
+        writer.close()
+
+
+async def test_request_bodies_are_bounded() -> None:
+    async with (
+        serving() as s,
+        aiohttp.ClientSession() as http,
+        http.post(s.url + "/sim/faults", data=b"x" * 200_000) as response,
+    ):
+        assert response.status in (404, 405, 413)
+
+
+async def test_basic_auth_protects_all_but_probes(tmp_path: Path) -> None:
+    config = write_web_config(
+        tmp_path / "web.yml",
+        f"basic_auth_users:\n  prometheus: {HASH}\n"
+        "http_server_config:\n  headers:\n    X-Frame-Options: deny\n",
+    )
+    async with serving(web_config=config) as s, aiohttp.ClientSession() as http:
+        async with http.get(s.url + "/metrics") as response:
+            assert response.status == 401
+            assert response.headers["WWW-Authenticate"].startswith("Basic")
+        bad = {"Authorization": "Basic " + base64.b64encode(b"prometheus:nope").decode()}
+        async with http.get(s.url + "/metrics", headers=bad) as response:
+            assert response.status == 401
+        async with http.get(s.url + "/metrics", headers=AUTH) as response:
+            assert response.status == 200
+            assert response.headers["X-Frame-Options"] == "deny"
+            assert "DCGM_FI_DEV_GPU_TEMP" in await response.text()
+        async with http.get(s.url + "/") as response:
+            assert response.status == 401
+        async with http.get(s.url + "/healthz") as response:
+            assert response.status == 200
+        async with http.get(s.url + "/readyz") as response:
+            assert response.status == 503  # answered (not 401): the kubelet can probe
+
+
+async def test_tls_scrape(tmp_path: Path, pki: Pki) -> None:
+    config = write_web_config(
+        tmp_path / "web.yml",
+        f"tls_server_config:\n  cert_file: {pki.server_cert}\n  key_file: {pki.server_key}\n",
+    )
+    client = ssl.create_default_context(cafile=pki.ca_cert)
+    async with serving(web_config=config) as s, aiohttp.ClientSession() as http:
+        assert s.url.startswith("https://")
+        async with http.get(s.url + "/metrics", ssl=client) as response:
+            assert response.status == 200
+            assert "DCGM_FI_DEV_GPU_TEMP" in await response.text()
+        with pytest.raises(aiohttp.ClientError):  # plain HTTP on the TLS port
+            async with http.get(s.url.replace("https", "http") + "/metrics"):
+                pass
+
+
+async def test_tls_client_certificates(tmp_path: Path, pki: Pki) -> None:
+    config = write_web_config(
+        tmp_path / "web.yml",
+        f"tls_server_config:\n  cert_file: {pki.server_cert}\n  key_file: {pki.server_key}\n"
+        f"  client_ca_file: {pki.ca_cert}\n  client_auth_type: RequireAndVerifyClientCert\n",
+    )
+    with_cert = ssl.create_default_context(cafile=pki.ca_cert)
+    with_cert.load_cert_chain(pki.client_cert, pki.client_key)
+    without = ssl.create_default_context(cafile=pki.ca_cert)
+    async with serving(web_config=config) as s, aiohttp.ClientSession() as http:
+        async with http.get(s.url + "/metrics", ssl=with_cert) as response:
+            assert response.status == 200
+        with pytest.raises(aiohttp.ClientError):
+            async with http.get(s.url + "/metrics", ssl=without) as response:
+                await response.read()
+
+
+async def test_a_silent_tls_client_is_cut_off(tmp_path: Path, pki: Pki) -> None:
+    config = write_web_config(
+        tmp_path / "web.yml",
+        f"tls_server_config:\n  cert_file: {pki.server_cert}\n  key_file: {pki.server_key}\n",
+    )
+    limits = HttpLimits(tls_handshake_timeout=0.2)
+    async with serving(web_config=config, limits=limits) as s:
+        reader, writer = await asyncio.open_connection("127.0.0.1", s.server.port)
+        async with asyncio.timeout(5):
+            assert await reader.read() == b""  # never sent a ClientHello
+        writer.close()

@@ -1,0 +1,96 @@
+"""docs/metrics.md cannot drift from what /metrics emits, the options, or the HTTP limits."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from pathlib import Path
+from types import MappingProxyType
+
+from support.synthetic import synthetic_snapshot
+
+from gpuagent.config import OPTIONS
+from gpuagent.domain.devices import Condition, GpuHealth
+from gpuagent.web.metrics import (
+    DCGM_METRICS,
+    AgentCounters,
+    MetricsRenderer,
+    NvmlCallStats,
+    PodResourcesStats,
+)
+from gpuagent.web.server import MAX_BODY, HttpLimits
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
+NOT_EXPORTED = {"DCGM_FI_DRIVER_VERSION", "DCGM_FI_DEV_VGPU_LICENSE_STATUS"}
+
+
+def families() -> set[str]:
+    snapshot = synthetic_snapshot(2, replicas=1)
+    gpu = replace(
+        snapshot.gpus[0],
+        health=GpuHealth((Condition("lost"),)),
+        xid_counts=MappingProxyType({79: 1}),
+        last_xid=79,
+    )
+    snapshot = replace(snapshot, gpus=(gpu, snapshot.gpus[1]))
+    counters = AgentCounters(
+        pod_resources=PodResourcesStats(1, 0, True), nvml=(NvmlCallStats("x", 1, 0.1, 0),)
+    )
+    text = MetricsRenderer("n", "1").render(snapshot, counters)
+    text += MetricsRenderer("n", "1").render(synthetic_snapshot(1, mig=True), counters)
+    return set(re.findall(r"^# TYPE (\S+) ", text, re.MULTILINE))
+
+
+def table_rows() -> dict[str, list[str]]:
+    rows = {}
+    for line in DOC.read_text(encoding="utf-8").splitlines():
+        match = re.match(r"\| `((?:DCGM_FI|gpuagent)_[A-Za-z0-9_]+)` \|", line)
+        if match:
+            rows[match.group(1)] = [c.strip() for c in line.strip().strip("|").split(" | ")]
+    return rows
+
+
+def test_every_family_is_documented_and_every_documented_family_exists() -> None:
+    emitted = families()
+    documented = set(table_rows())
+    assert emitted - documented == set(), "undocumented"
+    assert documented - emitted == set(), "documented but not emitted"
+    named = set(re.findall(r"\b((?:DCGM_FI|gpuagent)_[A-Za-z0-9_]*[A-Za-z0-9])", DOC.read_text()))
+    assert named - emitted - NOT_EXPORTED == set()
+
+
+def test_dcgm_rows_match_the_renderer() -> None:
+    rows = table_rows()
+    for metric in DCGM_METRICS:
+        name, kind, _unit, _field, scope, help_text = rows[metric.name]
+        assert kind == metric.kind, name
+        assert help_text == metric.help, name
+        assert scope == ("instance" if metric.scope == "instance" else "GPU"), name
+
+
+def test_options_table_names_real_options() -> None:
+    text = DOC.read_text(encoding="utf-8")
+    section = text.split("## Options", 1)[1].split("\n## ", 1)[0]
+    flags = {f"--{o.name}": o for o in OPTIONS}
+    for flag, env, key in re.findall(r"^\| `(--[a-z-]+)[^`]*` \| `(\w+)` \| `([a-z-]+)` \|",
+                                     section, re.MULTILINE):  # fmt: skip
+        option = flags[flag]
+        assert env in option.env_names
+        assert key == option.name
+        assert option.in_file
+
+
+def test_limits_table_matches_the_server() -> None:
+    text = DOC.read_text(encoding="utf-8")
+    limits = HttpLimits()
+    for expected in (
+        f"| connections | {limits.max_connections} |",
+        f"| concurrent `/metrics` responses | {limits.max_concurrent_scrapes} |",
+        f"| request line / header field | {limits.max_line_size} bytes |",
+        f"| header fields | {limits.max_headers} |",
+        f"| request body | {MAX_BODY // 1024} KiB |",
+        f"unfinished request headers | {limits.keepalive_timeout:g} s |",
+        f"| TLS handshake | {limits.tls_handshake_timeout:g} s |",
+        f"| writing one `/metrics` response | {limits.write_timeout:g} s |",
+    ):
+        assert expected in text, expected

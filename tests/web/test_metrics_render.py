@@ -1,0 +1,426 @@
+"""The /metrics renderer, checked with prometheus_client's parser as the oracle."""
+
+from __future__ import annotations
+
+import gzip
+import math
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import replace
+from types import MappingProxyType
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from support.synthetic import full_telemetry, gpu_uuid, mig_uuid, synthetic_snapshot
+
+from gpuagent.domain.devices import (
+    Attribution,
+    Condition,
+    GpuHealth,
+    PodRef,
+    Telemetry,
+)
+from gpuagent.web.exposition import escape_label, format_value
+from gpuagent.web.metrics import (
+    DCGM_METRICS,
+    GZIP_SEGMENT_BYTES,
+    AgentCounters,
+    MetricsRenderer,
+    NvmlCallStats,
+    PodResourcesStats,
+    xid_message,
+)
+
+DCGM_LABELS = ["gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname",
+               "DCGM_FI_DRIVER_VERSION", "container", "namespace", "pod"]  # fmt: skip
+MIG_LABELS = [*DCGM_LABELS[:5], "GPU_I_PROFILE", "GPU_I_ID", *DCGM_LABELS[5:]]
+
+
+def renderer(**kwargs: object) -> MetricsRenderer:
+    return MetricsRenderer("node-1", "1.2.3", monotonic=lambda: 130.0, wall=lambda: 1e9, **kwargs)  # type: ignore[arg-type]
+
+
+def families(text: str) -> dict[str, object]:
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
+    out = []
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name:
+                out.append((dict(s.labels), s.value))
+    return out
+
+
+def label_order(text: str, name: str) -> list[list[str]]:
+    """Label names of each sample of ``name`` in the order written (the parser loses it)."""
+    orders = []
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            orders.append(re.findall(r'(?:^|,)([A-Za-z_][A-Za-z0-9_]*)="', line[len(name) + 1 :]))
+    return orders
+
+
+def assert_unique_series(text: str) -> None:
+    seen = set()
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            key = (s.name, tuple(sorted(s.labels.items())))
+            assert key not in seen, f"duplicate series {key}"
+            seen.add(key)
+
+
+def test_every_dcgm_family_with_its_type_help_and_value() -> None:
+    snapshot = synthetic_snapshot(2)
+    text = renderer().render(snapshot, AgentCounters())
+    parsed = families(text)
+    telemetry = snapshot.gpus[1].telemetry
+    for metric in DCGM_METRICS:
+        family = parsed[metric.name]
+        assert family.type == metric.kind  # type: ignore[attr-defined]
+        assert family.documentation == metric.help  # type: ignore[attr-defined]
+        by_gpu = {s.labels["gpu"]: s.value for s in family.samples}  # type: ignore[attr-defined]
+        assert by_gpu["1"] == metric.read(telemetry)
+    assert_unique_series(text)
+
+
+def test_dcgm_names_help_and_types_match_dcgm_exporter() -> None:
+    expected = {
+        "DCGM_FI_DEV_SM_CLOCK": ("gauge", "SM clock frequency (in MHz)."),
+        "DCGM_FI_DEV_GPU_TEMP": ("gauge", "GPU temperature (in C)."),
+        "DCGM_FI_DEV_POWER_USAGE": ("gauge", "Power draw (in W)."),
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": (
+            "counter", "Total energy consumption since boot (in mJ)."),
+        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": ("counter", "Total number of PCIe retries."),
+        "DCGM_FI_DEV_GPU_UTIL": ("gauge", "GPU utilization (in %)."),
+        "DCGM_FI_DEV_FB_USED": ("gauge", "Framebuffer memory used (in MiB)."),
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": (
+            "counter", "Total number of NVLink bandwidth counters for all lanes."),
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": (
+            "counter", "Number of remapped rows for uncorrectable errors"),
+        "DCGM_FI_DEV_ROW_REMAP_FAILURE": ("gauge", "Whether remapping of rows has failed"),
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": (
+            "gauge", "Ratio of cycles the tensor (HMMA) pipe is active."),
+        "DCGM_FI_PROF_DRAM_ACTIVE": ("gauge", "Ratio of cycles the device memory interface is "
+                                              "active sending or receiving data."),
+    }  # fmt: skip
+    text = renderer().render(synthetic_snapshot(1), AgentCounters())
+    for name, (kind, help_text) in expected.items():
+        assert f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n" in text
+
+
+def test_labels_in_dcgm_exporter_order_with_empty_pod_labels() -> None:
+    text = renderer().render(synthetic_snapshot(2), AgentCounters())
+    assert label_order(text, "DCGM_FI_DEV_GPU_TEMP") == [DCGM_LABELS, DCGM_LABELS]
+    labels, _ = samples(text, "DCGM_FI_DEV_GPU_TEMP")[0]
+    assert labels == {
+        "gpu": "0", "UUID": gpu_uuid(0), "pci_bus_id": "00000000:18:00.0", "device": "nvidia0",
+        "modelName": "NVIDIA H100 80GB HBM3", "Hostname": "node-1",
+        "DCGM_FI_DRIVER_VERSION": "580.95.05", "container": "", "namespace": "", "pod": "",
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("label", "expected"),
+    [
+        pytest.param("Hostname", "Hostname", id="before-4.5"),
+        pytest.param("hostname", "hostname", id="after-4.5"),
+        pytest.param(None, None, id="no-hostname"),
+    ],
+)
+def test_hostname_label_spelling(label: str | None, expected: str | None) -> None:
+    text = renderer(hostname_label=label).render(synthetic_snapshot(1), AgentCounters())
+    (order,) = label_order(text, "DCGM_FI_DEV_GPU_TEMP")
+    want = [x for x in DCGM_LABELS if x != "Hostname"]
+    if expected is not None:
+        want.insert(5, expected)
+    assert order == want
+
+
+def test_absent_readings_are_absent_not_zero() -> None:
+    snapshot = synthetic_snapshot(2)
+    gpu0 = replace(snapshot.gpus[0], telemetry=Telemetry(temperature_c=40.0))
+    snapshot = replace(snapshot, gpus=(gpu0, snapshot.gpus[1]))
+    text = renderer().render(snapshot, AgentCounters())
+    assert {s[0]["gpu"] for s in samples(text, "DCGM_FI_DEV_GPU_TEMP")} == {"0", "1"}
+    assert {s[0]["gpu"] for s in samples(text, "DCGM_FI_DEV_POWER_USAGE")} == {"1"}
+
+
+def test_no_family_without_samples() -> None:
+    snapshot = replace(
+        synthetic_snapshot(0), driver=replace(synthetic_snapshot(0).driver, up=False)
+    )
+    text = renderer().render(snapshot, AgentCounters())
+    assert "DCGM_" not in text
+    assert "gpuagent_gpus 0\n" in text
+
+
+def test_xid_last_value_with_code_and_message() -> None:
+    snapshot = synthetic_snapshot(2)
+    gpu1 = replace(snapshot.gpus[1], last_xid=79, xid_counts=MappingProxyType({13: 2, 79: 1}))
+    snapshot = replace(snapshot, gpus=(snapshot.gpus[0], gpu1))
+    text = renderer().render(snapshot, AgentCounters())
+    last = {s[0]["gpu"]: s for s in samples(text, "DCGM_FI_DEV_XID_ERRORS")}
+    assert last["0"][1] == 0
+    assert (last["0"][0]["err_code"], last["0"][0]["err_msg"]) == ("0", "No Error")
+    assert last["1"][1] == 79
+    assert (last["1"][0]["err_code"], last["1"][0]["err_msg"]) == (
+        "79", "GPU has fallen off the bus")  # fmt: skip
+    assert label_order(text, "DCGM_FI_DEV_XID_ERRORS")[1][-2:] == ["err_code", "err_msg"]
+    counts = {(s[0]["gpu"], s[0]["xid"]): s[1] for s in samples(text, "gpuagent_xid_errors_total")}
+    assert counts == {("1", "13"): 2, ("1", "79"): 1}
+    assert xid_message(99999) == "Unknown Error"
+
+
+def test_shared_gpu_gets_one_series_per_pod() -> None:
+    snapshot = synthetic_snapshot(2, replicas=3)
+    text = renderer().render(snapshot, AgentCounters())
+    temps = samples(text, "DCGM_FI_DEV_GPU_TEMP")
+    assert len(temps) == 6
+    gpu0 = sorted(s[0]["pod"] for s in temps if s[0]["gpu"] == "0")
+    assert gpu0 == [f"pod-0-{gpu_uuid(0)[-4:]}-{r}" for r in range(3)]
+    assert {s[1] for s in temps if s[0]["gpu"] == "0"} == {snapshot.gpus[0].telemetry.temperature_c}
+    assert all(s[0]["namespace"] == "team-a" and s[0]["container"] == "main" for s in temps)
+    allocated = samples(text, "gpuagent_device_allocated")
+    assert len(allocated) == 6
+    assert_unique_series(text)
+
+
+def test_mig_series_per_gpu_instance_with_parent_identity() -> None:
+    snapshot = synthetic_snapshot(1, mig=True, replicas=1)
+    text = renderer().render(snapshot, AgentCounters())
+    used = samples(text, "DCGM_FI_DEV_FB_USED")
+    assert len(used) == 7
+    for labels, value in used:
+        gi = int(labels["GPU_I_ID"])
+        assert labels["GPU_I_PROFILE"] == "1g.10gb"
+        assert (labels["gpu"], labels["UUID"], labels["device"]) == ("0", gpu_uuid(0), "nvidia0")
+        assert value == 100.0 + gi  # the instance's own reading
+        assert labels["pod"] == f"pod-0-{mig_uuid(0, gi)[-4:]}-0"
+    # A whole-GPU reading is repeated on each instance's series, as dcgm-exporter does.
+    temps = samples(text, "DCGM_FI_DEV_GPU_TEMP")
+    assert {v for _, v in temps} == {snapshot.gpus[0].telemetry.temperature_c}
+    assert label_order(text, "DCGM_FI_DEV_GPU_TEMP")[0] == MIG_LABELS
+    # Instance-scoped readings the MIG device does not have are absent, not the parent's.
+    assert samples(text, "DCGM_FI_DEV_GPU_UTIL") == []
+    assert len(samples(text, "gpuagent_mig_device_info")) == 7
+    assert_unique_series(text)
+
+
+def test_mig_compute_instances_of_one_gpu_instance_share_a_series() -> None:
+    snapshot = synthetic_snapshot(1, mig=True)
+    gpu = snapshot.gpus[0]
+    twin = replace(gpu.mig_devices[0], uuid="MIG-twin", compute_instance_id=1)
+    snapshot = replace(snapshot, gpus=(replace(gpu, mig_devices=(*gpu.mig_devices, twin)),))
+    text = renderer().render(snapshot, AgentCounters())
+    assert len(samples(text, "DCGM_FI_DEV_FB_USED")) == 7
+    assert_unique_series(text)
+
+
+HOSTILE = [
+    'quote"d',
+    "back\\slash",
+    "new\nline",
+    "tab\tand space",
+    "ünïcødé-🚀-名前",
+    '\\"\n\\n',
+    "trailing\\",
+    "{braces}=,",
+]
+
+
+@pytest.mark.parametrize("value", HOSTILE)
+def test_hostile_label_values_round_trip(value: str) -> None:
+    snapshot = synthetic_snapshot(1)
+    gpu = replace(snapshot.gpus[0], name=value, pci_bus_id=value)
+    ref = PodRef(namespace=value, pod=value, container=value)
+    snapshot = replace(
+        snapshot,
+        gpus=(gpu,),
+        driver=replace(snapshot.driver, version=value),
+        pods=Attribution(by_device=MappingProxyType({gpu.uuid: (ref,)}), refreshed_at=1.0),
+    )
+    snapshot = replace(
+        snapshot,
+        gpus=(replace(gpu, health=GpuHealth((Condition("xid", value),))),),
+    )
+    text = MetricsRenderer(value, value, hostname_label="Hostname").render(
+        snapshot, AgentCounters(nvml=(NvmlCallStats(value, 3, 0.5, 1),))
+    )
+    for labels, _ in samples(text, "DCGM_FI_DEV_GPU_TEMP"):
+        for key in ("modelName", "pci_bus_id", "Hostname", "DCGM_FI_DRIVER_VERSION", "pod",
+                    "namespace", "container"):  # fmt: skip
+            assert labels[key] == value
+    (condition,) = samples(text, "gpuagent_gpu_condition")
+    assert condition[0]["detail"] == value
+    (build,) = samples(text, "gpuagent_build_info")
+    assert build[0]["version"] == value
+    (calls,) = samples(text, "gpuagent_nvml_call_errors_total")
+    assert calls[0]["call"] == value
+    assert text.endswith("\n")
+    assert all(line.count("\n") == 0 for line in text.split("\n"))
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (0, "0"),
+        (1.0, "1"),
+        (-3, "-3"),
+        (0.25, "0.25"),
+        (1e20, "1e+20"),
+        (float("nan"), "NaN"),
+        (float("inf"), "+Inf"),
+        (float("-inf"), "-Inf"),
+        (123456789012.5, "123456789012.5"),
+    ],
+)
+def test_format_value(value: float, text: str) -> None:
+    assert format_value(value) == text
+    parsed = float(text.replace("Inf", "inf"))
+    assert (math.isnan(parsed) and math.isnan(value)) or parsed == value
+
+
+def test_escape_label() -> None:
+    assert escape_label('a\\b"c\nd') == 'a\\\\b\\"c\\nd'
+    assert escape_label("plain") == "plain"
+
+
+def test_device_part_cached_per_snapshot_version() -> None:
+    r = renderer()
+    snapshot = synthetic_snapshot(2, version=5)
+    first = r.devices(snapshot)
+    assert r.devices(snapshot) is first
+    assert r.devices(replace(snapshot)) is first  # same version: same part
+    assert r.device_renders == 1
+    newer = r.devices(replace(snapshot, version=6))
+    assert newer is not first
+    assert r.device_renders == 2
+
+
+def test_agent_part_is_fresh_on_every_scrape() -> None:
+    r = renderer()
+    snapshot = synthetic_snapshot(1)
+    assert b"gpuagent_allocations_total 1\n" in r.agent(snapshot, AgentCounters(allocations=1))
+    assert b"gpuagent_allocations_total 2\n" in r.agent(snapshot, AgentCounters(allocations=2))
+
+
+@pytest.mark.parametrize("tail", [b"", b"x\n", b"gpuagent_gpus 8\n" * 500])
+def test_gzip_prefix_plus_tail_is_one_valid_stream(tail: bytes) -> None:
+    part = renderer().devices(synthetic_snapshot(8, replicas=2))
+    for _ in range(2):  # the cached segments are reused, not consumed
+        assert gzip.decompress(b"".join(part.gzip(tail))) == part.text + tail
+
+
+@pytest.mark.parametrize("replicas", [0, 40, 128])
+def test_gzip_in_threads_while_rendering(replicas: int) -> None:
+    r = renderer()
+    base = synthetic_snapshot(8, replicas=replicas)
+    r.devices(base)  # the previous version tells the renderer the part is large
+    part = r.devices(replace(base, version=base.version + 1), compress=True)
+    part.finish_gzip().result(timeout=30)
+    assert part.gzip_ready
+    body = b"".join(part.gzip(b"tail\n"))
+    assert gzip.decompress(body) == part.text + b"tail\n"
+    if part.size > 2 * GZIP_SEGMENT_BYTES:
+        assert len(part.gzip(b"")) > 4  # header, several segments, end + trailer
+    assert r.devices(replace(base, version=base.version + 1)) is part
+
+
+def test_pod_resources_families() -> None:
+    snapshot = synthetic_snapshot(1, replicas=2, refreshed_at=100.0)
+    stats = PodResourcesStats(requests=7, errors=2, socket_present=True)
+    text = renderer().render(snapshot, AgentCounters(pod_resources=stats))
+    values = {name: samples(text, name)[0][1] for name in (
+        "gpuagent_pod_resources_up", "gpuagent_pod_resources_socket_present",
+        "gpuagent_pod_resources_requests_total", "gpuagent_pod_resources_errors_total",
+        "gpuagent_pod_resources_age_seconds",
+        "gpuagent_pod_resources_last_success_timestamp_seconds",
+        "gpuagent_pod_resources_devices",
+    )}  # fmt: skip
+    assert values == {
+        "gpuagent_pod_resources_up": 1,
+        "gpuagent_pod_resources_socket_present": 1,
+        "gpuagent_pod_resources_requests_total": 7,
+        "gpuagent_pod_resources_errors_total": 2,
+        "gpuagent_pod_resources_age_seconds": 30.0,
+        "gpuagent_pod_resources_last_success_timestamp_seconds": 1e9 - 30.0,
+        "gpuagent_pod_resources_devices": 2,
+    }
+    failing = replace(snapshot, pods=replace(snapshot.pods, error="socket absent"))
+    text = renderer().render(failing, AgentCounters(pod_resources=stats))
+    assert samples(text, "gpuagent_pod_resources_up")[0][1] == 0
+    never = replace(snapshot, pods=Attribution(error="socket absent"))
+    text = renderer().render(never, AgentCounters(pod_resources=stats))
+    assert samples(text, "gpuagent_pod_resources_age_seconds") == []
+
+
+def test_scrape_histogram_is_cumulative() -> None:
+    r = renderer()
+    for seconds in (0.0001, 0.003, 0.003, 2.0):
+        r.scrapes.observe(seconds)
+    text = r.render(synthetic_snapshot(1), AgentCounters())
+    buckets = {s[0]["le"]: s[1] for s in samples(text, "gpuagent_scrape_duration_seconds_bucket")}
+    assert buckets["0.0005"] == 1
+    assert buckets["0.005"] == 3
+    assert buckets["1"] == 3
+    assert buckets["+Inf"] == 4
+    assert samples(text, "gpuagent_scrape_duration_seconds_count")[0][1] == 4
+
+
+def full_render() -> str:
+    snapshot = synthetic_snapshot(2, replicas=2)
+    gpu = replace(
+        snapshot.gpus[0],
+        health=GpuHealth((Condition("xid", "79"), Condition("lost"))),
+        xid_counts=MappingProxyType({79: 1}),
+        last_xid=79,
+        telemetry=full_telemetry(),
+    )
+    snapshot = replace(snapshot, gpus=(gpu, *snapshot.gpus[1:]))
+    r = renderer()
+    r.scrapes.observe(0.001)
+    counters = AgentCounters(
+        registrations=1,
+        allocations=3,
+        pod_resources=PodResourcesStats(3, 1, True),
+        nvml=(NvmlCallStats("nvmlDeviceGetTemperature", 10, 0.01, 1),),
+    )
+    return r.render(snapshot, counters)
+
+
+def test_own_families_pass_promtool() -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        if os.environ.get("GPUAGENT_REQUIRE_PROMTOOL"):
+            pytest.fail("promtool is required here (GPUAGENT_REQUIRE_PROMTOOL is set)")
+        pytest.skip("promtool not installed")
+    text = full_render()
+    own = "".join(line + "\n" for line in text.splitlines() if "gpuagent_" in line)
+    for family in ("gpuagent_device_allocated", "gpuagent_scrape_duration_seconds",
+                   "gpuagent_nvml_call_duration_seconds", "gpuagent_pod_resources_age_seconds",
+                   "gpuagent_gpu_condition", "gpuagent_build_info"):  # fmt: skip
+        assert f"# TYPE {family} " in own
+    result = subprocess.run(
+        [promtool, "check", "metrics"], input=own, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr + result.stdout
+    assert result.stderr.strip() == ""
+    # The whole exposition parses for promtool too; only dcgm-exporter's own names are linted
+    # (upper-case _TOTAL-less counters and the camelCase modelName label: reference §8.5).
+    whole = subprocess.run(
+        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False
+    )
+    assert whole.returncode in (0, 3), whole.stderr
+    for line in whole.stderr.splitlines():
+        assert line.startswith("DCGM_"), line
+
+
+def test_whole_exposition_parses_and_has_unique_series() -> None:
+    text = full_render()
+    assert_unique_series(text)
+    names = [f.name for f in text_string_to_metric_families(text)]
+    assert len(names) == len(set(names))
