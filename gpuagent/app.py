@@ -40,7 +40,7 @@ from gpuagent.kubelet.plugin import DevicePluginService
 from gpuagent.kubelet.podresources import PodResourcesClient
 from gpuagent.kubelet.registration import PluginEndpoint, Timing
 from gpuagent.labels import DEFAULT_FEATURES_FILE, node_labels, sync_features
-from gpuagent.web.metrics import AgentCounters, MetricsRenderer, PodResourcesStats
+from gpuagent.web.metrics import AgentCounters, MetricsRenderer, NvmlCallStats, PodResourcesStats
 from gpuagent.web.server import HttpServer, build_app
 from gpuagent.web.webconfig import WebConfigError, WebConfigFile
 
@@ -231,6 +231,7 @@ class Agent:
         self.services: dict[str, DevicePluginService] = {}
         self.endpoints: dict[str, PluginEndpoint] = {}
         self.http: HttpServer | None = None
+        self.monitor: GpuMonitor | None = None
 
     # ----- probes ------------------------------------------------------------------------------
     def liveness(self) -> str | None:
@@ -266,6 +267,12 @@ class Agent:
             registrations=registrations,
             allocations=self.stats.allocations,
             pod_resources=PodResourcesStats(pods.requests, pods.errors, pods.socket_present),
+            nvml=tuple(
+                NvmlCallStats(name, s.count, s.seconds, s.errors)
+                for name, s in self.monitor.call_totals()
+            )
+            if self.monitor is not None
+            else (),
         )
 
     def _on_allocate(self, seconds: float) -> None:
@@ -277,7 +284,7 @@ class Agent:
         """Run until ``stop`` is set, then shut down; raises :class:`FatalError` on failure."""
         if self.simulator is not None:
             sim.install(self.simulator)
-        monitor = GpuMonitor(
+        self.monitor = monitor = GpuMonitor(
             self.store,
             Nvml(self._sysfs_root),
             self.plan.health,

@@ -33,6 +33,8 @@ import bench_metrics  # noqa: E402
 from support.fake_kubelet import FakeKubelet  # noqa: E402
 from support.grpcstubs import StubModules, generate  # noqa: E402
 
+from gpuagent.domain.bench import bench_preferred  # noqa: E402
+
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -155,6 +157,19 @@ def bench_running(stubs: StubModules, args: argparse.Namespace) -> list[Row]:
         rows.append(Row("Allocate round trip p50", ms(p50), "", None))
         rows.append(Row("Allocate round trip p99", ms(p99), "< 2 ms", p99 < 0.002))
 
+        # GetPreferredAllocation round trip, as the kubelet sees it.
+        latencies = []
+        for i in range(args.allocations // 4):
+            size = 1 + i % (len(ids) - 1)
+            t0 = time.perf_counter()
+            kubelet.preferred(ids, ids[i % len(ids) : i % len(ids) + 1], size)
+            latencies.append(time.perf_counter() - t0)
+        p99 = percentile(latencies, 99)
+        rows.append(Row(f"GetPreferredAllocation round trip p50, {len(ids)} GPUs",
+                        ms(percentile(latencies, 50)), "", None))  # fmt: skip
+        rows.append(Row(f"GetPreferredAllocation round trip p99, {len(ids)} GPUs", ms(p99),
+                        "< 5 ms", p99 < 0.005))  # fmt: skip
+
         # Fault → Unhealthy on the stream, and recover → Healthy.
         to_unhealthy, to_healthy = [], []
         for i in range(args.faults):
@@ -205,6 +220,19 @@ def bench_running(stubs: StubModules, args: argparse.Namespace) -> list[Row]:
     return rows
 
 
+def bench_preferred_search() -> list[Row]:
+    """The preferred-allocation search alone (the domain function the service calls)."""
+    rows = []
+    for gpus, replicas, target in ((16, 0, 0.050), (8, 48, 0.005)):
+        timing = bench_preferred(gpus, replicas=replicas, calls=500)
+        shape = f"{gpus} GPUs" + (f" x {replicas} replicas" if replicas else "")
+        rows.append(Row(f"preferred-allocation search p50, {shape}", f"{timing.p50_ms:.2f} ms",
+                        "", None))  # fmt: skip
+        rows.append(Row(f"preferred-allocation search p99, {shape}", f"{timing.p99_ms:.2f} ms",
+                        f"< {target * 1000:.0f} ms", timing.p99_ms < target * 1000))  # fmt: skip
+    return rows
+
+
 @contextmanager
 def tempdir() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="gab-", dir="/tmp"))
@@ -245,6 +273,7 @@ def main() -> int:
             Row("start → registered max", ms(max(startup)), "< 1 s", max(startup) < 1.0),
         ]  # fmt: skip
         rows += bench_running(stubs, args)
+        rows += bench_preferred_search()
         rows += bench_metrics.rows(stubs, args, agent, tempdir, Row)
     print(f"gpuagent bench: {args.gpus} simulated GPUs, Python {sys.version.split()[0]}, "
           f"{os.cpu_count()} CPUs")  # fmt: skip

@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import TypeVar
 
@@ -33,6 +34,15 @@ from gpuagent.gpu.workers import Worker
 
 log = structlog.get_logger("gpuagent.monitor")
 T = TypeVar("T")
+
+
+@dataclass
+class CallStats:
+    """Calls into NVML of one kind: how many, how long in total, how many failed."""
+
+    count: int = 0
+    seconds: float = 0.0
+    errors: int = 0
 
 
 class GpuMonitor:
@@ -60,6 +70,9 @@ class GpuMonitor:
         self._workers: dict[int, Worker] = {}
         # The recovery action each GPU's probes last read; events are transitions on their own.
         self._probed_actions: dict[int, int] = {}
+        # NVML calls by kind (init, discover, probe, …): count, total seconds, failures.
+        self.call_stats: dict[str, CallStats] = {}
+        self._stats_lock = threading.Lock()
         # Driver events applied per GPU; a probe that started before the latest event is stale.
         self._event_counts: dict[int, int] = {}
         self._poll_now = asyncio.Event()
@@ -163,7 +176,8 @@ class GpuMonitor:
                 self.apply(index, ProbeFailed("an earlier nvml call has not returned"))
                 continue
             started[index] = self._event_counts.get(index, 0)
-            pending[index] = worker.submit(partial(self._nvml.probe, index))
+            probe = partial(self._nvml.probe, index)
+            pending[index] = worker.submit(partial(self._timed, "probe", probe))
         if not pending:
             return
         done, _ = await asyncio.wait(pending.values(), timeout=self._call_timeout)
@@ -246,7 +260,30 @@ class GpuMonitor:
                 return
 
     async def _call(self, worker: Worker, fn: Callable[[], T]) -> T:
-        return await asyncio.wait_for(worker.submit(fn), self._call_timeout)
+        name = getattr(fn, "__name__", "call")
+        return await asyncio.wait_for(
+            worker.submit(partial(self._timed, name, fn)), self._call_timeout
+        )
+
+    def call_totals(self) -> list[tuple[str, CallStats]]:
+        """A consistent copy of :attr:`call_stats`, sorted by call name."""
+        with self._stats_lock:
+            return [(n, replace(s)) for n, s in sorted(self.call_stats.items())]
+
+    def _timed(self, name: str, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on a worker thread, counting its duration and failure under ``name``."""
+        started = time.perf_counter()
+        failed = True
+        try:
+            result = fn()
+            failed = isinstance(result, Probe) and result.events != (Responding(),)
+            return result
+        finally:
+            with self._stats_lock:
+                stats = self.call_stats.setdefault(name, CallStats())
+                stats.count += 1
+                stats.seconds += time.perf_counter() - started
+                stats.errors += failed
 
     @property
     def gpu_indexes(self) -> Sequence[int]:

@@ -24,6 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
+from gpuagent.domain import xids
 from gpuagent.domain.attribution import Target, attributions
 from gpuagent.domain.devices import Gpu, MigDevice, PodRef, Snapshot, Telemetry
 from gpuagent.web.exposition import Family, escape_label, format_value, header, label_pairs, render
@@ -133,41 +134,13 @@ DCGM_METRICS: tuple[DcgmMetric, ...] = (
 XID_ERRORS = "DCGM_FI_DEV_XID_ERRORS"
 XID_ERRORS_HELP = "Value of the last XID error encountered."
 
-# NVIDIA's names for the XIDs operators meet most (the driver's XID catalogue); others read
-# "Unknown Error". dcgm-exporter puts such a text in the err_msg label.
-_XID_MESSAGES = {
-    0: "No Error",
-    8: "GPU stopped processing",
-    13: "Graphics Engine Exception",
-    31: "GPU memory page fault",
-    32: "Invalid or corrupted push buffer stream",
-    38: "Driver firmware error",
-    43: "GPU stopped processing",
-    45: "Preemptive cleanup, due to previous errors",
-    48: "Double Bit ECC Error",
-    61: "Internal micro-controller breakpoint/warning",
-    62: "Internal micro-controller halt",
-    63: "ECC page retirement or row remapping recording event",
-    64: "ECC page retirement or row remapper recording failure",
-    68: "NVDEC0 Exception",
-    69: "Graphics Engine class error",
-    74: "NVLINK Error",
-    79: "GPU has fallen off the bus",
-    92: "High single-bit ECC error rate",
-    94: "Contained ECC error",
-    95: "Uncontained ECC error",
-    109: "Context Switch Timeout Error",
-    119: "GSP RPC Timeout",
-    120: "GSP Error",
-    121: "C2C Link Error",
-    140: "Unrecovered ECC Error",
-    143: "GPU Initialization Failure",
-    154: "GPU Recovery Action Changed",
-}
-
 
 def xid_message(xid: int) -> str:
-    return _XID_MESSAGES.get(xid, "Unknown Error")
+    """``err_msg`` for an XID, from NVIDIA's XID catalog (the health policy's table)."""
+    if xid == 0:
+        return "No Error"
+    entry = xids.lookup(xid)
+    return "Unknown Error" if entry.text == xids.UNKNOWN_TEXT else entry.text
 
 
 # Scrape durations: from a cached 8-GPU scrape (~0.1 ms) to a slow, first render of a huge node.

@@ -187,3 +187,26 @@ async def test_own_families_pass_promtool(
     )
     assert result.returncode == 0, result.stderr + result.stdout
     assert result.stderr.strip() == ""
+
+
+async def test_nvml_call_timings_are_exported(device_plugin_dir: Path) -> None:
+    async with running_agent(device_plugin_dir, ("--simulate", "2")) as run:
+        text = ""
+        for _ in range(300):
+            _, text = await run.get("/metrics")
+            if samples(text, "gpuagent_nvml_call_duration_seconds_count").get((("call", "probe"),)):
+                break
+            await asyncio.sleep(0.01)
+        counts = samples(text, "gpuagent_nvml_call_duration_seconds_count")
+        assert counts[(("call", "init"),)] == 1
+        assert counts[(("call", "discover"),)] == 1
+        assert counts[(("call", "probe"),)] >= 2
+        errors = samples(text, "gpuagent_nvml_call_errors_total")
+        assert errors[(("call", "probe"),)] == 0
+        await run.fault({"gpu": 1, "fault": "lost"})
+        for _ in range(300):
+            _, text = await run.get("/metrics")
+            if samples(text, "gpuagent_nvml_call_errors_total").get((("call", "probe"),)):
+                break
+            await asyncio.sleep(0.01)
+        assert samples(text, "gpuagent_nvml_call_errors_total")[(("call", "probe"),)] >= 1
