@@ -20,6 +20,7 @@ import structlog
 
 from gpuagent.domain.devices import DriverState, Gpu, Snapshot
 from gpuagent.domain.health import (
+    LOST,
     HealthEvent,
     HealthPolicy,
     ProbeFailed,
@@ -73,6 +74,7 @@ class GpuMonitor:
         # NVML calls by kind (init, discover, probe, …): count, total seconds, failures.
         self.call_stats: dict[str, CallStats] = {}
         self._stats_lock = threading.Lock()
+        self._background: set[asyncio.Task[None]] = set()
         # Driver events applied per GPU; a probe that started before the latest event is stale.
         self._event_counts: dict[int, int] = {}
         self._poll_now = asyncio.Event()
@@ -150,6 +152,8 @@ class GpuMonitor:
 
     async def close(self) -> None:
         """Stop the event thread and release the driver (bounded)."""
+        for task in list(self._background):
+            task.cancel()
         self._stop_events.set()
         thread = self._event_thread
         if thread is not None:
@@ -208,6 +212,23 @@ class GpuMonitor:
                 reason=after.health.reason,
                 cause=type(event).__name__,
             )
+        if before is not None and after is not None and _lost(before) and not _lost(after):
+            # A GPU that fell off the bus and answers again may sit elsewhere: re-read topology.
+            self._spawn_refresh()
+
+    def _spawn_refresh(self) -> None:
+        task = asyncio.get_running_loop().create_task(self._refresh_topology())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _refresh_topology(self) -> None:
+        try:
+            topology = await self._call(self._control, self._nvml.refresh_topology)
+        except Exception as exc:
+            log.warning("topology refresh failed", error=repr(exc))
+            return
+        self._store.update(lambda s: replace(s, topology=topology))
+        log.info("topology refreshed", nvlink_pairs=sum(1 for x in topology.links if x.nvlinks))
 
     def _record(self, event: HealthEvent) -> Callable[[Gpu], Gpu]:
         return lambda gpu: record_event(gpu, event, self._policy)
@@ -288,6 +309,10 @@ class GpuMonitor:
     @property
     def gpu_indexes(self) -> Sequence[int]:
         return tuple(self._workers)
+
+
+def _lost(gpu: Gpu) -> bool:
+    return any(c.kind == LOST for c in gpu.health.conditions)
 
 
 def _post(loop: asyncio.AbstractEventLoop, callback: Callable[..., None], *args: object) -> bool:

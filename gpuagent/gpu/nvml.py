@@ -129,6 +129,11 @@ class Nvml:
         self.topology = read_topology(self._handles)
         return gpus
 
+    def refresh_topology(self) -> Topology:
+        """Read the pairwise topology again (after a GPU came back); never raises."""
+        self.topology = read_topology(self._handles)
+        return self.topology
+
     def _discover_one(self, index: int) -> Gpu | None:
         try:
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)

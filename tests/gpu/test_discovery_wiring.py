@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -66,3 +67,31 @@ async def test_mig_devices_and_topology_reach_the_store(driver: SimDriver, tmp_p
     # Topology is read at discovery only: probes never ask for it again.
     assert topology_calls == 3  # one per pair
     assert driver.calls["nvmlDeviceGetTopologyCommonAncestor"] == topology_calls
+
+
+async def test_topology_is_read_again_when_a_lost_gpu_answers(
+    driver: SimDriver, tmp_path: Path
+) -> None:
+    store = DeviceStore()
+    monitor = GpuMonitor(store, Nvml(tmp_path), HealthPolicy(), poll_interval=60)
+    try:
+        await monitor.start()
+        reads = driver.calls["nvmlDeviceGetTopologyCommonAncestor"]
+        driver.inject(1, "lost")
+        await monitor.poll_once()
+        lost = store.snapshot.gpu(1)
+        assert lost is not None
+        assert "lost" in lost.health.reason
+        assert driver.calls["nvmlDeviceGetTopologyCommonAncestor"] == reads
+        driver.inject(1, "recover")
+        await monitor.poll_once()
+        for _ in range(500):  # the refresh runs in the background on the control worker
+            if driver.calls["nvmlDeviceGetTopologyCommonAncestor"] >= reads + 3:
+                break
+            await asyncio.sleep(0.01)
+        assert driver.calls["nvmlDeviceGetTopologyCommonAncestor"] == reads + 3
+        link = store.snapshot.topology.between(1, 2)
+        assert link is not None
+        assert link.nvlinks == 18
+    finally:
+        await monitor.close()
