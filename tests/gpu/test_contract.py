@@ -18,6 +18,7 @@ from pathlib import Path
 import pynvml
 import pytest
 import structlog.testing
+from support.clock import FakeClock
 
 from gpuagent.domain.devices import Gpu, Telemetry
 from gpuagent.domain.health import Responding
@@ -41,14 +42,6 @@ COUNTERS = (
 )
 # Every GPU this agent targets (Volta and newer, datacenter) offers these.
 ALWAYS = ("temperature_c", "power_w", "energy_mj", "sm_clock_mhz", "mem_clock_mhz", "fb_used_mib")
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass
@@ -79,7 +72,7 @@ def driver(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> Iterator[Subject]:
     """The simulated driver (4 H100s), then the real one where it loads."""
-    clock = FakeClock()
+    clock = FakeClock(100.0)
 
     def advance(seconds: float) -> None:
         if request.param == "sim":

@@ -10,6 +10,7 @@ from pathlib import Path
 import pynvml
 import pytest
 import structlog.testing
+from support.clock import FakeClock
 
 from gpuagent.domain.devices import Condition, GpuHealth, Telemetry
 from gpuagent.domain.health import (
@@ -46,16 +47,6 @@ PLAUSIBLE: dict[str, tuple[float, float]] = {
     "fb_free_mib": (1, 81559),
     "energy_mj": (1, 1e12),
 }
-
-
-class FakeClock:
-    """A clock that only moves when told to (drives the simulated telemetry)."""
-
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ from typing import Any
 
 import pynvml
 import pytest
+from support.clock import FakeClock
 
 from gpuagent.gpu.sim import SimDriver, installed, node_from_count, node_from_mapping
 from gpuagent.gpu.sim import telemetry as sim_telemetry
@@ -22,19 +23,9 @@ TX = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
 RX = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
 
 
-class FakeClock:
-    """A clock that only moves when told to."""
-
-    def __init__(self, now: float = 500.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def clock() -> FakeClock:
-    return FakeClock()
+    return FakeClock(500.0)
 
 
 @pytest.fixture

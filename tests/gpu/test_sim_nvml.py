@@ -8,21 +8,12 @@ from typing import Any
 
 import pynvml
 import pytest
+from support.clock import FakeClock
 
 from gpuagent.gpu.sim import SimDriver, installed, node_from_count, node_from_mapping
 from gpuagent.gpu.sim.profiles import H100_80GB
 
 MIB = 1024 * 1024
-
-
-class FakeClock:
-    """A clock that only moves when told to."""
-
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ from typing import Any
 import pynvml
 import pytest
 import structlog.testing
+from support.clock import FakeClock
 
 from gpuagent.domain.devices import Telemetry
 from gpuagent.domain.health import GpuLost, ProbeFailed, Responding
@@ -57,19 +58,9 @@ FIELD_BASED = frozenset(
 )
 
 
-class FakeClock:
-    """A clock that only moves when told to (drives the simulated telemetry)."""
-
-    def __init__(self, now: float = START) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def clock() -> FakeClock:
-    return FakeClock()
+    return FakeClock(START)
 
 
 @contextlib.contextmanager

@@ -81,17 +81,3 @@ def write_str(buffer: object, length: object, text: str) -> int:
     except (AttributeError, TypeError, ValueError) as exc:
         raise BadArgument(f"expected a char buffer, got {type(buffer).__name__}") from exc
     return int(pynvml.NVML_SUCCESS)
-
-
-def parse_bus_id(text: str) -> tuple[int, int, int, int] | None:
-    """``(domain, bus, device, function)`` of ``[domain:]bus:device.function`` (hex), or None."""
-    parts = text.strip().split(":")
-    if len(parts) == 2:
-        parts.insert(0, "0")
-    if len(parts) != 3 or "." not in parts[2]:
-        return None
-    dev, _, fn = parts[2].partition(".")
-    try:
-        return int(parts[0], 16), int(parts[1], 16), int(dev, 16), int(fn, 16)
-    except ValueError:
-        return None

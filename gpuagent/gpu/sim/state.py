@@ -22,8 +22,8 @@ from typing import TypeVar
 import pynvml
 
 from gpuagent.gpu.sim import telemetry
-from gpuagent.gpu.sim._abi import parse_bus_id
 from gpuagent.gpu.sim.spec import SimGpuSpec, SimMigSpec, SimNode
+from gpuagent.gpu.topology import bus_key
 
 T = TypeVar("T")
 
@@ -223,10 +223,10 @@ class DriverState:
 
     def find_bus_id(self, bus_id: bytes) -> GpuState | None:
         """The GPU at this PCI address (``[domain:]bus:device.function``, any case), else None."""
-        wanted = parse_bus_id(bus_id.decode(errors="replace"))
+        wanted = bus_key(bus_id.decode(errors="replace"))
         if wanted is None:
             return None
-        return next((g for g in self.gpus if parse_bus_id(g.spec.pci_bus_id) == wanted), None)
+        return next((g for g in self.gpus if bus_key(g.spec.pci_bus_id) == wanted), None)
 
     def sample(self, gpu: GpuState) -> telemetry.Sample:
         """The GPU's telemetry now (per the injected clock)."""
