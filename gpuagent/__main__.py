@@ -23,12 +23,15 @@ EXIT_CONFIG = 2
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse settings, run the agent on uvloop, and return the process exit code."""
+    args = sys.argv[1:] if argv is None else list(argv)
+
+    def settings_source() -> Settings:
+        return load_settings(args, os.environ, stderr_isatty=sys.stderr.isatty())
+
     try:
-        settings = load_settings(
-            sys.argv[1:] if argv is None else argv, os.environ, stderr_isatty=sys.stderr.isatty()
-        )
+        settings = settings_source()
         logs.configure(settings.log_format, settings.log_level)
-        agent = Agent(settings, simulator=load_simulator(settings))
+        agent = Agent(settings, simulator=load_simulator(settings), settings_source=settings_source)
     except ConfigError as exc:
         print(f"gpuagent: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
@@ -50,6 +53,7 @@ async def _run(agent: Agent, settings: Settings) -> int:
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
+    loop.add_signal_handler(signal.SIGHUP, agent.reload_from_source)
     try:
         await agent.run(stop)
     except FatalError as exc:

@@ -50,6 +50,16 @@ SHUTDOWN_STREAMS_TIMEOUT = 0.5
 SHUTDOWN_TASKS_TIMEOUT = 1.0
 
 
+# Settings a reload applies without a restart (the rest need one: sockets, addresses, …).
+_LIVE_KEYS = frozenset(
+    {
+        "resource_name", "device_list_strategy", "device_id_strategy", "mig_strategy",
+        "pass_device_specs", "sharing", "shared_devices_allocation_policy",
+        "cdi_annotation_prefix", "disable_healthchecks", "enable_healthchecks",
+    }
+)  # fmt: skip
+
+
 class FatalError(Exception):
     """The agent cannot run (exit code 1): e.g. no driver with --fail-on-init-error."""
 
@@ -104,7 +114,9 @@ def time_slicing(sharing: Mapping[str, object]) -> TimeSlicing:
 
     Raises :class:`SettingError` naming the key (``sharing.timeSlicing.resources[1].replicas``).
     """
-    block = sharing.get("timeSlicing") or {}
+    block = sharing.get("timeSlicing")
+    if block is None:
+        block = {}
     key = "sharing.timeSlicing"
     if not isinstance(block, Mapping):
         raise SettingError(key, "expected a mapping")
@@ -112,7 +124,9 @@ def time_slicing(sharing: Mapping[str, object]) -> TimeSlicing:
     if unknown:
         raise SettingError(key, f"unknown keys {sorted(map(str, unknown))}")
     rules = []
-    entries = block.get("resources") or []
+    entries = block.get("resources")
+    if entries is None:
+        entries = []
     if not isinstance(entries, list):
         raise SettingError(f"{key}.resources", "expected a list")
     for i, entry in enumerate(entries):
@@ -122,17 +136,21 @@ def time_slicing(sharing: Mapping[str, object]) -> TimeSlicing:
         extra = set(entry) - {"name", "replicas", "devices", "rename"}
         if extra:
             raise SettingError(where, f"unknown keys {sorted(map(str, extra))}")
-        devices = entry.get("devices", "all")
+        name, replicas = entry.get("name"), entry.get("replicas")
+        rename, devices = entry.get("rename", ""), entry.get("devices", "all")
+        if not isinstance(name, str):
+            raise SettingError(f"{where}.name", "a resource name is required")
+        if isinstance(replicas, bool) or not isinstance(replicas, int):
+            raise SettingError(f"{where}.replicas", f"expected a whole number, got {replicas!r}")
+        if not isinstance(rename, str):
+            raise SettingError(f"{where}.rename", f"expected a resource name, got {rename!r}")
         if isinstance(devices, list):
+            if not all(isinstance(d, str | int) and not isinstance(d, bool) for d in devices):
+                raise SettingError(f"{where}.devices", "expected indexes or UUIDs")
             devices = tuple(str(d) for d in devices)
-        rules.append(
-            ReplicaRule(
-                name=entry.get("name"),  # type: ignore[arg-type]  # validated by TimeSlicing
-                replicas=entry.get("replicas"),  # type: ignore[arg-type]
-                devices=devices,
-                rename=entry.get("rename", ""),
-            )
-        )
+        elif isinstance(devices, bool) or not isinstance(devices, str | int):
+            raise SettingError(f"{where}.devices", f"expected all, a count or a list: {devices!r}")
+        rules.append(ReplicaRule(name=name, replicas=replicas, devices=devices, rename=rename))
     flags = {}
     for name in ("renameByDefault", "failRequestsGreaterThanOne"):
         value = block.get(name, False)
@@ -207,6 +225,8 @@ class Agent:
         hostname: str | None = None,
         registration_timing: Timing = Timing(),
         nvml_call_timeout: float = 10.0,
+        settings_source: Callable[[], Settings] | None = None,
+        config_poll_interval: float = 2.0,
     ) -> None:
         self.settings = settings
         self._nvml_call_timeout = nvml_call_timeout
@@ -232,6 +252,9 @@ class Agent:
         self.endpoints: dict[str, PluginEndpoint] = {}
         self.http: HttpServer | None = None
         self.monitor: GpuMonitor | None = None
+        self._resources_changed = asyncio.Event()
+        self._settings_source = settings_source
+        self._config_poll_interval = config_poll_interval
 
     # ----- probes ------------------------------------------------------------------------------
     def liveness(self) -> str | None:
@@ -324,6 +347,7 @@ class Agent:
             self._spawn("kubelet-registration", self._serve_resources())
             self._spawn("pod-resources", self.pod_resources.run())
             self._spawn("node-files", self._write_node_files())
+            self._spawn("config-watch", self._watch_config_file())
             self.started.set()
             await self._supervise(stop)
         finally:
@@ -333,24 +357,56 @@ class Agent:
         self._tasks[name] = asyncio.create_task(coro, name=name)
 
     async def _serve_resources(self) -> None:
-        """Once GPUs are discovered, serve and register one endpoint per advertised resource."""
+        """Once GPUs are discovered, serve and register one endpoint per advertised resource.
+
+        Runs for the agent's lifetime: after a reload it starts endpoints for new resources and
+        stops those of resources no longer advertised; the others keep their streams.
+        """
         version = self.store.snapshot.version
         while not self.store.snapshot.discovered:
             version = (await self.store.wait_newer(version)).version
+        tasks: dict[str, asyncio.Task[None]] = {}
+        try:
+            while True:
+                await self._reconcile_endpoints(tasks)
+                self._resources_changed.clear()
+                changed = asyncio.create_task(self._resources_changed.wait())
+                done, _ = await asyncio.wait(
+                    {changed, *tasks.values()}, return_when=asyncio.FIRST_COMPLETED
+                )
+                changed.cancel()
+                for task in done:
+                    if task is not changed:
+                        task.result()  # an endpoint never ends by itself: surface its error
+                        raise RuntimeError(f"{task.get_name()} ended")
+        finally:
+            for task in tasks.values():
+                task.cancel()
+            if tasks:
+                await asyncio.wait(tasks.values(), timeout=SHUTDOWN_TASKS_TIMEOUT)
+
+    async def _reconcile_endpoints(self, tasks: dict[str, asyncio.Task[None]]) -> None:
         resources = self.view.resources(self.store.snapshot)
         for note in resources.notes:
             log.warning("resource note", note=note)
         # A node without devices still registers its main resource (with no devices), so the
         # kubelet shows capacity 0 rather than a stale value.
         names = resources.names or (self.plan.serving.resources.resource_name,)
+        for name in [n for n in tasks if n not in names]:
+            log.info("resource no longer advertised; stopping its endpoint", resource=name)
+            tasks.pop(name).cancel()
+            self.endpoints.pop(name, None)
+            self.services.pop(name, None)
         for name in names:
+            if name in tasks:
+                continue
             resource = resources.get(name)
             socket_file = resource.socket_name if resource is not None else socket_name(name)
             service = DevicePluginService(
                 self.store, self.view, name, self.stopping, on_allocate=self._on_allocate
             )
             self.services[name] = service
-            self.endpoints[name] = PluginEndpoint(
+            endpoint = PluginEndpoint(
                 service,
                 self.store,
                 socket_path=self.settings.socket_dir / socket_file,
@@ -360,10 +416,59 @@ class Agent:
                 on_registered=self.stats.register_seconds.append,
                 on_state=self._publish_registration,
             )
+            self.endpoints[name] = endpoint
+            tasks[name] = asyncio.create_task(endpoint.run(), name=f"kubelet-registration:{name}")
         log.info("serving resources", resources=list(names))
-        async with asyncio.TaskGroup() as group:
-            for name, endpoint in self.endpoints.items():
-                group.create_task(endpoint.run(), name=f"kubelet-registration:{name}")
+        self._publish_registration()
+
+    def reload_from_source(self) -> None:
+        """Re-read flags, environment and config file (SIGHUP, or the file changed) and apply."""
+        if self._settings_source is None:
+            log.warning("reload requested but the agent has no settings source")
+            return
+        try:
+            self.reload(self._settings_source())
+        except ConfigError as exc:
+            log.error("reloaded configuration is invalid; keeping the running one", error=str(exc))
+
+    async def _watch_config_file(self) -> None:
+        """Reload when the config file's content changes (a ConfigMap update, an edit)."""
+        path = self.settings.config_file
+        if path is None or self._settings_source is None:
+            await asyncio.Event().wait()  # nothing to watch; stay alive for supervision
+            return
+        seen = await asyncio.to_thread(_file_stamp, path)
+        while True:
+            await asyncio.sleep(self._config_poll_interval)
+            stamp = await asyncio.to_thread(_file_stamp, path)
+            if stamp != seen:
+                seen = stamp
+                log.info("config file changed; reloading", path=str(path))
+                self.reload_from_source()
+
+    def reload(self, settings: Settings) -> list[str]:
+        """Apply a re-read configuration; returns the keys that need a restart to change.
+
+        Serving (resources, sharing, strategies) and health-check settings apply at once: only
+        resources that appear or disappear are registered or withdrawn, and every stream resends
+        its list if it changed. Raises :class:`ConfigError` for an invalid configuration, which
+        is then not applied at all.
+        """
+        new_plan = plan(settings)
+        live = _LIVE_KEYS
+        old, new = self.settings.as_dict(), settings.as_dict()
+        restart = sorted(k for k in new if k not in live and new[k] != old[k])
+        self.plan = new_plan
+        self.view.set_policy(new_plan.serving)
+        if self.monitor is not None:
+            self.monitor.set_policy(new_plan.health)
+        self.settings = replace(
+            self.settings, **{k: getattr(settings, k) for k in live if hasattr(settings, k)}
+        )
+        self.store.update(lambda s: replace(s, policy_generation=s.policy_generation + 1))
+        self._resources_changed.set()
+        log.info("configuration reloaded", needs_restart=restart)
+        return restart
 
     async def _write_node_files(self) -> None:
         """Keep the CDI spec (with a cdi-* strategy) and the node-label file current.
@@ -452,3 +557,11 @@ class Agent:
         if self.simulator is not None:
             sim.uninstall()
         log.info("stopped")
+
+
+def _file_stamp(path: Path) -> bytes | None:
+    """The file's content (config files are small), or None while it cannot be read."""
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None

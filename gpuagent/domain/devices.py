@@ -211,6 +211,8 @@ class Snapshot:
     registered: bool = False
     topology: Topology = Topology()
     pods: Attribution = Attribution()
+    # Bumped when the serving policy is reloaded, so watchers re-derive what they serve.
+    policy_generation: int = 0
 
     def gpu(self, index: int) -> Gpu | None:
         for gpu in self.gpus:

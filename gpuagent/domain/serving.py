@@ -39,6 +39,11 @@ class ResourceView:
         self._topology: Topology | None = None
         self._scores = PairScores()
 
+    def set_policy(self, policy: ServingPolicy) -> None:
+        """Serve under ``policy`` from now on (a reloaded config)."""
+        self.policy = policy
+        self._version = -1
+
     def resources(self, snapshot: Snapshot) -> NodeResources:
         """The resources of ``snapshot``; empty (with :attr:`error` set) when they are invalid."""
         if snapshot.version != self._version:

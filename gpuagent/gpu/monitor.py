@@ -230,6 +230,10 @@ class GpuMonitor:
         self._store.update(lambda s: replace(s, topology=topology))
         log.info("topology refreshed", nvlink_pairs=sum(1 for x in topology.links if x.nvlinks))
 
+    def set_policy(self, policy: HealthPolicy) -> None:
+        """Judge events from now on by ``policy`` (a reloaded config); past verdicts stand."""
+        self._policy = policy
+
     def _record(self, event: HealthEvent) -> Callable[[Gpu], Gpu]:
         return lambda gpu: record_event(gpu, event, self._policy)
 

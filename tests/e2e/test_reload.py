@@ -1,0 +1,121 @@
+"""Reloading the configuration re-registers only the resources that changed."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+
+import pytest
+from support.fake_kubelet import FakeKubelet
+
+from e2e.agentrun import running_agent
+from e2e.test_process import free_port, spawn
+from gpuagent.config import ConfigError, load_settings
+
+T = 10.0
+NODE = """\
+version: v1
+gpus:
+  - name: H100
+    mig: [1g.10gb, 1g.10gb, 1g.10gb]
+  - name: H100
+"""
+SHARED = """\
+version: v1
+mig-strategy: mixed
+sharing:
+  timeSlicing:
+    resources:
+      - name: nvidia.com/mig-1g.10gb
+        replicas: 2
+"""
+RENAMED = SHARED + "        rename: nvidia.com/mig-1g.10gb.shared\n"
+
+
+async def test_reload_changes_only_what_changed(
+    fake_kubelet: FakeKubelet, device_plugin_dir: Path, short_tmp_path: Path
+) -> None:
+    node = short_tmp_path / "node.yaml"
+    node.write_text(NODE)
+    config = short_tmp_path / "gpuagent.yaml"
+    config.write_text("version: v1\nmig-strategy: mixed\n")
+    args = ["--sim-config", str(node), "--config", str(config)]
+    base = [
+        "--socket-dir",
+        str(device_plugin_dir),
+        "--metrics-address",
+        "127.0.0.1:0",
+        "--poll-interval",
+        "0.05",
+        "--log-level",
+        "warning",
+        *args,
+    ]  # as running_agent
+    async with running_agent(device_plugin_dir, args) as run:
+        regs = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 2, T)
+        by_name = {r.resource_name: r for r in regs}
+        assert set(by_name) == {"nvidia.com/gpu", "nvidia.com/mig-1g.10gb"}
+        mig = by_name["nvidia.com/mig-1g.10gb"]
+        first = await asyncio.to_thread(mig.next_update, T)
+        assert len(first.devices) == 3
+        await asyncio.to_thread(by_name["nvidia.com/gpu"].next_update, T)
+
+        # Same resource name, now time-sliced: its stream resends; nobody re-registers.
+        config.write_text(SHARED)
+        assert run.agent.reload(load_settings(base, {})) == []
+        update = await asyncio.to_thread(mig.wait_until, lambda u: len(u.devices) == 6, T)
+        assert all("::" in d.ID for d in update.devices)
+        assert len(fake_kubelet.registrations) == 2
+
+        # Renamed: the new name registers, the old endpoint goes, the full-GPU stream stays.
+        config.write_text(RENAMED)
+        run.agent.reload(load_settings(base, {}))
+        regs = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 3, T)
+        assert regs[2].resource_name == "nvidia.com/mig-1g.10gb.shared"
+        assert (await asyncio.to_thread(mig.wait_ended, T)) is not None
+        assert by_name["nvidia.com/gpu"].ended is None
+        assert set(run.agent.endpoints) == {"nvidia.com/gpu", "nvidia.com/mig-1g.10gb.shared"}
+
+
+async def test_invalid_reload_keeps_the_running_configuration(
+    fake_kubelet: FakeKubelet, device_plugin_dir: Path
+) -> None:
+    async with running_agent(device_plugin_dir, ("--simulate", "2")) as run:
+        await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+        before = run.agent.plan
+        sharing = "{timeSlicing: {resources: [{}]}}"
+        bad = load_settings(["--simulate", "2", "--sharing", sharing], {})
+        with pytest.raises(ConfigError, match="sharing"):
+            run.agent.reload(bad)
+        assert run.agent.plan is before
+
+
+def test_sighup_reloads_the_config_file(
+    fake_kubelet: FakeKubelet, device_plugin_dir: Path, short_tmp_path: Path
+) -> None:
+    config = short_tmp_path / "gpuagent.yaml"
+    config.write_text("version: v1\n")
+    proc = spawn(
+        "--simulate", "2",
+        "--socket-dir", str(device_plugin_dir),
+        "--metrics-address", f"127.0.0.1:{free_port()}",
+        "--config", str(config),
+    )  # fmt: skip
+    try:
+        (reg,) = fake_kubelet.wait_for_registrations(1, T)
+        assert reg.resource_name == "nvidia.com/gpu"
+        config.write_text(
+            "version: v1\nsharing:\n  timeSlicing:\n    renameByDefault: true\n"
+            "    resources: [{name: nvidia.com/gpu, replicas: 2}]\n"
+        )
+        proc.send_signal(signal.SIGHUP)
+        regs = fake_kubelet.wait_for_registrations(2, T)
+        assert regs[1].resource_name == "nvidia.com/gpu.shared"
+        assert len(regs[1].next_update(T).devices) == 4
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=T) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=T)

@@ -1,0 +1,52 @@
+"""NVIDIA's sharing.timeSlicing block, as the config file spells it, into the domain."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuagent.app import time_slicing
+from gpuagent.domain.resources import ReplicaRule, SettingError
+
+
+def test_full_block() -> None:
+    block = {
+        "timeSlicing": {
+            "renameByDefault": True,
+            "failRequestsGreaterThanOne": True,
+            "resources": [
+                {"name": "nvidia.com/gpu", "replicas": 4, "devices": [0, "1"]},
+                {"name": "gpu", "replicas": 2, "devices": "all", "rename": "gpu.small"},
+            ],
+        }
+    }
+    sliced = time_slicing(block)
+    assert sliced.rename_by_default
+    assert sliced.fail_requests_greater_than_one
+    assert sliced.resources[0] == ReplicaRule("nvidia.com/gpu", 4, ("0", "1"))
+    assert sliced.resources[1].replicas == 2
+
+
+@pytest.mark.parametrize(
+    ("block", "key"),
+    [
+        pytest.param({"timeSlicing": []}, "sharing.timeSlicing", id="not-a-mapping"),
+        pytest.param({"timeSlicing": {"replicas": 2}}, "sharing.timeSlicing", id="unknown-key"),
+        pytest.param({"timeSlicing": {"resources": {}}}, "sharing.timeSlicing.resources",
+                     id="resources-not-a-list"),
+        pytest.param({"timeSlicing": {"resources": [{}]}},
+                     "sharing.timeSlicing.resources[0].name", id="no-name"),
+        pytest.param({"timeSlicing": {"resources": [{"name": "gpu", "replicas": "4"}]}},
+                     "sharing.timeSlicing.resources[0].replicas", id="replicas-text"),
+        pytest.param({"timeSlicing": {"resources": [{"name": "gpu", "replicas": 1}]}},
+                     "sharing.timeSlicing.resources[0].replicas", id="one-replica"),
+        pytest.param({"timeSlicing": {"resources": [{"name": "gpu", "replicas": 2,
+                                                     "devices": [True]}]}},
+                     "sharing.timeSlicing.resources[0].devices", id="bad-device"),
+        pytest.param({"timeSlicing": {"renameByDefault": "yes"}},
+                     "sharing.timeSlicing.renameByDefault", id="flag-not-bool"),
+    ],
+)  # fmt: skip
+def test_errors_name_the_key(block: dict[str, object], key: str) -> None:
+    with pytest.raises(SettingError) as info:
+        time_slicing(block)
+    assert info.value.key.startswith(key)
