@@ -12,6 +12,7 @@ from pathlib import Path
 import aiohttp
 import bcrypt
 import pytest
+import structlog
 from support.tls import make_pki
 
 from e2e.agentrun import running_agent
@@ -85,3 +86,26 @@ def test_bad_web_config_exits_2_naming_the_key(tmp_path: Path) -> None:
     )
     assert result.returncode == 2, result.stderr
     assert "http_server_config.headerz" in result.stderr
+
+
+async def test_credentials_never_reach_the_logs(device_plugin_dir: Path, tmp_path: Path) -> None:
+    web = tmp_path / "web.yml"
+    web.write_text(f"basic_auth_users:\n  prometheus: {HASH}\n")
+    wrong = {"Authorization": "Basic " + base64.b64encode(b"prometheus:hunter2").decode()}
+    good = {"Authorization": "Basic " + base64.b64encode(b"prometheus:" + PASSWORD).decode()}
+    args = ("--simulate", "1", "--web-config-file", str(web), "--log-level", "debug")
+    with structlog.testing.capture_logs() as logs:
+        async with running_agent(device_plugin_dir, args) as run, aiohttp.ClientSession() as http:
+            for headers in (wrong, good):
+                async with http.get(run.base_url + "/metrics", headers=headers) as response:
+                    assert response.status in (200, 401)
+    text = repr(logs)
+    assert logs
+    for secret in (
+        "hunter2",
+        PASSWORD.decode(),
+        HASH,
+        wrong["Authorization"],
+        good["Authorization"],
+    ):
+        assert secret not in text

@@ -201,3 +201,41 @@ async def test_sim_endpoints_are_absent_outside_simulation(
         finally:
             stop.set()
             await asyncio.wait_for(task, T)
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    available=st.lists(st.text(max_size=60), max_size=12),
+    must=st.lists(st.text(max_size=60), max_size=4),
+    size=st.integers(min_value=-5, max_value=20),
+)
+def test_arbitrary_preferred_allocation_requests_are_answered(
+    shared_agent: tuple[RunningAgent, FakeKubelet, asyncio.AbstractEventLoop],
+    available: list[str],
+    must: list[str],
+    size: int,
+) -> None:
+    """GetPreferredAllocation is advice: whatever the request, an answer and never an error."""
+    run, kubelet, _ = shared_agent
+    uuids = [str(g["uuid"]) for g in run.sim.describe()]
+    chosen = kubelet.preferred([*available, *uuids[:2]], must, size)
+    assert set(chosen) <= {*available, *uuids[:2], *must}
+    assert len(chosen) == len(set(chosen))
+    assert set(must) <= set(chosen) or size <= 0 or len(set(must)) > size
+
+
+@settings(
+    max_examples=20,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(ids=st.lists(st.text(max_size=80), max_size=8))
+def test_arbitrary_pre_start_requests_are_answered(
+    shared_agent: tuple[RunningAgent, FakeKubelet, asyncio.AbstractEventLoop], ids: list[str]
+) -> None:
+    _, kubelet, _ = shared_agent
+    assert kubelet.pre_start(ids).ByteSize() == 0
