@@ -194,7 +194,8 @@ async def test_nvml_call_timings_are_exported(device_plugin_dir: Path) -> None:
         text = ""
         for _ in range(300):
             _, text = await run.get("/metrics")
-            if samples(text, "gpuagent_nvml_call_duration_seconds_count").get((("call", "probe"),)):
+            probes = samples(text, "gpuagent_nvml_call_duration_seconds_count")
+            if probes.get((("call", "probe"),), 0) >= 2:
                 break
             await asyncio.sleep(0.01)
         counts = samples(text, "gpuagent_nvml_call_duration_seconds_count")
