@@ -462,9 +462,7 @@ class Agent:
         self.view.set_policy(new_plan.serving)
         if self.monitor is not None:
             self.monitor.set_policy(new_plan.health)
-        self.settings = replace(
-            self.settings, **{k: getattr(settings, k) for k in live if hasattr(settings, k)}
-        )
+        self.settings = replace(self.settings, **{k: getattr(settings, k) for k in live})
         self.store.update(lambda s: replace(s, policy_generation=s.policy_generation + 1))
         self._resources_changed.set()
         log.info("configuration reloaded", needs_restart=restart)
