@@ -118,7 +118,9 @@ class Gpu:
     telemetry: Telemetry = Telemetry()
     xid_counts: Mapping[int, int] = field(default_factory=lambda: MappingProxyType({}))
     last_xid: int | None = None
+    # GFD's family name of the architecture ("hopper", "ampere", "ada-lovelace"; "" unknown)
     architecture: str = ""
+    # CUDA compute capability "major.minor" ("9.0"; "" unknown)
     compute_capability: str = ""
     mig_enabled: bool = False
     mig_devices: tuple[MigDevice, ...] = ()
@@ -195,6 +197,8 @@ class DriverState:
     up: bool = False
     version: str = ""
     error: str = ""
+    # The CUDA version the driver supports, (major, minor) — e.g. (13, 0); None when unknown.
+    cuda_version: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -85,7 +85,7 @@ class GpuMonitor:
     async def start(self) -> None:
         """Initialise the driver and discover GPUs; raises :class:`DriverUnavailable` on failure."""
         try:
-            version = await self._call(self._control, self._nvml.init)
+            driver = await self._call(self._control, self._nvml.init)
         except (DriverUnavailable, TimeoutError) as exc:
             raise self._unavailable(exc) from exc
         try:
@@ -106,13 +106,14 @@ class GpuMonitor:
                 gpus=tuple(gpus),
                 topology=topology,
                 discovered=True,
-                driver=DriverState(up=True, version=version),
+                driver=driver,
             )
         )
         log.info(
             "gpus discovered",
             count=len(gpus),
-            driver_version=version,
+            driver_version=driver.version,
+            cuda_version=driver.cuda_version,
             gpus=[f"{g.index}:{g.uuid}" for g in gpus],
             mig_devices=sum(len(g.mig_devices) for g in gpus),
             nvlink_pairs=sum(1 for link in topology.links if link.nvlinks),

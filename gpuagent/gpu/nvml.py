@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import pynvml
 import structlog
 
-from gpuagent.domain.devices import Condition, Gpu, GpuHealth, Telemetry, Topology
+from gpuagent.domain.devices import Condition, DriverState, Gpu, GpuHealth, Telemetry, Topology
 from gpuagent.domain.health import (
     LOST,
     DoubleBitEccError,
@@ -87,17 +87,19 @@ class Nvml:
         self._reader = TelemetryReader(self._optional)
 
     # ----- lifecycle ---------------------------------------------------------------------------
-    def init(self) -> str:
-        """Initialise NVML; returns the driver version."""
+    def init(self) -> DriverState:
+        """Initialise NVML; returns the driver as up, with its version and CUDA version."""
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError as exc:
             raise DriverUnavailable(describe(exc)) from exc
         try:
-            return str(pynvml.nvmlSystemGetDriverVersion())
+            version = str(pynvml.nvmlSystemGetDriverVersion())
         except pynvml.NVMLError as exc:
             self.shutdown()
             raise DriverUnavailable(describe(exc)) from exc
+        cuda = self._optional(-1, "cuda_version", pynvml.nvmlSystemGetCudaDriverVersion)
+        return DriverState(up=True, version=version, cuda_version=cuda_version(cuda))
 
     def shutdown(self) -> None:
         """Free GPM samples and the event set, shut NVML down; errors are logged, never raised."""
@@ -155,6 +157,17 @@ class Nvml:
                 memory_mib=memory,
                 pci_bus_id=bus_id,
                 numa_node=self._numa_node(index, handle, bus_id),
+                architecture=architecture_name(
+                    self._optional(index, "architecture", pynvml.nvmlDeviceGetArchitecture, handle)
+                ),
+                compute_capability=compute_capability(
+                    self._optional(
+                        index,
+                        "compute_capability",
+                        pynvml.nvmlDeviceGetCudaComputeCapability,
+                        handle,
+                    )
+                ),
             )
             enabled, migs = read_mig(index, handle, gpu.minor, mig_minors=self._mig_minors)
             gpu = replace(gpu, mig_enabled=enabled, mig_devices=migs)
@@ -301,6 +314,38 @@ class Nvml:
     @property
     def indexes(self) -> Iterable[int]:
         return tuple(self._handles)
+
+
+#: NVML_DEVICE_ARCH_* → the family name NVIDIA's GPU feature discovery uses (``gpu.family``).
+ARCHITECTURES: dict[int, str] = {
+    pynvml.NVML_DEVICE_ARCH_KEPLER: "kepler",
+    pynvml.NVML_DEVICE_ARCH_MAXWELL: "maxwell",
+    pynvml.NVML_DEVICE_ARCH_PASCAL: "pascal",
+    pynvml.NVML_DEVICE_ARCH_VOLTA: "volta",
+    pynvml.NVML_DEVICE_ARCH_TURING: "turing",
+    pynvml.NVML_DEVICE_ARCH_AMPERE: "ampere",
+    pynvml.NVML_DEVICE_ARCH_ADA: "ada-lovelace",
+    pynvml.NVML_DEVICE_ARCH_HOPPER: "hopper",
+    pynvml.NVML_DEVICE_ARCH_BLACKWELL: "blackwell",
+    pynvml.NVML_DEVICE_ARCH_RUBIN: "rubin",
+}
+
+
+def architecture_name(value: int | None) -> str:
+    """GFD's family name for an ``NVML_DEVICE_ARCH_*`` value; ``""`` when unknown or absent."""
+    return "" if value is None else ARCHITECTURES.get(int(value), "")
+
+
+def compute_capability(value: tuple[int, int] | None) -> str:
+    """``"9.0"`` from NVML's ``(major, minor)``; ``""`` when absent."""
+    return "" if value is None else f"{int(value[0])}.{int(value[1])}"
+
+
+def cuda_version(value: int | None) -> tuple[int, int] | None:
+    """NVML's CUDA driver version (``13000``: major * 1000 + minor * 10) as ``(13, 0)``."""
+    if value is None or value <= 0:
+        return None
+    return value // 1000, (value % 1000) // 10
 
 
 def _health_event(event_type: int, data: int) -> HealthEvent | None:

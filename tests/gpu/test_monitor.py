@@ -108,7 +108,9 @@ async def test_start_publishes_gpus(store: DeviceStore, driver: SimDriver, tmp_p
         await monitor.start()
         snapshot = store.snapshot
         assert snapshot.discovered
-        assert snapshot.driver == DriverState(up=True, version=driver.node.driver_version)
+        assert snapshot.driver == DriverState(
+            up=True, version=driver.node.driver_version, cuda_version=(13, 0)
+        )
         assert [(g.index, g.uuid) for g in snapshot.gpus] == [
             (d["index"], d["uuid"]) for d in driver.describe()
         ]
@@ -156,7 +158,7 @@ class HangingInit(Nvml):
         self.release = threading.Event()
         self.returned = threading.Event()
 
-    def init(self) -> str:
+    def init(self) -> DriverState:
         try:
             self.release.wait(WAIT_S)
             raise DriverUnavailable("released")
@@ -196,7 +198,9 @@ async def test_run_retries_init(
     monitor = monitor_for(store, Nvml(tmp_path), init_retry_interval=0.01)
     async with running(monitor):
         snapshot = await until(store, lambda s: s.driver.up and len(s.gpus) == GPUS)
-        assert snapshot.driver == DriverState(up=True, version=driver.node.driver_version)
+        assert snapshot.driver == DriverState(
+            up=True, version=driver.node.driver_version, cuda_version=(13, 0)
+        )
         assert snapshot.discovered
         assert driver.calls["nvmlInitWithFlags"] == 3
         await until(store, probed)

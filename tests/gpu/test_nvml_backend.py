@@ -12,7 +12,7 @@ import pytest
 import structlog.testing
 from support.clock import FakeClock
 
-from gpuagent.domain.devices import Condition, GpuHealth, Telemetry
+from gpuagent.domain.devices import Condition, DriverState, GpuHealth, Telemetry
 from gpuagent.domain.health import (
     DoubleBitEccError,
     GpuLost,
@@ -21,7 +21,13 @@ from gpuagent.domain.health import (
     Responding,
     XidError,
 )
-from gpuagent.gpu.nvml import DriverUnavailable, EventWaitError, Nvml
+from gpuagent.gpu.nvml import (
+    DriverUnavailable,
+    EventWaitError,
+    Nvml,
+    architecture_name,
+    cuda_version,
+)
 from gpuagent.gpu.sim import SimDriver, install, node_from_count, node_from_mapping, uninstall
 from gpuagent.gpu.sim import telemetry as sim_telemetry
 
@@ -95,8 +101,23 @@ def sysfs_numa(root: Path, bus_id: str, value: str) -> None:
 # ----- init --------------------------------------------------------------------------------------
 class TestInit:
     def test_returns_driver_version(self, nvml: Nvml, driver: SimDriver) -> None:
-        """``init()`` returns the driver version the driver reports."""
-        assert nvml.init() == "580.95.05" == driver.node.driver_version
+        """``init()`` returns the driver up, with the version and CUDA version it reports."""
+        state = nvml.init()
+        assert state == DriverState(up=True, version="580.95.05", cuda_version=(13, 0))
+        assert state.version == driver.node.driver_version
+
+    def test_cuda_version_absent_on_an_old_driver(self, nvml: Nvml, driver: SimDriver) -> None:
+        """A driver without nvmlSystemGetCudaDriverVersion leaves the CUDA version unknown."""
+        driver.remove("nvmlSystemGetCudaDriverVersion")
+        driver.remove("nvmlSystemGetCudaDriverVersion_v2")
+        assert nvml.init() == DriverState(up=True, version="580.95.05", cuda_version=None)
+
+    @pytest.mark.parametrize(
+        ("value", "expected"), [(13000, (13, 0)), (12040, (12, 4)), (11080, (11, 8)), (0, None)]
+    )
+    def test_cuda_version_decoding(self, value: int, expected: tuple[int, int] | None) -> None:
+        """NVML's ``major * 1000 + minor * 10`` as ``(major, minor)``."""
+        assert cuda_version(value) == expected
 
     @pytest.mark.parametrize(
         ("code", "text"),
@@ -125,7 +146,7 @@ class TestInit:
         driver.fail("nvmlInitWithFlags", pynvml.NVML_ERROR_DRIVER_NOT_LOADED, count=1)
         with pytest.raises(DriverUnavailable):
             nvml.init()
-        assert nvml.init() == driver.node.driver_version
+        assert nvml.init().version == driver.node.driver_version
 
 
 def _real_nvml_present() -> bool:
@@ -197,6 +218,37 @@ class TestDiscover:
         ]
         assert gpus[1].name == "Acme Accelerator"
         assert gpus[1].memory_mib == 12345
+        # What node labels need: the architecture by GFD's family name, the compute capability.
+        assert (gpus[0].architecture, gpus[0].compute_capability) == ("ampere", "8.0")
+
+    def test_architecture_and_compute_capability(self, nvml: Nvml, driver: SimDriver) -> None:
+        """An H100 is "hopper", compute capability "9.0", as the driver reports them."""
+        nvml.init()
+        gpus = nvml.discover()
+        assert {(g.architecture, g.compute_capability) for g in gpus} == {("hopper", "9.0")}
+
+    def test_architecture_not_offered_is_empty(self, nvml: Nvml, driver: SimDriver) -> None:
+        """An older driver without the calls leaves both empty; the GPU is still healthy."""
+        driver.remove("nvmlDeviceGetArchitecture")
+        driver.fail("nvmlDeviceGetCudaComputeCapability", NOT_SUPPORTED)
+        nvml.init()
+        gpus = nvml.discover()
+        assert {(g.architecture, g.compute_capability) for g in gpus} == {("", "")}
+        assert all(g.health.healthy for g in gpus)
+
+    @pytest.mark.parametrize(
+        ("value", "name"),
+        [
+            (pynvml.NVML_DEVICE_ARCH_AMPERE, "ampere"),
+            (pynvml.NVML_DEVICE_ARCH_ADA, "ada-lovelace"),
+            (pynvml.NVML_DEVICE_ARCH_BLACKWELL, "blackwell"),
+            (pynvml.NVML_DEVICE_ARCH_UNKNOWN, ""),
+            (None, ""),
+        ],
+    )
+    def test_architecture_names(self, value: int | None, name: str) -> None:
+        """NVML's architecture constants by GFD's ``gpu.family`` names."""
+        assert architecture_name(value) == name
 
     @pytest.mark.parametrize("how", ["removed", "not_supported"])
     def test_memory_v2_falls_back_to_v1(self, nvml: Nvml, driver: SimDriver, how: str) -> None:
