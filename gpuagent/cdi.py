@@ -24,7 +24,7 @@ from typing import Any
 from gpuagent.atomicfile import remove_if_present, write_if_changed
 from gpuagent.domain.containers import CDI_CLASS, CDI_KIND, CDI_VENDOR, CONTROL_NODES
 from gpuagent.domain.devices import IdStrategy, Snapshot
-from gpuagent.domain.resources import mig_index
+from gpuagent.domain.naming import mig_index
 
 __all__ = [
     "CDI_VERSION",

@@ -15,6 +15,8 @@ from typing import Any, Generic, TypeVar
 
 import yaml
 
+from gpuagent.domain.errors import SettingError
+
 __all__ = ["ConfigError", "Settings", "load_settings"]
 
 T = TypeVar("T")
@@ -39,13 +41,8 @@ _RESOURCE_NAME_RE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 _HOSTNAME_RE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?")
 
 
-class ConfigError(Exception):
+class ConfigError(SettingError):
     """An invalid setting; ``key`` names the flag, environment variable or config key at fault."""
-
-    def __init__(self, key: str, reason: str) -> None:
-        super().__init__(f"{key}: {reason}")
-        self.key = key
-        self.reason = reason
 
 
 @dataclass(frozen=True, slots=True)

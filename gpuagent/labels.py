@@ -20,11 +20,8 @@ from pathlib import Path
 
 from gpuagent.atomicfile import remove_if_present, write_if_changed
 from gpuagent.domain.devices import Gpu, MigDevice, Snapshot
-from gpuagent.domain.resources import (
-    MigStrategy,
-    ResourceSettings,
-    mig_resource_name,
-)
+from gpuagent.domain.naming import mig_resource_name
+from gpuagent.domain.resources import MigStrategy, ResourceSettings
 
 __all__ = [
     "DEFAULT_FEATURES_FILE",

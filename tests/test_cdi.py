@@ -21,13 +21,8 @@ from gpuagent.domain.containers import (
     allocate,
 )
 from gpuagent.domain.devices import IdStrategy, Snapshot
-from gpuagent.domain.resources import (
-    MigStrategy,
-    ReplicaRule,
-    ResourceSettings,
-    TimeSlicing,
-    build_resources,
-)
+from gpuagent.domain.resources import MigStrategy, ResourceSettings, build_resources
+from gpuagent.domain.timeslicing import ReplicaRule, TimeSlicing
 
 SCHEMA_DIR = Path(__file__).parent / "data" / "cdi-schema"
 NODE = node(

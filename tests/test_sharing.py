@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gpuagent.app import time_slicing
-from gpuagent.domain.resources import ReplicaRule, SettingError
+from gpuagent.domain.errors import SettingError
+from gpuagent.domain.timeslicing import ReplicaRule
 
 
 def test_full_block() -> None:

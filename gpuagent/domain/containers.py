@@ -38,7 +38,8 @@ from gpuagent.domain.allocation import (
     UnknownDevicesError,
 )
 from gpuagent.domain.devices import IdStrategy
-from gpuagent.domain.resources import Device, Resource, SettingError
+from gpuagent.domain.errors import SettingError
+from gpuagent.domain.resources import Device, Resource
 
 __all__ = [
     "CDI_ANNOTATION_PREFIX",

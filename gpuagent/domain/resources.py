@@ -3,74 +3,43 @@
 One :class:`Resource` per resource name, each with its devices as the kubelet sees them: the ID,
 the health, the NUMA node, which GPU or MIG device it is, and its replica number when time-sliced.
 The names and rules follow NVIDIA's k8s-device-plugin (``internal/rm/device_map.go``,
-``internal/rm/rm.go``), with its users' open requests answered (per-GPU replica counts, #1786;
-``rename``, #353) and one deliberate difference: with ``mig-strategy none`` a GPU in MIG mode is
-not advertised as a full GPU (NVIDIA advertises it, and a container given it sees no usable CUDA
-device, gpu-operator #637); ``mig_enabled_gpus_as_full`` restores NVIDIA's behaviour.
+``internal/rm/rm.go``; time-slicing is :mod:`gpuagent.domain.timeslicing`), with one deliberate
+difference: with ``mig-strategy none`` a GPU in MIG mode is not advertised as a full GPU (NVIDIA
+advertises it, and a container given it sees no usable CUDA device, gpu-operator #637);
+``mig_enabled_gpus_as_full`` restores NVIDIA's behaviour.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
 
 from gpuagent.domain.devices import HEALTHY, UNHEALTHY, Gpu, IdStrategy, MigDevice, Snapshot
-from gpuagent.domain.naming import socket_name
+from gpuagent.domain.errors import ResourceError, SettingError
+from gpuagent.domain.naming import (
+    DEFAULT_RESOURCE,
+    mig_index,
+    mig_resource_name,
+    resource_name,
+    socket_name,
+)
+from gpuagent.domain.timeslicing import TimeSlicing
 
 __all__ = [
-    "DEFAULT_RESOURCE",
-    "MAX_REPLICAS",
-    "MAX_RESOURCE_NAME",
-    "SHARED_SUFFIX",
     "Device",
     "MigStrategy",
     "NodeResources",
-    "ReplicaRule",
     "Resource",
-    "ResourceError",
     "ResourceSettings",
-    "SettingError",
-    "TimeSlicing",
-    "annotated_id",
     "build_resources",
-    "mig_index",
-    "mig_resource_name",
-    "resource_name",
-    "strip_replica",
 ]
 
-DEFAULT_DOMAIN = "nvidia.com"
-DEFAULT_RESOURCE = "nvidia.com/gpu"
-SHARED_SUFFIX = ".shared"  # NVIDIA's DefaultSharedResourceNameSuffix
-MAX_RESOURCE_NAME = 63  # NVIDIA's MaxResourceNameLength, for the whole name
-REPLICA_SEPARATOR = "::"
-MIN_REPLICAS = 2  # NVIDIA: "number of replicas must be >= 2"
-MAX_REPLICAS = 1024  # keeps a ListAndWatch message far below gRPC's 4 MiB default
-
-_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-_DNS_SUBDOMAIN = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
-_GPU_INDEX = re.compile(r"\d+")
-_MIG_INDEX = re.compile(r"\d+:\d+")
 # A compute-instance profile ("1c.3g.20gb": fewer compute slices than its GPU instance).
 # NVIDIA's mixed strategy only names profiles whose C == G.
 _CI_PROFILE = re.compile(r"\d+c\.")
-
-
-class SettingError(ValueError):
-    """An invalid setting; ``key`` names it as NVIDIA's config file spells it."""
-
-    def __init__(self, key: str, reason: str) -> None:
-        super().__init__(f"{key}: {reason}")
-        self.key = key
-        self.reason = reason
-
-
-class ResourceError(Exception):
-    """The node's devices cannot be advertised under the settings (e.g. ``single`` with two
-    MIG profiles); the message says which GPUs disagree."""
 
 
 class MigStrategy(Enum):
@@ -79,153 +48,6 @@ class MigStrategy(Enum):
     NONE = "none"
     SINGLE = "single"
     MIXED = "mixed"
-
-
-def resource_name(name: str) -> str:
-    """``name`` as NVIDIA's ``NewResourceName`` accepts it, ``nvidia.com/`` added if missing.
-
-    The whole name is at most 63 characters; the domain is a DNS subdomain outside
-    ``kubernetes.io``; the part after ``/`` is a DNS subdomain too. Raises :class:`ValueError`.
-    """
-    full = name if "/" in name else f"{DEFAULT_DOMAIN}/{name}"
-    domain, _, suffix = full.partition("/")
-    if len(full) > MAX_RESOURCE_NAME:
-        raise ValueError(f"{full!r} is longer than {MAX_RESOURCE_NAME} characters")
-    if not _DNS_SUBDOMAIN.fullmatch(domain):
-        raise ValueError(f"domain {domain!r} of {full!r} is not a lower-case DNS subdomain")
-    if domain == "kubernetes.io" or domain.endswith(".kubernetes.io"):
-        raise ValueError(f"{full!r} is in the kubernetes.io namespace")
-    if not _DNS_SUBDOMAIN.fullmatch(suffix):
-        raise ValueError(
-            f"name {suffix!r} of {full!r} must be a DNS subdomain: lower-case letters, digits, "
-            "'-' and '.', starting and ending with a letter or digit"
-        )
-    return full
-
-
-def mig_resource_name(profile: str, domain: str = DEFAULT_DOMAIN) -> str:
-    """NVIDIA's mixed-strategy name: ``nvidia.com/mig-1g.10gb``, ``+`` spelled ``.``."""
-    return resource_name(f"{domain}/mig-{profile}".replace("+", "."))
-
-
-def mig_index(gpu_index: int, position: int) -> str:
-    """NVIDIA's index form of a MIG device: ``"<gpu>:<n>"``, n its place on the GPU."""
-    return f"{gpu_index}:{position}"
-
-
-def annotated_id(device_id: str, replica: int) -> str:
-    """A replica's kubelet ID (NVIDIA's ``NewAnnotatedID``): ``<id>::<n>``."""
-    return f"{device_id}{REPLICA_SEPARATOR}{replica}"
-
-
-def strip_replica(device_id: str) -> str:
-    """The device ID without its ``::<n>`` replica annotation."""
-    return device_id.split(REPLICA_SEPARATOR, 1)[0]
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicaRule:
-    """One entry of ``sharing.timeSlicing.resources``.
-
-    ``devices`` is ``"all"``, a count (the first N devices by index), or a tuple of references:
-    GPU index ``"0"``, MIG index ``"0:1"``, GPU UUID or MIG UUID. On a MIG resource a GPU index or
-    UUID names every MIG device of that GPU. Several rules may name one resource, each with its
-    own ``replicas`` (per-GPU counts, NVIDIA #1786): listed devices are matched first come, first
-    served; ``"all"`` and a count take the devices earlier rules left. ``rename`` overrides
-    ``renameByDefault`` for this rule (NVIDIA strips it at load, #353).
-    """
-
-    name: str
-    replicas: int
-    devices: str | int | tuple[str, ...] = "all"
-    rename: str = ""
-
-
-def _check_rule(rule: ReplicaRule, key: str) -> ReplicaRule:
-    try:
-        name = resource_name(rule.name)
-    except ValueError as exc:
-        raise SettingError(f"{key}.name", str(exc)) from None
-    replicas = rule.replicas
-    if type(replicas) is not int:  # config values are untrusted: bool is not a count
-        raise SettingError(f"{key}.replicas", f"expected a whole number, got {replicas!r}")
-    if not MIN_REPLICAS <= replicas <= MAX_REPLICAS:
-        raise SettingError(
-            f"{key}.replicas", f"must be between {MIN_REPLICAS} and {MAX_REPLICAS}, got {replicas}"
-        )
-    devices = rule.devices
-    if isinstance(devices, bool):
-        raise SettingError(f"{key}.devices", f"expected 'all', a count or a list, got {devices!r}")
-    if isinstance(devices, str):
-        if devices != "all":
-            raise SettingError(
-                f"{key}.devices", f"expected 'all', a count or a list, got {devices!r}"
-            )
-    elif isinstance(devices, int):
-        if devices < 1:
-            raise SettingError(f"{key}.devices", f"a count must be at least 1, got {devices}")
-    else:
-        refs: tuple[object, ...] = tuple(devices)
-        if not refs:
-            raise SettingError(f"{key}.devices", "the list names no devices")
-        for ref in refs:
-            if not _is_reference(ref):
-                raise SettingError(
-                    f"{key}.devices",
-                    f"{ref!r} is not a GPU index ('0'), MIG index ('0:1'), GPU-… or MIG-… UUID",
-                )
-        names = tuple(str(r) for r in refs)
-        twice = sorted({r for r in names if names.count(r) > 1})
-        if twice:
-            raise SettingError(f"{key}.devices", f"listed more than once: {', '.join(twice)}")
-        devices = names
-    rename = rule.rename
-    if rename:
-        try:
-            rename = resource_name(rename)
-        except ValueError as exc:
-            raise SettingError(f"{key}.rename", str(exc)) from None
-    return ReplicaRule(name=name, replicas=replicas, devices=devices, rename=rename)
-
-
-def _is_reference(ref: object) -> bool:
-    if not isinstance(ref, str):
-        return False
-    return bool(
-        _GPU_INDEX.fullmatch(ref)
-        or _MIG_INDEX.fullmatch(ref)
-        or (ref.startswith(("GPU-", "MIG-")) and len(ref) > len("GPU-"))
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class TimeSlicing:
-    """``sharing.timeSlicing``: which devices are replicated, how often, under which name.
-
-    Validated and normalised on construction (resource names get ``nvidia.com/`` when they lack
-    a domain); a :class:`SettingError` names the offending key.
-    """
-
-    resources: tuple[ReplicaRule, ...] = ()
-    rename_by_default: bool = False
-    fail_requests_greater_than_one: bool = False
-
-    def __post_init__(self) -> None:
-        rules = tuple(
-            _check_rule(rule, f"sharing.timeSlicing.resources[{i}]")
-            for i, rule in enumerate(self.resources)
-        )
-        object.__setattr__(self, "resources", rules)
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.resources)
-
-    def target(self, rule: ReplicaRule) -> str:
-        """The name ``rule``'s replicas are advertised under."""
-        if rule.rename:
-            return rule.rename
-        return f"{rule.name}{SHARED_SUFFIX}" if self.rename_by_default else rule.name
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,7 +62,7 @@ class ResourceSettings:
     resource_name: str = DEFAULT_RESOURCE
     mig_strategy: MigStrategy = MigStrategy.NONE
     kubelet_ids: IdStrategy = IdStrategy.UUID
-    time_slicing: TimeSlicing = TimeSlicing()
+    time_slicing: TimeSlicing = field(default_factory=TimeSlicing)
     mig_enabled_gpus_as_full: bool = False
 
     def __post_init__(self) -> None:
@@ -487,84 +309,19 @@ def _base_devices(
     return out
 
 
-def _select(
-    rule: ReplicaRule, devices: Sequence[Device], claimed: set[str], key: str
-) -> list[Device]:
-    """The devices ``rule`` replicates, given those earlier rules claimed (by UUID)."""
-    free = [d for d in devices if d.uuid not in claimed]
-    if rule.devices == "all":
-        return free
-    if isinstance(rule.devices, int):
-        if rule.devices > len(free):
-            raise ResourceError(
-                f"{key}: requested {rule.devices} devices of {rule.name} to be replicated, "
-                f"but only {len(free)} are available"
-            )
-        return free[: rule.devices]
-    chosen: dict[str, Device] = {}
-    for ref in rule.devices:
-        matches = [d for d in devices if _matches(ref, d)]
-        if not matches:
-            raise ResourceError(f"{key}: no device of {rule.name} matches {ref!r}")
-        taken = [d.index for d in matches if d.uuid in claimed]
-        if taken:
-            raise ResourceError(
-                f"{key}: {ref!r} names {', '.join(taken)}, already replicated by an earlier rule"
-            )
-        chosen.update((d.uuid, d) for d in matches)
-    return [d for d in devices if d.uuid in chosen]
-
-
-def _matches(ref: str, device: Device) -> bool:
-    if _GPU_INDEX.fullmatch(ref):
-        return device.gpu == int(ref)
-    if _MIG_INDEX.fullmatch(ref):
-        return device.index == ref
-    return ref in (device.uuid, device.gpu_uuid)
-
-
 def _apply_time_slicing(
     base: Mapping[str, Sequence[Device]], sharing: TimeSlicing
 ) -> list[Resource]:
     by_target: dict[str, list[Device]] = {}
     origin_of: dict[str, str] = {}
-
-    def put(target: str, origin: str, devices: Iterable[Device]) -> None:
-        other = origin_of.setdefault(target, origin)
-        if other != origin:
-            raise ResourceError(
-                f"{target}: devices of both {other} and {origin} would be advertised under it"
-            )
-        by_target.setdefault(target, []).extend(devices)
-
     for name, devices in base.items():
-        rules = [(i, rule) for i, rule in enumerate(sharing.resources) if rule.name == name]
-        replicated: dict[str, tuple[ReplicaRule, str]] = {}
-        for i, rule in rules:
-            key = f"sharing.timeSlicing.resources[{i}]"
-            for device in _select(rule, devices, set(replicated), key):
-                replicated[device.uuid] = (rule, sharing.target(rule))
-        if not replicated:
-            put(name, name, devices)
-            continue
-        for device in devices:
-            if device.uuid not in replicated:
-                put(name, name, [device])
-                continue
-            rule, target = replicated[device.uuid]
-            put(
-                target,
-                name,
-                (
-                    replace(
-                        device,
-                        id=annotated_id(device.id, n),
-                        replica=n,
-                        replicas=rule.replicas,
-                    )
-                    for n in range(rule.replicas)
-                ),
-            )
+        for target, device in sharing.placements(name, devices):
+            other = origin_of.setdefault(target, name)
+            if other != name:
+                raise ResourceError(
+                    f"{target}: devices of both {other} and {name} would be advertised under it"
+                )
+            by_target.setdefault(target, []).append(device)
     # Every target name was checked when its rule was built, but `<name>.shared` may be too long.
     resources = []
     for target, devices in by_target.items():

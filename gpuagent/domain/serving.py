@@ -10,13 +10,9 @@ from dataclasses import dataclass, field
 
 from gpuagent.domain.containers import ContainerSettings
 from gpuagent.domain.devices import Snapshot, Topology
+from gpuagent.domain.errors import ResourceError
 from gpuagent.domain.preferred import PairScores, SharedAllocationPolicy
-from gpuagent.domain.resources import (
-    NodeResources,
-    ResourceError,
-    ResourceSettings,
-    build_resources,
-)
+from gpuagent.domain.resources import NodeResources, ResourceSettings, build_resources
 
 
 @dataclass(frozen=True, slots=True)

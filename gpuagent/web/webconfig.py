@@ -39,6 +39,8 @@ import bcrypt
 import structlog
 import yaml
 
+from gpuagent.domain.errors import SettingError
+
 __all__ = [
     "AuthResult",
     "BasicAuth",
@@ -89,13 +91,8 @@ _UNSUPPORTED_TOP = ("rate_limit",)
 _BCRYPT_PREFIXES = (b"$2a$", b"$2b$", b"$2y$")
 
 
-class WebConfigError(Exception):
+class WebConfigError(SettingError):
     """The web config is invalid; ``key`` is the offending key path, e.g. ``tls_server_config``."""
-
-    def __init__(self, key: str, reason: str) -> None:
-        super().__init__(f"{key}: {reason}")
-        self.key = key
-        self.reason = reason
 
 
 @dataclass(frozen=True, slots=True)

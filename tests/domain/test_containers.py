@@ -30,15 +30,9 @@ from gpuagent.domain.containers import (
     validate_request,
 )
 from gpuagent.domain.devices import IdStrategy, Snapshot
-from gpuagent.domain.resources import (
-    MigStrategy,
-    ReplicaRule,
-    Resource,
-    ResourceSettings,
-    SettingError,
-    TimeSlicing,
-    build_resources,
-)
+from gpuagent.domain.errors import SettingError
+from gpuagent.domain.resources import MigStrategy, Resource, ResourceSettings, build_resources
+from gpuagent.domain.timeslicing import ReplicaRule, TimeSlicing
 
 ENVVAR = DeviceListStrategy.ENVVAR
 MOUNTS = DeviceListStrategy.VOLUME_MOUNTS

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import yaml
 
+from gpuagent.domain.errors import SettingError
 from gpuagent.gpu.sim.profiles import (
     DEFAULT_PROFILE,
     MIG_COMPUTE_SLICES,
@@ -40,16 +41,11 @@ _GPU_KEYS = frozenset({"name", "memory_mib", "numa_node", "mig"})
 _TOP_KEYS = frozenset({"version", "gpus", "nvlinks"})
 
 
-class SimConfigError(ValueError):
+class SimConfigError(SettingError):
     """A simulated-node description is invalid; ``key`` is the dotted path of the offending value.
 
     ``str(error)`` is ``"<key>: <reason>"``, e.g. ``"gpus[1].memory_mib: must be an integer"``.
     """
-
-    def __init__(self, key: str, message: str) -> None:
-        super().__init__(f"{key}: {message}")
-        self.key = key
-        self.message = message
 
 
 @dataclass(frozen=True)
