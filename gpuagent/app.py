@@ -20,19 +20,16 @@ from gpuagent import __version__
 from gpuagent.cdi import DEFAULT_CDI_DIR, build_spec, sync_spec
 from gpuagent.config import ConfigError, Settings
 from gpuagent.domain.containers import CONTROL_NODES, ContainerSettings, DeviceListStrategy
+from gpuagent.domain.counters import AgentCounters, NvmlCallStats, PodResourcesStats
 from gpuagent.domain.devices import IdStrategy
+from gpuagent.domain.errors import SettingError
 from gpuagent.domain.health import HealthCheckSpecError, HealthPolicy
 from gpuagent.domain.naming import socket_name
 from gpuagent.domain.preferred import SharedAllocationPolicy
-from gpuagent.domain.resources import (
-    MigStrategy,
-    ReplicaRule,
-    ResourceSettings,
-    SettingError,
-    TimeSlicing,
-)
+from gpuagent.domain.resources import MigStrategy, ResourceSettings
 from gpuagent.domain.serving import ResourceView, ServingPolicy
 from gpuagent.domain.store import DeviceStore
+from gpuagent.domain.timeslicing import ReplicaRule, TimeSlicing
 from gpuagent.gpu import sim
 from gpuagent.gpu.monitor import GpuMonitor
 from gpuagent.gpu.nvml import DriverUnavailable, Nvml
@@ -40,7 +37,7 @@ from gpuagent.kubelet.plugin import DevicePluginService
 from gpuagent.kubelet.podresources import PodResourcesClient
 from gpuagent.kubelet.registration import PluginEndpoint, Timing
 from gpuagent.labels import DEFAULT_FEATURES_FILE, node_labels, sync_features
-from gpuagent.web.metrics import AgentCounters, MetricsRenderer, NvmlCallStats, PodResourcesStats
+from gpuagent.web.metrics import MetricsRenderer
 from gpuagent.web.server import HttpServer, build_app
 from gpuagent.web.webconfig import WebConfigError, WebConfigFile
 

@@ -30,10 +30,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 import bench_metrics  # noqa: E402
+from bench_preferred import bench_preferred  # noqa: E402
 from support.fake_kubelet import FakeKubelet  # noqa: E402
 from support.grpcstubs import StubModules, generate  # noqa: E402
-
-from gpuagent.domain.bench import bench_preferred  # noqa: E402
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 

@@ -72,13 +72,10 @@ def serve_synthetic(shape: str, port: int, poll: float, out: Path) -> None:
     """Serve /metrics for ``shape`` until SIGTERM; then write the handler durations to ``out``."""
     import uvloop  # noqa: PLC0415
 
+    from gpuagent.domain.counters import AgentCounters  # noqa: PLC0415
     from gpuagent.domain.store import DeviceStore  # noqa: PLC0415
-    from gpuagent.web.metrics import (  # noqa: PLC0415
-        SCRAPE_BUCKETS,
-        AgentCounters,
-        Histogram,
-        MetricsRenderer,
-    )
+    from gpuagent.web.histogram import SCRAPE_BUCKETS, Histogram  # noqa: PLC0415
+    from gpuagent.web.metrics import MetricsRenderer  # noqa: PLC0415
     from gpuagent.web.server import HttpServer, build_app  # noqa: PLC0415
 
     class _Probes:
@@ -190,10 +187,10 @@ def bench_shape(shape: str, scrapes: int, poll: float) -> dict[str, float]:
 def bench_cold_render(shape: str, runs: int = 20) -> tuple[float, float]:
     """A new snapshot version's device part, in process (the first scrape after a poll).
 
-    Returns the p50 of the render alone and of render + gzip (compressed in the compressor thread
-    while the loop renders, as a gzip scrape does).
+    Returns the p50 of the render alone and of render + gzip (the first gzip scrape of a version
+    compresses the device part once, on the event loop).
     """
-    from gpuagent.web.metrics import INLINE_GZIP_BYTES, MetricsRenderer  # noqa: PLC0415
+    from gpuagent.web.metrics import MetricsRenderer  # noqa: PLC0415
 
     renderer = MetricsRenderer("bench-node", "bench")
     base = synthetic_snapshot(**SHAPES[shape])
@@ -206,11 +203,7 @@ def bench_cold_render(shape: str, runs: int = 20) -> tuple[float, float]:
         render.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         snapshot = _with_telemetry(full_telemetry(version))(replace(base, version=2 * version + 1))
-        part = renderer.devices(snapshot, compress=True)
-        if part.size < INLINE_GZIP_BYTES:  # as the /metrics handler does
-            part.start_gzip(threaded=False)
-        part.finish_gzip().result()
-        part.gzip(b"")
+        renderer.devices(snapshot).gzip(b"")
         gzipped.append(time.perf_counter() - t0)
     return _percentile(render, 50), _percentile(gzipped, 50)
 

@@ -3,330 +3,70 @@
 The exposition has two parts:
 
 * the **device part** — every dcgm-exporter series and the per-GPU ``gpuagent_`` families — depends
-  only on the snapshot, so it is rendered once per snapshot version and cached (also as a gzip
-  stream prefix, see :class:`DevicePart`);
+  only on the snapshot, so it is rendered once per snapshot version and cached, with its gzip
+  stream once a gzip scrape has asked for it (see :class:`DevicePart`);
 * the **agent part** — counters, pod-resources freshness, scrape durations — is small and rendered
   on every scrape.
 
 Nothing here calls NVML or the kubelet: a scrape reads the store's snapshot and in-memory counters.
+The families themselves are :mod:`gpuagent.web.dcgm` (dcgm-exporter's) and below (ours).
 """
 
 from __future__ import annotations
 
-import bisect
-import os
 import platform
 import struct
 import time
 import zlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
 
-from gpuagent.domain import xids
 from gpuagent.domain.attribution import Target, attributions
-from gpuagent.domain.devices import Gpu, MigDevice, PodRef, Snapshot, Telemetry
+from gpuagent.domain.counters import AgentCounters, NvmlCallStats, PodResourcesStats
+from gpuagent.domain.devices import Gpu, MigDevice, PodRef, Snapshot
+from gpuagent.web.dcgm import DCGM_METRICS, INSTANCE_SCOPE, XID_ERRORS, XID_ERRORS_HELP, xid_message
 from gpuagent.web.exposition import Family, escape_label, format_value, header, label_pairs, render
+from gpuagent.web.histogram import SCRAPE_BUCKETS, Histogram
 
-__all__ = [
-    "DCGM_METRICS",
-    "SCRAPE_BUCKETS",
-    "AgentCounters",
-    "DcgmMetric",
-    "DevicePart",
-    "Histogram",
-    "MetricsRenderer",
-    "NvmlCallStats",
-    "PodResourcesStats",
-    "xid_message",
-]
+__all__ = ["DevicePart", "MetricsRenderer"]
 
-T = TypeVar("T")
-
-GPU_SCOPE = "gpu"  # a reading of the whole GPU: a MIG series repeats its parent's value
-INSTANCE_SCOPE = "instance"  # a reading of the GPU instance: a MIG series shows its own value
-
-
-@dataclass(frozen=True, slots=True)
-class DcgmMetric:
-    """A dcgm-exporter family: name, type and HELP as dcgm-exporter writes them; its reading."""
-
-    name: str
-    kind: str
-    help: str
-    read: Callable[[Telemetry], float | None]
-    scope: str = GPU_SCOPE
-
-
-# dcgm-exporter's default counters (etc/default-counters.csv) that Telemetry carries, in that
-# file's order, then off-by-default ones we have values for (ECC, SM activity, remap pending).
-DCGM_METRICS: tuple[DcgmMetric, ...] = (
-    DcgmMetric("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz).",
-               lambda t: t.sm_clock_mhz),
-    DcgmMetric("DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock frequency (in MHz).",
-               lambda t: t.mem_clock_mhz),
-    DcgmMetric("DCGM_FI_DEV_MEMORY_TEMP", "gauge", "Memory temperature (in C).",
-               lambda t: t.memory_temperature_c),
-    DcgmMetric("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C).",
-               lambda t: t.temperature_c),
-    DcgmMetric("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W).", lambda t: t.power_w),
-    DcgmMetric("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter",
-               "Total energy consumption since boot (in mJ).", lambda t: t.energy_mj),
-    DcgmMetric("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "Total number of PCIe retries.",
-               lambda t: t.pcie_replays),
-    DcgmMetric("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).",
-               lambda t: t.gpu_util_pct, INSTANCE_SCOPE),
-    DcgmMetric("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %).",
-               lambda t: t.mem_util_pct, INSTANCE_SCOPE),
-    DcgmMetric("DCGM_FI_DEV_ENC_UTIL", "gauge", "Encoder utilization (in %).",
-               lambda t: t.enc_util_pct),
-    DcgmMetric("DCGM_FI_DEV_DEC_UTIL", "gauge", "Decoder utilization (in %).",
-               lambda t: t.dec_util_pct),
-    # DCGM_FI_DEV_XID_ERRORS comes here in dcgm-exporter's order; rendered on its own below.
-    DcgmMetric("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB).",
-               lambda t: t.fb_free_mib, INSTANCE_SCOPE),
-    DcgmMetric("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB).",
-               lambda t: t.fb_used_mib, INSTANCE_SCOPE),
-    DcgmMetric("DCGM_FI_DEV_FB_RESERVED", "gauge", "Framebuffer memory reserved (in MiB).",
-               lambda t: t.fb_reserved_mib, INSTANCE_SCOPE),
-    DcgmMetric("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "counter",
-               "Total number of NVLink bandwidth counters for all lanes.",
-               lambda t: t.nvlink_bandwidth_total),
-    DcgmMetric("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "counter",
-               "Number of remapped rows for uncorrectable errors",
-               lambda t: t.remapped_rows_uncorrectable),
-    DcgmMetric("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "counter",
-               "Number of remapped rows for correctable errors",
-               lambda t: t.remapped_rows_correctable),
-    DcgmMetric("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed",
-               lambda t: t.row_remap_failure),
-    DcgmMetric("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge",
-               "Ratio of time the graphics engine is active.",
-               lambda t: t.gr_engine_active, INSTANCE_SCOPE),
-    DcgmMetric("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge",
-               "Ratio of cycles the tensor (HMMA) pipe is active.",
-               lambda t: t.tensor_active, INSTANCE_SCOPE),
-    DcgmMetric("DCGM_FI_PROF_DRAM_ACTIVE", "gauge",
-               "Ratio of cycles the device memory interface is active sending or receiving data.",
-               lambda t: t.dram_active, INSTANCE_SCOPE),
-    DcgmMetric("DCGM_FI_PROF_PCIE_TX_BYTES", "gauge",
-               "The rate of data transmitted over the PCIe bus - including both protocol headers "
-               "and data payloads - in bytes per second.", lambda t: t.pcie_tx_bytes),
-    DcgmMetric("DCGM_FI_PROF_PCIE_RX_BYTES", "gauge",
-               "The rate of data received over the PCIe bus - including both protocol headers "
-               "and data payloads - in bytes per second.", lambda t: t.pcie_rx_bytes),
-    # Off by default in dcgm-exporter; exported here whenever the driver offers them.
-    DcgmMetric("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "counter",
-               "Total number of single-bit volatile ECC errors.", lambda t: t.ecc_sbe_volatile),
-    DcgmMetric("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "counter",
-               "Total number of double-bit volatile ECC errors.", lambda t: t.ecc_dbe_volatile),
-    DcgmMetric("DCGM_FI_DEV_ROW_REMAP_PENDING", "gauge", "Whether remapping of rows is pending",
-               lambda t: t.row_remap_pending),
-    DcgmMetric("DCGM_FI_PROF_SM_ACTIVE", "gauge",
-               "The ratio of cycles an SM has at least 1 warp assigned.",
-               lambda t: t.sm_active, INSTANCE_SCOPE),
-    DcgmMetric("DCGM_FI_PROF_SM_OCCUPANCY", "gauge",
-               "The ratio of number of warps resident on an SM.",
-               lambda t: t.sm_occupancy, INSTANCE_SCOPE),
-)  # fmt: skip
-
-XID_ERRORS = "DCGM_FI_DEV_XID_ERRORS"
-XID_ERRORS_HELP = "Value of the last XID error encountered."
-
-
-def xid_message(xid: int) -> str:
-    """``err_msg`` for an XID, from NVIDIA's XID catalog (the health policy's table)."""
-    if xid == 0:
-        return "No Error"
-    entry = xids.lookup(xid)
-    return "Unknown Error" if entry.text == xids.UNKNOWN_TEXT else entry.text
-
-
-# Scrape durations: from a cached 8-GPU scrape (~0.1 ms) to a slow, first render of a huge node.
-SCRAPE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
-
-
-class Histogram:
-    """A cumulative histogram of observations, cheap enough to feed on every scrape."""
-
-    __slots__ = ("_counts", "bounds", "count", "total")
-
-    def __init__(self, bounds: Sequence[float]) -> None:
-        self.bounds = tuple(bounds)
-        self._counts = [0] * len(self.bounds)
-        self.count = 0
-        self.total = 0.0
-
-    def observe(self, value: float) -> None:
-        i = bisect.bisect_left(self.bounds, value)
-        if i < len(self._counts):
-            self._counts[i] += 1
-        self.count += 1
-        self.total += value
-
-    def cumulative(self) -> list[tuple[float, int]]:
-        out, running = [], 0
-        for bound, n in zip(self.bounds, self._counts, strict=True):
-            running += n
-            out.append((bound, running))
-        return out
-
-
-@dataclass(frozen=True, slots=True)
-class PodResourcesStats:
-    """The pod-resources client's own counters (the mapping itself is in the snapshot)."""
-
-    requests: int = 0
-    errors: int = 0
-    socket_present: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class NvmlCallStats:
-    """Calls into NVML of one kind: how many, how long in total, how many failed."""
-
-    call: str
-    count: int
-    seconds: float
-    errors: int
-
-
-@dataclass(frozen=True, slots=True)
-class AgentCounters:
-    """The agent's own counters that live outside the device snapshot."""
-
-    registrations: int = 0
-    allocations: int = 0
-    pod_resources: PodResourcesStats | None = None
-    nvml: tuple[NvmlCallStats, ...] = ()
-
-
-# Device parts are gzip-compressed in segments of about this size, each by its own raw-deflate
-# compressor ending on a sync flush, so segments can be compressed in parallel threads (zlib
-# releases the GIL) while the event loop is still rendering the next families; the segments,
-# a gzip header and trailer (CRC-32 and size of the whole) make one valid gzip stream.
-GZIP_SEGMENT_BYTES = 1024 * 1024
-# Below this size, compressing inline is cheaper than a hand-off to the threads.
-INLINE_GZIP_BYTES = 256 * 1024
 _GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"  # deflate, no name, no mtime
-_compressors: ThreadPoolExecutor | None = None
-
-
-def _compress_pool() -> ThreadPoolExecutor:
-    global _compressors  # noqa: PLW0603 - one lazily started pool per process
-    if _compressors is None:
-        workers = max(1, min(4, os.cpu_count() or 1))
-        _compressors = ThreadPoolExecutor(workers, thread_name_prefix="gpuagent-gzip")
-    return _compressors
-
-
-def _deflate_segment(data: bytes) -> bytes:
-    compressor = zlib.compressobj(1, zlib.DEFLATED, -15)
-    return compressor.compress(data) + compressor.flush(zlib.Z_SYNC_FLUSH)
-
-
-def _crc(chunks: list[bytes]) -> int:
-    crc = 0
-    for chunk in chunks:
-        crc = zlib.crc32(chunk, crc)
-    return crc
 
 
 class DevicePart:
     """The device part of one snapshot version, as byte chunks, and (once asked) its gzip stream.
 
-    The (large) device part is compressed once per version; each scrape then compresses only its
-    (small) agent part and appends it, with the trailer, to the cached segments.
+    The (large) device part is compressed once per version, ending on a sync flush; each gzip
+    scrape then compresses only its (small) agent part and appends it, with the trailer (CRC-32
+    and size of the whole), to the cached prefix.
     """
 
-    __slots__ = ("_crc", "_pending", "_segments", "_started", "chunks", "size", "version")
+    __slots__ = ("_crc", "_deflated", "chunks", "size", "version")
 
-    def __init__(self, version: int) -> None:
+    def __init__(self, version: int, chunks: Iterable[bytes] = ()) -> None:
         self.version = version
-        self.chunks: list[bytes] = []
-        self.size = 0
-        self._started = False
-        self._pending: list[bytes] = []  # appended since the last segment was cut
-        self._segments: list[Future[bytes]] = []
-        self._crc: Future[int] | None = None
+        self.chunks = list(chunks)
+        self.size = sum(map(len, self.chunks))
+        self._deflated: bytes | None = None
+        self._crc = 0
 
     @property
     def text(self) -> bytes:
         return b"".join(self.chunks)
 
-    def append(self, chunk: bytes) -> None:
-        self.chunks.append(chunk)
-        self.size += len(chunk)
-        if self._started:
-            self._pending.append(chunk)
-            if sum(map(len, self._pending)) >= GZIP_SEGMENT_BYTES:
-                self._cut(threaded=True)
-
-    def start_gzip(self, *, threaded: bool) -> None:
-        """Start compressing what is there; chunks appended later are compressed as they come.
-
-        ``threaded``: in the compressor threads (see :meth:`finish_gzip`); else inline, now.
-        """
-        if self._started:
-            return
-        self._started = True
-        if not threaded:
-            self._segments = [_done(_deflate_segment(self.text))]
-            self._crc = _done(zlib.crc32(self.text))
-            return
-        for chunk in self.chunks:
-            self._pending.append(chunk)
-            if sum(map(len, self._pending)) >= GZIP_SEGMENT_BYTES:
-                self._cut(threaded=True)
-
-    def finish_gzip(self) -> Future[int]:
-        """Compress the rest (in the threads); the returned future is done when all segments are."""
-        self.start_gzip(threaded=True)
-        if self._crc is None:
-            self._cut(threaded=True)
-            segments, chunks = list(self._segments), list(self.chunks)
-
-            def crc_after_segments() -> int:
-                for segment in segments:
-                    segment.result()
-                return _crc(chunks)
-
-            self._crc = _compress_pool().submit(crc_after_segments)
-        return self._crc
-
-    def _cut(self, *, threaded: bool) -> None:
-        if not self._pending:
-            return
-        data = b"".join(self._pending)
-        self._pending = []
-        if threaded:
-            self._segments.append(_compress_pool().submit(_deflate_segment, data))
-        else:
-            self._segments.append(_done(_deflate_segment(data)))
-
-    @property
-    def gzip_ready(self) -> bool:
-        return self._crc is not None and self._crc.done()
-
     def gzip(self, tail: bytes) -> list[bytes]:
         """Chunks that together are the gzip stream of the device part followed by ``tail``."""
-        if self._crc is None:
-            self.start_gzip(threaded=False)
-            self._cut(threaded=False)
-            if self._crc is None:
-                self._crc = _done(_crc(self.chunks))
-        crc = self._crc.result()  # immediate once gzip_ready
+        if self._deflated is None:
+            text = self.text
+            compressor = zlib.compressobj(1, zlib.DEFLATED, -15)
+            self._deflated = compressor.compress(text) + compressor.flush(zlib.Z_SYNC_FLUSH)
+            self._crc = zlib.crc32(text)
         compressor = zlib.compressobj(1, zlib.DEFLATED, -15)
         end = compressor.compress(tail) + compressor.flush()
-        trailer = struct.pack("<II", zlib.crc32(tail, crc), (self.size + len(tail)) & 0xFFFFFFFF)
-        return [_GZIP_HEADER, *(s.result() for s in self._segments), end + trailer]
-
-
-def _done(value: T) -> Future[T]:
-    future: Future[T] = Future()
-    future.set_result(value)
-    return future
+        trailer = struct.pack(
+            "<II", zlib.crc32(tail, self._crc), (self.size + len(tail)) & 0xFFFFFFFF
+        )
+        return [_GZIP_HEADER, self._deflated, end + trailer]
 
 
 @dataclass(frozen=True, slots=True)
@@ -380,22 +120,12 @@ class MetricsRenderer:
         self._cached: DevicePart | None = None
         self._layout: _Layout | None = None
 
-    def devices(self, snapshot: Snapshot, *, compress: bool = False) -> DevicePart:
-        """The device part for ``snapshot``, rendered only when its version is new.
-
-        ``compress``: a gzip scrape is waiting; a large part is compressed in the compressor
-        thread while it is being rendered (see :meth:`DevicePart.start_gzip`).
-        """
+    def devices(self, snapshot: Snapshot) -> DevicePart:
+        """The device part for ``snapshot``, rendered only when its version is new."""
         cached = self._cached
         if cached is not None and cached.version == snapshot.version:
             return cached
-        part = DevicePart(snapshot.version)
-        chunks = self._render_device_chunks(snapshot)
-        # Compress while rendering when the last version was large enough to be worth threads.
-        if compress and cached is not None and cached.size >= INLINE_GZIP_BYTES:
-            part.start_gzip(threaded=True)
-        for chunk in chunks:
-            part.append(chunk)
+        part = DevicePart(snapshot.version, self._render_device_chunks(snapshot))
         self._cached = part
         self.device_renders += 1
         return part

@@ -23,14 +23,10 @@ import structlog
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
+from gpuagent.domain.counters import AgentCounters
 from gpuagent.domain.store import DeviceStore
 from gpuagent.web.exposition import CONTENT_TYPE
-from gpuagent.web.metrics import (
-    INLINE_GZIP_BYTES,
-    AgentCounters,
-    DevicePart,
-    MetricsRenderer,
-)
+from gpuagent.web.metrics import MetricsRenderer
 from gpuagent.web.webconfig import AuthResult, WebConfigFile
 
 log = structlog.get_logger("gpuagent.http")
@@ -219,11 +215,10 @@ class _Scrapes:
     async def _respond(self, request: web.Request) -> web.StreamResponse:
         snapshot = self._store.snapshot
         gzipped = _accepts_gzip(request.headers.get("Accept-Encoding", ""))
-        part = self._renderer.devices(snapshot, compress=gzipped)
+        part = self._renderer.devices(snapshot)
         tail = self._renderer.agent(snapshot, self._counters())
         headers = {"Content-Type": CONTENT_TYPE, "Vary": "Accept-Encoding"}
         if gzipped:
-            await _compressed(part)
             chunks = part.gzip(tail)
             headers["Content-Encoding"] = "gzip"
         else:
@@ -245,18 +240,6 @@ class _Scrapes:
                 return response
         await response.write_eof()
         return response
-
-
-async def _compressed(part: DevicePart) -> None:
-    """Wait until the device part is compressed: inline when small, else in the worker threads.
-
-    Concurrent scrapes of one version share the same compression (it is started once).
-    """
-    if part.gzip_ready:
-        return
-    if part.size < INLINE_GZIP_BYTES:
-        part.start_gzip(threaded=False)
-    await asyncio.wrap_future(part.finish_gzip())
 
 
 def _accepts_gzip(accept_encoding: str) -> bool:

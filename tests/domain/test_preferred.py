@@ -8,9 +8,8 @@ from collections.abc import Sequence
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support.nodes import gpu, gpu_uuid, link, mig, mig_uuid, node
+from support.nodes import gpu, gpu_uuid, island_node, link, mig, mig_uuid, node
 
-from gpuagent.domain.bench import bench_preferred, island_node
 from gpuagent.domain.devices import P2PLevel, Snapshot
 from gpuagent.domain.preferred import (
     PairScores,
@@ -19,14 +18,8 @@ from gpuagent.domain.preferred import (
     best_gpu_set,
     preferred_allocation,
 )
-from gpuagent.domain.resources import (
-    MigStrategy,
-    ReplicaRule,
-    Resource,
-    ResourceSettings,
-    TimeSlicing,
-    build_resources,
-)
+from gpuagent.domain.resources import MigStrategy, Resource, ResourceSettings, build_resources
+from gpuagent.domain.timeslicing import ReplicaRule, TimeSlicing
 
 SYS, NODE_, HB, MULTI, SW = (
     P2PLevel.SYSTEM,
@@ -375,14 +368,6 @@ def test_preferred_properties(
     again = list(available)
     shuffle.shuffle(again)  # type: ignore[attr-defined]
     assert preferred_allocation(resource, scores, again, must, size, policy=policy) == got
-
-
-def test_bench_runs_and_reports_percentiles() -> None:
-    timing = bench_preferred(8, calls=20)
-    assert timing.calls == 20
-    assert 0 < timing.p50_ms <= timing.p99_ms <= timing.max_ms
-    shared = bench_preferred(4, replicas=8, calls=10)
-    assert shared.replicas == 8
 
 
 def test_island_node_shape() -> None:

@@ -16,8 +16,9 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from support.synthetic import synthetic_snapshot
 
+from gpuagent.domain.counters import AgentCounters, PodResourcesStats
 from gpuagent.domain.devices import Condition, GpuHealth
-from gpuagent.web.metrics import AgentCounters, MetricsRenderer, PodResourcesStats
+from gpuagent.web.metrics import MetricsRenderer
 
 ROOT = Path(__file__).resolve().parents[2]
 MONITORING = ROOT / "manifests" / "monitoring"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterable
 
 from gpuagent.domain.devices import (
@@ -16,7 +17,7 @@ from gpuagent.domain.devices import (
     Topology,
 )
 
-__all__ = ["H100", "gpu", "gpu_uuid", "link", "mig", "mig_uuid", "node"]
+__all__ = ["H100", "gpu", "gpu_uuid", "island_node", "link", "mig", "mig_uuid", "node"]
 
 H100 = "NVIDIA H100 80GB HBM3"
 
@@ -84,3 +85,39 @@ def node(*gpus: Gpu, links: Iterable[Link] = (), driver: str = "550.54.15") -> S
         discovered=True,
         topology=Topology(links=tuple(links)),
     )
+
+
+def island_node(gpus: int, *, islands: int = 2, seed: int = 0) -> Snapshot:
+    """``gpus`` GPUs in NVLink islands, one per NUMA node, with uneven link counts.
+
+    Within an island every pair has 2 to 6 NVLinks (seeded), so scores differ and the search
+    cannot prune on ties; across islands the GPUs share only the SMP interconnect.
+    """
+    rng = random.Random(seed)
+    per_island = max(1, gpus // islands)
+    island = [min(i // per_island, islands - 1) for i in range(gpus)]
+    devices = tuple(
+        Gpu(
+            index=i,
+            uuid=f"GPU-{i:08x}-0000-4000-8000-{i:012x}",
+            minor=i,
+            name="NVIDIA H100 80GB HBM3",
+            memory_mib=81559,
+            pci_bus_id=f"00000000:{0x18 + i:02x}:00.0",
+            numa_node=island[i],
+        )
+        for i in range(gpus)
+    )
+    links = []
+    for a in range(gpus):
+        for b in range(a + 1, gpus):
+            same = island[a] == island[b]
+            links.append(
+                Link(
+                    a,
+                    b,
+                    p2p=P2PLevel.NODE if same else P2PLevel.SYSTEM,
+                    nvlinks=rng.randint(2, 6) if same else 0,
+                )
+            )
+    return Snapshot(gpus=devices, topology=Topology(links=tuple(links)))

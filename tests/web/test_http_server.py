@@ -19,8 +19,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from support.synthetic import synthetic_snapshot
 from support.tls import Pki, make_pki
 
+from gpuagent.domain.counters import AgentCounters
 from gpuagent.domain.store import DeviceStore
-from gpuagent.web.metrics import AgentCounters, MetricsRenderer
+from gpuagent.web.metrics import MetricsRenderer
 from gpuagent.web.server import HttpLimits, HttpServer, build_app
 from gpuagent.web.webconfig import WebConfigFile
 

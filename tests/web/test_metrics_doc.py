@@ -10,14 +10,10 @@ from types import MappingProxyType
 from support.synthetic import synthetic_snapshot
 
 from gpuagent.config import OPTIONS
+from gpuagent.domain.counters import AgentCounters, NvmlCallStats, PodResourcesStats
 from gpuagent.domain.devices import Condition, GpuHealth
-from gpuagent.web.metrics import (
-    DCGM_METRICS,
-    AgentCounters,
-    MetricsRenderer,
-    NvmlCallStats,
-    PodResourcesStats,
-)
+from gpuagent.web.dcgm import DCGM_METRICS
+from gpuagent.web.metrics import MetricsRenderer
 from gpuagent.web.server import MAX_BODY, HttpLimits
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"

@@ -1,61 +1,30 @@
-"""Synthetic nodes and a timing loop for ``GetPreferredAllocation`` (for ``scripts/bench``).
+"""Timing ``GetPreferredAllocation``'s search on synthetic nodes (one part of ``scripts/bench``).
 
-Pure and seeded: the same arguments replay the same requests. Timings use ``perf_counter``.
+Seeded: the same arguments replay the same requests. Timings use ``perf_counter``.
 """
 
 from __future__ import annotations
 
 import random
 import statistics
+import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
-from gpuagent.domain.devices import Gpu, Link, P2PLevel, Snapshot, Topology
-from gpuagent.domain.preferred import PairScores, SharedAllocationPolicy, preferred_allocation
-from gpuagent.domain.resources import (
-    ReplicaRule,
-    ResourceSettings,
-    TimeSlicing,
-    build_resources,
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from support.nodes import island_node
+
+from gpuagent.domain.preferred import (
+    PairScores,
+    SharedAllocationPolicy,
+    preferred_allocation,
 )
+from gpuagent.domain.resources import ResourceSettings, build_resources
+from gpuagent.domain.timeslicing import ReplicaRule, TimeSlicing
 
-__all__ = ["PreferredTiming", "bench_preferred", "island_node"]
-
-
-def island_node(gpus: int, *, islands: int = 2, seed: int = 0) -> Snapshot:
-    """``gpus`` GPUs in NVLink islands, one per NUMA node, with uneven link counts.
-
-    Within an island every pair has 2 to 6 NVLinks (seeded), so scores differ and the search
-    cannot prune on ties; across islands the GPUs share only the SMP interconnect.
-    """
-    rng = random.Random(seed)
-    per_island = max(1, gpus // islands)
-    island = [min(i // per_island, islands - 1) for i in range(gpus)]
-    devices = tuple(
-        Gpu(
-            index=i,
-            uuid=f"GPU-{i:08x}-0000-4000-8000-{i:012x}",
-            minor=i,
-            name="NVIDIA H100 80GB HBM3",
-            memory_mib=81559,
-            pci_bus_id=f"00000000:{0x18 + i:02x}:00.0",
-            numa_node=island[i],
-        )
-        for i in range(gpus)
-    )
-    links = []
-    for a in range(gpus):
-        for b in range(a + 1, gpus):
-            same = island[a] == island[b]
-            links.append(
-                Link(
-                    a,
-                    b,
-                    p2p=P2PLevel.NODE if same else P2PLevel.SYSTEM,
-                    nvlinks=rng.randint(2, 6) if same else 0,
-                )
-            )
-    return Snapshot(gpus=devices, topology=Topology(links=tuple(links)))
+__all__ = ["PreferredTiming", "bench_preferred"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,38 @@
+"""Counters the adapters keep about their own work (registrations, allocations, pod-resources
+and NVML calls), as /metrics reports them; the device state itself is in the snapshot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["AgentCounters", "NvmlCallStats", "PodResourcesStats"]
+
+
+@dataclass(frozen=True, slots=True)
+class PodResourcesStats:
+    """The pod-resources client's own counters (the mapping itself is in the snapshot)."""
+
+    requests: int = 0
+    errors: int = 0
+    socket_present: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class NvmlCallStats:
+    """Calls into NVML of one kind: how many, how long in total, how many failed."""
+
+    call: str
+    count: int
+    seconds: float
+    errors: int
+
+
+@dataclass(frozen=True, slots=True)
+class AgentCounters:
+    """The agent's own counters that live outside the device snapshot."""
+
+    registrations: int = 0
+    allocations: int = 0
+    pod_resources: PodResourcesStats | None = None
+    nvml: tuple[NvmlCallStats, ...] = ()
