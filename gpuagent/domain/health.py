@@ -11,12 +11,25 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
+from gpuagent.domain import xids
 from gpuagent.domain.devices import Condition, Gpu, GpuHealth
-from gpuagent.domain.xids import APPLICATION_XIDS
 
-# XIDs that do not make a GPU unhealthy by default: application errors per NVIDIA's XID catalog
-# and NVIDIA's device plugin's ignore list (13, 31, 43, 45, 68, 109). See gpuagent.domain.xids.
-DEFAULT_IGNORED_XIDS: frozenset[int] = APPLICATION_XIDS
+#: Catalog actions after which the GPU may take new work: nothing to do, or only the
+#: application to restart; XID 154 only announces the recovery action (read on its own); XID 45
+#: follows the XID it comes with.
+USABLE_ACTIONS: frozenset[xids.Action] = frozenset(
+    {xids.Action.IGNORE, xids.Action.RESTART_APP, xids.Action.XID_154, xids.Action.WORKFLOW_XID_45}
+)
+
+#: XIDs that do not make a GPU unhealthy by default: the catalog's XIDs whose immediate action is
+#: in :data:`USABLE_ACTIONS`. Every other XID in the valid range does (an XID the catalog does not
+#: list too). ``DP_DISABLE_HEALTHCHECKS`` adds to this set; ``DP_ENABLE_HEALTHCHECKS`` overrides it.
+DEFAULT_IGNORED_XIDS: frozenset[int] = frozenset(
+    code for code, entry in xids.CATALOG.items() if entry.action in USABLE_ACTIONS
+)
+
+#: XIDs NVIDIA's device plugin ignores by default (``internal/rm/health.go``), for comparison.
+NVIDIA_PLUGIN_IGNORED_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
 
 # NVML_GPU_RECOVERY_ACTION_* values and the names we report them under.
 RECOVERY_ACTIONS: dict[int, str] = {
@@ -131,7 +144,9 @@ class HealthPolicy:
         )
 
     def checks_xid(self, xid: int) -> bool:
-        """Whether XID ``xid`` makes a GPU unhealthy."""
+        """Whether XID ``xid`` makes a GPU unhealthy (never for a value outside the XID range)."""
+        if not xids.is_valid(xid):
+            return False
         if xid in self.enabled_xids or self.all_enabled:
             return True
         if self.all_disabled or self.xids_disabled:
@@ -218,7 +233,7 @@ def _parse_spec(name: str, value: str) -> tuple[bool, bool, frozenset[int]]:
             everything = True
         elif item == "xids":
             xids = True
-        elif item.isdigit():
+        elif item.isascii() and item.isdigit():
             numbers.add(int(item))
         else:
             raise HealthCheckSpecError(f"{name}: {raw.strip()!r} is not 'all', 'xids' or an XID")

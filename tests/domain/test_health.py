@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
+from gpuagent.domain import xids
 from gpuagent.domain.devices import Condition, Gpu, GpuHealth
 from gpuagent.domain.health import (
     DEFAULT_IGNORED_XIDS,
+    NVIDIA_PLUGIN_IGNORED_XIDS,
+    USABLE_ACTIONS,
     DoubleBitEccError,
     GpuLost,
     HealthCheckSpecError,
@@ -28,10 +34,20 @@ HEALTHY = GpuHealth()
     [
         pytest.param("", "", 79, True, id="default-critical-xid"),
         pytest.param("", "", 13, False, id="default-application-xid"),
-        pytest.param("", "", 109, False, id="default-ignores-109"),
+        pytest.param("", "", 109, True, id="default-checks-109-a-reset-xid"),
+        pytest.param("109", "", 109, False, id="nvidias-109-default-by-disable"),
+        pytest.param("", "", 8, False, id="catalog-restart-app"),
+        pytest.param("", "", 121, False, id="catalog-ignore"),
+        pytest.param("", "", 154, False, id="recovery-action-xid-is-informational"),
+        pytest.param("", "", 48, True, id="dbe-workflow"),
+        pytest.param("", "", 74, True, id="nvlink-workflow"),
+        pytest.param("", "", 172, True, id="no-catalog-action"),
+        pytest.param("", "", 0, False, id="zero-is-no-xid"),
+        pytest.param("", "all", 0, False, id="zero-is-no-xid-even-enabled"),
+        pytest.param("", "", 2**64 - 1, False, id="junk-is-no-xid"),
         pytest.param("", "", 94, False, id="contained-ecc-is-an-application-error"),
         pytest.param("", "", 95, True, id="uncontained-ecc-is-critical"),
-        pytest.param("", "", 4242, True, id="unknown-xid-is-critical"),
+        pytest.param("", "", 424, True, id="unknown-xid-is-critical"),
         pytest.param("", "94", 94, True, id="enable-catalog-application-xid"),
         pytest.param("48", "", 48, False, id="disable-adds-to-ignore-list"),
         pytest.param("48", "", 79, True, id="disable-list-leaves-others"),
@@ -55,10 +71,16 @@ def test_bad_spec_names_the_variable_and_entry(bad: str) -> None:
         HealthPolicy.from_env_values(bad, "")
 
 
-def test_default_ignore_list_covers_nvidias_and_catalog_application_errors() -> None:
-    assert frozenset({13, 31, 43, 45, 68, 109}) <= DEFAULT_IGNORED_XIDS
+def test_default_ignore_list_is_the_catalogs_usable_actions() -> None:
+    """One policy: the XIDs whose catalog action leaves the GPU usable, and no others."""
+    usable = {c for c, x in xids.CATALOG.items() if x.action in USABLE_ACTIONS}
+    assert usable == DEFAULT_IGNORED_XIDS
+    assert frozenset({13, 31, 43, 45, 68}) <= DEFAULT_IGNORED_XIDS
     assert 94 in DEFAULT_IGNORED_XIDS  # contained ECC error: restart the app (NVIDIA #1974)
+    assert 109 not in DEFAULT_IGNORED_XIDS  # context switch timeout: RESET_GPU (NVIDIA #1974)
     assert not {48, 62, 64, 74, 79, 95, 119, 120} & DEFAULT_IGNORED_XIDS
+    # What differs from NVIDIA's plugin is exactly 109 one way and the catalog's others the other.
+    assert {109} == NVIDIA_PLUGIN_IGNORED_XIDS - DEFAULT_IGNORED_XIDS
 
 
 def _run(events: list[HealthEvent], policy: HealthPolicy | None = None) -> GpuHealth:
@@ -140,3 +162,16 @@ def test_unchanged_remap_state_keeps_the_same_health_object() -> None:
     policy = HealthPolicy()
     health = _run([RowRemapState(pending=True, failed=False), XidError(79)])
     assert policy.apply(health, RowRemapState(pending=True, failed=False)) is health
+
+
+def test_migration_doc_lists_every_xid_difference_from_nvidias_plugin() -> None:
+    """docs/migration.md names exactly the XIDs the two default policies judge differently."""
+    doc = (Path(__file__).parents[2] / "docs" / "migration.md").read_text()
+    block = doc.split("<!-- xid-differences")[1].split("<!-- end xid-differences -->")[0]
+    checked_line, ignored_line = block.split("\n- ")[1:3]
+
+    def numbers(text: str) -> set[int]:
+        return {int(n) for n in re.findall(r"\b\d+\b", text.split(":", 1)[1].partition("(")[0])}
+
+    assert numbers(checked_line) == NVIDIA_PLUGIN_IGNORED_XIDS - DEFAULT_IGNORED_XIDS
+    assert numbers(ignored_line) == DEFAULT_IGNORED_XIDS - NVIDIA_PLUGIN_IGNORED_XIDS
