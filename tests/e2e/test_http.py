@@ -114,18 +114,18 @@ async def test_metrics_report_health_and_xids(
         uuid = str(run.sim.describe()[1]["uuid"])
         text = await wait_for_metric(run, "gpuagent_kubelet_registered", {}, 1)
         assert samples(text, "gpuagent_gpu_healthy")[(("gpu", "1"), ("uuid", uuid))] == 1
-        # XID 38 is critical, but the simulated driver posts no recovery action beside it.
-        await run.fault({"gpu": 1, "fault": "xid", "xid": 38})
+        # XID 46 needs a GPU reset, but the simulated driver posts no recovery action beside it.
+        await run.fault({"gpu": 1, "fault": "xid", "xid": 46})
         text = await wait_for_metric(run, "gpuagent_gpu_healthy", {"gpu": "1"}, 0)
         assert samples(text, "gpuagent_xid_errors_total") == {
-            (("gpu", "1"), ("uuid", uuid), ("xid", "38")): 1
+            (("gpu", "1"), ("uuid", uuid), ("xid", "46")): 1
         }
         condition = samples(text, "gpuagent_gpu_condition")
         assert condition == {
-            (("condition", "xid"), ("detail", "38"), ("gpu", "1"), ("uuid", uuid)): 1
+            (("condition", "xid"), ("detail", "46"), ("gpu", "1"), ("uuid", uuid)): 1
         }
         last = samples(text, "DCGM_FI_DEV_XID_ERRORS")
-        assert [v for k, v in last.items() if ("gpu", "1") in k] == [38]
+        assert [v for k, v in last.items() if ("gpu", "1") in k] == [46]
 
 
 async def test_metrics_carry_dcgm_names_and_labels(device_plugin_dir: Path) -> None:
