@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from enum import Enum, IntEnum
 from types import MappingProxyType
 
+from gpuagent.domain.usage import ProcessReading, Usage
+
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
 
@@ -124,6 +126,8 @@ class Gpu:
     compute_capability: str = ""
     mig_enabled: bool = False
     mig_devices: tuple[MigDevice, ...] = ()
+    # The last poll's per-process readings (None until read, or while the GPU does not answer).
+    processes: ProcessReading | None = None
 
     def device_id(self, strategy: IdStrategy) -> str:
         """The ID the kubelet sees for this GPU."""
@@ -217,6 +221,8 @@ class Snapshot:
     pods: Attribution = Attribution()
     # Bumped when the serving policy is reloaded, so watchers re-derive what they serve.
     policy_generation: int = 0
+    # Per-container use of the GPUs, from the processes' readings (see domain/accounting.py).
+    usage: Usage = field(default_factory=Usage)
 
     def gpu(self, index: int) -> Gpu | None:
         for gpu in self.gpus:

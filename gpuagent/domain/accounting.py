@@ -1,0 +1,207 @@
+"""Per-container GPU accounting: the driver's per-process readings joined to containers.
+
+:func:`account` turns one snapshot's per-process readings (:class:`ProcessReading` on each GPU),
+the container of each process (from its cgroup) and each container's names (from the container
+runtime) into :class:`Usage`:
+
+* **memory**: the sum of the container's processes' used memory on the GPU (or MIG instance);
+* **SM share**: the sum of its processes' SM utilisation over the interval since the previous
+  poll (NVML's per-process samples; several samples of one process are averaged), as a ratio
+  0-1. Time-sliced containers' shares add up to the GPU's utilisation. NVML offers no per-process
+  utilisation on MIG-enabled GPUs, so there the share (and the energy) is absent;
+* **energy**: each poll's energy delta of the GPU (its energy counter) is split in two: the
+  *active* part, ``delta * min(1, sum of SM shares)``, goes to the containers in proportion to
+  their SM shares; the *idle* rest goes in equal parts to the containers the kubelet allocated the
+  GPU to (none allocated: the idle part is nobody's). Each container's joules accumulate in the
+  :class:`Ledger` from the first poll that sees it on the GPU;
+* **unallocated use**: a container known by name whose processes run on a GPU (instance) that the
+  kubelet did not allocate to it (a privileged pod seeing every GPU).
+
+Containers the kubelet allocated a GPU to appear even while they run nothing there (zero memory,
+zero share): an idle allocation is the first thing to look for. Processes whose container is not
+known are grouped under empty names, never dropped. Nothing here performs I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from gpuagent.domain.attribution import Target, attributions
+from gpuagent.domain.cgroups import CgroupOwner
+from gpuagent.domain.devices import Gpu, PodRef, Snapshot
+from gpuagent.domain.usage import ContainerUsage, ProcessReading, ProcessSample, Usage
+
+__all__ = ["UNKNOWN", "Ledger", "account"]
+
+#: The names of processes whose container is not known.
+UNKNOWN = PodRef(namespace="", pod="", container="")
+
+_Key = tuple[int, int | None, PodRef]  # (gpu index, gpu instance, container)
+
+
+@dataclass(frozen=True, slots=True)
+class Ledger:
+    """What accounting carries from one poll to the next.
+
+    ``energy_mj``: each GPU's energy counter at the previous poll; ``joules``: each container's
+    accumulated energy per GPU.
+    """
+
+    energy_mj: Mapping[int, float] = field(default_factory=lambda: MappingProxyType({}))
+    joules: Mapping[_Key, float] = field(default_factory=lambda: MappingProxyType({}))
+
+
+@dataclass(slots=True)
+class _Group:
+    processes: int = 0
+    memory: int | None = None
+    sm: float = 0.0
+    mem: float = 0.0
+    enc: float = 0.0
+    dec: float = 0.0
+
+    def add(self, memory: int | None, sample: ProcessSample | None) -> None:
+        self.processes += 1
+        if memory is not None:
+            self.memory = (self.memory or 0) + memory
+        if sample is not None:
+            self.sm += sample.sm_pct
+            self.mem += sample.mem_pct
+            self.enc += sample.enc_pct
+            self.dec += sample.dec_pct
+
+
+def account(
+    snapshot: Snapshot,
+    owners: Mapping[int, CgroupOwner | None],
+    names: Mapping[str, PodRef],
+    ledger: Ledger = Ledger(),
+) -> tuple[Usage, Ledger]:
+    """Usage of every GPU of ``snapshot`` that has a :class:`ProcessReading`, and the next ledger.
+
+    ``owners``: the container of each process (``None`` for a process outside any container; a
+    pid missing from it, e.g. one that exited, is unknown too). ``names``: pod and container names
+    by container ID, as the container runtime lists them.
+    """
+    holders = attributions(snapshot)
+    usages: list[ContainerUsage] = []
+    energy = dict(ledger.energy_mj)
+    joules: dict[_Key, float] = {}
+    read = {gpu.index for gpu in snapshot.gpus if gpu.processes is not None}
+    # GPUs without a reading this time (a failed probe) keep their counters for the next one.
+    joules.update({k: v for k, v in ledger.joules.items() if k[0] not in read})
+    for gpu in snapshot.gpus:
+        reading = gpu.processes
+        if reading is None:
+            continue
+        groups = _groups(gpu, reading, owners, names, holders)
+        shares = None if reading.samples is None else {k: _ratio(g.sm) for k, g in groups.items()}
+        gained = _energy(gpu, shares, holders.get(Target(gpu.index), ()), ledger)
+        if gpu.telemetry.energy_mj is not None:
+            energy[gpu.index] = gpu.telemetry.energy_mj
+        for (instance, ref), group in sorted(groups.items(), key=_order):
+            key = (gpu.index, instance, ref)
+            total: float | None = None
+            if shares is not None:
+                total = ledger.joules.get(key, 0.0) + gained.get(ref, 0.0)
+                joules[key] = total
+            target = Target(gpu.index, instance)
+            usages.append(
+                ContainerUsage(
+                    gpu=gpu.index,
+                    gpu_instance=instance,
+                    namespace=ref.namespace,
+                    pod=ref.pod,
+                    container=ref.container,
+                    processes=group.processes,
+                    memory_bytes=group.memory,
+                    sm_ratio=None if shares is None else _ratio(group.sm),
+                    mem_ratio=None if shares is None else _ratio(group.mem),
+                    enc_ratio=None if shares is None else _ratio(group.enc),
+                    dec_ratio=None if shares is None else _ratio(group.dec),
+                    energy_joules=total,
+                    allocated=ref in holders.get(target, ()),
+                )
+            )
+    usage = Usage(containers=tuple(usages), judged=snapshot.pods.refreshed_at is not None)
+    return usage, Ledger(energy_mj=MappingProxyType(energy), joules=MappingProxyType(joules))
+
+
+def _groups(
+    gpu: Gpu,
+    reading: ProcessReading,
+    owners: Mapping[int, CgroupOwner | None],
+    names: Mapping[str, PodRef],
+    holders: Mapping[Target, tuple[PodRef, ...]],
+) -> dict[tuple[int | None, PodRef], _Group]:
+    samples = _mean_samples(reading.samples or ())
+    groups: dict[tuple[int | None, PodRef], _Group] = {}
+    for process in reading.processes:
+        instance = process.gpu_instance if gpu.mig_enabled else None
+        owner = owners.get(process.pid)
+        ref = names.get(owner.container_id, UNKNOWN) if owner is not None else UNKNOWN
+        group = groups.setdefault((instance, ref), _Group())
+        group.add(process.used_memory_bytes, samples.get(process.pid))
+    instances: list[int | None] = [None]
+    if gpu.mig_enabled:
+        instances = [*sorted({m.gpu_instance_id for m in gpu.mig_devices})]
+    for instance in instances:
+        for ref in holders.get(Target(gpu.index, instance), ()):
+            group = groups.setdefault((instance, ref), _Group())
+            if group.processes == 0 and group.memory is None:
+                group.memory = 0
+    return groups
+
+
+def _mean_samples(samples: tuple[ProcessSample, ...]) -> dict[int, ProcessSample]:
+    """One sample per pid: the mean of that pid's samples over the interval."""
+    by_pid: dict[int, list[ProcessSample]] = {}
+    for sample in samples:
+        by_pid.setdefault(sample.pid, []).append(sample)
+    out: dict[int, ProcessSample] = {}
+    for pid, items in by_pid.items():
+        n = len(items)
+        out[pid] = ProcessSample(
+            pid=pid,
+            sm_pct=sum(s.sm_pct for s in items) / n,
+            mem_pct=sum(s.mem_pct for s in items) / n,
+            enc_pct=sum(s.enc_pct for s in items) / n,
+            dec_pct=sum(s.dec_pct for s in items) / n,
+        )
+    return out
+
+
+def _energy(
+    gpu: Gpu,
+    shares: Mapping[tuple[int | None, PodRef], float] | None,
+    holders: tuple[PodRef, ...],
+    ledger: Ledger,
+) -> dict[PodRef, float]:
+    """Joules gained by each container on ``gpu`` since the previous poll (see module doc)."""
+    now, before = gpu.telemetry.energy_mj, ledger.energy_mj.get(gpu.index)
+    if shares is None or now is None or before is None or now < before:
+        return {}  # first reading, no counter, or the counter restarted (driver reload)
+    delta = (now - before) / 1000.0
+    total = sum(shares.values())
+    busy = min(1.0, total)
+    gained: dict[PodRef, float] = {}
+    if total > 0:
+        for (_, ref), share in shares.items():
+            if share > 0:
+                gained[ref] = gained.get(ref, 0.0) + delta * busy * share / total
+    if holders and busy < 1.0:
+        idle = delta * (1.0 - busy) / len(holders)
+        for ref in holders:
+            gained[ref] = gained.get(ref, 0.0) + idle
+    return gained
+
+
+def _ratio(pct: float) -> float:
+    return min(1.0, max(0.0, pct / 100.0))
+
+
+def _order(item: tuple[tuple[int | None, PodRef], _Group]) -> tuple[int, str, str, str]:
+    (instance, ref), _ = item
+    return (-1 if instance is None else instance, ref.namespace, ref.pod, ref.container)
