@@ -16,10 +16,12 @@ from gpuagent.gpu.sim import (
     _api_events,
     _api_gpm,
     _api_mig,
+    _api_process,
     _api_system,
     _api_topology,
 )
 from gpuagent.gpu.sim._abi import BadArgument, Symbol, as_bytes, as_int
+from gpuagent.gpu.sim.processes import new_process
 from gpuagent.gpu.sim.spec import SimNode
 from gpuagent.gpu.sim.state import DriverState, GpuState
 
@@ -33,6 +35,7 @@ SYMBOLS: dict[str, Symbol] = {
     **_api_topology.SYMBOLS,
     **_api_mig.SYMBOLS,
     **_api_gpm.SYMBOLS,
+    **_api_process.SYMBOLS,
 }
 
 
@@ -251,6 +254,55 @@ class SimDriver:
             described["not_supported"] = sorted(n for n, g in self._rules if g == gpu)
             described["function_not_found"] = sorted(self._removed)
         return described
+
+    # ----- processes (control plane, see sim/processes.py) ------------------------------------
+    def add_process(
+        self,
+        gpu: object,
+        pid: object,
+        memory_mib: object,
+        sm_util: object,
+        *,
+        gpu_instance: object = None,
+        compute_instance: object = None,
+        kind: object = "compute",
+    ) -> dict[str, object]:
+        """Start (or update) process ``pid``'s context on GPU ``gpu``; returns it as JSON.
+
+        Raises ``LookupError`` for a GPU that does not exist and ``ValueError`` for a bad value,
+        a MIG instance that does not exist, or more memory than the GPU (instance) has free.
+        """
+        st = self._state
+        if isinstance(gpu, bool) or not isinstance(gpu, int):
+            raise ValueError(f"'gpu' must be an integer GPU index, got {gpu!r}")  # noqa: TRY004
+        with st.cond:
+            if not 0 <= gpu < len(st.gpus):
+                raise LookupError(f"no simulated GPU {gpu} (there are {len(st.gpus)})")
+            process = new_process(
+                st.gpus[gpu],
+                st.processes,
+                pid=pid,
+                memory_mib=memory_mib,
+                sm_util=sm_util,
+                gpu_instance=gpu_instance,
+                compute_instance=compute_instance,
+                kind=kind,
+            )
+            st.processes.add(process)
+            return process.describe()
+
+    def remove_process(self, pid: int) -> list[dict[str, object]]:
+        """End process ``pid`` on every GPU; ``LookupError`` when it runs on none."""
+        with self._state.cond:
+            removed = self._state.processes.remove(pid)
+        if not removed:
+            raise LookupError(f"no simulated process {pid}")
+        return [p.describe() for p in removed]
+
+    def processes(self) -> list[dict[str, object]]:
+        """Every simulated process context, by GPU then start order, as JSON."""
+        with self._state.cond:
+            return [p.describe() for p in self._state.processes.all()]
 
     # ----- test hooks --------------------------------------------------------------------------
     def fail(

@@ -22,6 +22,7 @@ from typing import TypeVar
 import pynvml
 
 from gpuagent.gpu.sim import telemetry
+from gpuagent.gpu.sim.processes import ProcessTable
 from gpuagent.gpu.sim.spec import SimGpuSpec, SimMigSpec, SimNode
 from gpuagent.gpu.topology import bus_key
 
@@ -167,6 +168,7 @@ class DriverState:
         for gpu in self.gpus:
             gpu.migs = tuple(self._new_mig(gpu, m) for m in gpu.spec.mig_devices)
         self.event_sets: dict[int, EventSet] = {}
+        self.processes = ProcessTable()
 
     def _new_mig(self, parent: GpuState, spec: SimMigSpec) -> MigState:
         device = GpuState(
@@ -231,7 +233,8 @@ class DriverState:
     def sample(self, gpu: GpuState) -> telemetry.Sample:
         """The GPU's telemetry now (per the injected clock)."""
         t = self.clock() - self.started
-        return telemetry.sample(gpu.spec.profile, gpu.index, gpu.spec.memory_mib, t)
+        sample = telemetry.sample(gpu.spec.profile, gpu.index, gpu.spec.memory_mib, t)
+        return self.processes.apply(gpu, sample)
 
     def new_event_set(self) -> EventSet:
         """Create and remember an event set."""
