@@ -1,0 +1,191 @@
+"""Per-process readings of one GPU through NVML: who runs on it, with how much memory and SM time.
+
+Per GPU and poll, on a driver that offers everything, this makes two NVML calls (each is a sizing
+call plus a reading call while processes run):
+
+* ``nvmlDeviceGetRunningProcessDetailList`` with mode ALL (compute, graphics and MPS processes in
+  one list, Hopper and newer). Where the driver or GPU does not offer it, the three lists
+  ``nvmlDeviceGetComputeRunningProcesses_v3``, ``…GraphicsRunningProcesses_v3`` and
+  ``…MPSComputeRunningProcesses_v3`` instead (the GPU is switched for good, logged once). A
+  process in several lists (compute and graphics contexts) is one process. On a MIG-enabled GPU
+  each process carries its GPU and compute instance.
+* ``nvmlDeviceGetProcessesUtilizationInfo`` (``nvmlDeviceGetProcessUtilization`` on older drivers)
+  for the samples newer than the last one seen on this GPU: SM, memory, encoder and decoder
+  utilisation per process since the previous poll. NOT_FOUND means no process used the GPU in
+  that time. NVML does not offer per-process utilisation on MIG-enabled GPUs: there (as on any GPU
+  answering NOT_SUPPORTED) the samples are absent (``None``), logged once, and not asked again.
+
+Errors: a lost GPU raises ``NVMLError_GpuIsLost`` (the probe reports the GPU lost); any other
+error leaves that part of the reading absent for this poll and is logged when it first appears,
+so per-process accounting never makes a GPU unhealthy.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+import pynvml
+import structlog
+
+from gpuagent.domain.usage import GpuProcess, ProcessReading, ProcessSample
+from gpuagent.gpu.telemetry import OptionalCall
+
+log = structlog.get_logger("gpuagent.nvml")
+T = TypeVar("T")
+
+NO_INSTANCE = 0xFFFF_FFFF
+_ABSENT = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+# A driver that knows the detail list but not mode ALL answers INVALID_ARGUMENT.
+_NO_DETAIL_LIST = (*_ABSENT, pynvml.NVML_ERROR_INVALID_ARGUMENT)
+_LISTS: tuple[tuple[str, Callable[[Any], list[Any]]], ...] = (
+    ("compute_processes", pynvml.nvmlDeviceGetComputeRunningProcesses_v3),
+    ("graphics_processes", pynvml.nvmlDeviceGetGraphicsRunningProcesses_v3),
+    ("mps_processes", pynvml.nvmlDeviceGetMPSComputeRunningProcesses_v3),
+)
+
+
+class ProcessReader:
+    """Reads :class:`ProcessReading` for GPUs; remembers per GPU what the driver offers and the
+    last utilisation sample seen. Safe for concurrent reads of different GPUs."""
+
+    def __init__(self, optional: OptionalCall) -> None:
+        self._optional = optional
+        self._lock = threading.Lock()
+        self._lists_only: set[int] = set()  # GPUs without the detail list
+        self._old_utilization: set[int] = set()  # GPUs with only nvmlDeviceGetProcessUtilization
+        self._no_samples: set[int] = set()  # GPUs without per-process utilisation
+        self._last_seen: dict[int, int] = {}
+        self._errors: dict[tuple[int, str], int] = {}
+
+    def read(self, index: int, handle: Any) -> ProcessReading | None:
+        """The GPU's processes and their samples since the last read; ``None`` without a list."""
+        processes = self._processes(index, handle)
+        if processes is None:
+            return None
+        return ProcessReading(processes=processes, samples=self._samples(index, handle))
+
+    # ----- processes -------------------------------------------------------------------------
+    def _processes(self, index: int, handle: Any) -> tuple[GpuProcess, ...] | None:
+        if index not in self._lists_only:
+            try:
+                found = pynvml.nvmlDeviceGetRunningProcessDetailList(
+                    handle, pynvml.nvmlProcessDetailList_v1, pynvml.NVML_PROCESS_MODE_ALL
+                )
+            except pynvml.NVMLError as exc:
+                if exc.value not in _NO_DETAIL_LIST:
+                    self._failed(index, "processes", exc)
+                    return None
+                with self._lock:
+                    self._lists_only.add(index)
+                log.info(
+                    "no process detail list on this gpu or driver; reading the three lists",
+                    gpu=index,
+                    error=f"{exc} (NVML {exc.value})",
+                )
+            else:
+                self._recovered(index, "processes")
+                return _merged(found)
+        lists: list[Any] = []
+        offered = False
+        for what, fn in _LISTS:
+            try:
+                found = self._optional(index, what, fn, handle)
+            except pynvml.NVMLError as exc:
+                self._failed(index, "processes", exc)
+                return None
+            if found is not None:
+                offered = True
+                lists.extend(found)
+        self._recovered(index, "processes")
+        return _merged(lists) if offered else None
+
+    # ----- utilisation samples ----------------------------------------------------------------
+    def _samples(self, index: int, handle: Any) -> tuple[ProcessSample, ...] | None:
+        if index in self._no_samples:
+            return None
+        last_seen = self._last_seen.get(index, 0)
+        try:
+            raw = self._utilization(index, handle, last_seen)
+        except pynvml.NVMLError as exc:
+            if exc.value == pynvml.NVML_ERROR_NOT_FOUND:
+                self._recovered(index, "process_utilization")
+                return ()  # nothing used the GPU since the last sample seen
+            if exc.value in _ABSENT:
+                with self._lock:
+                    self._no_samples.add(index)
+                # Logged once: NVML has no per-process utilisation on MIG-enabled GPUs.
+                self._optional(index, "process_utilization", _raise, exc)
+                return None
+            self._failed(index, "process_utilization", exc)
+            return None
+        self._recovered(index, "process_utilization")
+        newest = max((int(s.timeStamp) for s in raw), default=last_seen)
+        with self._lock:
+            self._last_seen[index] = max(newest, last_seen)
+        return tuple(
+            ProcessSample(
+                pid=int(s.pid),
+                sm_pct=float(s.smUtil),
+                mem_pct=float(s.memUtil),
+                enc_pct=float(s.encUtil),
+                dec_pct=float(s.decUtil),
+            )
+            for s in raw
+        )
+
+    def _utilization(self, index: int, handle: Any, last_seen: int) -> list[Any]:
+        if index not in self._old_utilization:
+            try:
+                return list(pynvml.nvmlDeviceGetProcessesUtilizationInfo(handle, last_seen))
+            except pynvml.NVMLError as exc:
+                if exc.value != pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
+                    raise
+                with self._lock:
+                    self._old_utilization.add(index)
+        return list(pynvml.nvmlDeviceGetProcessUtilization(handle, last_seen))
+
+    # ----- errors ------------------------------------------------------------------------------
+    def _failed(self, index: int, what: str, exc: pynvml.NVMLError) -> None:
+        if exc.value == pynvml.NVML_ERROR_GPU_IS_LOST:
+            raise exc
+        with self._lock:
+            changed = self._errors.get((index, what)) != exc.value
+            self._errors[(index, what)] = int(exc.value)
+        if changed:
+            log.warning(
+                "per-process reading failed; left out",
+                gpu=index,
+                value=what,
+                error=f"{exc} (NVML {exc.value})",
+            )
+
+    def _recovered(self, index: int, what: str) -> None:
+        if self._errors:
+            with self._lock:
+                self._errors.pop((index, what), None)
+
+
+def _raise(exc: pynvml.NVMLError) -> None:
+    raise exc
+
+
+def _merged(found: Iterable[Any]) -> tuple[GpuProcess, ...]:
+    """One :class:`GpuProcess` per (pid, instance), sorted; a process listed twice (compute and
+    graphics contexts) keeps the larger memory figure (each is "all memory used by the process")."""
+    merged: dict[tuple[int, int | None, int | None], GpuProcess] = {}
+    for info in found:
+        gi = None if int(info.gpuInstanceId) == NO_INSTANCE else int(info.gpuInstanceId)
+        ci = None if int(info.computeInstanceId) == NO_INSTANCE else int(info.computeInstanceId)
+        memory = None if info.usedGpuMemory is None else int(info.usedGpuMemory)
+        key = (int(info.pid), gi, ci)
+        seen = merged.get(key)
+        if seen is not None and seen.used_memory_bytes is not None:
+            memory = (
+                seen.used_memory_bytes if memory is None else max(memory, seen.used_memory_bytes)
+            )
+        merged[key] = GpuProcess(
+            pid=key[0], used_memory_bytes=memory, gpu_instance=gi, compute_instance=ci
+        )
+    return tuple(merged[k] for k in sorted(merged, key=lambda k: (k[0], k[1] or -1, k[2] or -1)))

@@ -1,0 +1,237 @@
+"""Per-process readings (``gpuagent.gpu.processes``) through the real pynvml wrappers on the
+simulated driver: what is read, which calls are made per poll, and what is absent."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pynvml
+import pytest
+import structlog.testing
+from support.clock import FakeClock
+
+from gpuagent.domain.usage import GpuProcess, ProcessSample
+from gpuagent.gpu.nvml import Nvml
+from gpuagent.gpu.processes import ProcessReader
+from gpuagent.gpu.sim import SimDriver, install, node_from_mapping, uninstall
+from gpuagent.gpu.sim.processes import SAMPLE_PERIOD_US
+
+MIB = 1024 * 1024
+H100, H100_MIG, A100 = 0, 1, 2
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(2000.0)
+
+
+@pytest.fixture
+def driver(clock: FakeClock, tmp_path: Path) -> Iterator[tuple[SimDriver, ProcessReader]]:
+    node = node_from_mapping(
+        {
+            "version": "v1",
+            "gpus": [
+                {"name": "H100"},
+                {"name": "H100", "mig": ["3g.40gb", "1g.10gb"]},
+                {"name": "A100-80GB"},
+            ],
+        }
+    )
+    drv = SimDriver(node, clock=clock)
+    install(drv)
+    nvml = Nvml(sysfs_root=tmp_path)
+    try:
+        nvml.init()
+        nvml.discover()
+        yield drv, ProcessReader(nvml._optional)
+    finally:
+        nvml.shutdown()
+        uninstall()
+
+
+def handle(index: int) -> Any:
+    return pynvml.nvmlDeviceGetHandleByIndex(index)
+
+
+def next_sample(clock: FakeClock) -> None:
+    clock.now += SAMPLE_PERIOD_US / 1e6
+
+
+def test_processes_and_their_samples(
+    driver: tuple[SimDriver, ProcessReader], clock: FakeClock
+) -> None:
+    sim, reader = driver
+    sim.add_process(H100, 300, 1024, 30)
+    sim.add_process(H100, 301, 2048, 0)
+    sim.add_process(H100, 302, 512, 20, kind="graphics")
+    reading = reader.read(H100, handle(H100))
+    assert reading is not None
+    assert reading.processes == (
+        GpuProcess(300, 1024 * MIB),
+        GpuProcess(301, 2048 * MIB),
+        GpuProcess(302, 512 * MIB),
+    )
+    assert reading.samples is not None
+    assert sorted(reading.samples, key=lambda s: s.pid) == [
+        ProcessSample(300, 30.0, 15.0, 0.0, 0.0),
+        ProcessSample(302, 20.0, 10.0, 0.0, 0.0),
+    ]
+    # Polled again before the driver's next sample: the GPU has processes but no new samples.
+    again = reader.read(H100, handle(H100))
+    assert again is not None
+    assert again.samples == ()
+    next_sample(clock)
+    later = reader.read(H100, handle(H100))
+    assert later is not None
+    assert {s.pid for s in later.samples or ()} == {300, 302}
+
+
+def test_an_exited_process_is_gone_at_the_next_read(
+    driver: tuple[SimDriver, ProcessReader],
+) -> None:
+    sim, reader = driver
+    sim.add_process(H100, 300, 1024, 30)
+    first = reader.read(H100, handle(H100))
+    assert first is not None
+    assert [p.pid for p in first.processes] == [300]
+    sim.remove_process(300)
+    second = reader.read(H100, handle(H100))
+    assert second is not None
+    assert second.processes == ()
+
+
+def test_two_nvml_functions_per_poll(
+    driver: tuple[SimDriver, ProcessReader], clock: FakeClock
+) -> None:
+    sim, reader = driver
+    for pid in range(1000, 1050):
+        sim.add_process(H100, pid, 100, 1)
+    for _ in range(3):
+        next_sample(clock)
+        h = handle(H100)
+        before = Counter(sim.calls)
+        reading = reader.read(H100, h)
+        assert reading is not None
+        assert len(reading.processes) == 50
+        assert len(reading.samples or ()) == 50
+        calls = Counter(sim.calls)
+        calls.subtract(before)
+        # Each function: one sizing call and one reading call.
+        assert +calls == Counter(
+            {"nvmlDeviceGetRunningProcessDetailList": 2, "nvmlDeviceGetProcessesUtilizationInfo": 2}
+        )
+
+
+def test_an_idle_gpu_costs_one_call_each(driver: tuple[SimDriver, ProcessReader]) -> None:
+    sim, reader = driver
+    h = handle(H100)
+    before = Counter(sim.calls)
+    reading = reader.read(H100, h)
+    assert reading is not None
+    assert reading.processes == ()
+    assert reading.samples == ()
+    calls = Counter(sim.calls)
+    calls.subtract(before)
+    assert +calls == Counter(
+        {"nvmlDeviceGetRunningProcessDetailList": 1, "nvmlDeviceGetProcessesUtilizationInfo": 1}
+    )
+
+
+def test_older_gpus_read_the_three_lists_merging_a_process_in_two(
+    driver: tuple[SimDriver, ProcessReader],
+) -> None:
+    sim, reader = driver
+    sim.add_process(A100, 40, 300, 10)
+    sim.add_process(A100, 41, 100, 10, kind="mps")
+    with structlog.testing.capture_logs() as logs:
+        reading = reader.read(A100, handle(A100))
+        reader.read(A100, handle(A100))
+    assert reading is not None
+    assert [p.pid for p in reading.processes] == [40, 41]
+    switched = [e for e in logs if "no process detail list" in e["event"]]
+    assert len(switched) == 1
+    before = Counter(sim.calls)
+    reader.read(A100, handle(A100))
+    calls = Counter(sim.calls)
+    calls.subtract(before)
+    assert calls["nvmlDeviceGetRunningProcessDetailList"] == 0
+    assert calls["nvmlDeviceGetComputeRunningProcesses_v3"] >= 1
+    assert calls["nvmlDeviceGetMPSComputeRunningProcesses_v3"] >= 1
+
+
+def test_duplicate_pid_in_two_lists_is_one_process() -> None:
+    from gpuagent.gpu.processes import _merged  # noqa: PLC0415
+
+    class Info:
+        def __init__(self, pid: int, memory: int | None) -> None:
+            self.pid, self.usedGpuMemory = pid, memory
+            self.gpuInstanceId = self.computeInstanceId = 0xFFFF_FFFF
+
+    merged = _merged([Info(7, 100), Info(7, 300), Info(8, None), Info(8, 50)])
+    assert merged == (GpuProcess(7, 300), GpuProcess(8, 50))
+
+
+def test_old_driver_without_the_newer_utilisation_call(
+    driver: tuple[SimDriver, ProcessReader],
+) -> None:
+    sim, reader = driver
+    sim.remove("nvmlDeviceGetProcessesUtilizationInfo")
+    sim.add_process(H100, 300, 1024, 30)
+    reading = reader.read(H100, handle(H100))
+    assert reading is not None
+    assert reading.samples == (ProcessSample(300, 30.0, 15.0, 0.0, 0.0),)
+    assert sim.calls["nvmlDeviceGetProcessUtilization"] == 2
+
+
+def test_mig_processes_carry_instances_and_have_no_samples(
+    driver: tuple[SimDriver, ProcessReader],
+) -> None:
+    sim, reader = driver
+    gis = [m.gpu_instance_id for m in sim.node.gpus[H100_MIG].mig_devices]
+    sim.add_process(H100_MIG, 500, 1000, 50, gpu_instance=gis[0])
+    sim.add_process(H100_MIG, 501, 500, 50, gpu_instance=gis[1])
+    with structlog.testing.capture_logs() as logs:
+        reading = reader.read(H100_MIG, handle(H100_MIG))
+    assert reading is not None
+    assert [(p.pid, p.gpu_instance, p.compute_instance) for p in reading.processes] == [
+        (500, gis[0], 0),
+        (501, gis[1], 0),
+    ]
+    assert reading.samples is None
+    assert any(e.get("value") == "process_utilization" for e in logs)
+    before = sim.calls["nvmlDeviceGetProcessesUtilizationInfo"]
+    reader.read(H100_MIG, handle(H100_MIG))
+    assert sim.calls["nvmlDeviceGetProcessesUtilizationInfo"] == before  # not asked again
+
+
+def test_a_lost_gpu_raises(driver: tuple[SimDriver, ProcessReader]) -> None:
+    sim, reader = driver
+    sim.inject(H100, "lost")
+    with pytest.raises(pynvml.NVMLError_GpuIsLost):
+        reader.read(H100, handle(H100))
+
+
+@pytest.mark.parametrize(
+    "symbol", ["nvmlDeviceGetRunningProcessDetailList", "nvmlDeviceGetProcessesUtilizationInfo"]
+)
+def test_other_errors_leave_the_part_out_and_are_logged_once(
+    driver: tuple[SimDriver, ProcessReader], symbol: str
+) -> None:
+    sim, reader = driver
+    sim.add_process(H100, 300, 1024, 30)
+    sim.fail(symbol, int(pynvml.NVML_ERROR_UNKNOWN), gpu=H100)
+    with structlog.testing.capture_logs() as logs:
+        first = reader.read(H100, handle(H100))
+        reader.read(H100, handle(H100))
+    if symbol == "nvmlDeviceGetRunningProcessDetailList":
+        assert first is None
+    else:
+        assert first is not None
+        assert first.samples is None
+        assert [p.pid for p in first.processes] == [300]
+    assert sum(e["event"] == "per-process reading failed; left out" for e in logs) == 1
+    sim.clear_failures()
+    assert reader.read(H100, handle(H100)) is not None
