@@ -1,0 +1,79 @@
+"""Keeps ``Snapshot.usage`` current: per-process readings → containers → names → accounting.
+
+Each time the poller stores new per-process readings (or the kubelet's allocations change), the
+accountant reads the cgroup of processes it has not seen (off the event loop), asks the CRI cache
+for container names (which refreshes only for container IDs never seen), runs the pure
+:func:`~gpuagent.domain.accounting.account` and stores the result. Scrapes only read the snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import structlog
+
+from gpuagent.domain.accounting import Ledger, account
+from gpuagent.domain.devices import Snapshot
+from gpuagent.domain.store import DeviceStore
+from gpuagent.domain.usage import Usage
+from gpuagent.runtime.cri import CriClient
+from gpuagent.runtime.procfs import ProcReader
+
+__all__ = ["Accountant"]
+
+log = structlog.get_logger("gpuagent.accounting")
+
+
+class Accountant:
+    """Joins the driver's per-process readings to containers (one instance per agent)."""
+
+    def __init__(self, store: DeviceStore, proc: ProcReader, cri: CriClient) -> None:
+        self._store = store
+        self._proc = proc
+        self._cri = cri
+        self._ledger = Ledger()
+        self._inputs: tuple[object, ...] | None = None
+        self.updates = 0
+
+    async def run(self) -> None:
+        """Account after every change of readings or allocations, until cancelled."""
+        version = -1
+        try:
+            while True:
+                snapshot = await self._store.wait_newer(version)
+                version = snapshot.version
+                if not _same(_inputs(snapshot), self._inputs):
+                    await self.update()
+        finally:
+            self._cri.close()
+
+    async def update(self) -> Usage:
+        """Account for the current snapshot now and store the result."""
+        snapshot = self._store.snapshot
+        self._inputs = _inputs(snapshot)
+        pids = {
+            p.pid for gpu in snapshot.gpus if gpu.processes for p in gpu.processes.processes
+        }
+        owners = await asyncio.to_thread(self._proc.owners, pids)
+        ids = {o.container_id for o in owners.values() if o is not None}
+        names = await self._cri.resolve(ids)
+        # Newer readings stored meanwhile are accounted for on the next round.
+        usage, self._ledger = account(snapshot, owners, names, self._ledger)
+        self._store.update(lambda s: replace(s, usage=usage))
+        self.updates += 1
+        return usage
+
+
+def _inputs(snapshot: Snapshot) -> tuple[object, ...]:
+    """What accounting depends on: each GPU's reading, the allocations and whether they are known
+    (readings and mappings are replaced, never mutated, so identity tells a change)."""
+    return (
+        *(g.processes for g in snapshot.gpus),
+        snapshot.pods.by_device,
+        snapshot.pods.refreshed_at is None,
+    )
+
+
+def _same(a: tuple[object, ...], b: tuple[object, ...] | None) -> bool:
+    return b is not None and len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
