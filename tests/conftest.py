@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import uvloop
+from support import cristubs
 from support.fake_kubelet import FakeKubelet
 from support.grpcstubs import StubModules, generate
 
@@ -30,6 +31,12 @@ def pytest_asyncio_loop_factories(
 def grpc_stubs(tmp_path_factory: pytest.TempPathFactory) -> StubModules:
     """grpcio stubs for both protos, generated once per session by protoc."""
     return generate(tmp_path_factory.mktemp("grpcstubs"))
+
+
+@pytest.fixture(scope="session")
+def cri_stubs(tmp_path_factory: pytest.TempPathFactory) -> cristubs.CriStubs:
+    """grpcio stubs for the CRI proto (the container runtime stand-in), once per session."""
+    return cristubs.generate(tmp_path_factory.mktemp("cristubs"))
 
 
 @pytest.fixture

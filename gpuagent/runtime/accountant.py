@@ -52,9 +52,7 @@ class Accountant:
         """Account for the current snapshot now and store the result."""
         snapshot = self._store.snapshot
         self._inputs = _inputs(snapshot)
-        pids = {
-            p.pid for gpu in snapshot.gpus if gpu.processes for p in gpu.processes.processes
-        }
+        pids = {p.pid for gpu in snapshot.gpus if gpu.processes for p in gpu.processes.processes}
         owners = await asyncio.to_thread(self._proc.owners, pids)
         ids = {o.container_id for o in owners.values() if o is not None}
         names = await self._cri.resolve(ids)

@@ -1,0 +1,114 @@
+"""The accountant: readings in the store → cgroups → CRI names → Snapshot.usage."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
+from pathlib import Path
+from types import MappingProxyType
+
+import pytest
+from support.cgroups import Layout, cgroup_file, write_proc
+from support.cristubs import CriStubs
+from support.fake_cri import FakeCri, RuntimeContainer
+from support.synthetic import gpu_uuid, synthetic_snapshot
+
+from gpuagent.domain.devices import Attribution, PodRef, Snapshot
+from gpuagent.domain.store import DeviceStore
+from gpuagent.domain.usage import GpuProcess, ProcessReading, ProcessSample
+from gpuagent.runtime.accountant import Accountant
+from gpuagent.runtime.cri import CriClient
+from gpuagent.runtime.procfs import ProcReader
+
+GIB = 1024**3
+LAYOUT = Layout("containerd", "systemd", 2)
+
+
+def cid(n: int) -> str:
+    return f"{n:064x}"
+
+
+def uid(n: int) -> str:
+    return f"{n:08x}-0000-4000-8000-{n:012x}"
+
+
+@pytest.fixture
+def runtime(short_tmp_path: Path, cri_stubs: CriStubs) -> Iterator[FakeCri]:
+    with FakeCri(short_tmp_path / "cri.sock", cri_stubs) as fake:
+        fake.set(
+            [
+                RuntimeContainer(cid(1), "team-a", "a", "main", pod_uid=uid(1)),
+                RuntimeContainer(cid(2), "team-b", "b", "main", pod_uid=uid(2)),
+            ]
+        )
+        yield fake
+
+
+@pytest.fixture
+def proc(tmp_path: Path) -> Path:
+    return write_proc(
+        tmp_path / "proc",
+        {
+            100: cgroup_file(LAYOUT, uid(1), cid(1)),
+            200: cgroup_file(LAYOUT, uid(2), cid(2)),
+        },
+    )
+
+
+def with_reading(snapshot: Snapshot, reading: ProcessReading | None) -> Snapshot:
+    gpus = (replace(snapshot.gpus[0], processes=reading), *snapshot.gpus[1:])
+    return replace(snapshot, gpus=gpus)
+
+
+@contextlib.asynccontextmanager
+async def running(accountant: Accountant) -> AsyncIterator[None]:
+    task = asyncio.create_task(accountant.run())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def settle(accountant: Accountant, updates: int) -> None:
+    for _ in range(500):
+        if accountant.updates >= updates:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"accountant made {accountant.updates} updates, wanted {updates}")
+
+
+async def test_usage_follows_readings_without_cri_calls_at_rest(
+    runtime: FakeCri, proc: Path, short_tmp_path: Path
+) -> None:
+    held = MappingProxyType({gpu_uuid(0) + "::0": (PodRef("team-a", "a", "main"),)})
+    base = replace(synthetic_snapshot(2), pods=Attribution(held, refreshed_at=1.0))
+    store = DeviceStore(base)
+    accountant = Accountant(store, ProcReader(proc), CriClient(short_tmp_path / "cri.sock"))
+    reading = ProcessReading(
+        processes=(GpuProcess(100, 2 * GIB), GpuProcess(200, GIB)),
+        samples=(ProcessSample(100, 40), ProcessSample(200, 20)),
+    )
+    async with running(accountant):
+        store.update(lambda s: with_reading(s, reading))
+        await settle(accountant, 1)
+        usage = store.snapshot.usage
+        got = {(u.namespace, u.pod): u for u in usage.containers}
+        assert got[("team-a", "a")].memory_bytes == 2 * GIB
+        assert got[("team-a", "a")].sm_ratio == pytest.approx(0.4)
+        assert got[("team-b", "b")].unallocated
+        calls = runtime.calls
+        # Polls at rest: new readings of the same processes, no runtime call.
+        for n in range(2, 7):
+            again = replace(reading, samples=(ProcessSample(100, 40 + n),))
+            store.update(lambda s, r=again: with_reading(s, r))  # type: ignore[misc]
+            await settle(accountant, n)
+        assert runtime.calls == calls == 1
+        # The process exits: gone at the next poll; the holder remains with zero use.
+        store.update(lambda s: with_reading(s, ProcessReading(samples=())))
+        await settle(accountant, 7)
+        (left,) = store.snapshot.usage.containers
+        assert (left.pod, left.processes, left.memory_bytes) == ("a", 0, 0)
