@@ -27,6 +27,7 @@ from gpuagent.domain.counters import AgentCounters
 from gpuagent.domain.store import DeviceStore
 from gpuagent.web.exposition import CONTENT_TYPE
 from gpuagent.web.metrics import MetricsRenderer
+from gpuagent.web.simprocesses import SimulatedProcesses, add_process_routes
 from gpuagent.web.webconfig import AuthResult, WebConfigFile
 
 log = structlog.get_logger("gpuagent.http")
@@ -51,8 +52,9 @@ class HttpLimits:
     chunk: int = 64 * 1024
 
 
-class SimulatorControl(Protocol):
-    """Fault injection into the simulated driver (only present under --simulate/--sim-config)."""
+class SimulatorControl(SimulatedProcesses, Protocol):
+    """Fault injection into the simulated driver (only present under --simulate/--sim-config),
+    and its processes (``/sim/processes``, see :mod:`gpuagent.web.simprocesses`)."""
 
     def describe(self) -> list[dict[str, object]]: ...
 
@@ -159,6 +161,7 @@ def _add_simulation_routes(app: web.Application, simulator: SimulatorControl) ->
 
     app.router.add_get("/sim/gpus", gpus)
     app.router.add_post("/sim/faults", faults)
+    add_process_routes(app, simulator)
 
 
 def _error(status: int, message: str) -> web.Response:

@@ -1,0 +1,83 @@
+"""``/sim/processes`` over HTTP, on the simulated driver's process table."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from gpuagent.gpu.sim import SimDriver, node_from_mapping
+from gpuagent.web.simprocesses import add_process_routes
+
+
+@pytest.fixture
+async def base_url() -> AsyncIterator[str]:
+    node = node_from_mapping(
+        {"version": "v1", "gpus": [{"name": "H100"}, {"name": "H100", "mig": ["3g.40gb"]}]}
+    )
+    app = web.Application()
+    add_process_routes(app, SimDriver(node))
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+async def test_start_list_and_end(base_url: str) -> None:
+    async with aiohttp.ClientSession() as http:
+        body = {"gpu": 0, "pid": 4242, "memory_mib": 1024, "sm_util": 35}
+        async with http.post(base_url + "/sim/processes", json=body) as r:
+            assert r.status == 200
+            started = await r.json()
+        assert started == body | {"gpu_instance": None, "compute_instance": None, "type": "compute"}
+        mig = {"gpu": 1, "pid": 7, "memory_mib": 10, "sm_util": 0, "gpu_instance": 2}
+        async with http.post(base_url + "/sim/processes", json=mig) as r:
+            assert r.status == 200, await r.text()
+        async with http.get(base_url + "/sim/processes") as r:
+            assert [(p["gpu"], p["pid"]) for p in await r.json()] == [(0, 4242), (1, 7)]
+        async with http.delete(base_url + "/sim/processes/4242") as r:
+            assert r.status == 200
+            assert [p["pid"] for p in await r.json()] == [4242]
+        async with http.delete(base_url + "/sim/processes/4242") as r:
+            assert r.status == 404
+        async with http.get(base_url + "/sim/processes") as r:
+            assert [p["pid"] for p in await r.json()] == [7]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "needle"),
+    [
+        (b"not json", 400, "JSON object"),
+        (b"[1, 2]", 400, "JSON object"),
+        (b'{"gpu": 0, "pid": 1, "memory_mib": 1}', 400, "missing keys: sm_util"),
+        (b'{"gpu": 0, "pid": 1, "memory_mib": 1, "sm_util": 1, "x": 1}', 400, "unknown keys: x"),
+        (b'{"gpu": 5, "pid": 1, "memory_mib": 1, "sm_util": 1}', 404, "no simulated GPU 5"),
+        (b'{"gpu": "0", "pid": 1, "memory_mib": 1, "sm_util": 1}', 400, "'gpu'"),
+        (b'{"gpu": 0, "pid": -1, "memory_mib": 1, "sm_util": 1}', 400, "'pid'"),
+        (b'{"gpu": 0, "pid": 1, "memory_mib": 1e12, "sm_util": 1}', 400, "out of memory"),
+        (b'{"gpu": 1, "pid": 1, "memory_mib": 1, "sm_util": 1}', 400, "MIG mode"),
+    ],
+)
+async def test_bad_requests(base_url: str, body: bytes, status: int, needle: str) -> None:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(base_url + "/sim/processes", data=body) as r,
+    ):
+        assert r.status == status
+        assert needle in (await r.json())["error"]
+
+
+@pytest.mark.parametrize("pid", ["abc", "-1", "1" * 40, "%F0%9F%98%80"])
+async def test_bad_pid_on_delete(base_url: str, pid: str) -> None:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.delete(base_url + "/sim/processes/" + pid) as r,
+    ):
+        assert r.status == 400
