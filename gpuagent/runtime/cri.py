@@ -154,6 +154,20 @@ class CriClient:
             self._problem = None
         return True
 
+    async def version(self) -> tuple[str, str]:
+        """The runtime's name and version (``Version``); raises on any failure."""
+        path = self._socket_path()
+        if path is None:
+            raise FileNotFoundError("no CRI socket")
+        channel = Channel(path=str(path), codec=_BoundedCodec(self._max_response))
+        try:
+            response = await pb.RuntimeServiceStub(channel).version(
+                pb.VersionRequest(version="v1"), timeout=self._timeout
+            )
+        finally:
+            channel.close()
+        return response.runtime_name, response.runtime_version
+
     def close(self) -> None:
         if self._channel is not None:
             self._channel.close()
