@@ -55,7 +55,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     )
     log = short_tmp_path / "containerd.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen(  # noqa: S603 - the binary found on PATH
+        proc = subprocess.Popen(
             [binary, "--config", str(config)], stdout=out, stderr=subprocess.STDOUT
         )
     try:
