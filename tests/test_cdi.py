@@ -10,9 +10,18 @@ import jsonschema
 import pytest
 from referencing import Registry
 from referencing.jsonschema import DRAFT7
+from support.driverroot import LIBDIR, VERSION, can_mknod, make_driver_root
 from support.nodes import gpu, gpu_uuid, mig, mig_uuid, node
 
-from gpuagent.cdi import CDI_VERSION, SPEC_FILE_NAME, build_spec, render_spec, sync_spec
+from gpuagent.cdi import (
+    SPEC_FILE_NAME,
+    TOOLKIT_KIND,
+    build_spec,
+    minimum_version,
+    render_spec,
+    sync_spec,
+    toolkit_devices,
+)
 from gpuagent.domain.containers import (
     CDI_KIND,
     CONTROL_NODES,
@@ -23,6 +32,7 @@ from gpuagent.domain.containers import (
 from gpuagent.domain.devices import IdStrategy, Snapshot
 from gpuagent.domain.resources import MigStrategy, ResourceSettings, build_resources
 from gpuagent.domain.timeslicing import ReplicaRule, TimeSlicing
+from gpuagent.driverfiles import DriverFiles, DriverRoot
 
 SCHEMA_DIR = Path(__file__).parent / "data" / "cdi-schema"
 NODE = node(
@@ -46,33 +56,180 @@ def spec_of(snapshot: Snapshot, **kwargs: Any) -> dict[str, Any]:
     return spec
 
 
-def test_spec_validates_against_the_cdi_schema() -> None:
-    spec = spec_of(NODE)
+ROOT = "/run/nvidia/driver"
+
+
+def driver(tmp_path: Path, **kwargs: Any) -> DriverFiles:
+    """The files of a fake driver laid out under ``tmp_path`` (DRM nodes when running as root)."""
+    make_driver_root(tmp_path, bus_ids=(NODE.gpus[0].pci_bus_id,), **kwargs)
+    root = DriverRoot(tmp_path, kernel_release="6.1.0", firmware_class_path=tmp_path / "none")
+    return root.find(VERSION, [g.pci_bus_id for g in NODE.gpus])
+
+
+def full_spec(tmp_path: Path, **kwargs: Any) -> dict[str, Any]:
+    return spec_of(NODE, dev_root=ROOT, driver=driver(tmp_path), **kwargs)
+
+
+@pytest.mark.parametrize("with_driver", [False, True], ids=["nodes-only", "with-driver"])
+def test_spec_validates_against_the_cdi_schema(tmp_path: Path, with_driver: bool) -> None:
+    spec = full_spec(tmp_path) if with_driver else spec_of(NODE)
     validator().validate(spec)
     # What the upstream schema does not check: known keys only, env entries as strings.
     assert set(spec) == {"cdiVersion", "kind", "devices", "containerEdits"}
     assert spec["containerEdits"]["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]
+    assert set(spec["containerEdits"]) <= {"env", "deviceNodes", "mounts", "hooks"}
     for device in spec["devices"]:
         assert set(device) == {"name", "containerEdits"}
-        assert set(device["containerEdits"]) == {"deviceNodes"}
+        assert set(device["containerEdits"]) <= {"deviceNodes", "hooks"}
         for edit in device["containerEdits"]["deviceNodes"]:
-            assert set(edit) == {"path", "hostPath"}
+            assert set(edit) <= {"path", "hostPath"}
 
 
 def test_the_schema_copy_rejects_a_broken_spec() -> None:
     with pytest.raises(jsonschema.ValidationError):
-        validator().validate({"cdiVersion": CDI_VERSION, "kind": CDI_KIND, "devices": [{}]})
+        validator().validate({"cdiVersion": "0.5.0", "kind": CDI_KIND, "devices": [{}]})
 
 
 def test_spec_header_and_device_names() -> None:
     spec = spec_of(NODE)
-    assert (spec["cdiVersion"], spec["kind"]) == ("0.6.0", "k8s.device-plugin.nvidia.com/gpu")
+    assert (spec["cdiVersion"], spec["kind"]) == ("0.5.0", "k8s.device-plugin.nvidia.com/gpu")
     assert [d["name"] for d in spec["devices"]] == [
         gpu_uuid(0), "0",
         gpu_uuid(1), "1", mig_uuid(1, 7), "1:0", mig_uuid(1, 3), "1:1",
         gpu_uuid(2), "2",
         "all",
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("names", "dev_root", "version"),
+    [((IdStrategy.UUID,), "/", "0.3.0"),  # names start with a letter, no hostPath
+     ((IdStrategy.UUID,), ROOT, "0.5.0"),  # hostPath (added in 0.5.0)
+     ((IdStrategy.INDEX,), "/", "0.5.0"),  # names starting with a digit (0.5.0)
+     ((IdStrategy.UUID, IdStrategy.INDEX), "/", "0.5.0")],
+)  # fmt: skip
+def test_cdi_version_is_the_lowest_that_expresses_the_spec(
+    names: tuple[IdStrategy, ...], dev_root: str, version: str
+) -> None:
+    assert spec_of(NODE, names=names, dev_root=dev_root)["cdiVersion"] == version
+
+
+@pytest.mark.parametrize(
+    ("change", "version"),
+    [({}, "0.3.0"),
+     ({"annotations": {"a": "b"}}, "0.6.0"),
+     ({"kind": "vendor.com/gpu.shared"}, "0.6.0"),
+     ({"devices": [{"name": "x", "annotations": {"a": "b"}, "containerEdits": {}}]}, "0.6.0"),
+     ({"devices": [{"name": "0", "containerEdits": {}}]}, "0.5.0"),
+     ({"containerEdits": {"deviceNodes": [{"path": "/dev/x", "hostPath": "/h/dev/x"}]}}, "0.5.0"),
+     ({"containerEdits": {"mounts": [{"hostPath": "/a", "containerPath": "/a", "type": "bind"}]}},
+      "0.4.0")],
+)  # fmt: skip
+def test_minimum_version_rules(change: dict[str, Any], version: str) -> None:
+    spec = {"kind": "vendor.com/gpu", "devices": [{"name": "gpu0", "containerEdits": {}}]}
+    assert minimum_version({**spec, **change}) == version
+
+
+def test_driver_files_are_mounted_read_only_from_the_driver_root(tmp_path: Path) -> None:
+    spec = full_spec(tmp_path)
+    mounts = spec["containerEdits"]["mounts"]
+    assert all(m["options"] == ["ro", "nosuid", "nodev", "rbind", "rprivate"] for m in mounts)
+    assert all(m["hostPath"] == ROOT + m["containerPath"] for m in mounts)
+    assert [m["containerPath"] for m in mounts] == [
+        f"{LIBDIR}/libGLX_nvidia.so.{VERSION}",
+        f"{LIBDIR}/libcuda.so.{VERSION}",
+        f"{LIBDIR}/libnvidia-ml.so.{VERSION}",
+        f"{LIBDIR}/libnvidia-opticalflow.so.{VERSION}",
+        f"{LIBDIR}/libnvidia-ptxjitcompiler.so.{VERSION}",
+        f"{LIBDIR}/vdpau/libvdpau_nvidia.so.{VERSION}",
+        "/usr/bin/nvidia-smi",
+        "/usr/sbin/nvidia-persistenced",
+        "/usr/bin/nvidia-cuda-mps-control",
+        "/var/run/nvidia-persistenced/socket",
+        "/tmp/nvidia-mps",
+        f"/lib/firmware/nvidia/{VERSION}/gsp_ga10x.bin",
+        f"/lib/firmware/nvidia/{VERSION}/gsp_tu10x.bin",
+    ]
+
+
+def test_hooks_as_nvidia_ctk_spells_them(tmp_path: Path) -> None:
+    spec = full_spec(tmp_path)
+    symlinks, ldcache = spec["containerEdits"]["hooks"]
+    assert symlinks["hookName"] == ldcache["hookName"] == "createContainer"
+    assert symlinks["path"] == ldcache["path"] == "/usr/bin/nvidia-ctk"
+    assert symlinks["args"][:3] == ["nvidia-ctk", "hook", "create-symlinks"]
+    links = symlinks["args"][3:]
+    assert links[0::2] == ["--link"] * (len(links) // 2)
+    assert f"libcuda.so.1::{LIBDIR}/libcuda.so" in links[1::2]
+    assert f"libcuda.so.{VERSION}::{LIBDIR}/libcuda.so.1" in links[1::2]
+    assert ldcache["args"] == [
+        "nvidia-ctk", "hook", "update-ldcache",
+        "--folder", LIBDIR, "--folder", f"{LIBDIR}/vdpau",
+    ]  # fmt: skip
+
+
+def test_hooks_as_nvidia_cdi_hook_spells_them(tmp_path: Path) -> None:
+    spec = full_spec(tmp_path, hook_path="/usr/local/nvidia/toolkit/nvidia-cdi-hook")
+    hooks = spec["containerEdits"]["hooks"]
+    assert [h["path"] for h in hooks] == ["/usr/local/nvidia/toolkit/nvidia-cdi-hook"] * 2
+    assert [h["args"][:2] for h in hooks] == [
+        ["nvidia-cdi-hook", "create-symlinks"],
+        ["nvidia-cdi-hook", "update-ldcache"],
+    ]
+
+
+def test_without_driver_libraries_no_hooks(tmp_path: Path) -> None:
+    files = DriverRoot(tmp_path / "empty").find(VERSION)
+    spec = spec_of(NODE, driver=files)
+    assert spec["containerEdits"]["mounts"] == []
+    assert "hooks" not in spec["containerEdits"]
+
+
+@pytest.mark.skipif(not can_mknod(), reason="DRM device nodes need root (mknod)")
+def test_a_gpu_brings_its_drm_nodes_and_by_path_links(tmp_path: Path) -> None:
+    spec = full_spec(tmp_path)
+    (device,) = [d for d in spec["devices"] if d["name"] == "0"]
+    edits = device["containerEdits"]
+    assert [n["path"] for n in edits["deviceNodes"]] == [
+        "/dev/nvidia0", "/dev/dri/card1", "/dev/dri/renderD128",
+    ]  # fmt: skip
+    (hook,) = edits["hooks"]
+    address = "0000:18:00.0"
+    assert hook["args"] == [
+        "nvidia-ctk", "hook", "create-symlinks",
+        "--link", f"../card1::/dev/dri/by-path/pci-{address}-card",
+        "--link", f"../renderD128::/dev/dri/by-path/pci-{address}-render",
+    ]  # fmt: skip
+    (every,) = [d for d in spec["devices"] if d["name"] == "all"]
+    assert every["containerEdits"]["hooks"] == edits["hooks"]
+    (other,) = [d for d in spec["devices"] if d["name"] == "1"]
+    assert "hooks" not in other["containerEdits"]
+
+
+def test_toolkit_devices_read_from_its_specs(tmp_path: Path) -> None:
+    etc, run = tmp_path / "etc-cdi", tmp_path / "run-cdi"
+    etc.mkdir()
+    run.mkdir()
+    assert toolkit_devices((etc, run)) is None
+    (run / "nvidia.yaml").write_text(
+        "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n"
+        "- name: '0'\n  containerEdits: {}\n- name: GPU-abc\n  containerEdits: {}\n"
+        "- name: all\n  containerEdits: {}\n"
+    )
+    (etc / "other.json").write_text(
+        json.dumps({"kind": "example.com/x", "devices": [{"name": "9"}]})
+    )
+    (etc / "broken.yaml").write_text(": : :")
+    (etc / "ignored.txt").write_text("kind: nvidia.com/gpu")
+    assert toolkit_devices((etc, run)) == frozenset({"0", "GPU-abc", "all"})
+
+
+def test_toolkit_kind_names_the_toolkits_devices() -> None:
+    resources = build_resources(NODE, ResourceSettings())
+    settings = ContainerSettings(strategies=(DeviceListStrategy.CDI_CRI,), cdi_kind=TOOLKIT_KIND)
+    resource = resources.resources[0]
+    device = next(d for d in resource.devices if d.healthy)
+    assert allocate(resource, [device.id], settings).cdi_devices == (f"nvidia.com/gpu={device.id}",)
 
 
 def nodes_of(spec: dict[str, Any], name: str) -> list[tuple[str, str]]:

@@ -47,6 +47,7 @@ __all__ = [
     "CDI_KIND",
     "CDI_VENDOR",
     "CONTROL_NODES",
+    "TOOLKIT_CDI_KIND",
     "ContainerSettings",
     "DeviceListStrategy",
     "allocate",
@@ -59,6 +60,7 @@ __all__ = [
 CDI_VENDOR = "k8s.device-plugin.nvidia.com"
 CDI_CLASS = "gpu"
 CDI_KIND = f"{CDI_VENDOR}/{CDI_CLASS}"
+TOOLKIT_CDI_KIND = "nvidia.com/gpu"  # the NVIDIA container toolkit's generated spec
 CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"  # NVIDIA's DefaultCDIAnnotationPrefix
 CDI_PLUGIN_NAME = "nvidia-device-plugin"
 MAX_ANNOTATION_NAME = 63  # CDI's AnnotationKey limit on "<plugin>_<id>"
@@ -89,7 +91,9 @@ class ContainerSettings:
 
     ``dev_root`` is the host directory under which ``/dev`` lives (NVIDIA's ``--dev-root``,
     defaulting to the driver root); ``control_nodes`` are those of :data:`CONTROL_NODES` that
-    exist there, found once by the caller (the domain does no I/O).
+    exist there, found once by the caller (the domain does no I/O). ``cdi_kind`` is the kind of
+    the CDI names handed out: the agent's own spec's, or the container toolkit's
+    (:data:`TOOLKIT_CDI_KIND`) when the devices of its generated spec are used instead.
     """
 
     strategies: tuple[DeviceListStrategy, ...] = (DeviceListStrategy.ENVVAR,)
@@ -98,6 +102,7 @@ class ContainerSettings:
     dev_root: str = "/"
     control_nodes: tuple[str, ...] = CONTROL_NODES
     cdi_annotation_prefix: str = CDI_ANNOTATION_PREFIX
+    cdi_kind: str = CDI_KIND
 
     def __post_init__(self) -> None:
         if not self.strategies:
@@ -115,9 +120,9 @@ class ContainerSettings:
         return strategy in self.strategies
 
 
-def cdi_name(device_name: str) -> str:
+def cdi_name(device_name: str, kind: str = CDI_KIND) -> str:
     """A GPU or MIG device's fully-qualified CDI name: ``k8s.device-plugin.nvidia.com/gpu=…``."""
-    return f"{CDI_KIND}={device_name}"
+    return f"{kind}={device_name}"
 
 
 def annotation_key(response_id: str, prefix: str = CDI_ANNOTATION_PREFIX) -> str:
@@ -188,7 +193,7 @@ def container_allocation(
             MountSpec(f"{VOLUME_MOUNT_ROOT}/{name}", VOLUME_MOUNT_HOST_PATH, read_only=False)
             for name in names
         )
-    qualified = tuple(cdi_name(name) for name in names)
+    qualified = tuple(cdi_name(name, settings.cdi_kind) for name in names)
     if settings.uses(DeviceListStrategy.CDI_ANNOTATIONS):
         if response_id is None:
             seed = "\0".join((resource.name, *(d.id for d in devices)))
