@@ -17,9 +17,15 @@ from typing import Any
 import structlog
 
 from gpuagent import __version__
-from gpuagent.cdi import DEFAULT_CDI_DIR, build_spec, sync_spec
+from gpuagent.cdi import DEFAULT_CDI_DIR
 from gpuagent.config import ConfigError, Settings
-from gpuagent.domain.containers import CONTROL_NODES, ContainerSettings, DeviceListStrategy
+from gpuagent.domain.containers import (
+    CDI_KIND,
+    CONTROL_NODES,
+    TOOLKIT_CDI_KIND,
+    ContainerSettings,
+    DeviceListStrategy,
+)
 from gpuagent.domain.counters import AgentCounters, NvmlCallStats, PodResourcesStats
 from gpuagent.domain.devices import IdStrategy
 from gpuagent.domain.errors import SettingError
@@ -37,6 +43,7 @@ from gpuagent.kubelet.plugin import DevicePluginService
 from gpuagent.kubelet.podresources import PodResourcesClient
 from gpuagent.kubelet.registration import PluginEndpoint, Timing
 from gpuagent.labels import DEFAULT_FEATURES_FILE, node_labels, sync_features
+from gpuagent.nodefiles import TOOLKIT, CdiTarget, write_cdi
 from gpuagent.web.metrics import MetricsRenderer
 from gpuagent.web.server import HttpServer, build_app
 from gpuagent.web.webconfig import WebConfigError, WebConfigFile
@@ -77,7 +84,8 @@ def plan(settings: Settings, *, control_nodes: tuple[str, ...] | None = None) ->
     """
     root = settings.nvidia_driver_root
     if control_nodes is None:
-        control_nodes = tuple(p for p in CONTROL_NODES if (root / p.lstrip("/")).exists())
+        seen_at = driver_root_as_read(settings)
+        control_nodes = tuple(p for p in CONTROL_NODES if (seen_at / p.lstrip("/")).exists())
     try:
         health = HealthPolicy.from_env_values(
             settings.disable_healthchecks, settings.enable_healthchecks
@@ -98,12 +106,18 @@ def plan(settings: Settings, *, control_nodes: tuple[str, ...] | None = None) ->
                 dev_root=str(root),
                 control_nodes=control_nodes,
                 cdi_annotation_prefix=settings.cdi_annotation_prefix,
+                cdi_kind=TOOLKIT_CDI_KIND if settings.cdi_spec == TOOLKIT else CDI_KIND,
             ),
             shared_allocation=SharedAllocationPolicy(settings.shared_devices_allocation_policy),
         )
     except SettingError as exc:
         raise ConfigError(exc.key, exc.reason) from exc
     return Plan(serving=serving, health=health)
+
+
+def driver_root_as_read(settings: Settings) -> Path:
+    """Where the agent reads the driver root: its mount in the agent's container, or itself."""
+    return settings.driver_root_ctr_path or settings.nvidia_driver_root
 
 
 def time_slicing(sharing: Mapping[str, object]) -> TimeSlicing:
@@ -473,44 +487,58 @@ class Agent:
         content differs. A write that fails is logged and retried at the next change.
         """
         containers = self.plan.serving.containers
-        write_cdi = any(s.value.startswith("cdi-") for s in containers.strategies)
+        cdi_wanted = any(s.value.startswith("cdi-") for s in containers.strategies)
         write_labels = self.settings.node_labels
         if self.simulator is not None:
             # Simulated GPUs must not reach the host's real CDI or NFD directories by default.
-            write_cdi = write_cdi and self.settings.cdi_spec_dir != DEFAULT_CDI_DIR
+            cdi_wanted = cdi_wanted and self.settings.cdi_spec_dir != DEFAULT_CDI_DIR
             write_labels = write_labels and self.settings.node_labels_file != DEFAULT_FEATURES_FILE
-        if not write_cdi and not write_labels:
+        if not cdi_wanted and not write_labels:
             await asyncio.Event().wait()  # nothing to keep current; stay alive for supervision
         written: object = None
         version = -1
         while True:
             snapshot = await self.store.wait_newer(version)
             version = snapshot.version
-            key = (snapshot.discovered, tuple((g.uuid, g.mig_devices) for g in snapshot.gpus))
+            key = (
+                snapshot.discovered,
+                snapshot.driver.version,
+                tuple((g.uuid, g.mig_devices) for g in snapshot.gpus),
+            )
             if not snapshot.discovered or key == written:
                 continue
             written = key
-            if write_cdi:
-                spec = build_spec(
-                    snapshot,
-                    dev_root=containers.dev_root,
-                    control_nodes=containers.control_nodes,
+            if cdi_wanted:
+                target = CdiTarget(
+                    spec_dir=self.settings.cdi_spec_dir,
+                    mode=self.settings.cdi_spec,
+                    driver_root=str(self.settings.nvidia_driver_root),
+                    read_root=driver_root_as_read(self.settings),
+                    hook_path=self.settings.nvidia_cdi_hook_path,
                 )
-                await self._write("cdi spec", sync_spec, spec, self.settings.cdi_spec_dir)
+                await self._write(
+                    "cdi spec", self.settings.cdi_spec_dir, write_cdi, snapshot, containers, target
+                )
             if write_labels:
                 labels = node_labels(snapshot, self.plan.serving.resources)
                 await self._write(
-                    "node labels", sync_features, labels, self.settings.node_labels_file
+                    "node labels",
+                    self.settings.node_labels_file,
+                    sync_features,
+                    labels,
+                    self.settings.node_labels_file,
                 )
 
-    async def _write(self, what: str, writer: Callable[..., bool], *args: object) -> None:
+    async def _write(
+        self, what: str, path: Path, writer: Callable[..., bool], *args: object
+    ) -> None:
         try:
             changed = await asyncio.to_thread(writer, *args)
         except OSError as exc:
             log.warning("cannot write file", what=what, error=str(exc))
         else:
             if changed:
-                log.info("file updated", what=what, path=str(args[-1]))
+                log.info("file updated", what=what, path=str(path))
 
     def _publish_registration(self) -> None:
         registered = bool(self.endpoints) and all(e.registered for e in self.endpoints.values())

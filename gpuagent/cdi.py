@@ -225,7 +225,7 @@ def _gpu_nodes(
 
 def _driver_edits(driver: DriverFiles, root: str, hooks: _Hooks) -> Spec:
     paths = [*driver.libraries, *driver.binaries, *driver.ipc, *driver.firmware]
-    edits: Spec = {"mounts": [_mount(p, root) for p in dict.fromkeys(paths)]}
+    edits: Spec = {"mounts": [_mount(p, driver.source(p), root) for p in dict.fromkeys(paths)]}
     hook_list = []
     if driver.library_links:
         hook_list.append(hooks.symlinks(driver.library_links))
@@ -240,8 +240,8 @@ def _host(path: str, root: str) -> str:
     return posixpath.join(root, path.lstrip("/"))
 
 
-def _mount(path: str, root: str) -> Spec:
-    return {"hostPath": _host(path, root), "containerPath": path, "options": list(MOUNT_OPTIONS)}
+def _mount(path: str, source: str, root: str) -> Spec:
+    return {"hostPath": _host(source, root), "containerPath": path, "options": list(MOUNT_OPTIONS)}
 
 
 def _node(path: str, dev_root: str) -> dict[str, str]:

@@ -32,6 +32,7 @@ MAX_SIMULATED_GPUS = 64
 MAX_POLL_INTERVAL = 3600.0
 MIN_POD_RESOURCES_INTERVAL = 1.0
 HOSTNAME_LABELS = ("Hostname", "hostname")
+CDI_SPECS = ("write", "toolkit")
 
 _TRUE = frozenset({"true", "1", "yes"})
 _FALSE = frozenset({"false", "0", "no"})
@@ -77,8 +78,12 @@ class Settings:
     shared_devices_allocation_policy: str
     cdi_annotation_prefix: str
     cdi_spec_dir: Path
+    cdi_spec: str
+    nvidia_cdi_hook_path: str
+    driver_root_ctr_path: Path | None
     node_labels: bool
     node_labels_file: Path
+    machine_type_file: Path
 
     def as_dict(self) -> dict[str, object]:
         """Return the settings as JSON-friendly values: paths as strings, tuples as lists."""
@@ -116,6 +121,13 @@ def _parse_path(raw: object) -> Path:
     if "\0" in text:
         raise _Invalid("must not contain a NUL character")
     return Path(text)
+
+
+def _parse_absolute_path(raw: object) -> Path:
+    path = _parse_path(raw)
+    if not path.is_absolute():
+        raise _Invalid(f"must be an absolute path, got {str(path)!r}")
+    return path
 
 
 def _text_nonempty(raw: object) -> str:
@@ -457,6 +469,31 @@ CDI_SPEC_DIR = _Option(
     "where the node's CDI spec is written with a cdi-* strategy (default /var/run/cdi)",
     "DIR",
 )
+CDI_SPEC = _Option(
+    "cdi-spec",
+    _choice(CDI_SPECS),
+    "with a cdi-* strategy: write the agent's own CDI spec (write), or hand out the NVIDIA "
+    "container toolkit's devices nvidia.com/gpu=<id> and write none (toolkit) (default write)",
+    "MODE",
+)
+NVIDIA_CDI_HOOK_PATH = _Option(
+    "nvidia-cdi-hook-path",
+    _parse_absolute_path,
+    "host path of the container toolkit's hook binary, nvidia-ctk or nvidia-cdi-hook, that the "
+    "CDI spec's hooks run (default /usr/bin/nvidia-ctk)",
+    "PATH",
+    aliases=("--nvidia-ctk-path",),
+    env_aliases=("NVIDIA_CDI_HOOK_PATH", "NVIDIA_CTK_PATH"),
+)
+DRIVER_ROOT_CTR_PATH = _Option(
+    "driver-root-ctr-path",
+    _parse_absolute_path,
+    "where the agent reads the driver root's files, e.g. a host mount in its container "
+    "(default the driver root itself)",
+    "DIR",
+    aliases=("--container-driver-root",),
+    env_aliases=("DRIVER_ROOT_CTR_PATH", "CONTAINER_DRIVER_ROOT"),
+)
 NODE_LABELS = _Option(
     "node-labels",
     _parse_bool,
@@ -469,6 +506,13 @@ NODE_LABELS_FILE = _Option(
     "the node-feature-discovery feature file "
     "(default /etc/kubernetes/node-feature-discovery/features.d/gpuagent)",
     "FILE",
+)
+MACHINE_TYPE_FILE = _Option(
+    "machine-type-file",
+    _parse_path,
+    "the machine's product name for the gpu.machine label (default /sys/class/dmi/id/product_name)",
+    "FILE",
+    env_aliases=("GFD_MACHINE_TYPE_FILE",),
 )
 
 OPTIONS: tuple[_Option[Any], ...] = (
@@ -499,8 +543,12 @@ OPTIONS: tuple[_Option[Any], ...] = (
     SHARED_DEVICES_ALLOCATION_POLICY,
     CDI_ANNOTATION_PREFIX,
     CDI_SPEC_DIR,
+    CDI_SPEC,
+    NVIDIA_CDI_HOOK_PATH,
+    DRIVER_ROOT_CTR_PATH,
     NODE_LABELS,
     NODE_LABELS_FILE,
+    MACHINE_TYPE_FILE,
 )
 FILE_KEYS = tuple(opt.name for opt in OPTIONS if opt.in_file)
 
@@ -714,9 +762,13 @@ def load_settings(
         ),
         cdi_annotation_prefix=sources.get(CDI_ANNOTATION_PREFIX, "cdi.k8s.io/"),
         cdi_spec_dir=sources.get(CDI_SPEC_DIR, Path("/var/run/cdi")),
+        cdi_spec=sources.get(CDI_SPEC, "write"),
+        nvidia_cdi_hook_path=str(sources.get(NVIDIA_CDI_HOOK_PATH, Path("/usr/bin/nvidia-ctk"))),
+        driver_root_ctr_path=sources.get(DRIVER_ROOT_CTR_PATH, None),
         node_labels=sources.get(NODE_LABELS, True),
         node_labels_file=sources.get(
             NODE_LABELS_FILE,
             Path("/etc/kubernetes/node-feature-discovery/features.d/gpuagent"),
         ),
+        machine_type_file=sources.get(MACHINE_TYPE_FILE, Path("/sys/class/dmi/id/product_name")),
     )

@@ -21,9 +21,10 @@ this way, and so does :meth:`DriverRoot.find`:
 * **DRM nodes** of each GPU (``/dev/dri/cardN``, ``renderDN``) by their ``by-path`` links.
 
 Paths are returned as the container sees them (absolute, relative to the driver root); the host
-path is the driver root joined with them. The root is read where the agent sees it
-(``root``), which in a container is where the host's driver root is mounted.
-Nothing here raises for a missing or unreadable file: what is not found is left out.
+path is the driver root joined with :meth:`DriverFiles.source` of them (links followed inside the
+root, as the host's runtime would otherwise follow an absolute one out of it). The root is read
+where the agent sees it (``root``), which in a container is where the host's driver root is
+mounted. Nothing here raises for a missing or unreadable file: what is not found is left out.
 """
 
 from __future__ import annotations
@@ -118,6 +119,13 @@ class DriverFiles:
     ipc: tuple[str, ...] = ()
     firmware: tuple[str, ...] = ()
     drm: Mapping[str, DrmNodes] = field(default_factory=lambda: MappingProxyType({}))
+    # Where a path lies inside the root once its links are followed, where that differs: the
+    # host's runtime must not follow an absolute link (``/var/run -> /run``) outside the root.
+    sources: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    def source(self, path: str) -> str:
+        """The file to mount at container path ``path``, relative to the driver root."""
+        return self.sources.get(path, path)
 
     @property
     def library_dirs(self) -> tuple[str, ...]:
@@ -155,14 +163,22 @@ class DriverRoot:
         else:
             libraries = self._libraries(version)
             firmware = self._firmware(version)
+        binaries = self._binaries()
+        ipc = tuple(p for p in IPC_PATHS if self.resolve(p) is not None)
+        sources = {}
+        for path in (*binaries, *ipc, *firmware):
+            real = self.resolve(path)
+            if real is not None and real != path:
+                sources[path] = real
         return DriverFiles(
             version=version,
             libraries=libraries,
             library_links=self._library_links(libraries),
-            binaries=self._binaries(),
-            ipc=tuple(p for p in IPC_PATHS if self.resolve(p) is not None),
+            binaries=binaries,
+            ipc=ipc,
             firmware=firmware,
             drm=MappingProxyType({b: self._drm(b) for b in bus_ids}),
+            sources=MappingProxyType(sources),
         )
 
     # ----- resolution inside the root ------------------------------------------------------------

@@ -38,6 +38,11 @@ def test_everything_of_the_running_version(tmp_path: Path) -> None:
         "/usr/bin/nvidia-cuda-mps-control",
     )
     assert files.ipc == ("/var/run/nvidia-persistenced/socket", "/tmp/nvidia-mps")
+    # /var/run -> /run inside the root: mounted from there, not through the host's /var/run.
+    assert dict(files.sources) == {
+        "/var/run/nvidia-persistenced/socket": "/run/nvidia-persistenced/socket"
+    }
+    assert files.source("/usr/bin/nvidia-smi") == "/usr/bin/nvidia-smi"
     assert files.firmware == (
         f"/lib/firmware/nvidia/{VERSION}/gsp_ga10x.bin",
         f"/lib/firmware/nvidia/{VERSION}/gsp_tu10x.bin",

@@ -1,0 +1,111 @@
+"""The files the agent keeps current on the node for other programs.
+
+* The CDI spec (:mod:`gpuagent.cdi`) the container runtime reads for the ``cdi-annotations`` and
+  ``cdi-cri`` strategies: built from the snapshot and the driver's files under the driver root
+  (:mod:`gpuagent.driverfiles`), or — in ``toolkit`` mode — none at all, the NVIDIA container
+  toolkit's own spec being checked for the devices the agent hands out.
+* The node-feature-discovery feature file with GPU feature discovery's labels
+  (:mod:`gpuagent.labels`), from the snapshot and what the host says about itself
+  (:mod:`gpuagent.hostfacts`).
+
+Each writer is blocking (the caller runs it in a thread), replaces its file atomically and only
+when the content changes, and returns whether it did; it raises :class:`OSError` when the file
+cannot be written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from gpuagent.cdi import TOOLKIT_SPEC_DIRS, build_spec, device_names, sync_spec, toolkit_devices
+from gpuagent.domain.containers import ContainerSettings
+from gpuagent.domain.devices import Snapshot
+from gpuagent.domain.naming import mig_index
+from gpuagent.driverfiles import DriverRoot
+
+__all__ = ["CdiTarget", "expected_toolkit_names", "write_cdi"]
+
+log = structlog.get_logger("gpuagent.nodefiles")
+
+WRITE = "write"
+TOOLKIT = "toolkit"
+
+
+@dataclass(frozen=True, slots=True)
+class CdiTarget:
+    """Where and how the CDI spec is kept.
+
+    ``driver_root`` is the driver root as the host (and so the container runtime) sees it,
+    ``read_root`` where the agent reads it (a mount of it in the agent's container, or the same
+    path); ``hook_path`` the host path of the toolkit's hook binary.
+    """
+
+    spec_dir: Path
+    mode: str = WRITE
+    driver_root: str = "/"
+    read_root: Path = Path("/")
+    hook_path: str = "/usr/bin/nvidia-ctk"
+    toolkit_dirs: Sequence[Path] = TOOLKIT_SPEC_DIRS
+    kernel_release: str | None = None
+
+
+def write_cdi(snapshot: Snapshot, containers: ContainerSettings, target: CdiTarget) -> bool:
+    """Bring the agent's CDI spec in line with ``snapshot``; True if the file changed."""
+    if target.mode == TOOLKIT:
+        _check_toolkit(snapshot, containers, target)
+        return sync_spec(None, target.spec_dir)
+    root = DriverRoot(target.read_root, kernel_release=target.kernel_release)
+    version = snapshot.driver.version
+    files = root.find(version, [g.pci_bus_id for g in snapshot.gpus])
+    if snapshot.gpus and not files.libraries:
+        log.warning(
+            "driver libraries not found; CDI containers get device nodes only",
+            driver_root=target.driver_root,
+            read_at=str(target.read_root),
+            driver_version=version,
+        )
+    spec = build_spec(
+        snapshot,
+        dev_root=containers.dev_root,
+        control_nodes=containers.control_nodes,
+        driver=files,
+        driver_root=target.driver_root,
+        hook_path=target.hook_path,
+    )
+    return sync_spec(spec, target.spec_dir)
+
+
+def expected_toolkit_names(snapshot: Snapshot, containers: ContainerSettings) -> list[str]:
+    """The device names ``Allocate`` hands out, which the toolkit's spec must define."""
+    names: list[str] = []
+    strategy = (containers.id_strategy,)
+    for gpu in sorted(snapshot.gpus, key=lambda g: g.index):
+        names += device_names(gpu.uuid, str(gpu.index), strategy)
+        for position, mig in enumerate(gpu.mig_devices):
+            names += device_names(mig.uuid, mig_index(gpu.index, position), strategy)
+    return names
+
+
+def _check_toolkit(snapshot: Snapshot, containers: ContainerSettings, target: CdiTarget) -> None:
+    defined = toolkit_devices(target.toolkit_dirs)
+    if not snapshot.gpus:
+        return
+    if defined is None:
+        log.warning(
+            "no NVIDIA container toolkit CDI spec found; containers will not start "
+            "(run nvidia-ctk cdi generate, or set cdi-spec: write)",
+            searched=[str(d) for d in target.toolkit_dirs],
+        )
+        return
+    missing = [n for n in expected_toolkit_names(snapshot, containers) if n not in defined]
+    if missing:
+        log.warning(
+            "the toolkit's CDI spec lacks devices the agent hands out; regenerate it "
+            "(nvidia-ctk cdi generate --device-name-strategy=uuid or index, as the agent's "
+            "device-id-strategy)",
+            missing=missing,
+        )
