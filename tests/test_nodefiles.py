@@ -1,0 +1,133 @@
+"""Keeping the node's CDI spec current: the agent's own, or the container toolkit's devices."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+from support.driverroot import LIBDIR, VERSION, make_driver_root
+from support.nodes import gpu, gpu_uuid, mig, mig_uuid, node
+
+from gpuagent.app import driver_root_as_read, plan
+from gpuagent.cdi import SPEC_FILE_NAME
+from gpuagent.config import load_settings
+from gpuagent.domain.containers import TOOLKIT_CDI_KIND, ContainerSettings
+from gpuagent.domain.devices import IdStrategy
+from gpuagent.nodefiles import CdiTarget, expected_toolkit_names, write_cdi
+
+NODE = node(gpu(0), gpu(1, migs=[mig(1, 7)]), driver=VERSION)
+
+
+def test_write_mode_writes_the_driver_into_the_spec(tmp_path: Path) -> None:
+    make_driver_root(tmp_path / "mnt")
+    target = CdiTarget(
+        spec_dir=tmp_path / "cdi",
+        driver_root="/run/nvidia/driver",
+        read_root=tmp_path / "mnt",
+        hook_path="/usr/local/nvidia/toolkit/nvidia-ctk",
+    )
+    assert write_cdi(NODE, ContainerSettings(), target) is True
+    spec = json.loads((tmp_path / "cdi" / SPEC_FILE_NAME).read_text())
+    mounts = {m["containerPath"]: m["hostPath"] for m in spec["containerEdits"]["mounts"]}
+    # Read where the agent sees the root, written as the host sees it.
+    lib = f"{LIBDIR}/libcuda.so.{VERSION}"
+    assert mounts[lib] == f"/run/nvidia/driver{lib}"
+    assert {h["path"] for h in spec["containerEdits"]["hooks"]} == {
+        "/usr/local/nvidia/toolkit/nvidia-ctk"
+    }
+    assert write_cdi(NODE, ContainerSettings(), target) is False
+
+
+def test_write_mode_without_driver_files_warns(tmp_path: Path) -> None:
+    target = CdiTarget(spec_dir=tmp_path / "cdi", read_root=tmp_path / "empty")
+    with capture_logs() as logs:
+        assert write_cdi(NODE, ContainerSettings(), target) is True
+    assert [e["event"] for e in logs if e["log_level"] == "warning"] == [
+        "driver libraries not found; CDI containers get device nodes only"
+    ]
+
+
+def toolkit_spec(directory: Path, names: list[str]) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    devices = [{"name": n, "containerEdits": {}} for n in names]
+    (directory / "nvidia.yaml").write_text(
+        json.dumps({"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu", "devices": devices})
+    )
+
+
+@pytest.mark.parametrize(
+    ("strategy", "names"),
+    [(IdStrategy.UUID, [gpu_uuid(0), gpu_uuid(1), mig_uuid(1, 7)]),
+     (IdStrategy.INDEX, ["0", "1", "1:0"])],
+)  # fmt: skip
+def test_expected_toolkit_names(strategy: IdStrategy, names: list[str]) -> None:
+    settings = ContainerSettings(id_strategy=strategy, cdi_kind=TOOLKIT_CDI_KIND)
+    assert expected_toolkit_names(NODE, settings) == names
+
+
+def test_toolkit_mode_removes_the_agents_spec_and_checks_the_toolkits(tmp_path: Path) -> None:
+    cdi = tmp_path / "cdi"
+    write_cdi(NODE, ContainerSettings(), CdiTarget(spec_dir=cdi, read_root=tmp_path))
+    assert (cdi / SPEC_FILE_NAME).exists()
+    toolkit = tmp_path / "etc-cdi"
+    target = CdiTarget(spec_dir=cdi, mode="toolkit", toolkit_dirs=(toolkit,))
+    settings = ContainerSettings(cdi_kind=TOOLKIT_CDI_KIND)
+    with capture_logs() as logs:
+        assert write_cdi(NODE, settings, target) is True
+    assert not (cdi / SPEC_FILE_NAME).exists()
+    assert [e["event"] for e in logs] == [
+        "no NVIDIA container toolkit CDI spec found; containers will not start "
+        "(run nvidia-ctk cdi generate, or set cdi-spec: write)"
+    ]
+    toolkit_spec(toolkit, ["0", "1", gpu_uuid(0), gpu_uuid(1), "all"])
+    with capture_logs() as logs:
+        assert write_cdi(NODE, settings, target) is False
+    (warning,) = logs
+    assert warning["missing"] == [mig_uuid(1, 7)]
+    toolkit_spec(toolkit, [gpu_uuid(0), gpu_uuid(1), mig_uuid(1, 7)])
+    with capture_logs() as logs:
+        write_cdi(NODE, settings, target)
+    assert logs == []
+
+
+def test_settings_select_the_toolkits_kind_and_the_read_root(tmp_path: Path) -> None:
+    settings = load_settings(
+        ["--cdi-spec", "toolkit", "--nvidia-driver-root", "/run/nvidia/driver",
+         "--driver-root-ctr-path", str(tmp_path)],
+        {},
+    )  # fmt: skip
+    assert plan(settings, control_nodes=()).serving.containers.cdi_kind == "nvidia.com/gpu"
+    assert driver_root_as_read(settings) == tmp_path
+    default = load_settings([], {})
+    assert plan(default, control_nodes=()).serving.containers.cdi_kind == (
+        "k8s.device-plugin.nvidia.com/gpu"
+    )
+    assert driver_root_as_read(default) == Path("/")
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "expected"),
+    [([], {}, "/usr/bin/nvidia-ctk"),
+     (["--nvidia-ctk-path", "/opt/nvidia-ctk"], {}, "/opt/nvidia-ctk"),
+     ([], {"NVIDIA_CDI_HOOK_PATH": "/usr/bin/nvidia-cdi-hook"}, "/usr/bin/nvidia-cdi-hook"),
+     ([], {"NVIDIA_CTK_PATH": "/usr/local/nvidia/toolkit/nvidia-ctk"},
+      "/usr/local/nvidia/toolkit/nvidia-ctk")],
+)  # fmt: skip
+def test_hook_path_takes_nvidias_spellings(
+    argv: list[str], env: dict[str, str], expected: str
+) -> None:
+    assert load_settings(argv, env).nvidia_cdi_hook_path == expected
+
+
+def test_control_nodes_are_looked_for_where_the_root_is_read(tmp_path: Path) -> None:
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "nvidiactl").write_text("")
+    settings = load_settings(
+        ["--nvidia-driver-root", "/run/nvidia/driver", "--container-driver-root", str(tmp_path)],
+        {},
+    )
+    containers = plan(settings).serving.containers
+    assert containers.control_nodes == ("/dev/nvidiactl",)
+    assert containers.dev_root == "/run/nvidia/driver"
