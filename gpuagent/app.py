@@ -42,8 +42,8 @@ from gpuagent.gpu.nvml import DriverUnavailable, Nvml
 from gpuagent.kubelet.plugin import DevicePluginService
 from gpuagent.kubelet.podresources import PodResourcesClient
 from gpuagent.kubelet.registration import PluginEndpoint, Timing
-from gpuagent.labels import DEFAULT_FEATURES_FILE, node_labels, sync_features
-from gpuagent.nodefiles import TOOLKIT, CdiTarget, write_cdi
+from gpuagent.labels import DEFAULT_FEATURES_FILE
+from gpuagent.nodefiles import TOOLKIT, CdiTarget, LabelTarget, write_cdi, write_labels
 from gpuagent.web.metrics import MetricsRenderer
 from gpuagent.web.server import HttpServer, build_app
 from gpuagent.web.webconfig import WebConfigError, WebConfigFile
@@ -488,12 +488,14 @@ class Agent:
         """
         containers = self.plan.serving.containers
         cdi_wanted = any(s.value.startswith("cdi-") for s in containers.strategies)
-        write_labels = self.settings.node_labels
+        labels_wanted = self.settings.node_labels
         if self.simulator is not None:
             # Simulated GPUs must not reach the host's real CDI or NFD directories by default.
             cdi_wanted = cdi_wanted and self.settings.cdi_spec_dir != DEFAULT_CDI_DIR
-            write_labels = write_labels and self.settings.node_labels_file != DEFAULT_FEATURES_FILE
-        if not cdi_wanted and not write_labels:
+            labels_wanted = (
+                labels_wanted and self.settings.node_labels_file != DEFAULT_FEATURES_FILE
+            )
+        if not cdi_wanted and not labels_wanted:
             await asyncio.Event().wait()  # nothing to keep current; stay alive for supervision
         written: object = None
         version = -1
@@ -502,6 +504,7 @@ class Agent:
             version = snapshot.version
             key = (
                 snapshot.discovered,
+                snapshot.policy_generation,  # a reload may change sharing, naming, CDI kind
                 snapshot.driver.version,
                 tuple((g.uuid, g.mig_devices) for g in snapshot.gpus),
             )
@@ -519,14 +522,15 @@ class Agent:
                 await self._write(
                     "cdi spec", self.settings.cdi_spec_dir, write_cdi, snapshot, containers, target
                 )
-            if write_labels:
-                labels = node_labels(snapshot, self.plan.serving.resources)
+            if labels_wanted:
+                labels = LabelTarget(
+                    path=self.settings.node_labels_file,
+                    machine_type_file=self.settings.machine_type_file,
+                    sysfs_root=self._sysfs_root,
+                )
+                resources = self.plan.serving.resources
                 await self._write(
-                    "node labels",
-                    self.settings.node_labels_file,
-                    sync_features,
-                    labels,
-                    self.settings.node_labels_file,
+                    "node labels", labels.path, write_labels, snapshot, resources, labels
                 )
 
     async def _write(

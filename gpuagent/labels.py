@@ -4,11 +4,18 @@
 snapshot and the resource settings; :func:`sync_features` writes them atomically as ``key=value``
 lines into NFD's ``features.d`` directory, which NFD's ``local`` source turns into node labels.
 
+Inputs: the driver's versions (``cuda.driver*``, ``cuda.runtime*``), each GPU's name, memory,
+compute capability and MIG devices with their attributes, all read by the NVML backend; the
+machine type, PCI classes and vGPUs the host reports (:mod:`gpuagent.hostfacts`).
+
 Differences from GFD, each deliberate: no ``gfd.timestamp`` (it would rewrite the file on every
-pass, and NFD relabels on every change); MIG mixed-strategy labels are keyed by the resource name
-(``nvidia.com/mig-1g.10gb.me.count``: GFD's ``+`` is not valid in a label key); on a node with
-several GPU models the labels describe the most numerous model; with per-GPU replica counts
-``gpu.replicas`` is the smallest.
+pass, and NFD relabels on every change); values are sanitised and cut to 63 characters, so that
+NFD accepts them (GFD writes ``gpu.machine`` unsanitised); on a node with several GPU models the
+labels describe the most numerous model (GFD: whichever its map yields last); with per-GPU replica
+counts ``gpu.replicas`` is the smallest; where a value cannot be read the label is left out or
+``unknown`` instead of GFD failing as a whole (``gpu.mode`` without a readable PCI class; vGPU
+labels without the full PCI configuration space); no ``gpu.clique`` / ``gpu.imex-domain``
+(GB200 NVL fabric).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from gpuagent.atomicfile import remove_if_present, write_if_changed
 from gpuagent.domain.devices import Gpu, MigDevice, Snapshot
 from gpuagent.domain.naming import mig_resource_name
 from gpuagent.domain.resources import MigStrategy, ResourceSettings
+from gpuagent.hostfacts import HostFacts
 
 __all__ = [
     "DEFAULT_FEATURES_FILE",
@@ -42,6 +50,8 @@ _MIG_PRODUCTS = re.compile(
 _NOT_IN_VALUE = re.compile(r"[^A-Za-z0-9._ -]")
 _COMPUTE_CAPABILITY = re.compile(r"(\d+)\.(\d+)")
 _PROFILE = re.compile(r"(?:(\d+)c\.)?(\d+)g\.")
+# PCI class codes: a VGA controller runs in graphics (display) mode, a 3D controller in compute.
+GPU_MODES = {"0x030000": "graphics", "0x030200": "compute"}
 
 
 def arch_family(major: int, minor: int) -> str:
@@ -60,24 +70,23 @@ def node_labels(
     snapshot: Snapshot,
     settings: ResourceSettings = DEFAULT_SETTINGS,
     *,
-    cuda_version: tuple[int, int] | None = None,
-    machine: str = "",
+    host: HostFacts | None = None,
     mig_capable: bool | None = None,
 ) -> dict[str, str]:
     """The node's GFD labels; empty without GPUs.
 
-    ``cuda_version`` is the driver's CUDA version (NVML ``nvmlSystemGetCudaDriverVersion``),
-    ``machine`` the DMI product name, ``mig_capable`` whether any GPU supports MIG per the driver
-    (else guessed from MIG mode and the product names). Values are sanitised as GFD does (spaces
-    become ``-``) and cut to 63 characters.
+    ``host`` gives ``gpu.machine``, ``gpu.mode`` and the vGPU labels (without it they are left
+    out); ``mig_capable`` is whether any GPU supports MIG per the driver (else guessed from MIG
+    mode and the product names). Values are sanitised as GFD does (spaces become ``-``) and cut
+    to 63 characters.
     """
     gpus = sorted(snapshot.gpus, key=lambda g: g.index)
     if not gpus:
         return {}
     labels: dict[str, str] = {}
-    labels.update(_version_labels(snapshot.driver.version, cuda_version))
-    if machine:
-        labels["nvidia.com/gpu.machine"] = _value(machine)
+    labels.update(_version_labels(snapshot.driver.version, snapshot.driver.cuda_version))
+    if host is not None:
+        labels.update(_host_labels(gpus, host))
     if mig_capable is None:
         mig_capable = any(
             g.mig_enabled or g.mig_devices or _MIG_PRODUCTS.search(g.name) for g in gpus
@@ -143,6 +152,23 @@ def _version_labels(driver: str, cuda: tuple[int, int] | None) -> dict[str, str]
     return out
 
 
+def _host_labels(gpus: Sequence[Gpu], host: HostFacts) -> dict[str, str]:
+    """``gpu.machine``, ``gpu.mode`` (the first GPU's PCI class, as GFD) and the vGPU labels."""
+    labels = {
+        "nvidia.com/gpu.machine": _value(host.machine),
+        "nvidia.com/gpu.mode": GPU_MODES.get(
+            host.pci_classes.get(gpus[0].pci_bus_id, ""), "unknown"
+        ),
+    }
+    if host.vgpus:
+        labels["nvidia.com/vgpu.present"] = "true"
+        last = host.vgpus[-1]  # GFD keeps the last device's values
+        if last.host_driver_version:
+            labels["nvidia.com/vgpu.host-driver-version"] = _value(last.host_driver_version)
+            labels["nvidia.com/vgpu.host-driver-branch"] = _value(last.host_driver_branch)
+    return labels
+
+
 def _sharing(settings: ResourceSettings, name: str) -> tuple[int, bool]:
     """(replicas, renamed) for a resource, from the time-slicing rules naming it."""
     rules = [r for r in settings.time_slicing.resources if r.name == name]
@@ -203,6 +229,16 @@ def _mig_labels(
         g_slices = found[2]
         labels[f"{key}.slices.gi"] = g_slices
         labels[f"{key}.slices.ci"] = found[1] or g_slices
+    attributes = mig.attributes
+    if attributes is not None:
+        labels |= {
+            f"{key}.multiprocessors": str(attributes.multiprocessors),
+            f"{key}.engines.copy": str(attributes.copy_engines),
+            f"{key}.engines.decoder": str(attributes.decoders),
+            f"{key}.engines.encoder": str(attributes.encoders),
+            f"{key}.engines.jpeg": str(attributes.jpeg_engines),
+            f"{key}.engines.ofa": str(attributes.ofa_engines),
+        }
     return labels
 
 

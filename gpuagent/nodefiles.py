@@ -25,9 +25,12 @@ from gpuagent.cdi import TOOLKIT_SPEC_DIRS, build_spec, device_names, sync_spec,
 from gpuagent.domain.containers import ContainerSettings
 from gpuagent.domain.devices import Snapshot
 from gpuagent.domain.naming import mig_index
+from gpuagent.domain.resources import ResourceSettings
 from gpuagent.driverfiles import DriverRoot
+from gpuagent.hostfacts import DEFAULT_MACHINE_TYPE_FILE, read_host_facts
+from gpuagent.labels import DEFAULT_FEATURES_FILE, node_labels, sync_features
 
-__all__ = ["CdiTarget", "expected_toolkit_names", "write_cdi"]
+__all__ = ["CdiTarget", "LabelTarget", "expected_toolkit_names", "write_cdi", "write_labels"]
 
 log = structlog.get_logger("gpuagent.nodefiles")
 
@@ -51,6 +54,27 @@ class CdiTarget:
     hook_path: str = "/usr/bin/nvidia-ctk"
     toolkit_dirs: Sequence[Path] = TOOLKIT_SPEC_DIRS
     kernel_release: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LabelTarget:
+    """Where the feature file goes, and where the host's facts are read."""
+
+    path: Path = DEFAULT_FEATURES_FILE
+    machine_type_file: Path = DEFAULT_MACHINE_TYPE_FILE
+    sysfs_root: Path = Path("/sys")
+
+
+def write_labels(snapshot: Snapshot, resources: ResourceSettings, target: LabelTarget) -> bool:
+    """Bring the feature file in line with ``snapshot``; True if the file changed."""
+    host = read_host_facts(
+        [g.pci_bus_id for g in snapshot.gpus],
+        machine_type_file=target.machine_type_file,
+        sysfs_root=target.sysfs_root,
+    )
+    if snapshot.gpus and host.vgpus is None:
+        log.info("vgpu labels left out: the PCI configuration space is not fully readable")
+    return sync_features(node_labels(snapshot, resources, host=host), target.path)
 
 
 def write_cdi(snapshot: Snapshot, containers: ContainerSettings, target: CdiTarget) -> bool:

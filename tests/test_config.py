@@ -56,8 +56,12 @@ def test_defaults() -> None:
         "shared_devices_allocation_policy": "distributed",
         "cdi_annotation_prefix": "cdi.k8s.io/",
         "cdi_spec_dir": "/var/run/cdi",
+        "cdi_spec": "write",
+        "nvidia_cdi_hook_path": "/usr/bin/nvidia-ctk",
+        "driver_root_ctr_path": None,
         "node_labels": True,
         "node_labels_file": "/etc/kubernetes/node-feature-discovery/features.d/gpuagent",
+        "machine_type_file": "/sys/class/dmi/id/product_name",
     }
 
 
@@ -690,8 +694,12 @@ sharing:
 shared-devices-allocation-policy: packed
 cdi-annotation-prefix: example.com/
 cdi-spec-dir: /etc/cdi
+cdi-spec: toolkit
+nvidia-cdi-hook-path: /usr/local/nvidia/toolkit/nvidia-cdi-hook
+driver-root-ctr-path: /driver-root
 node-labels: false
 node-labels-file: /tmp/features
+machine-type-file: /host/product_name
 """,
     )
     assert load(["--config", str(cfg)]).as_dict() == {
@@ -728,8 +736,12 @@ node-labels-file: /tmp/features
         "shared_devices_allocation_policy": "packed",
         "cdi_annotation_prefix": "example.com/",
         "cdi_spec_dir": "/etc/cdi",
+        "cdi_spec": "toolkit",
+        "nvidia_cdi_hook_path": "/usr/local/nvidia/toolkit/nvidia-cdi-hook",
+        "driver_root_ctr_path": "/driver-root",
         "node_labels": False,
         "node_labels_file": "/tmp/features",
+        "machine_type_file": "/host/product_name",
     }
 
 

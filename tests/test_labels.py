@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from support.nodes import gpu, mig, node
 from gpuagent.domain.devices import Snapshot
 from gpuagent.domain.resources import MigStrategy, ResourceSettings
 from gpuagent.domain.timeslicing import ReplicaRule, TimeSlicing
+from gpuagent.hostfacts import HostFacts, Vgpu
 from gpuagent.labels import arch_family, node_labels, render_features, sync_features
 
 H100_NODE = node(gpu(0, numa=0), gpu(1, numa=1), driver="550.54.15")
@@ -162,10 +164,11 @@ def test_per_gpu_counts_label_the_smallest() -> None:
 
 
 def test_optional_inputs() -> None:
-    labels = node_labels(
-        H100_NODE, cuda_version=(12, 4), machine="DGX H100 (rev 1)", mig_capable=False
-    )
+    snapshot = replace(H100_NODE, driver=replace(H100_NODE.driver, cuda_version=(12, 4)))
+    host = HostFacts(machine="DGX H100 (rev 1)")
+    labels = node_labels(snapshot, host=host, mig_capable=False)
     assert labels["nvidia.com/gpu.machine"] == "DGX-H100-rev-1"
+    assert labels["nvidia.com/gpu.mode"] == "unknown"  # no PCI class read
     assert labels["nvidia.com/mig.capable"] == "false"
     assert {k: v for k, v in labels.items() if "runtime" in k} == {
         "nvidia.com/cuda.runtime.major": "12",
@@ -174,6 +177,29 @@ def test_optional_inputs() -> None:
         "nvidia.com/cuda.runtime-version.minor": "4",
         "nvidia.com/cuda.runtime-version.full": "12.4",
     }
+
+
+@pytest.mark.parametrize(
+    ("pci_class", "mode"),
+    [("0x030200", "compute"), ("0x030000", "graphics"), ("0x038000", "unknown"), ("", "unknown")],
+)
+def test_gpu_mode_from_the_first_gpus_pci_class(pci_class: str, mode: str) -> None:
+    first, second = (g.pci_bus_id for g in H100_NODE.gpus)
+    host = HostFacts(pci_classes={first: pci_class, second: "0x030000"})
+    assert node_labels(H100_NODE, host=host)["nvidia.com/gpu.mode"] == mode
+
+
+def test_vgpu_labels() -> None:
+    host = HostFacts(vgpus=(Vgpu("0000:05:00.0", "460.16", "r460_00"),))
+    labels = node_labels(H100_NODE, host=host)
+    assert {k: v for k, v in labels.items() if "vgpu" in k} == {
+        "nvidia.com/vgpu.present": "true",
+        "nvidia.com/vgpu.host-driver-version": "460.16",
+        "nvidia.com/vgpu.host-driver-branch": "r460_00",
+    }
+    for vgpus in ((), None):
+        labels = node_labels(H100_NODE, host=HostFacts(vgpus=vgpus))
+        assert not any("vgpu" in k for k in labels)
 
 
 @pytest.mark.parametrize(

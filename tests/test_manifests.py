@@ -64,6 +64,8 @@ EXTRA_HOST_DIRS = {
 # Agent settings that are paths but not host paths the DaemonSet must provide.
 NOT_HOST_PATHS = {
     "nvidia_driver_root",  # "/" inside the container: the NVIDIA runtime injects the driver there
+    "driver_root_ctr_path",  # a path inside the container (where the driver root is mounted)
+    "machine_type_file",  # /sys/class/dmi: a container sees the host's sysfs (not namespaced)
     "config_file",
     "sim_config",
     "web_config_file",

@@ -91,6 +91,18 @@ class Telemetry:
 
 
 @dataclass(frozen=True, slots=True)
+class MigAttributes:
+    """What a MIG device holds (NVML ``nvmlDeviceGetAttributes``): SMs and shared engines."""
+
+    multiprocessors: int = 0
+    copy_engines: int = 0
+    decoders: int = 0
+    encoders: int = 0
+    jpeg_engines: int = 0
+    ofa_engines: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class MigDevice:
     """A MIG device: one compute instance inside one GPU instance of a MIG-enabled GPU."""
 
@@ -103,6 +115,8 @@ class MigDevice:
     # The /dev/nvidia-caps nodes a container needs for this device (GI and CI access).
     device_nodes: tuple[str, ...] = ()
     telemetry: Telemetry = Telemetry()
+    # None where the driver does not offer the attributes (GFD's MIG labels then lack them).
+    attributes: MigAttributes | None = None
 
 
 @dataclass(frozen=True, slots=True)

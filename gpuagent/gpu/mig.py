@@ -33,7 +33,7 @@ from typing import Any
 import pynvml
 import structlog
 
-from gpuagent.domain.devices import MigDevice
+from gpuagent.domain.devices import MigAttributes, MigDevice
 
 log = structlog.get_logger("gpuagent.mig")
 
@@ -121,6 +121,18 @@ def mig_profile_name(
     if compute_slices in (0, gpu_slices):
         return f"{gpu_slices}g.{gb}gb{suffix}"
     return f"{compute_slices}c.{gpu_slices}g.{gb}gb{suffix}"
+
+
+def mig_attributes(attrs: Any) -> MigAttributes:
+    """The SMs and shared engines of an ``nvmlDeviceAttributes_t`` (GFD's MIG labels)."""
+    return MigAttributes(
+        multiprocessors=int(attrs.multiprocessorCount),
+        copy_engines=int(attrs.sharedCopyEngineCount),
+        decoders=int(attrs.sharedDecoderCount),
+        encoders=int(attrs.sharedEncoderCount),
+        jpeg_engines=int(attrs.sharedJpegCount),
+        ofa_engines=int(attrs.sharedOfaCount),
+    )
 
 
 def parse_mig_minors(text: str) -> dict[str, int]:
@@ -233,6 +245,7 @@ class _Reader:
             profile=profile,
             memory_mib=memory_mib,
             device_nodes=self._device_nodes(gi, ci),
+            attributes=None if attrs is None else mig_attributes(attrs),
         )
 
     def _attributes(self, mig: Any) -> Any:
