@@ -36,9 +36,11 @@ import pytest
 import yaml
 from support.fake_kubelet import FakeKubelet
 from support.grpcstubs import StubModules
+from support.nodes import gpu, node
 
 from gpuagent.app import plan
 from gpuagent.config import ConfigError, load_settings
+from gpuagent.domain.resources import build_resources
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFESTS = ROOT / "manifests"
@@ -357,6 +359,8 @@ def test_mounts_match_the_paths_the_agent_uses(name: str, tmp_path: Path) -> Non
     host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
     mounted: dict[Path, bool] = {}
     for mount in ctr["volumeMounts"]:
+        if mount["name"] == "driver-root":
+            continue  # the host's driver root, read at driver-root-ctr-path (its own test)
         if mount["name"] in host:
             assert mount["mountPath"] == host[mount["name"]], "host paths keep their path"
             mounted[Path(mount["mountPath"])] = not mount.get("readOnly", False)
@@ -409,8 +413,7 @@ def test_extra_host_dirs_are_the_agents_defaults(
 
 @pytest.mark.parametrize("name", sorted(KUSTOMIZATIONS))
 def test_overlay_config_is_valid_for_the_agent(name: str, tmp_path: Path) -> None:
-    """Key names and values pass the agent's config schema; a mode this version does not run is
-    refused by name ("not supported by this version") rather than silently ignored."""
+    """Key names and values pass the agent's config schema and its checks beyond the syntax."""
     docs = build(name)
     settings = effective_settings(docs, tmp_path)
     assert settings.config_file is not None
@@ -419,9 +422,7 @@ def test_overlay_config_is_valid_for_the_agent(name: str, tmp_path: Path) -> Non
         plan(settings)
     except ConfigError as exc:
         refused = exc
-    if refused is not None:
-        assert "not supported by this version" in refused.reason, refused
-        assert name in {"mig-mixed", "cdi"}, f"{name} should run today: {refused}"
+    assert refused is None, f"{name} does not run: {refused}"
 
 
 def test_overlays_set_their_mode() -> None:
@@ -435,7 +436,31 @@ def test_overlays_set_their_mode() -> None:
     assert config("cdi")["device-list-strategy"] in ("cdi-cri", "cdi-annotations")
     env = manifest_env(container(build("mig-mixed")))
     assert env["NVIDIA_MIG_MONITOR_DEVICES"] == "all"
-    assert "replicas" in config_text(build("time-slicing"))  # documented, commented out for now
+    sharing = config("time-slicing")["sharing"]["timeSlicing"]
+    assert sharing["resources"] == [{"name": "nvidia.com/gpu", "replicas": 4}]
+    cdi = config("cdi")
+    assert (cdi["nvidia-driver-root"], cdi["driver-root-ctr-path"]) == ("/", "/driver-root")
+
+
+def test_time_slicing_overlay_really_slices(tmp_path: Path) -> None:
+    """The overlay's config advertises each GPU four times under nvidia.com/gpu."""
+    settings = effective_settings(build("time-slicing"), tmp_path)
+    resources = build_resources(node(gpu(0), gpu(1)), plan(settings).serving.resources)
+    (resource,) = resources.resources
+    assert resource.name == "nvidia.com/gpu"
+    assert len(resource.devices) == 8
+    assert {d.id.rsplit("::", 1)[1] for d in resource.devices} == {"0", "1", "2", "3"}
+
+
+def test_cdi_overlay_mounts_the_driver_root_where_the_agent_reads_it(tmp_path: Path) -> None:
+    docs = build("cdi")
+    settings = effective_settings(docs, tmp_path)
+    pod = only(docs, "DaemonSet")["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "driver-root"]
+    (mount,) = [m for m in container(docs)["volumeMounts"] if m["name"] == "driver-root"]
+    assert volume["hostPath"]["path"] == str(settings.nvidia_driver_root)
+    assert mount["mountPath"] == str(settings.driver_root_ctr_path)
+    assert mount["readOnly"] is True
 
 
 # ----- Prometheus Operator ------------------------------------------------------------------------
