@@ -1,0 +1,202 @@
+"""ResourceClaims on this node: which of our devices a claim was allocated, and the checkpoint.
+
+The kubelet names a claim (namespace, name, UID) in ``NodePrepareResources``; the claim's
+allocation comes from the API server. :func:`allocated_devices` reads that allocation (the
+``resource.k8s.io/v1`` JSON) and keeps the results of our driver, refusing what this node cannot
+serve with a :class:`ClaimError` whose message goes back to the kubelet and into the pod's events.
+
+A prepared claim is remembered (:class:`PreparedClaim`, serialised by :func:`checkpoint_json`)
+so a second ``NodePrepareResources`` is answered from memory, and ``NodeUnprepareResources``
+needs nothing from the API server — the claim may be gone by then.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "CHECKPOINT_VERSION",
+    "ClaimError",
+    "ClaimRef",
+    "ClaimUnavailable",
+    "PreparedClaim",
+    "PreparedDevice",
+    "allocated_devices",
+    "cdi_id",
+    "cdi_kind",
+    "cdi_name",
+    "checkpoint_json",
+    "claims_from_checkpoint",
+]
+
+CHECKPOINT_VERSION = 1
+
+
+class ClaimError(Exception):
+    """This claim cannot be prepared here; the message says why (it reaches the pod's events)."""
+
+
+class ClaimUnavailable(Exception):
+    """The claim could not be read from the API server (unreachable, forbidden, not found)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRef:
+    """A claim as the kubelet names it."""
+
+    namespace: str
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedDevice:
+    """One allocated device: the requests it serves, where it is, and its CDI device IDs."""
+
+    requests: tuple[str, ...]
+    pool: str
+    device: str
+    cdi_ids: tuple[str, ...]
+    uuid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedClaim:
+    """A claim whose devices are prepared (CDI spec written), as checkpointed."""
+
+    ref: ClaimRef
+    devices: tuple[PreparedDevice, ...]
+
+
+def cdi_kind(driver: str) -> str:
+    """The CDI kind of the per-claim specs: ``k8s.gpu.nvidia.com/claim`` (NVIDIA's, too)."""
+    return f"k8s.{driver}/claim"
+
+
+def cdi_name(claim_uid: str, device: str) -> str:
+    """A claim's device in its CDI spec: ``<claim UID>-<device>``."""
+    return f"{claim_uid}-{device}"
+
+
+def cdi_id(driver: str, claim_uid: str, device: str) -> str:
+    """The fully qualified CDI device ID the container runtime resolves."""
+    return f"{cdi_kind(driver)}={cdi_name(claim_uid, device)}"
+
+
+def _get(obj: object, *path: str) -> object:
+    for key in path:
+        if not isinstance(obj, Mapping):
+            return None
+        obj = obj.get(key)
+    return obj
+
+
+def allocated_devices(
+    claim: Mapping[str, Any],
+    ref: ClaimRef,
+    *,
+    driver: str,
+    pool: str,
+    known: Collection[str],
+) -> list[tuple[str, tuple[str, ...]]]:
+    """``(device name, request names)`` of our driver's results in ``claim``'s allocation.
+
+    Raises :class:`ClaimError` when the claim is not the one the kubelet named (UID), is not
+    allocated, has a result of our driver in another pool, names a device this node does not
+    publish (not ours, or owned by the device plugin), or carries configuration for our driver
+    (gpuagent has no driver-specific settings to apply). Sub-request names are reduced to their
+    request (``gpu/large`` → ``gpu``), as the kubelet expects.
+    """
+    uid = _get(claim, "metadata", "uid")
+    if uid != ref.uid:
+        raise ClaimError(
+            f"claim {ref.namespace}/{ref.name} has UID {uid!r}, not {ref.uid!r}: it was replaced"
+        )
+    allocation = _get(claim, "status", "allocation")
+    if not isinstance(allocation, Mapping):
+        raise ClaimError(f"claim {ref.namespace}/{ref.name} is not allocated")
+    results = _get(allocation, "devices", "results")
+    if not isinstance(results, list):
+        results = []
+    configs = _get(allocation, "devices", "config")
+    for config in configs if isinstance(configs, list) else []:
+        if _get(config, "opaque", "driver") == driver:
+            raise ClaimError(
+                f"claim {ref.namespace}/{ref.name} carries opaque configuration for {driver}, "
+                "which gpuagent does not support"
+            )
+    out: dict[str, list[str]] = {}
+    for result in results:
+        if not isinstance(result, Mapping) or result.get("driver") != driver:
+            continue
+        device, request, where = result.get("device"), result.get("request"), result.get("pool")
+        if not isinstance(device, str) or not isinstance(request, str):
+            raise ClaimError(f"claim {ref.namespace}/{ref.name} has a malformed result {result!r}")
+        if where != pool:
+            raise ClaimError(
+                f"claim {ref.namespace}/{ref.name}: device {device} was allocated from pool "
+                f"{where!r}, not this node's ({pool!r})"
+            )
+        if device not in known:
+            raise ClaimError(
+                f"claim {ref.namespace}/{ref.name}: device {device} is not served by DRA on "
+                "this node"
+            )
+        requests = out.setdefault(device, [])
+        base = request.split("/", 1)[0]
+        if base not in requests:
+            requests.append(base)
+    return [(device, tuple(requests)) for device, requests in out.items()]
+
+
+def checkpoint_json(claims: Mapping[str, PreparedClaim]) -> dict[str, Any]:
+    """The checkpoint document for the prepared claims (keyed by UID)."""
+    return {
+        "version": CHECKPOINT_VERSION,
+        "claims": {
+            uid: {
+                "namespace": c.ref.namespace,
+                "name": c.ref.name,
+                "devices": [
+                    {
+                        "requests": list(d.requests),
+                        "pool": d.pool,
+                        "device": d.device,
+                        "cdi": list(d.cdi_ids),
+                        "uuid": d.uuid,
+                    }
+                    for d in c.devices
+                ],
+            }
+            for uid, c in sorted(claims.items())
+        },
+    }
+
+
+def claims_from_checkpoint(document: object) -> dict[str, PreparedClaim]:
+    """The prepared claims of a checkpoint document; raises :class:`ValueError` if malformed."""
+    if not isinstance(document, Mapping) or document.get("version") != CHECKPOINT_VERSION:
+        raise ValueError(f"not a version {CHECKPOINT_VERSION} checkpoint")
+    claims = document.get("claims")
+    if not isinstance(claims, Mapping):
+        raise ValueError("checkpoint has no claims mapping")  # noqa: TRY004 - one error kind
+    out: dict[str, PreparedClaim] = {}
+    for uid, entry in claims.items():
+        try:
+            ref = ClaimRef(namespace=entry["namespace"], name=entry["name"], uid=uid)
+            devices = tuple(
+                PreparedDevice(
+                    requests=tuple(d["requests"]),
+                    pool=d["pool"],
+                    device=d["device"],
+                    cdi_ids=tuple(d["cdi"]),
+                    uuid=d.get("uuid", ""),
+                )
+                for d in entry["devices"]
+            )
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"checkpoint entry {uid!r} is malformed: {exc!r}") from None
+        out[str(uid)] = PreparedClaim(ref=ref, devices=devices)
+    return out

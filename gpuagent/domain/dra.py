@@ -1,0 +1,421 @@
+"""Dynamic Resource Allocation: which GPUs DRA serves, and the devices this node publishes for it.
+
+A GPU is served by exactly one API: the device plugin (``nvidia.com/gpu``) or DRA
+(``resource.k8s.io/v1``), chosen by ``--dra-gpus`` (:class:`DraGpus`). The DRA side publishes one
+device per GPU, or per MIG device of a GPU in MIG mode under a MIG strategy, in ResourceSlices
+whose pool is the node (:func:`slice_manifests`).
+
+Names and attributes are those of NVIDIA's DRA driver (driver ``gpu.nvidia.com``; attributes
+``type``, ``uuid``, ``productName``, ``architecture``, ``cudaComputeCapability``,
+``driverVersion``, ``cudaDriverVersion``, ``parentUUID``, ``profile``, the standard
+``resource.kubernetes.io/pciBusID`` and ``resource.kubernetes.io/numaNode``; capacity ``memory``
+in bytes), so its DeviceClasses and claims select our devices unchanged. A GPU the health policy
+marks bad is tainted: ``NoSchedule``, or ``NoExecute`` where the GPU needs a reset.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from gpuagent.domain.devices import Condition, Gpu, GpuHealth, MigDevice, Snapshot
+from gpuagent.domain.health import LOST, RECOVERY, ROW_REMAP_PENDING
+from gpuagent.domain.resources import MigStrategy, SettingError
+
+__all__ = [
+    "API_VERSION",
+    "DEFAULT_DRIVER",
+    "MAX_DEVICES_PER_SLICE",
+    "DraDevice",
+    "DraGpus",
+    "Effect",
+    "Taint",
+    "dra_devices",
+    "semver",
+    "slice_manifests",
+    "slice_name",
+]
+
+API_VERSION = "resource.k8s.io/v1"
+DEFAULT_DRIVER = "gpu.nvidia.com"
+PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
+NUMA_NODE = "resource.kubernetes.io/numaNode"
+# The API's limit for a slice whose devices carry taints (128 without).
+MAX_DEVICES_PER_SLICE = 64
+MAX_TAINTS = 4
+MAX_STRING = 64  # an attribute's string or version value
+
+_INDEX = re.compile(r"\d+")
+_DNS_LABEL_CHARS = re.compile(r"[^a-z0-9-]+")
+_LABEL_VALUE_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
+_VERSION_PART = re.compile(r"\d+")
+# Recovery actions after which the GPU must be reset (or the node rebooted) before it is usable.
+_RESET_ACTIONS = frozenset(
+    {"gpu_reset", "node_reboot", "drain_and_reset", "bus_reset", "system_reboot"}
+)
+_RESET_CONDITIONS = frozenset({LOST, ROW_REMAP_PENDING})
+# NVML's architecture names as NVIDIA's DRA driver spells them.
+_ARCHITECTURES = {
+    "kepler": "Kepler",
+    "maxwell": "Maxwell",
+    "pascal": "Pascal",
+    "volta": "Volta",
+    "turing": "Turing",
+    "ampere": "Ampere",
+    "ada": "Ada Lovelace",
+    "ada lovelace": "Ada Lovelace",
+    "ada-lovelace": "Ada Lovelace",
+    "hopper": "Hopper",
+    "blackwell": "Blackwell",
+    "rubin": "Rubin",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class DraGpus:
+    """``--dra-gpus``: ``none`` (the default: every GPU to the device plugin), ``all``, or a
+    list of GPU indexes and UUIDs. A GPU in the list leaves the device plugin's resources."""
+
+    all: bool = False
+    refs: frozenset[str] = frozenset()
+
+    @classmethod
+    def parse(cls, value: str) -> DraGpus:
+        """Parse the setting; raises :class:`SettingError` naming ``dra-gpus``."""
+        text = value.strip()
+        if text.lower() == "none" or not text:
+            return cls()
+        if text.lower() == "all":
+            return cls(all=True)
+        refs = [part.strip() for part in text.split(",")]
+        for ref in refs:
+            if not (_INDEX.fullmatch(ref) or (ref.startswith("GPU-") and len(ref) > 4)):
+                raise SettingError(
+                    "dra-gpus", f"{ref!r} is not none, all, a GPU index or a GPU-… UUID"
+                )
+        twice = sorted({r for r in refs if refs.count(r) > 1})
+        if twice:
+            raise SettingError("dra-gpus", f"listed more than once: {', '.join(twice)}")
+        return cls(refs=frozenset(refs))
+
+    @property
+    def enabled(self) -> bool:
+        return self.all or bool(self.refs)
+
+    def owns(self, gpu: Gpu) -> bool:
+        """Whether DRA serves ``gpu`` (and the device plugin does not)."""
+        return self.all or str(gpu.index) in self.refs or gpu.uuid in self.refs
+
+    def __str__(self) -> str:
+        if self.all:
+            return "all"
+        return ",".join(sorted(self.refs, key=lambda r: (not r.isdigit(), len(r), r))) or "none"
+
+
+class Effect(Enum):
+    """What a device taint does to claims that do not tolerate it."""
+
+    NO_SCHEDULE = "NoSchedule"
+    NO_EXECUTE = "NoExecute"
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    """A device taint: key ``<driver>/<condition>``, the condition's detail as value."""
+
+    key: str
+    value: str
+    effect: Effect
+
+
+@dataclass(frozen=True, slots=True)
+class DraDevice:
+    """One device of the node's pool, as published and as prepared.
+
+    ``uuid`` names the GPU or MIG device (and its CDI device); ``gpu_uuid`` the physical GPU.
+    ``attributes`` map a name to a typed value: ``str``, ``int``, ``bool`` or :class:`Version`.
+    """
+
+    name: str
+    uuid: str
+    gpu_uuid: str
+    gpu_index: int
+    kind: str  # "gpu" or "mig"
+    attributes: Mapping[str, str | int | bool | Version] = field(hash=False)
+    memory_bytes: int = 0
+    taints: tuple[Taint, ...] = ()
+    healthy: bool = True
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Version:
+    """A semantic-version attribute value (``9.0.0``)."""
+
+    text: str
+
+
+def semver(value: str) -> Version | None:
+    """``value`` (``"550.54.15"``, ``"9.0"``, ``"12.4"``) as a semver ``X.Y.Z``, or ``None``.
+
+    Leading zeros are dropped (``535.104.05`` → ``535.104.5``): semver forbids them.
+    """
+    parts = value.strip().split(".")
+    if not 1 <= len(parts) <= 3 or not all(_VERSION_PART.fullmatch(p) for p in parts):
+        return None
+    numbers = [str(int(p)) for p in parts] + ["0"] * (3 - len(parts))
+    return Version(".".join(numbers))
+
+
+def pci_bus_id(value: str) -> str | None:
+    """NVML's bus ID (``00000000:3B:00.0``) in the standard attribute's form
+    (``0000:3b:00.0``), or ``None`` when it cannot be read."""
+    parts = value.strip().lower().split(":")
+    if len(parts) == 2:
+        parts.insert(0, "0")
+    if len(parts) != 3 or "." not in parts[2]:
+        return None
+    device, _, function = parts[2].partition(".")
+    try:
+        domain, bus, dev, fn = (
+            int(parts[0], 16),
+            int(parts[1], 16),
+            int(device, 16),
+            int(function, 16),
+        )
+    except ValueError:
+        return None
+    if domain > 0xFFFF or bus > 0xFF or dev > 0x1F or fn > 0x7:
+        return None
+    return f"{domain:04x}:{bus:02x}:{dev:02x}.{fn:x}"
+
+
+def dns_label(text: str) -> str:
+    """``text`` as a DNS label: lower case, ``[a-z0-9-]``, at most 63 characters."""
+    label = _DNS_LABEL_CHARS.sub("-", text.lower()).strip("-")
+    return label[:63].rstrip("-") or "x"
+
+
+def taints(health: GpuHealth, driver: str) -> tuple[Taint, ...]:
+    """The taints of a device on a GPU with ``health`` (none while healthy).
+
+    One per condition, at most four (the API's limit), each ``NoExecute`` when the GPU needs a
+    reset (lost, a pending row remap, a reset-type recovery action), else ``NoSchedule``.
+    """
+    out: list[Taint] = []
+    for condition in health.conditions[:MAX_TAINTS]:
+        effect = Effect.NO_EXECUTE if _needs_reset(condition) else Effect.NO_SCHEDULE
+        key = f"{driver}/{dns_label(condition.kind.replace('_', '-'))}"
+        out.append(Taint(key=key, value=_label_value(condition.detail), effect=effect))
+    return tuple(out)
+
+
+def _needs_reset(condition: Condition) -> bool:
+    if condition.kind in _RESET_CONDITIONS:
+        return True
+    return condition.kind == RECOVERY and condition.detail in _RESET_ACTIONS
+
+
+def _label_value(text: str) -> str:
+    value = _LABEL_VALUE_CHARS.sub("_", text)[:63]
+    return value.strip("_.-")
+
+
+def _architecture(gpu: Gpu) -> str:
+    name = gpu.architecture.strip()
+    return _ARCHITECTURES.get(name.lower(), name)
+
+
+def _common_attributes(
+    gpu: Gpu, driver_version: str, cuda_version: str
+) -> dict[str, str | int | bool | Version]:
+    attrs: dict[str, str | int | bool | Version] = {}
+    if gpu.name:
+        attrs["productName"] = gpu.name[:MAX_STRING]
+    architecture = _architecture(gpu)
+    if architecture:
+        attrs["architecture"] = architecture[:MAX_STRING]
+    for name, raw in (
+        ("cudaComputeCapability", gpu.compute_capability),
+        ("driverVersion", driver_version),
+        ("cudaDriverVersion", cuda_version),
+    ):
+        version = semver(raw) if raw else None
+        if version is not None:
+            attrs[name] = version
+    bus = pci_bus_id(gpu.pci_bus_id)
+    if bus is not None:
+        attrs[PCI_BUS_ID] = bus
+    if gpu.numa_node is not None:
+        attrs[NUMA_NODE] = gpu.numa_node
+    return attrs
+
+
+def _gpu_device(gpu: Gpu, driver: str, driver_version: str, cuda_version: str) -> DraDevice:
+    attrs: dict[str, str | int | bool | Version] = {
+        "type": "gpu",
+        "uuid": gpu.uuid,
+        "index": gpu.index,
+        "minor": gpu.minor,
+    }
+    attrs.update(_common_attributes(gpu, driver_version, cuda_version))
+    return DraDevice(
+        name=f"gpu-{gpu.minor}",
+        uuid=gpu.uuid,
+        gpu_uuid=gpu.uuid,
+        gpu_index=gpu.index,
+        kind="gpu",
+        attributes=attrs,
+        memory_bytes=gpu.memory_mib * 1024 * 1024,
+        taints=taints(gpu.health, driver),
+        healthy=gpu.health.healthy,
+        reason=gpu.health.reason,
+    )
+
+
+def _mig_device(
+    gpu: Gpu, mig: MigDevice, driver: str, driver_version: str, cuda_version: str
+) -> DraDevice:
+    attrs: dict[str, str | int | bool | Version] = {
+        "type": "mig",
+        "uuid": mig.uuid,
+        "parentUUID": gpu.uuid,
+        "profile": mig.profile[:MAX_STRING],
+        "index": gpu.index,
+        "minor": gpu.minor,
+    }
+    attrs.update(_common_attributes(gpu, driver_version, cuda_version))
+    profile = dns_label(mig.profile.replace(".", "").replace("+", "-"))
+    return DraDevice(
+        name=dns_label(
+            f"gpu-{gpu.minor}-mig-{profile}-{mig.gpu_instance_id}-{mig.compute_instance_id}"
+        ),
+        uuid=mig.uuid,
+        gpu_uuid=gpu.uuid,
+        gpu_index=gpu.index,
+        kind="mig",
+        attributes=attrs,
+        memory_bytes=mig.memory_mib * 1024 * 1024,
+        taints=taints(gpu.health, driver),
+        healthy=gpu.health.healthy,
+        reason=gpu.health.reason,
+    )
+
+
+def dra_devices(
+    snapshot: Snapshot,
+    owned: DraGpus,
+    *,
+    driver: str = DEFAULT_DRIVER,
+    mig_strategy: MigStrategy = MigStrategy.NONE,
+    cuda_version: str = "",
+) -> tuple[DraDevice, ...]:
+    """The DRA devices of the GPUs ``owned`` by DRA, in GPU index order.
+
+    A GPU in MIG mode is published as its MIG devices under the ``single`` and ``mixed``
+    strategies, and not at all under ``none`` (as the device plugin treats it); a GPU in MIG
+    mode with no MIG devices publishes nothing.
+    """
+    out: list[DraDevice] = []
+    version = snapshot.driver.version
+    for gpu in sorted(snapshot.gpus, key=lambda g: g.index):
+        if not owned.owns(gpu):
+            continue
+        if not gpu.mig_enabled:
+            out.append(_gpu_device(gpu, driver, version, cuda_version))
+        elif mig_strategy is not MigStrategy.NONE:
+            out.extend(_mig_device(gpu, m, driver, version, cuda_version) for m in gpu.mig_devices)
+    return tuple(out)
+
+
+def slice_name(node: str, driver: str, index: int) -> str:
+    """The name of the node's ``index``-th slice: ``<node>-<driver>-<index>`` (a DNS subdomain),
+    shortened with a hash when the node's name is long."""
+    name = f"{node}-{driver}-{index}"
+    if len(name) <= 253:
+        return name
+    digest = hashlib.sha256(f"{node}/{driver}".encode()).hexdigest()[:12]
+    return f"{node[:200].rstrip('.-')}-{digest}-{index}"
+
+
+def slice_manifests(
+    devices: Sequence[DraDevice],
+    *,
+    node: str,
+    node_uid: str,
+    driver: str,
+    generation: int,
+) -> list[dict[str, Any]]:
+    """The node's ResourceSlices (``resource.k8s.io/v1``) for ``devices`` at ``generation``.
+
+    Pool = node; owner = the Node (so the slices go when the Node does); at most
+    :data:`MAX_DEVICES_PER_SLICE` devices each. A node without devices publishes one empty
+    slice, so the scheduler knows the pool exists and is empty.
+    """
+    chunks = [
+        list(devices[i : i + MAX_DEVICES_PER_SLICE])
+        for i in range(0, len(devices), MAX_DEVICES_PER_SLICE)
+    ] or [[]]
+    owner = {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid, "controller": True}
+    return [
+        {
+            "apiVersion": API_VERSION,
+            "kind": "ResourceSlice",
+            "metadata": {
+                "name": slice_name(node, driver, index),
+                "labels": {"app.kubernetes.io/managed-by": "gpuagent"},
+                "ownerReferences": [owner],
+            },
+            "spec": {
+                "driver": driver,
+                "nodeName": node,
+                "pool": {
+                    "name": node,
+                    "generation": generation,
+                    "resourceSliceCount": len(chunks),
+                },
+                "devices": [_device_manifest(d) for d in chunk],
+            },
+        }
+        for index, chunk in enumerate(chunks)
+    ]
+
+
+def _device_manifest(device: DraDevice) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "name": device.name,
+        "attributes": {name: _attribute(value) for name, value in device.attributes.items()},
+        "capacity": {"memory": {"value": _quantity(device.memory_bytes)}},
+    }
+    if device.taints:
+        out["taints"] = [
+            {"key": t.key, "effect": t.effect.value, **({"value": t.value} if t.value else {})}
+            for t in device.taints
+        ]
+    return out
+
+
+def _attribute(value: str | int | bool | Version) -> dict[str, Any]:
+    if isinstance(value, Version):
+        return {"version": value.text}
+    if isinstance(value, bool):
+        return {"bool": value}
+    if isinstance(value, int):
+        return {"int": value}
+    return {"string": value}
+
+
+def _quantity(size: int) -> str:
+    """Bytes as a Kubernetes quantity in binary units (``81559Mi``)."""
+    for suffix, unit in (("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)):
+        if size and size % unit == 0:
+            return f"{size // unit}{suffix}"
+    return str(size)
+
+
+def devices_by_name(devices: Iterable[DraDevice]) -> dict[str, DraDevice]:
+    return {d.name: d for d in devices}

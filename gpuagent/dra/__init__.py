@@ -1,0 +1,1 @@
+"""The DRA kubelet plugin: registration with the plugin watcher, the DRA and health services."""

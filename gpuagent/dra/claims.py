@@ -1,0 +1,113 @@
+"""Prepared claims on disk: one CDI spec per claim, and a checkpoint of claim → devices.
+
+Preparing writes the claim's CDI spec first and the checkpoint second; unpreparing removes the
+spec first and the checkpoint entry second. So after a crash at any point, a restarted agent
+either remembers the claim (and answers a repeated prepare from the checkpoint) or has nothing of
+it on disk that an unprepare would not remove: the spec's path is derived from the claim's UID
+alone, and an unprepare of an unknown UID still removes it.
+
+The spec reuses :func:`gpuagent.cdi.build_spec` — the node spec's device edits and common edits
+(device nodes, control nodes, and whatever else the node spec carries) — for the claim's devices
+only, renamed ``<claim UID>-<device>`` under kind ``k8s.<driver>/claim``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from gpuagent.atomicfile import remove_if_present, write_if_changed
+from gpuagent.cdi import build_spec, render_spec
+from gpuagent.domain.claims import (
+    PreparedClaim,
+    cdi_kind,
+    cdi_name,
+    checkpoint_json,
+    claims_from_checkpoint,
+)
+from gpuagent.domain.devices import Snapshot
+
+__all__ = ["CHECKPOINT_FILE", "ClaimFiles", "claim_spec", "with_claim", "without_claim"]
+
+CHECKPOINT_FILE = "checkpoint.json"
+
+
+def claim_spec(
+    snapshot: Snapshot,
+    claim_uid: str,
+    devices: Iterable[tuple[str, str]],
+    *,
+    driver: str,
+    dev_root: str,
+    control_nodes: Iterable[str],
+) -> dict[str, Any]:
+    """The CDI spec of one claim: ``devices`` are ``(device name, GPU or MIG UUID)``.
+
+    Raises :class:`KeyError` for a UUID the snapshot does not know.
+    """
+    wanted = dict(devices)
+    node_spec = build_spec(snapshot, dev_root=dev_root, control_nodes=tuple(control_nodes))
+    by_name = {d["name"]: d for d in (node_spec or {}).get("devices", [])}
+    out = []
+    for name, uuid in wanted.items():
+        device = by_name[uuid]
+        out.append({**device, "name": cdi_name(claim_uid, name)})
+    spec: dict[str, Any] = {
+        "cdiVersion": (node_spec or {}).get("cdiVersion", "0.6.0"),
+        "kind": cdi_kind(driver),
+        "devices": out,
+    }
+    if node_spec is not None and "containerEdits" in node_spec:
+        spec["containerEdits"] = node_spec["containerEdits"]
+    return spec
+
+
+class ClaimFiles:
+    """The checkpoint under ``state_dir`` and the claims' CDI specs under ``cdi_dir``.
+
+    Every method blocks (files are fsynced); the caller runs them off the event loop.
+    """
+
+    def __init__(self, state_dir: Path, cdi_dir: Path, driver: str) -> None:
+        self.checkpoint = state_dir / CHECKPOINT_FILE
+        self._cdi_dir = cdi_dir
+        self._driver = driver
+
+    def spec_path(self, claim_uid: str) -> Path:
+        # CDI's transient spec name: "<vendor>-<class>_<uid>".
+        vendor, _, cls = cdi_kind(self._driver).partition("/")
+        return self._cdi_dir / f"{vendor}-{cls}_{claim_uid}.json"
+
+    def load(self) -> dict[str, PreparedClaim]:
+        """The checkpointed claims; empty when there is no checkpoint. Raises :class:`ValueError`
+        for a checkpoint that cannot be read back (kept for a person to look at)."""
+        try:
+            text = self.checkpoint.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return {}
+        try:
+            return claims_from_checkpoint(json.loads(text))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{self.checkpoint}: {exc}") from None
+
+    def save(self, claims: Mapping[str, PreparedClaim]) -> None:
+        data = (json.dumps(checkpoint_json(claims), indent=1) + "\n").encode()
+        write_if_changed(self.checkpoint, data, mode=0o600)
+
+    def write_spec(self, claim_uid: str, spec: Mapping[str, Any]) -> None:
+        write_if_changed(self.spec_path(claim_uid), render_spec(spec))
+
+    def remove_spec(self, claim_uid: str) -> None:
+        remove_if_present(self.spec_path(claim_uid))
+
+
+def with_claim(
+    claims: Mapping[str, PreparedClaim], claim: PreparedClaim
+) -> dict[str, PreparedClaim]:
+    return {**claims, claim.ref.uid: claim}
+
+
+def without_claim(claims: Mapping[str, PreparedClaim], uid: str) -> dict[str, PreparedClaim]:
+    return {k: v for k, v in claims.items() if k != uid}

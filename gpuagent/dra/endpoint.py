@@ -1,0 +1,194 @@
+"""The DRA plugin's two sockets and its registration with the kubelet's plugin watcher.
+
+``<plugins-dir>/<driver>/dra.sock`` serves the DRA and health services; then
+``<plugins-registry-dir>/<driver>-reg.sock`` serves ``pluginregistration.Registration``. The
+kubelet's plugin watcher finds the registration socket by itself (at start-up and whenever one
+appears), asks ``GetInfo`` and reports its verdict with ``NotifyRegistrationStatus``; there is
+nothing for the plugin to dial. If either socket file disappears (a kubelet that cleans its
+directories, a person), both are served again so the watcher sees a fresh registration socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import stat
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+from grpclib._typing import IServable
+from grpclib.protocol import H2Protocol
+from grpclib.server import Server
+
+from gpuagent._proto import pluginregistration as reg
+
+log = structlog.get_logger("gpuagent.dra.endpoint")
+
+PLUGIN_TYPE = "DRAPlugin"
+SOCKET_MODE = 0o660
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointTiming:
+    """Intervals of the serve-and-watch cycle, injectable so tests never wait on wall time."""
+
+    watch_interval: float = 0.2
+    retry_initial: float = 0.1
+    retry_max: float = 10.0
+    close_timeout: float = 1.0
+
+
+class RegistrationService(reg.RegistrationBase):
+    """``pluginregistration.Registration``: what we are, and the kubelet's verdict."""
+
+    def __init__(
+        self,
+        driver: str,
+        endpoint: Path,
+        services: Sequence[str],
+        on_status: Callable[[bool, str], None],
+    ) -> None:
+        self._info = reg.PluginInfo(
+            type=PLUGIN_TYPE, name=driver, endpoint=str(endpoint), supported_versions=list(services)
+        )
+        self._on_status = on_status
+
+    async def get_info(self, message: reg.InfoRequest) -> reg.PluginInfo:
+        return self._info
+
+    async def notify_registration_status(
+        self, message: reg.RegistrationStatus
+    ) -> reg.RegistrationStatusResponse:
+        self._on_status(message.plugin_registered, message.error[:1024])
+        return reg.RegistrationStatusResponse()
+
+
+class _Server(Server):
+    """grpclib's server, plus closing of its client connections (grpclib#107)."""
+
+    def __init__(self, handlers: Sequence[IServable]) -> None:
+        super().__init__(list(handlers))
+        self._protocols: weakref.WeakSet[H2Protocol] = weakref.WeakSet()
+
+    def _protocol_factory(self) -> H2Protocol:
+        protocol = super()._protocol_factory()
+        self._protocols.add(protocol)
+        return protocol
+
+    def drop_connections(self) -> None:
+        for protocol in list(self._protocols):
+            connection = getattr(protocol, "connection", None)
+            if connection is not None:
+                connection.close()
+
+
+class DraEndpoint:
+    """Serves ``dra.sock`` and ``<driver>-reg.sock`` until cancelled."""
+
+    def __init__(
+        self,
+        services: Sequence[IServable],
+        *,
+        driver: str,
+        supported: Sequence[str],
+        plugins_dir: Path,
+        registry_dir: Path,
+        timing: EndpointTiming = EndpointTiming(),
+        on_state: Callable[[], None] | None = None,
+    ) -> None:
+        self._services = services
+        self.driver = driver
+        self.dra_socket = plugins_dir / driver / "dra.sock"
+        self.registration_socket = registry_dir / f"{driver}-reg.sock"
+        self._supported = tuple(supported)
+        self._timing = timing
+        self._on_state = on_state
+        self._servers: list[tuple[_Server, Path, SocketId | None]] = []
+        self.registered = False
+        self.registrations = 0
+        self.last_error = ""
+
+    def _status(self, registered: bool, error: str) -> None:
+        self.registered = registered
+        if registered:
+            self.registrations += 1
+            self.last_error = ""
+            log.info("registered with the kubelet as a DRA driver", driver=self.driver)
+        else:
+            self.last_error = f"kubelet refused the DRA plugin: {error}"
+            log.error("dra registration refused", error=error)
+        if self._on_state is not None:
+            self._on_state()
+
+    async def run(self) -> None:
+        retry = self._timing.retry_initial
+        try:
+            while True:
+                try:
+                    await self._serve()
+                    retry = self._timing.retry_initial
+                    await self._watch()
+                    log.info("a dra socket disappeared; serving again")
+                except OSError as exc:
+                    self.last_error = f"cannot serve the DRA sockets: {exc}"
+                    log.error("dra endpoint failed; retrying", error=self.last_error)
+                    await asyncio.sleep(retry)
+                    retry = min(retry * 2, self._timing.retry_max)
+                finally:
+                    self.registered = False
+                    if self._on_state is not None:
+                        self._on_state()
+                    await self._close()
+        finally:
+            await self._close()
+
+    async def _serve(self) -> None:
+        registration = RegistrationService(
+            self.driver, self.dra_socket, self._supported, self._status
+        )
+        # The service socket first: the watcher may call GetInfo the moment the other appears.
+        for handlers, path in (
+            (self._services, self.dra_socket),
+            ([registration], self.registration_socket),
+        ):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            server = _Server(handlers)
+            await server.start(path=str(path))
+            os.chmod(path, SOCKET_MODE)
+            self._servers.append((server, path, _socket_id(path)))
+            log.info("serving", socket=str(path))
+
+    async def _watch(self) -> None:
+        while all(_socket_id(path) == ident for _, path, ident in self._servers):  # noqa: ASYNC110
+            await asyncio.sleep(self._timing.watch_interval)
+
+    async def _close(self) -> None:
+        servers, self._servers = self._servers, []
+        for server, path, ident in reversed(servers):
+            server.close()
+            await asyncio.sleep(0)
+            server.drop_connections()
+            try:
+                await asyncio.wait_for(server.wait_closed(), self._timing.close_timeout)
+            except TimeoutError:
+                log.warning("dra server did not close in time", socket=str(path))
+            with contextlib.suppress(FileNotFoundError):
+                if ident is not None and _socket_id(path) == ident:
+                    path.unlink()
+
+
+SocketId = tuple[int, int, int]
+
+
+def _socket_id(path: Path) -> SocketId | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_ctime_ns) if stat.S_ISSOCK(st.st_mode) else None

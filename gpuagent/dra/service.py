@@ -1,0 +1,429 @@
+"""The DRA services the kubelet calls on ``dra.sock``: prepare and unprepare claims (v1 and
+v1beta1, one implementation), and device health (``NodeWatchResources``, v1 and v1alpha1).
+
+Handlers never raise anything but :class:`grpclib.GRPCError`: a claim that cannot be prepared is
+answered with its own ``error`` (the kubelet retries it and shows the text in the pod's events);
+the other claims of the same request are prepared regardless.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from gpuagent._proto import v1 as health_v1
+from gpuagent._proto import v1alpha1 as health_v1alpha1
+from gpuagent._proto.k8s.io.kubelet.pkg.apis.dra import v1 as dra_v1
+from gpuagent._proto.k8s.io.kubelet.pkg.apis.dra import v1beta1 as dra_v1beta1
+from gpuagent.domain.claims import (
+    ClaimError,
+    ClaimRef,
+    ClaimUnavailable,
+    PreparedClaim,
+    PreparedDevice,
+    allocated_devices,
+    cdi_id,
+)
+from gpuagent.domain.devices import Snapshot
+from gpuagent.domain.dra import DraDevice
+from gpuagent.domain.store import DeviceStore
+from gpuagent.dra.claims import ClaimFiles, claim_spec, with_claim, without_claim
+
+log = structlog.get_logger("gpuagent.dra")
+
+# Services for the plugin watcher's GetInfo: "<gRPC package>.<service>", preferred first.
+SUPPORTED_SERVICES = (
+    "v1.DRAPlugin",
+    "v1beta1.DRAPlugin",
+    "v1.DRAResourceHealth",
+    "v1alpha1.DRAResourceHealth",
+)
+MAX_HEALTH_MESSAGE = 1024
+MAX_ERROR = 1024
+
+ClaimReader = Callable[[str, str], Awaitable[Mapping[str, Any]]]
+DeviceSource = Callable[[Snapshot], tuple[DraDevice, ...]]
+
+
+@dataclass
+class DraStats:
+    """Counters of the DRA side (exported, and read by the benchmark)."""
+
+    prepares: int = 0
+    prepare_errors: int = 0
+    unprepares: int = 0
+    # Time spent in NodePrepareResources per claim, without the API server read.
+    prepare_seconds: list[float] = field(default_factory=list)
+    api_read_seconds: list[float] = field(default_factory=list)
+
+    def record(self, samples: list[float], seconds: float) -> None:
+        if len(samples) < 100_000:
+            samples.append(seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class DraConfig:
+    """What the DRA side serves under: driver name, the node's pool, CDI edits' inputs."""
+
+    driver: str
+    pool: str
+    dev_root: str = "/"
+    control_nodes: tuple[str, ...] = ()
+    health_timeout_s: int = 60
+
+
+class ClaimPreparer:
+    """Prepares and unprepares claims, one operation at a time, remembered on disk."""
+
+    def __init__(
+        self,
+        store: DeviceStore,
+        devices: DeviceSource,
+        read_claim: ClaimReader,
+        files: ClaimFiles,
+        config: DraConfig,
+        *,
+        stats: DraStats | None = None,
+    ) -> None:
+        self._store = store
+        self._devices = devices
+        self._read_claim = read_claim
+        self._files = files
+        self._config = config
+        self.stats = stats or DraStats()
+        self._lock = asyncio.Lock()
+        self.claims: dict[str, PreparedClaim] = {}
+
+    async def load(self) -> None:
+        """Read the checkpoint (a restart keeps every prepared claim). A checkpoint that cannot
+        be read is logged and set aside: claims are then prepared again from the API server."""
+        try:
+            self.claims = await asyncio.to_thread(self._files.load)
+        except (ValueError, OSError) as exc:
+            log.error("dra checkpoint unreadable; starting empty", error=str(exc))
+            self.claims = {}
+        log.info("dra claims restored", claims=len(self.claims))
+
+    async def prepare(self, ref: ClaimRef) -> PreparedClaim:
+        """The claim's devices, prepared; raises :class:`ClaimError`."""
+        async with self._lock:
+            known = self.claims.get(ref.uid)
+            if known is not None:
+                return known
+            started = time.perf_counter()
+            try:
+                claim = await self._read_claim(ref.namespace, ref.name)
+            except ClaimUnavailable as exc:
+                raise ClaimError(f"reading claim {ref.namespace}/{ref.name}: {exc}") from None
+            read = time.perf_counter() - started
+            self.stats.record(self.stats.api_read_seconds, read)
+            snapshot = self._store.snapshot
+            devices = {d.name: d for d in self._devices(snapshot)}
+            chosen = allocated_devices(
+                claim, ref, driver=self._config.driver, pool=self._config.pool, known=devices
+            )
+            prepared = PreparedClaim(
+                ref=ref,
+                devices=tuple(
+                    PreparedDevice(
+                        requests=requests,
+                        pool=self._config.pool,
+                        device=name,
+                        cdi_ids=(cdi_id(self._config.driver, ref.uid, name),),
+                        uuid=devices[name].uuid,
+                    )
+                    for name, requests in chosen
+                ),
+            )
+            spec = claim_spec(
+                snapshot,
+                ref.uid,
+                [(d.device, d.uuid) for d in prepared.devices],
+                driver=self._config.driver,
+                dev_root=self._config.dev_root,
+                control_nodes=self._config.control_nodes,
+            )
+            claims = with_claim(self.claims, prepared)
+            try:
+                await asyncio.to_thread(self._write, ref.uid, spec, claims)
+            except OSError as exc:
+                raise ClaimError(f"writing the claim's CDI spec or checkpoint: {exc}") from None
+            self.claims = claims
+            self.stats.record(self.stats.prepare_seconds, time.perf_counter() - started - read)
+            log.info(
+                "claim prepared",
+                claim=f"{ref.namespace}/{ref.name}",
+                uid=ref.uid,
+                devices=[d.device for d in prepared.devices],
+            )
+            return prepared
+
+    def _write(
+        self, uid: str, spec: Mapping[str, Any], claims: Mapping[str, PreparedClaim]
+    ) -> None:
+        self._files.write_spec(uid, spec)
+        self._files.save(claims)
+
+    async def unprepare(self, ref: ClaimRef) -> None:
+        """Forget the claim and remove its CDI spec; a claim never prepared is not an error."""
+        async with self._lock:
+            claims = without_claim(self.claims, ref.uid)
+            try:
+                await asyncio.to_thread(self._remove, ref.uid, claims)
+            except OSError as exc:
+                raise ClaimError(
+                    f"removing the claim's CDI spec or checkpoint entry: {exc}"
+                ) from None
+            if ref.uid in self.claims:
+                log.info("claim unprepared", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid)
+            self.claims = claims
+
+    def _remove(self, uid: str, claims: Mapping[str, PreparedClaim]) -> None:
+        self._files.remove_spec(uid)
+        self._files.save(claims)
+
+
+def _ref(claim: dra_v1.Claim | dra_v1beta1.Claim) -> ClaimRef:
+    return ClaimRef(namespace=claim.namespace, name=claim.name, uid=claim.uid)
+
+
+def _check(ref: ClaimRef) -> None:
+    if not ref.uid or not ref.name or not ref.namespace:
+        raise ClaimError(f"claim {ref!r} lacks a namespace, name or UID")
+
+
+def _bounded(text: str) -> str:
+    return text if len(text) <= MAX_ERROR else f"{text[:MAX_ERROR]}… (truncated)"
+
+
+class DraPluginV1(dra_v1.DraPluginBase):
+    """``k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin``."""
+
+    def __init__(self, preparer: ClaimPreparer) -> None:
+        self._preparer = preparer
+
+    async def node_prepare_resources(
+        self, message: dra_v1.NodePrepareResourcesRequest
+    ) -> dra_v1.NodePrepareResourcesResponse:
+        out: dict[str, dra_v1.NodePrepareResourceResponse] = {}
+        for claim in message.claims:
+            ref = _ref(claim)
+            stats = self._preparer.stats
+            try:
+                _check(ref)
+                prepared = await self._preparer.prepare(ref)
+            except ClaimError as exc:
+                stats.prepare_errors += 1
+                log.warning("claim not prepared", uid=ref.uid, error=str(exc))
+                out[ref.uid] = dra_v1.NodePrepareResourceResponse(error=_bounded(str(exc)))
+                continue
+            stats.prepares += 1
+            out[ref.uid] = dra_v1.NodePrepareResourceResponse(
+                devices=[
+                    dra_v1.Device(
+                        request_names=list(d.requests),
+                        pool_name=d.pool,
+                        device_name=d.device,
+                        cdi_device_ids=list(d.cdi_ids),
+                    )
+                    for d in prepared.devices
+                ]
+            )
+        return dra_v1.NodePrepareResourcesResponse(claims=out)
+
+    async def node_unprepare_resources(
+        self, message: dra_v1.NodeUnprepareResourcesRequest
+    ) -> dra_v1.NodeUnprepareResourcesResponse:
+        out: dict[str, dra_v1.NodeUnprepareResourceResponse] = {}
+        for claim in message.claims:
+            ref = _ref(claim)
+            try:
+                _check(ref)
+                await self._preparer.unprepare(ref)
+            except ClaimError as exc:
+                log.warning("claim not unprepared", uid=ref.uid, error=str(exc))
+                out[ref.uid] = dra_v1.NodeUnprepareResourceResponse(error=_bounded(str(exc)))
+                continue
+            self._preparer.stats.unprepares += 1
+            out[ref.uid] = dra_v1.NodeUnprepareResourceResponse()
+        return dra_v1.NodeUnprepareResourcesResponse(claims=out)
+
+
+class DraPluginV1Beta1(dra_v1beta1.DraPluginBase):
+    """``k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin``: the same service, older messages."""
+
+    def __init__(self, v1: DraPluginV1) -> None:
+        self._v1 = v1
+
+    async def node_prepare_resources(
+        self, message: dra_v1beta1.NodePrepareResourcesRequest
+    ) -> dra_v1beta1.NodePrepareResourcesResponse:
+        request = dra_v1.NodePrepareResourcesRequest(
+            claims=[
+                dra_v1.Claim(namespace=c.namespace, uid=c.uid, name=c.name) for c in message.claims
+            ]
+        )
+        response = await self._v1.node_prepare_resources(request)
+        return dra_v1beta1.NodePrepareResourcesResponse(
+            claims={
+                uid: dra_v1beta1.NodePrepareResourceResponse(
+                    error=r.error,
+                    devices=[
+                        dra_v1beta1.Device(
+                            request_names=d.request_names,
+                            pool_name=d.pool_name,
+                            device_name=d.device_name,
+                            cdi_device_ids=d.cdi_device_ids,
+                        )
+                        for d in r.devices
+                    ],
+                )
+                for uid, r in response.claims.items()
+            }
+        )
+
+    async def node_unprepare_resources(
+        self, message: dra_v1beta1.NodeUnprepareResourcesRequest
+    ) -> dra_v1beta1.NodeUnprepareResourcesResponse:
+        request = dra_v1.NodeUnprepareResourcesRequest(
+            claims=[
+                dra_v1.Claim(namespace=c.namespace, uid=c.uid, name=c.name) for c in message.claims
+            ]
+        )
+        response = await self._v1.node_unprepare_resources(request)
+        return dra_v1beta1.NodeUnprepareResourcesResponse(
+            claims={
+                uid: dra_v1beta1.NodeUnprepareResourceResponse(error=r.error)
+                for uid, r in response.claims.items()
+            }
+        )
+
+
+HealthList = tuple[tuple[str, bool, str], ...]
+
+
+class DeviceHealthStreams:
+    """What both health services send: every DRA device's health, as a full list, now and
+    whenever it changes, and again every ``resend_s`` so the kubelet's timeout never fires."""
+
+    def __init__(
+        self,
+        store: DeviceStore,
+        devices: DeviceSource,
+        config: DraConfig,
+        stopping: asyncio.Event,
+        *,
+        resend_s: float = 20.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self._devices = devices
+        self._config = config
+        self._stopping = stopping
+        self._resend_s = resend_s
+        self._clock = clock
+        self.open_streams = 0
+
+    def current(self, snapshot: Snapshot) -> HealthList:
+        return tuple((d.name, d.healthy, d.reason) for d in self._devices(snapshot))
+
+    async def updates(self) -> AsyncIterator[HealthList]:
+        """The health list now, then on every change (or resend); ends when the agent stops."""
+        self.open_streams += 1
+        stop = asyncio.ensure_future(self._stopping.wait())
+        try:
+            snapshot = self._store.snapshot
+            sent = self.current(snapshot)
+            yield sent
+            while True:
+                newer = asyncio.ensure_future(self._store.wait_newer(snapshot.version))
+                await asyncio.wait(
+                    {newer, stop}, timeout=self._resend_s, return_when=asyncio.FIRST_COMPLETED
+                )
+                if stop.done():
+                    newer.cancel()
+                    return
+                if newer.done():
+                    snapshot = newer.result()
+                    current = self.current(snapshot)
+                    if current == sent:
+                        continue
+                    sent = current
+                else:
+                    newer.cancel()
+                yield sent
+        finally:
+            stop.cancel()
+            self.open_streams -= 1
+
+    def now(self) -> int:
+        return int(self._clock())
+
+    @property
+    def pool(self) -> str:
+        return self._config.pool
+
+    @property
+    def timeout_s(self) -> int:
+        return self._config.health_timeout_s
+
+
+class HealthV1(health_v1.DraResourceHealthBase):
+    """``v1.DRAResourceHealth``."""
+
+    def __init__(self, streams: DeviceHealthStreams) -> None:
+        self._streams = streams
+
+    async def node_watch_resources(
+        self, message: health_v1.NodeWatchResourcesRequest
+    ) -> AsyncIterator[health_v1.NodeWatchResourcesResponse]:
+        pool, timeout = self._streams.pool, self._streams.timeout_s
+        async for devices in self._streams.updates():
+            now = self._streams.now()
+            yield health_v1.NodeWatchResourcesResponse(
+                devices=[
+                    health_v1.DeviceHealth(
+                        device=health_v1.DeviceIdentifier(pool_name=pool, device_name=name),
+                        health=health_v1.HealthStatus.HEALTHY
+                        if healthy
+                        else health_v1.HealthStatus.UNHEALTHY,
+                        last_updated_time=now,
+                        health_check_timeout_seconds=timeout,
+                        message=reason[:MAX_HEALTH_MESSAGE],
+                    )
+                    for name, healthy, reason in devices
+                ]
+            )
+
+
+class HealthV1Alpha1(health_v1alpha1.DraResourceHealthBase):
+    """``v1alpha1.DRAResourceHealth`` (kubelets before the v1 health API)."""
+
+    def __init__(self, streams: DeviceHealthStreams) -> None:
+        self._streams = streams
+
+    async def node_watch_resources(
+        self, message: health_v1alpha1.NodeWatchResourcesRequest
+    ) -> AsyncIterator[health_v1alpha1.NodeWatchResourcesResponse]:
+        pool, timeout = self._streams.pool, self._streams.timeout_s
+        async for devices in self._streams.updates():
+            now = self._streams.now()
+            yield health_v1alpha1.NodeWatchResourcesResponse(
+                devices=[
+                    health_v1alpha1.DeviceHealth(
+                        device=health_v1alpha1.DeviceIdentifier(pool_name=pool, device_name=name),
+                        health=health_v1alpha1.HealthStatus.HEALTHY
+                        if healthy
+                        else health_v1alpha1.HealthStatus.UNHEALTHY,
+                        last_updated_time=now,
+                        health_check_timeout_seconds=timeout,
+                        message=reason[:MAX_HEALTH_MESSAGE],
+                    )
+                    for name, healthy, reason in devices
+                ]
+            )

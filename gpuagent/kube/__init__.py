@@ -1,0 +1,1 @@
+"""The Kubernetes API adapter (DRA only): ResourceClaims read, ResourceSlices published."""
