@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -28,6 +29,7 @@ from gpuagent.domain.containers import (
 )
 from gpuagent.domain.counters import AgentCounters, NvmlCallStats, PodResourcesStats
 from gpuagent.domain.devices import IdStrategy
+from gpuagent.domain.dra import DraGpus, DraPlan
 from gpuagent.domain.errors import SettingError
 from gpuagent.domain.health import HealthCheckSpecError, HealthPolicy
 from gpuagent.domain.naming import socket_name
@@ -47,6 +49,9 @@ from gpuagent.nodefiles import TOOLKIT, CdiTarget, LabelTarget, write_cdi, write
 from gpuagent.web.metrics import MetricsRenderer
 from gpuagent.web.server import HttpServer, build_app
 from gpuagent.web.webconfig import WebConfigError, WebConfigFile
+
+if TYPE_CHECKING:
+    from gpuagent.draplugin import DraSide
 
 log = structlog.get_logger("gpuagent")
 
@@ -74,6 +79,7 @@ class Plan:
 
     serving: ServingPolicy
     health: HealthPolicy
+    dra: DraPlan = field(default_factory=DraPlan)
 
 
 def plan(settings: Settings, *, control_nodes: tuple[str, ...] | None = None) -> Plan:
@@ -109,10 +115,16 @@ def plan(settings: Settings, *, control_nodes: tuple[str, ...] | None = None) ->
                 cdi_kind=TOOLKIT_CDI_KIND if settings.cdi_spec == TOOLKIT else CDI_KIND,
             ),
             shared_allocation=SharedAllocationPolicy(settings.shared_devices_allocation_policy),
+            dra_gpus=DraGpus.parse(settings.dra_gpus),
         )
     except SettingError as exc:
         raise ConfigError(exc.key, exc.reason) from exc
-    return Plan(serving=serving, health=health)
+    dra = DraPlan(
+        gpus=serving.dra_gpus,
+        driver=settings.dra_driver_name,
+        mig_strategy=serving.resources.mig_strategy,
+    )
+    return Plan(serving=serving, health=health, dra=dra)
 
 
 def driver_root_as_read(settings: Settings) -> Path:
@@ -238,6 +250,8 @@ class Agent:
         nvml_call_timeout: float = 10.0,
         settings_source: Callable[[], Settings] | None = None,
         config_poll_interval: float = 2.0,
+        node_name: str | None = None,
+        dra_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.settings = settings
         self._nvml_call_timeout = nvml_call_timeout
@@ -266,6 +280,8 @@ class Agent:
         self._resources_changed = asyncio.Event()
         self._settings_source = settings_source
         self._config_poll_interval = config_poll_interval
+        self.node_name = node_name or os.environ.get("NODE_NAME") or self._hostname
+        self.dra = self._dra_side(dra_options or {}) if self.plan.dra.gpus.enabled else None
 
     # ----- probes ------------------------------------------------------------------------------
     def liveness(self) -> str | None:
@@ -286,6 +302,8 @@ class Agent:
                 f"{e.resource_name}: {e.last_error}" for e in missing if e.last_error
             )
             return "not registered with the kubelet" + (f": {detail}" if detail else "")
+        if self.dra is not None:
+            return self.dra.readiness()
         return None
 
     @property
@@ -307,7 +325,30 @@ class Agent:
             )
             if self.monitor is not None
             else (),
+            dra=self.dra.counters() if self.dra is not None else None,
         )
+
+    def _dra_side(self, options: Mapping[str, Any]) -> DraSide:
+        """The DRA side (imported only when DRA is on: its API client costs memory)."""
+        from gpuagent.draplugin import DraSide, KubeConfigError  # noqa: PLC0415
+
+        containers = self.plan.serving.containers
+        try:
+            return DraSide(
+                self.store,
+                self.plan.dra,
+                node=self.node_name,
+                plugins_dir=self.settings.plugins_dir,
+                registry_dir=self.settings.plugins_registry_dir,
+                cdi_dir=self.settings.cdi_spec_dir,
+                kubeconfig=self.settings.kubeconfig,
+                stopping=self.stopping,
+                dev_root=containers.dev_root,
+                control_nodes=containers.control_nodes,
+                **options,
+            )
+        except KubeConfigError as exc:
+            raise ConfigError("kubeconfig", str(exc)) from exc
 
     def _on_allocate(self, seconds: float) -> None:
         self.stats.on_allocate(seconds)
@@ -359,6 +400,9 @@ class Agent:
             self._spawn("pod-resources", self.pod_resources.run())
             self._spawn("node-files", self._write_node_files())
             self._spawn("config-watch", self._watch_config_file())
+            if self.dra is not None:
+                for name, task in self.dra.tasks().items():
+                    self._spawn(name, task())
             self.started.set()
             await self._supervise(stop)
         finally:
@@ -466,11 +510,20 @@ class Agent:
         is then not applied at all.
         """
         new_plan = plan(settings)
+        # Which GPUs DRA serves, and as which driver, needs a restart: keep the running split so
+        # a GPU never shows up in both APIs (or in neither).
+        new_plan = replace(
+            new_plan,
+            serving=replace(new_plan.serving, dra_gpus=self.plan.serving.dra_gpus),
+            dra=replace(self.plan.dra, mig_strategy=new_plan.dra.mig_strategy),
+        )
         live = _LIVE_KEYS
         old, new = self.settings.as_dict(), settings.as_dict()
         restart = sorted(k for k in new if k not in live and new[k] != old[k])
         self.plan = new_plan
         self.view.set_policy(new_plan.serving)
+        if self.dra is not None:
+            self.dra.set_plan(new_plan.dra)
         if self.monitor is not None:
             self.monitor.set_policy(new_plan.health)
         self.settings = replace(self.settings, **{k: getattr(settings, k) for k in live})
@@ -579,6 +632,8 @@ class Agent:
             for task in hung:
                 log.warning("task did not stop in time", task=task.get_name())
         await monitor.close()
+        if self.dra is not None:
+            await self.dra.close()
         if self.http is not None:
             await self.http.close()
         if self.simulator is not None:

@@ -84,6 +84,11 @@ class Settings:
     node_labels: bool
     node_labels_file: Path
     machine_type_file: Path
+    dra_gpus: str = "none"
+    dra_driver_name: str = "gpu.nvidia.com"
+    plugins_registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
+    plugins_dir: Path = Path("/var/lib/kubelet/plugins")
+    kubeconfig: Path | None = None
 
     def as_dict(self) -> dict[str, object]:
         """Return the settings as JSON-friendly values: paths as strings, tuples as lists."""
@@ -515,6 +520,63 @@ MACHINE_TYPE_FILE = _Option(
     env_aliases=("GFD_MACHINE_TYPE_FILE",),
 )
 
+
+def _parse_dra_gpus(raw: object) -> str:
+    if isinstance(raw, list):
+        items = [str(item) for item in raw if not isinstance(item, bool)]
+        if len(items) != len(raw) or not items:
+            raise _Invalid("expected none, all or a list of GPU indexes and UUIDs")
+        return ",".join(items)
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        return str(raw)
+    text = _text(raw).strip()
+    if not text:
+        raise _Invalid("must not be empty (none, all, or GPU indexes and UUIDs)")
+    return text
+
+
+def _parse_driver_name(raw: object) -> str:
+    name = _text(raw)
+    if len(name) > 63 or not _DNS_SUBDOMAIN_RE.fullmatch(name):
+        raise _Invalid(f"must be a lower-case DNS subdomain of at most 63 characters, got {name!r}")
+    return name
+
+
+DRA_GPUS = _Option(
+    "dra-gpus",
+    _parse_dra_gpus,
+    "GPUs served through Dynamic Resource Allocation instead of the device plugin: none, all, "
+    "or a comma list of GPU indexes and UUIDs (default none)",
+    "none|all|LIST",
+)
+DRA_DRIVER_NAME = _Option(
+    "dra-driver-name",
+    _parse_driver_name,
+    "the DRA driver name; NVIDIA's by default, so its DeviceClasses and claims select our "
+    "devices (default gpu.nvidia.com)",
+    "NAME",
+)
+PLUGINS_REGISTRY_DIR = _Option(
+    "plugins-registry-dir",
+    _parse_path,
+    "where the DRA registration socket <driver>-reg.sock is created "
+    "(default /var/lib/kubelet/plugins_registry)",
+    "DIR",
+)
+PLUGINS_DIR = _Option(
+    "plugins-dir",
+    _parse_path,
+    "the DRA service socket is <DIR>/<driver>/dra.sock, beside the claims' checkpoint "
+    "(default /var/lib/kubelet/plugins)",
+    "DIR",
+)
+KUBECONFIG = _Option(
+    "kubeconfig",
+    _parse_path,
+    "API server access for DRA (default: the pod's in-cluster service account)",
+    "FILE",
+)
+
 OPTIONS: tuple[_Option[Any], ...] = (
     SOCKET_DIR,
     KUBELET_SOCKET,
@@ -549,6 +611,11 @@ OPTIONS: tuple[_Option[Any], ...] = (
     NODE_LABELS,
     NODE_LABELS_FILE,
     MACHINE_TYPE_FILE,
+    DRA_GPUS,
+    DRA_DRIVER_NAME,
+    PLUGINS_REGISTRY_DIR,
+    PLUGINS_DIR,
+    KUBECONFIG,
 )
 FILE_KEYS = tuple(opt.name for opt in OPTIONS if opt.in_file)
 
@@ -771,4 +838,11 @@ def load_settings(
             Path("/etc/kubernetes/node-feature-discovery/features.d/gpuagent"),
         ),
         machine_type_file=sources.get(MACHINE_TYPE_FILE, Path("/sys/class/dmi/id/product_name")),
+        dra_gpus=sources.get(DRA_GPUS, "none"),
+        dra_driver_name=sources.get(DRA_DRIVER_NAME, "gpu.nvidia.com"),
+        plugins_registry_dir=sources.get(
+            PLUGINS_REGISTRY_DIR, Path("/var/lib/kubelet/plugins_registry")
+        ),
+        plugins_dir=sources.get(PLUGINS_DIR, Path("/var/lib/kubelet/plugins")),
+        kubeconfig=sources.get(KUBECONFIG, None),
     )

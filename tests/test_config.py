@@ -62,6 +62,11 @@ def test_defaults() -> None:
         "node_labels": True,
         "node_labels_file": "/etc/kubernetes/node-feature-discovery/features.d/gpuagent",
         "machine_type_file": "/sys/class/dmi/id/product_name",
+        "dra_gpus": "none",
+        "dra_driver_name": "gpu.nvidia.com",
+        "plugins_registry_dir": "/var/lib/kubelet/plugins_registry",
+        "plugins_dir": "/var/lib/kubelet/plugins",
+        "kubeconfig": None,
     }
 
 
@@ -700,6 +705,11 @@ driver-root-ctr-path: /driver-root
 node-labels: false
 node-labels-file: /tmp/features
 machine-type-file: /host/product_name
+dra-gpus: [0, GPU-abc]
+dra-driver-name: gpu.example.com
+plugins-registry-dir: /pr
+plugins-dir: /p
+kubeconfig: /etc/kube.conf
 """,
     )
     assert load(["--config", str(cfg)]).as_dict() == {
@@ -742,6 +752,11 @@ machine-type-file: /host/product_name
         "node_labels": False,
         "node_labels_file": "/tmp/features",
         "machine_type_file": "/host/product_name",
+        "dra_gpus": "0,GPU-abc",
+        "dra_driver_name": "gpu.example.com",
+        "plugins_registry_dir": "/pr",
+        "plugins_dir": "/p",
+        "kubeconfig": "/etc/kube.conf",
     }
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["AgentCounters", "NvmlCallStats", "PodResourcesStats"]
+__all__ = ["AgentCounters", "DraCounters", "NvmlCallStats", "PodResourcesStats"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +29,22 @@ class NvmlCallStats:
 
 
 @dataclass(frozen=True, slots=True)
+class DraCounters:
+    """The DRA side: the API server as last seen, slices written, the kubelet plugin, claims."""
+
+    api_up: bool = False
+    api_errors: int = 0
+    slice_writes: int = 0
+    slice_generation: int = 0
+    devices: int = 0
+    registered: bool = False
+    prepared_claims: int = 0
+    prepares: int = 0
+    prepare_errors: int = 0
+    unprepares: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class AgentCounters:
     """The agent's own counters that live outside the device snapshot."""
 
@@ -36,3 +52,4 @@ class AgentCounters:
     allocations: int = 0
     pod_resources: PodResourcesStats | None = None
     nvml: tuple[NvmlCallStats, ...] = ()
+    dra: DraCounters | None = None

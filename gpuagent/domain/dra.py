@@ -23,8 +23,9 @@ from enum import Enum
 from typing import Any
 
 from gpuagent.domain.devices import Condition, Gpu, GpuHealth, MigDevice, Snapshot
+from gpuagent.domain.errors import SettingError
 from gpuagent.domain.health import LOST, RECOVERY, ROW_REMAP_PENDING
-from gpuagent.domain.resources import MigStrategy, SettingError
+from gpuagent.domain.resources import MigStrategy
 
 __all__ = [
     "API_VERSION",
@@ -32,6 +33,7 @@ __all__ = [
     "MAX_DEVICES_PER_SLICE",
     "DraDevice",
     "DraGpus",
+    "DraPlan",
     "Effect",
     "Taint",
     "dra_devices",
@@ -312,7 +314,6 @@ def dra_devices(
     *,
     driver: str = DEFAULT_DRIVER,
     mig_strategy: MigStrategy = MigStrategy.NONE,
-    cuda_version: str = "",
 ) -> tuple[DraDevice, ...]:
     """The DRA devices of the GPUs ``owned`` by DRA, in GPU index order.
 
@@ -322,6 +323,8 @@ def dra_devices(
     """
     out: list[DraDevice] = []
     version = snapshot.driver.version
+    cuda = snapshot.driver.cuda_version
+    cuda_version = f"{cuda[0]}.{cuda[1]}" if cuda is not None else ""
     for gpu in sorted(snapshot.gpus, key=lambda g: g.index):
         if not owned.owns(gpu):
             continue
@@ -330,6 +333,18 @@ def dra_devices(
         elif mig_strategy is not MigStrategy.NONE:
             out.extend(_mig_device(gpu, m, driver, version, cuda_version) for m in gpu.mig_devices)
     return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class DraPlan:
+    """What the DRA side serves: which GPUs, under which driver name and MIG strategy."""
+
+    gpus: DraGpus = field(default_factory=DraGpus)
+    driver: str = DEFAULT_DRIVER
+    mig_strategy: MigStrategy = MigStrategy.NONE
+
+    def devices(self, snapshot: Snapshot) -> tuple[DraDevice, ...]:
+        return dra_devices(snapshot, self.gpus, driver=self.driver, mig_strategy=self.mig_strategy)
 
 
 def slice_name(node: str, driver: str, index: int) -> str:

@@ -6,10 +6,11 @@ once per topology, so an RPC does a dictionary lookup, never a rebuild and never
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpuagent.domain.containers import ContainerSettings
 from gpuagent.domain.devices import Snapshot, Topology
+from gpuagent.domain.dra import DraGpus
 from gpuagent.domain.errors import ResourceError
 from gpuagent.domain.preferred import PairScores, SharedAllocationPolicy
 from gpuagent.domain.resources import NodeResources, ResourceSettings, build_resources
@@ -22,6 +23,8 @@ class ServingPolicy:
     resources: ResourceSettings = field(default_factory=ResourceSettings)
     containers: ContainerSettings = field(default_factory=ContainerSettings)
     shared_allocation: SharedAllocationPolicy = SharedAllocationPolicy.DISTRIBUTED
+    # GPUs served through DRA: they leave the device plugin's resources (never in both).
+    dra_gpus: DraGpus = field(default_factory=DraGpus)
 
 
 class ResourceView:
@@ -44,7 +47,9 @@ class ResourceView:
         """The resources of ``snapshot``; empty (with :attr:`error` set) when they are invalid."""
         if snapshot.version != self._version:
             try:
-                self._resources = build_resources(snapshot, self.policy.resources)
+                self._resources = build_resources(
+                    _device_plugin_gpus(snapshot, self.policy.dra_gpus), self.policy.resources
+                )
                 self._error = ""
             except ResourceError as exc:
                 self._resources = NodeResources()
@@ -62,3 +67,10 @@ class ResourceView:
             self._scores = PairScores.of(snapshot)
             self._topology = snapshot.topology
         return self._scores
+
+
+def _device_plugin_gpus(snapshot: Snapshot, dra: DraGpus) -> Snapshot:
+    """``snapshot`` without the GPUs DRA serves."""
+    if not dra.enabled:
+        return snapshot
+    return replace(snapshot, gpus=tuple(g for g in snapshot.gpus if not dra.owns(g)))

@@ -97,6 +97,8 @@ class KubeApi:
                 out.append(dict(obj.to_dict()))
         except _LightkubeApiError as exc:
             raise _api_error(exc) from None
+        except httpx2.HTTPStatusError as exc:  # an error body that is not a Status (a proxy)
+            raise ApiError(exc.response.status_code, exc.response.reason_phrase) from None
         except httpx2.TransportError as exc:
             raise ApiUnreachable(f"{type(exc).__name__}: {exc}") from None
         return out
@@ -116,6 +118,8 @@ class KubeApi:
             return await call
         except _LightkubeApiError as exc:
             raise _api_error(exc) from None
+        except httpx2.HTTPStatusError as exc:  # an error body that is not a Status (a proxy)
+            raise ApiError(exc.response.status_code, exc.response.reason_phrase) from None
         except httpx2.TransportError as exc:
             raise ApiUnreachable(f"{type(exc).__name__}: {exc}") from None
 

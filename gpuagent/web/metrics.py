@@ -22,7 +22,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from gpuagent.domain.attribution import Target, attributions
-from gpuagent.domain.counters import AgentCounters, NvmlCallStats, PodResourcesStats
+from gpuagent.domain.counters import (
+    AgentCounters,
+    DraCounters,
+    NvmlCallStats,
+    PodResourcesStats,
+)
 from gpuagent.domain.devices import Gpu, MigDevice, PodRef, Snapshot
 from gpuagent.web.dcgm import DCGM_METRICS, INSTANCE_SCOPE, XID_ERRORS, XID_ERRORS_HELP, xid_message
 from gpuagent.web.exposition import Family, escape_label, format_value, header, label_pairs, render
@@ -350,6 +355,7 @@ class MetricsRenderer:
         ]  # fmt: skip
         families.extend(self._pod_resources_families(snapshot, counters.pod_resources))
         families.extend(_nvml_families(counters.nvml))
+        families.extend(_dra_families(counters.dra))
         scrape = Family(
             "gpuagent_scrape_duration_seconds",
             "histogram",
@@ -403,6 +409,37 @@ def _single(
     family = Family(name, kind, help_text)
     family.add(labels, value)
     return family
+
+
+def _dra_families(dra: DraCounters | None) -> list[Family]:
+    if dra is None:
+        return []
+    return [
+        _single("gpuagent_dra_api_up", "gauge",
+                "Whether the last ResourceSlice publication reached the API server (1) or not (0).",
+                (), 1 if dra.api_up else 0),
+        _single("gpuagent_dra_api_errors_total", "counter",
+                "ResourceSlice publications that failed (API server unreachable or refusing).",
+                (), dra.api_errors),
+        _single("gpuagent_dra_slice_writes_total", "counter",
+                "ResourceSlices created or replaced.", (), dra.slice_writes),
+        _single("gpuagent_dra_slice_generation", "gauge",
+                "Generation of the node's ResourceSlice pool as last published.", (),
+                dra.slice_generation),
+        _single("gpuagent_dra_devices", "gauge",
+                "Devices this node serves through DRA.", (), dra.devices),
+        _single("gpuagent_dra_registered", "gauge",
+                "Whether the kubelet accepted the DRA plugin (1) or not (0).", (),
+                1 if dra.registered else 0),
+        _single("gpuagent_dra_prepared_claims", "gauge",
+                "ResourceClaims prepared on this node (checkpointed).", (), dra.prepared_claims),
+        _single("gpuagent_dra_prepares_total", "counter",
+                "Claims prepared by NodePrepareResources.", (), dra.prepares),
+        _single("gpuagent_dra_prepare_errors_total", "counter",
+                "Claims NodePrepareResources could not prepare.", (), dra.prepare_errors),
+        _single("gpuagent_dra_unprepares_total", "counter",
+                "Claims unprepared by NodeUnprepareResources.", (), dra.unprepares),
+    ]  # fmt: skip
 
 
 def _nvml_families(calls: tuple[NvmlCallStats, ...]) -> list[Family]:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -58,6 +59,7 @@ async def running_agent(
     *,
     sysfs_root: Path | None = None,
     nvml_call_timeout: float = 10.0,
+    agent_options: Mapping[str, Any] | None = None,
 ) -> AsyncIterator[RunningAgent]:
     """Start an agent with ``args`` (plus test-friendly addresses) and stop it afterwards."""
     settings = load_settings(
@@ -77,6 +79,7 @@ async def running_agent(
         hostname="test-node",
         registration_timing=FAST,
         nvml_call_timeout=nvml_call_timeout,
+        **(agent_options or {}),
     )
     stop = asyncio.Event()
     task = asyncio.create_task(agent.run(stop), name="agent-under-test")

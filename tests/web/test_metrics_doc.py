@@ -10,7 +10,12 @@ from types import MappingProxyType
 from support.synthetic import synthetic_snapshot
 
 from gpuagent.config import OPTIONS
-from gpuagent.domain.counters import AgentCounters, NvmlCallStats, PodResourcesStats
+from gpuagent.domain.counters import (
+    AgentCounters,
+    DraCounters,
+    NvmlCallStats,
+    PodResourcesStats,
+)
 from gpuagent.domain.devices import Condition, GpuHealth
 from gpuagent.web.dcgm import DCGM_METRICS
 from gpuagent.web.metrics import MetricsRenderer
@@ -30,7 +35,9 @@ def families() -> set[str]:
     )
     snapshot = replace(snapshot, gpus=(gpu, snapshot.gpus[1]))
     counters = AgentCounters(
-        pod_resources=PodResourcesStats(1, 0, True), nvml=(NvmlCallStats("x", 1, 0.1, 0),)
+        pod_resources=PodResourcesStats(1, 0, True),
+        nvml=(NvmlCallStats("x", 1, 0.1, 0),),
+        dra=DraCounters(),
     )
     text = MetricsRenderer("n", "1").render(snapshot, counters)
     text += MetricsRenderer("n", "1").render(synthetic_snapshot(1, mig=True), counters)

@@ -1,0 +1,141 @@
+"""The DRA side of the agent, assembled: devices from the store, claims from the API server,
+the kubelet plugin's sockets, and the ResourceSlice publisher — two named tasks for the agent to
+supervise. Nothing here talks to the kubelet's device-plugin side, so an unreachable API server
+never touches it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine, Mapping
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from gpuagent.domain.claims import ClaimUnavailable
+from gpuagent.domain.counters import DraCounters
+from gpuagent.domain.devices import Snapshot
+from gpuagent.domain.dra import DraDevice, DraPlan
+from gpuagent.domain.store import DeviceStore
+from gpuagent.dra.claims import ClaimFiles
+from gpuagent.dra.endpoint import DraEndpoint, EndpointTiming
+from gpuagent.dra.service import (
+    SUPPORTED_SERVICES,
+    ClaimPreparer,
+    DeviceHealthStreams,
+    DraConfig,
+    DraPluginV1,
+    DraPluginV1Beta1,
+    DraStats,
+    HealthV1,
+    HealthV1Alpha1,
+)
+from gpuagent.kube.client import ApiError, ApiUnreachable, KubeApi, KubeConfigError, load_config
+from gpuagent.kube.slices import Backoff, SlicePublisher
+
+__all__ = ["DraSide", "KubeConfigError"]
+
+log = structlog.get_logger("gpuagent.dra")
+
+
+class DraSide:
+    """Everything DRA, for one node. ``plan`` may be replaced by a reload (same driver name)."""
+
+    def __init__(
+        self,
+        store: DeviceStore,
+        plan: DraPlan,
+        *,
+        node: str,
+        plugins_dir: Path,
+        registry_dir: Path,
+        cdi_dir: Path,
+        kubeconfig: Path | None,
+        stopping: asyncio.Event,
+        dev_root: str = "/",
+        control_nodes: tuple[str, ...] = (),
+        endpoint_timing: EndpointTiming = EndpointTiming(),
+        backoff: Backoff = Backoff(),
+        api_timeout: float = 10.0,
+        health_resend_s: float = 20.0,
+    ) -> None:
+        self.plan = plan
+        self.node = node
+        # Raises KubeConfigError: no kubeconfig, or not in a pod (checked once, at start).
+        self.api = KubeApi(load_config(kubeconfig), timeout=api_timeout)
+        config = DraConfig(
+            driver=plan.driver, pool=node, dev_root=dev_root, control_nodes=control_nodes
+        )
+        self.stats = DraStats()
+        self.preparer = ClaimPreparer(
+            store,
+            self._devices,
+            self._read_claim,
+            ClaimFiles(plugins_dir / plan.driver, cdi_dir, plan.driver),
+            config,
+            stats=self.stats,
+        )
+        streams = DeviceHealthStreams(
+            store, self._devices, config, stopping, resend_s=health_resend_s
+        )
+        v1 = DraPluginV1(self.preparer)
+        self.endpoint = DraEndpoint(
+            [v1, DraPluginV1Beta1(v1), HealthV1(streams), HealthV1Alpha1(streams)],
+            driver=plan.driver,
+            supported=SUPPORTED_SERVICES,
+            plugins_dir=plugins_dir,
+            registry_dir=registry_dir,
+            timing=endpoint_timing,
+        )
+        self.publisher = SlicePublisher(
+            store, self._devices, self.api, node=node, driver=plan.driver, backoff=backoff
+        )
+
+    def _devices(self, snapshot: Snapshot) -> tuple[DraDevice, ...]:
+        return self.plan.devices(snapshot)
+
+    async def _read_claim(self, namespace: str, name: str) -> Mapping[str, Any]:
+        try:
+            return await self.api.claim(namespace, name)
+        except (ApiUnreachable, ApiError) as exc:
+            raise ClaimUnavailable(str(exc)) from None
+
+    def set_plan(self, plan: DraPlan) -> None:
+        self.plan = plan
+        self.publisher.resync()
+
+    def tasks(self) -> Mapping[str, Callable[[], Coroutine[Any, Any, None]]]:
+        """The long-lived tasks, by name, for the agent to spawn and supervise."""
+        return {"dra-plugin": self._serve, "dra-slices": self.publisher.run}
+
+    async def _serve(self) -> None:
+        await self.preparer.load()
+        await self.endpoint.run()
+
+    def readiness(self) -> str | None:
+        """Why the DRA side is not ready, or ``None``."""
+        if not self.publisher.up:
+            return f"DRA: ResourceSlices not published: {self.publisher.error}"
+        if not self.endpoint.registered:
+            detail = f": {self.endpoint.last_error}" if self.endpoint.last_error else ""
+            return f"DRA: not registered with the kubelet{detail}"
+        return None
+
+    def counters(self) -> DraCounters:
+        publisher, stats = self.publisher, self.stats
+        return DraCounters(
+            api_up=publisher.up,
+            api_errors=publisher.failures,
+            slice_writes=publisher.writes,
+            slice_generation=publisher.generation,
+            devices=len(publisher.published or ()),
+            registered=self.endpoint.registered,
+            prepared_claims=len(self.preparer.claims),
+            prepares=stats.prepares,
+            prepare_errors=stats.prepare_errors,
+            unprepares=stats.unprepares,
+        )
+
+    async def close(self) -> None:
+        await self.api.close()

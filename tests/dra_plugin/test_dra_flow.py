@@ -1,0 +1,348 @@
+"""DRA end to end, with no cluster: the agent as the kubelet's plugin watcher and DRA manager
+(grpcio, own stubs) and the API server (aiohttp, every write validated) see it.
+
+The agent runs in-process on 4 simulated GPUs; GPUs 2 and 3 are given to DRA, 0 and 1 stay with
+the device plugin (a kubelet stand-in checks that side too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2e.agentrun import RunningAgent, running_agent
+from support.drastubs import DraStubs
+from support.drastubs import generate as generate_dra_stubs
+from support.fake_apiserver import FakeApiServer, claim
+from support.fake_kubelet import FakeKubelet
+from support.fake_plugin_watcher import FakePluginWatcher, Registration
+
+from gpuagent.dra.endpoint import EndpointTiming
+from gpuagent.kube.slices import Backoff
+
+T = 10.0
+NODE = "test-node"
+DRIVER = "gpu.nvidia.com"
+FAST_DRA = {
+    "endpoint_timing": EndpointTiming(watch_interval=0.02, retry_initial=0.01, retry_max=0.05),
+    "backoff": Backoff(initial=0.01, maximum=0.05),
+    "api_timeout": 2.0,
+    "health_resend_s": 0.2,
+}
+
+
+@pytest.fixture(scope="session")
+def dra_stubs(tmp_path_factory: pytest.TempPathFactory) -> DraStubs:
+    return generate_dra_stubs(tmp_path_factory.mktemp("drastubs"))
+
+
+@pytest.fixture
+async def apiserver() -> AsyncIterator[FakeApiServer]:
+    server = FakeApiServer(node=NODE)
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+class Dirs:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.plugins = root / "plugins"
+        self.registry = root / "plugins_registry"
+        self.cdi = root / "cdi"
+
+    def args(self, apiserver: FakeApiServer, dra_gpus: str = "2,3") -> tuple[str, ...]:
+        return (
+            "--simulate", "4",
+            "--dra-gpus", dra_gpus,
+            "--kubeconfig", str(apiserver.kubeconfig(self.root / "kubeconfig")),
+            "--plugins-dir", str(self.plugins),
+            "--plugins-registry-dir", str(self.registry),
+            "--cdi-spec-dir", str(self.cdi),
+        )  # fmt: skip
+
+
+@pytest.fixture
+def dirs(short_tmp_path: Path) -> Dirs:
+    return Dirs(short_tmp_path)
+
+
+def agent(dirs: Dirs, device_plugin_dir: Path, apiserver: FakeApiServer, **kw: Any) -> Any:
+    return running_agent(
+        device_plugin_dir,
+        dirs.args(apiserver, **kw),
+        agent_options={"node_name": NODE, "dra_options": FAST_DRA},
+    )
+
+
+async def until(check: Callable[[], object], what: str) -> None:
+    """Wait (on the loop, letting the agent run) until ``check()`` is truthy."""
+    deadline = asyncio.get_running_loop().time() + T
+    while not check():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+async def registered(watcher: FakePluginWatcher) -> Registration:
+    return await watcher.aregister(await watcher.afind())
+
+
+def device_of(apiserver: FakeApiServer, uuid: str) -> dict[str, Any]:
+    (device,) = [
+        d for d in apiserver.devices().values() if d["attributes"]["uuid"]["string"] == uuid
+    ]
+    return device
+
+
+def gpu_uuid(run: RunningAgent, index: int) -> str:
+    snapshot = run.agent.store.snapshot
+    gpu = snapshot.gpu(index)
+    assert gpu is not None
+    return gpu.uuid
+
+
+async def test_plugin_watcher_registers_and_a_claim_is_prepared_and_unprepared(
+    fake_kubelet: FakeKubelet,
+    device_plugin_dir: Path,
+    apiserver: FakeApiServer,
+    dirs: Dirs,
+    dra_stubs: DraStubs,
+) -> None:
+    watcher = FakePluginWatcher(dirs.registry, dra_stubs)
+    async with agent(dirs, device_plugin_dir, apiserver) as run:
+        reg = await registered(watcher)
+        assert reg.socket == dirs.registry / f"{DRIVER}-reg.sock"
+        assert reg.name == DRIVER
+        assert reg.endpoint == str(dirs.plugins / DRIVER / "dra.sock")
+        assert reg.versions[:2] == ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+        assert reg.service == "v1.DRAPlugin"
+        assert not reg.error
+        await until(lambda: run.agent.dra is not None and run.agent.dra.endpoint.registered, "ok")
+
+        # The pool: GPUs 2 and 3 only, every write valid.
+        await until(lambda: len(apiserver.devices()) == 2, "two devices published")
+        assert apiserver.invalid == []
+        uuid2, uuid3 = gpu_uuid(run, 2), gpu_uuid(run, 3)
+        assert {d["attributes"]["uuid"]["string"] for d in apiserver.devices().values()} == {
+            uuid2,
+            uuid3,
+        }
+        (slice_,) = apiserver.slices.values()
+        assert slice_["spec"]["nodeName"] == NODE
+        assert slice_["spec"]["pool"]["name"] == NODE
+        assert slice_["metadata"]["ownerReferences"][0]["uid"] == apiserver.node_uid
+
+        # Ownership: the device plugin advertises GPUs 0 and 1 only.
+        (dp,) = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+        ids = {d.ID for d in (await asyncio.to_thread(dp.next_update, T)).devices}
+        assert ids == {gpu_uuid(run, 0), gpu_uuid(run, 1)}
+
+        # Prepare a claim for GPU 2.
+        name2 = device_of(apiserver, uuid2)["name"]
+        apiserver.add_claim(claim("team-a", "train", "uid-1", [("gpu", DRIVER, NODE, name2)]))
+        response = await watcher.aprepare(reg, [("team-a", "train", "uid-1")])
+        result = response.claims["uid-1"]
+        assert result.error == ""
+        (device,) = result.devices
+        assert (device.pool_name, device.device_name) == (NODE, name2)
+        assert list(device.request_names) == ["gpu"]
+        assert list(device.cdi_device_ids) == [f"k8s.{DRIVER}/claim=uid-1-{name2}"]
+        spec_path = dirs.cdi / f"k8s.{DRIVER}-claim_uid-1.json"
+        spec = json.loads(spec_path.read_text())
+        assert spec["kind"] == f"k8s.{DRIVER}/claim"
+        assert [d["name"] for d in spec["devices"]] == [f"uid-1-{name2}"]
+        minor = run.agent.store.snapshot.gpu(2).minor
+        nodes = [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
+        assert nodes == [f"/dev/nvidia{minor}"]
+        checkpoint = json.loads((dirs.plugins / DRIVER / "checkpoint.json").read_text())
+        assert list(checkpoint["claims"]) == ["uid-1"]
+
+        # Idempotent: asked again (v1beta1 this time), answered from memory, no API read.
+        reads = sum(1 for verb, path in apiserver.requests if "resourceclaims" in path)
+        again = await watcher.aprepare(
+            reg, [("team-a", "train", "uid-1")], version="v1beta1.DRAPlugin"
+        )
+        assert list(again.claims["uid-1"].devices[0].cdi_device_ids) == list(device.cdi_device_ids)
+        assert sum(1 for verb, path in apiserver.requests if "resourceclaims" in path) == reads
+
+        # Unprepare: the spec and the checkpoint entry go; twice is fine.
+        done = await watcher.aunprepare(reg, [("team-a", "train", "uid-1")])
+        assert done.claims["uid-1"].error == ""
+        assert not spec_path.exists()
+        again_done = await watcher.aunprepare(reg, [("team-a", "train", "uid-1")])
+        assert again_done.claims["uid-1"].error == ""
+        checkpoint = json.loads((dirs.plugins / DRIVER / "checkpoint.json").read_text())
+        assert checkpoint["claims"] == {}
+        assert apiserver.invalid == []
+
+
+async def test_claims_this_node_cannot_serve_get_their_own_error(
+    device_plugin_dir: Path, apiserver: FakeApiServer, dirs: Dirs, dra_stubs: DraStubs
+) -> None:
+    watcher = FakePluginWatcher(dirs.registry, dra_stubs)
+    async with agent(dirs, device_plugin_dir, apiserver) as run:
+        reg = await registered(watcher)
+        await until(lambda: len(apiserver.devices()) == 2, "devices published")
+        good = device_of(apiserver, gpu_uuid(run, 3))["name"]
+        minor0 = run.agent.store.snapshot.gpu(0).minor
+        apiserver.add_claim(claim("ns", "ok", "u-ok", [("gpu", DRIVER, NODE, good)]))
+        apiserver.add_claim(claim("ns", "pending", "u-pending", None))
+        apiserver.add_claim(claim("ns", "elsewhere", "u-else", [("gpu", DRIVER, "other", good)]))
+        apiserver.add_claim(claim("ns", "dp-gpu", "u-dp", [("gpu", DRIVER, NODE, f"gpu-{minor0}")]))
+        apiserver.add_claim(claim("ns", "replaced", "u-new", [("gpu", DRIVER, NODE, good)]))
+        opaque = {"driver": DRIVER, "parameters": {"sharing": "TimeSlicing"}}
+        config = [{"source": "FromClaim", "requests": ["gpu"], "opaque": opaque}]
+        apiserver.add_claim(
+            claim("ns", "config", "u-cfg", [("gpu", DRIVER, NODE, good)], config=config)
+        )
+        response = await watcher.aprepare(
+            reg,
+            [
+                ("ns", "pending", "u-pending"),
+                ("ns", "elsewhere", "u-else"),
+                ("ns", "dp-gpu", "u-dp"),
+                ("ns", "replaced", "u-old"),
+                ("ns", "missing", "u-missing"),
+                ("ns", "config", "u-cfg"),
+                ("ns", "ok", "u-ok"),
+            ],
+        )
+        errors = {uid: r.error for uid, r in response.claims.items()}
+        assert "not allocated" in errors["u-pending"]
+        assert "pool 'other'" in errors["u-else"]
+        assert "not served by DRA on this node" in errors["u-dp"]
+        assert "replaced" in errors["u-old"]
+        assert "404" in errors["u-missing"]
+        assert "opaque configuration" in errors["u-cfg"]
+        assert errors["u-ok"] == ""
+        assert response.claims["u-ok"].devices[0].device_name == good
+        assert run.agent.dra is not None
+        assert run.agent.dra.stats.prepare_errors == 6
+
+
+async def test_a_restart_mid_claim_loses_nothing(
+    device_plugin_dir: Path, apiserver: FakeApiServer, dirs: Dirs, dra_stubs: DraStubs
+) -> None:
+    """Prepared, agent restarted, claim deleted from the API server: the new agent still answers
+    a repeated prepare and unprepares (removing the spec) without the claim."""
+    watcher = FakePluginWatcher(dirs.registry, dra_stubs)
+    async with agent(dirs, device_plugin_dir, apiserver) as run:
+        reg = await registered(watcher)
+        await until(lambda: len(apiserver.devices()) == 2, "devices published")
+        name = device_of(apiserver, gpu_uuid(run, 2))["name"]
+        apiserver.add_claim(claim("ns", "job", "u-1", [("gpu", DRIVER, NODE, name)]))
+        first = await watcher.aprepare(reg, [("ns", "job", "u-1")])
+        assert first.claims["u-1"].error == ""
+        generation = apiserver.generation()
+    spec_path = dirs.cdi / f"k8s.{DRIVER}-claim_u-1.json"
+    assert spec_path.exists()
+    del apiserver.claims[("ns", "job")]
+    writes = len(apiserver.writes)
+    async with agent(dirs, device_plugin_dir, apiserver) as run:
+        reg = await registered(watcher)
+        again = await watcher.aprepare(reg, [("ns", "job", "u-1")])
+        assert again.claims["u-1"].error == ""
+        assert list(again.claims["u-1"].devices[0].cdi_device_ids) == list(
+            first.claims["u-1"].devices[0].cdi_device_ids
+        )
+        done = await watcher.aunprepare(reg, [("ns", "job", "u-1")])
+        assert done.claims["u-1"].error == ""
+        assert not spec_path.exists()
+        # The restarted agent found its slices as it left them: no new generation, no write.
+        await until(lambda: run.agent.dra is not None and run.agent.dra.publisher.up, "synced")
+        assert apiserver.generation() == generation
+        assert len(apiserver.writes) == writes
+
+
+async def test_unreachable_api_server_leaves_the_device_plugin_working(
+    fake_kubelet: FakeKubelet,
+    device_plugin_dir: Path,
+    apiserver: FakeApiServer,
+    dirs: Dirs,
+    dra_stubs: DraStubs,
+) -> None:
+    await apiserver.stop()  # down before the agent starts (the port stays in the kubeconfig)
+    watcher = FakePluginWatcher(dirs.registry, dra_stubs)
+    async with agent(dirs, device_plugin_dir, apiserver) as run:
+        (dp,) = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+        assert len((await asyncio.to_thread(dp.next_update, T)).devices) == 2
+        await registered(watcher)
+        await until(
+            lambda: run.agent.dra is not None and run.agent.dra.publisher.failures >= 2, "retries"
+        )
+        status, body = await run.get("/readyz")
+        assert status == 503
+        assert "DRA: ResourceSlices not published: API server" in body
+        _, metrics = await run.get("/metrics")
+        assert "gpuagent_dra_api_up 0" in metrics
+        assert "gpuagent_kubelet_registered 1" in metrics
+
+        # A claim cannot be read meanwhile: a clear per-claim error, and the agent stays up.
+        reg = watcher.registrations[-1]
+        response = await watcher.aprepare(reg, [("ns", "job", "u-1")])
+        assert "reading claim ns/job" in response.claims["u-1"].error
+
+        await apiserver.start()  # back, same port
+        await until(lambda: len(apiserver.devices()) == 2, "published after the outage")
+        await until(lambda: run.agent.readiness() is None, "ready")
+        status, _ = await run.get("/readyz")
+        assert status == 200
+        _, metrics = await run.get("/metrics")
+        assert "gpuagent_dra_api_up 1" in metrics
+        assert apiserver.invalid == []
+
+
+async def test_a_fault_taints_the_device_in_its_slice_and_recovery_clears_it(
+    device_plugin_dir: Path, apiserver: FakeApiServer, dirs: Dirs, dra_stubs: DraStubs
+) -> None:
+    watcher = FakePluginWatcher(dirs.registry, dra_stubs)
+    async with agent(dirs, device_plugin_dir, apiserver) as run:
+        reg = await registered(watcher)
+        await until(lambda: len(apiserver.devices()) == 2, "devices published")
+        uuid = gpu_uuid(run, 2)
+        generation = apiserver.generation()
+        health = watcher.watch_health(reg)
+        first = await asyncio.to_thread(next, health)
+        assert {d.health for d in first.devices} == {dra_stubs.health.HEALTHY}
+
+        status, _ = await run.fault({"gpu": 2, "fault": "xid", "xid": 79})
+        assert status == 200
+        # XID 79 (fallen off the bus): the simulated driver also asks for a GPU reset, as a real
+        # one does, so the device gets the XID's NoSchedule and the reset's NoExecute.
+        await until(lambda: len(device_of(apiserver, uuid).get("taints", [])) == 2, "taints")
+        taints = {
+            (t["key"], t.get("value", ""), t["effect"])
+            for t in device_of(apiserver, uuid)["taints"]
+        }
+        assert taints == {
+            (f"{DRIVER}/xid", "79", "NoSchedule"),
+            (f"{DRIVER}/recovery-action", "gpu_reset", "NoExecute"),
+        }
+        assert apiserver.generation() > generation
+        assert "taints" not in device_of(apiserver, gpu_uuid(run, 3))
+
+        # The kubelet's health stream says so too (full list per message).
+        def unhealthy() -> Any:
+            for message in health:
+                states = {d.device.device_name: d.health for d in message.devices}
+                if dra_stubs.health.UNHEALTHY in states.values():
+                    return message
+            return None
+
+        message = await asyncio.to_thread(unhealthy)
+        assert len(message.devices) == 2
+        (bad,) = [d for d in message.devices if d.health == dra_stubs.health.UNHEALTHY]
+        assert bad.device.device_name == device_of(apiserver, uuid)["name"]
+        assert "xid 79" in bad.message
+        health.close()
+
+        await run.fault({"gpu": 2, "fault": "recover"})
+        await until(lambda: "taints" not in device_of(apiserver, uuid), "taints cleared")
+        assert apiserver.invalid == []
