@@ -51,10 +51,19 @@ KUSTOMIZATIONS = {
         for path in sorted((MANIFESTS / "overlays").glob("*/kustomization.yaml"))
     },
 }
-EXPECTED_OVERLAYS = {"base", "time-slicing", "mig-mixed", "cdi", "prometheus-operator"}
+EXPECTED_OVERLAYS = {"base", "time-slicing", "mig-mixed", "cdi", "prometheus-operator", "dra"}
 # Kubernetes versions whose schemas every manifest must pass: the oldest with CDI devices on by
 # default in the device-plugin API (1.29) and the newest kubernetes-validate bundles.
 K8S_VERSIONS = ("1.29.0", "latest")
+# APIs newer than that: validated from the first version that serves them (DRA's resource.k8s.io/v1
+# is served by default since 1.34; ValidatingAdmissionPolicy is v1 since 1.30).
+FIRST_VERSION = {"resource.k8s.io/v1": "1.34.0", "admissionregistration.k8s.io/v1": "1.30.0"}
+CLUSTER_SCOPED = {
+    "ClusterRole", "ClusterRoleBinding", "DeviceClass",
+    "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+}  # fmt: skip
+# Overlays whose pod needs a service-account token: the DRA side talks to the API server.
+API_CLIENTS = {"dra"}
 # Overlays allowed to add a capability, and which: seeing every MIG device takes the driver's
 # mig/monitor capability, which the NVIDIA runtime grants only to a CAP_SYS_ADMIN container.
 ADDED_CAPABILITIES = {"mig-mixed": {"SYS_ADMIN"}}
@@ -202,7 +211,8 @@ def test_overlay_builds_with_kubectl_kustomize(name: str) -> None:
     kinds = sorted(doc["kind"] for doc in build(name))
     assert {"DaemonSet", "ServiceAccount", "Service", "ConfigMap"} <= set(kinds)
     for doc in build(name):
-        assert doc["metadata"].get("namespace") == "kube-system", doc["metadata"]
+        namespace = None if doc["kind"] in CLUSTER_SCOPED else "kube-system"
+        assert doc["metadata"].get("namespace") == namespace, doc["metadata"]
         assert doc["metadata"]["labels"]["app.kubernetes.io/name"] == "gpuagent"
     if name == "prometheus-operator":
         assert {"ServiceMonitor", "PrometheusRule"} <= set(kinds)
@@ -213,7 +223,8 @@ def test_overlay_builds_with_kubectl_kustomize(name: str) -> None:
 
 def _validate_core(doc: dict[str, Any]) -> None:
     kv = module("kubernetes_validate")
-    for version in K8S_VERSIONS:
+    first = FIRST_VERSION.get(doc["apiVersion"])
+    for version in (first, "latest") if first else K8S_VERSIONS:
         wanted = kv.latest_version() if version == "latest" else version
         kv.validate(doc, wanted, strict=True)
 
@@ -324,7 +335,7 @@ def test_daemonset_runs_as_a_node_critical_least_privileged_plugin(name: str) ->
     terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     keys = {e["key"] for t in terms["nodeSelectorTerms"] for e in t["matchExpressions"]}
     assert keys == {"feature.node.kubernetes.io/pci-10de.present", "nvidia.com/gpu.present"}
-    assert pod["automountServiceAccountToken"] is False
+    assert pod["automountServiceAccountToken"] is (name in API_CLIENTS)
     assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
 
     sc = ctr["securityContext"]
@@ -656,3 +667,56 @@ def test_agent_started_as_the_daemonset_answers_its_probes(
         assert time.monotonic() - started < pod["terminationGracePeriodSeconds"]
     _, stderr = proc.communicate(timeout=T)
     assert stderr.lstrip().startswith("{"), "log-format json from the ConfigMap"
+
+
+# ----- the DRA overlay ----------------------------------------------------------------------------
+
+
+def test_dra_overlay_grants_only_what_the_dra_side_uses_to_its_own_service_account(
+    tmp_path: Path,
+) -> None:
+    docs = build("dra")
+    settings = effective_settings(docs, tmp_path)
+    assert settings.dra_gpus == "all"
+    pod = only(docs, "DaemonSet")["spec"]["template"]["spec"]
+    account = pod["serviceAccountName"]
+    namespace = only(docs, "DaemonSet")["metadata"]["namespace"]
+    env = manifest_env(container(docs))
+    assert env["NODE_NAME"] == "test-node", "the pool is the node: NODE_NAME from spec.nodeName"
+    # RBAC: read claims and the node, manage slices; nothing else, nowhere else.
+    role = only(docs, "ClusterRole")
+    granted = {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    assert granted == {
+        ("resource.k8s.io", "resourceclaims", "get"),
+        ("", "nodes", "get"),
+        *(
+            ("resource.k8s.io", "resourceslices", v)
+            for v in ("get", "list", "create", "update", "delete")
+        ),
+    }
+    binding = only(docs, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account, "namespace": namespace}
+    ]
+    # The admission policy binds this service account's slice writes to its own node.
+    policy = only(docs, "ValidatingAdmissionPolicy")
+    (condition,) = policy["spec"]["matchConditions"]
+    assert f"system:serviceaccount:{namespace}:{account}" in condition["expression"]
+    assert "authentication.kubernetes.io/node-name" in str(policy["spec"]["variables"])
+    assert (
+        only(docs, "ValidatingAdmissionPolicyBinding")["spec"]["policyName"]
+        == (policy["metadata"]["name"])
+    )
+    # NVIDIA's DeviceClasses, for the driver name the agent publishes under.
+    classes = {d["metadata"]["name"]: d for d in docs if d["kind"] == "DeviceClass"}
+    assert set(classes) == {"gpu.nvidia.com", "mig.nvidia.com"}
+    for device_class in classes.values():
+        (selector,) = device_class["spec"]["selectors"]
+        assert f"device.driver == '{settings.dra_driver_name}'" in selector["cel"]["expression"]
