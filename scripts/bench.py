@@ -29,6 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+import bench_dra  # noqa: E402
 import bench_metrics  # noqa: E402
 from bench_preferred import bench_preferred  # noqa: E402
 from support.fake_kubelet import FakeKubelet  # noqa: E402
@@ -261,8 +262,13 @@ def main() -> int:
     parser.add_argument("--idle-seconds", type=float, default=20.0)
     parser.add_argument("--json", type=Path, help="also write the rows here")
     bench_metrics.add_arguments(parser)
+    bench_dra.add_arguments(parser)
+    parser.add_argument("--only-dra", action="store_true", help="run the DRA rows only")
     args = parser.parse_args()
 
+    if args.only_dra:
+        print(table(bench_dra.rows(args, Row)))
+        return 0
     with tempfile.TemporaryDirectory() as stubs_dir:
         stubs = generate(Path(stubs_dir))
         startup = bench_startup(stubs, args.startups, args.gpus)
@@ -274,6 +280,7 @@ def main() -> int:
         rows += bench_running(stubs, args)
         rows += bench_preferred_search()
         rows += bench_metrics.rows(stubs, args, agent, tempdir, Row)
+        rows += bench_dra.rows(args, Row)
     print(f"gpuagent bench: {args.gpus} simulated GPUs, Python {sys.version.split()[0]}, "
           f"{os.cpu_count()} CPUs")  # fmt: skip
     print(table(rows))
