@@ -13,8 +13,11 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 from e2e.agentrun import RunningAgent, running_agent
+from referencing import Registry
+from referencing.jsonschema import DRAFT7
 from support.drastubs import DraStubs
 from support.drastubs import generate as generate_dra_stubs
 from support.fake_apiserver import FakeApiServer, claim
@@ -161,6 +164,7 @@ async def test_plugin_watcher_registers_and_a_claim_is_prepared_and_unprepared(
         minor = run.agent.store.snapshot.gpu(2).minor
         nodes = [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
         assert nodes == [f"/dev/nvidia{minor}"]
+        cdi_validator().validate(spec)
         checkpoint = json.loads((dirs.plugins / DRIVER / "checkpoint.json").read_text())
         assert list(checkpoint["claims"]) == ["uid-1"]
 
@@ -346,3 +350,56 @@ async def test_a_fault_taints_the_device_in_its_slice_and_recovery_clears_it(
         await run.fault({"gpu": 2, "fault": "recover"})
         await until(lambda: "taints" not in device_of(apiserver, uuid), "taints cleared")
         assert apiserver.invalid == []
+
+
+MIG_NODE = """\
+version: v1
+gpus:
+  - name: H100
+  - name: H100
+    mig: [3g.40gb, 1g.10gb]
+"""
+
+
+async def test_mig_devices_are_published_and_prepared_with_their_caps(
+    device_plugin_dir: Path, apiserver: FakeApiServer, dirs: Dirs, dra_stubs: DraStubs
+) -> None:
+    node = dirs.root / "node.yaml"
+    node.write_text(MIG_NODE)
+    args = (
+        "--sim-config", str(node), "--mig-strategy", "mixed", "--dra-gpus", "1",
+        "--kubeconfig", str(apiserver.kubeconfig(dirs.root / "kubeconfig")),
+        "--plugins-dir", str(dirs.plugins), "--plugins-registry-dir", str(dirs.registry),
+        "--cdi-spec-dir", str(dirs.cdi),
+    )  # fmt: skip
+    watcher = FakePluginWatcher(dirs.registry, dra_stubs)
+    options = {"node_name": NODE, "dra_options": FAST_DRA}
+    async with running_agent(device_plugin_dir, args, agent_options=options) as run:
+        reg = await registered(watcher)
+        await until(lambda: len(apiserver.devices()) == 2, "two MIG devices published")
+        assert apiserver.invalid == []
+        gpu = run.agent.store.snapshot.gpu(1)
+        assert gpu is not None
+        profiles = {d["attributes"]["profile"]["string"]: d for d in apiserver.devices().values()}
+        assert set(profiles) == {"3g.40gb", "1g.10gb"}
+        small = profiles["1g.10gb"]
+        assert small["attributes"]["type"] == {"string": "mig"}
+        assert small["attributes"]["parentUUID"] == {"string": gpu.uuid}
+        (mig,) = [m for m in gpu.mig_devices if m.profile == "1g.10gb"]
+        assert small["attributes"]["uuid"] == {"string": mig.uuid}
+        apiserver.add_claim(claim("ns", "m", "u-mig", [("mig", DRIVER, NODE, small["name"])]))
+        response = await watcher.aprepare(reg, [("ns", "m", "u-mig")])
+        assert response.claims["u-mig"].error == ""
+        spec = json.loads((dirs.cdi / f"k8s.{DRIVER}-claim_u-mig.json").read_text())
+        nodes = [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
+        assert nodes == [f"/dev/nvidia{gpu.minor}", *mig.device_nodes]
+        cdi_validator().validate(spec)
+
+
+def cdi_validator() -> Any:
+    """The CDI project's JSON schema (tests/data/cdi-schema), as the node spec's tests use it."""
+    schema_dir = Path(__file__).resolve().parents[1] / "data" / "cdi-schema"
+    schema = json.loads((schema_dir / "schema.json").read_text())
+    defs = json.loads((schema_dir / "defs.json").read_text())
+    registry: Registry[Any] = Registry().with_resource("defs.json", DRAFT7.create_resource(defs))
+    return jsonschema.Draft7Validator(schema, registry=registry)
