@@ -88,6 +88,14 @@ class Telemetry:
     dram_active: float | None = None
     pcie_tx_bytes: float | None = None
     pcie_rx_bytes: float | None = None
+    # Time clocks were held down, ns since the driver loaded (NVML perf-policy violation counters).
+    power_violation_ns: float | None = None
+    thermal_violation_ns: float | None = None
+    # NVLink error counters, all links together, since the driver loaded.
+    nvlink_crc_flit_errors: float | None = None
+    nvlink_crc_data_errors: float | None = None
+    nvlink_replay_errors: float | None = None
+    nvlink_recovery_errors: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -67,6 +67,26 @@ FIELDS: tuple[tuple[str, int, int], ...] = (
     ("row_remap_failure", pynvml.NVML_FI_DEV_REMAPPED_FAILURE, 0),
     ("ecc_sbe_volatile", pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL, 0),
     ("ecc_dbe_volatile", pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL, 0),
+    *(
+        (key, field_id, 0)
+        for key, field_id in (
+            ("power_violation_ns", pynvml.NVML_FI_DEV_PERF_POLICY_POWER),
+            ("thermal_violation_ns", pynvml.NVML_FI_DEV_PERF_POLICY_THERMAL),
+            ("nvlink_crc_flit_errors", pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL),
+            ("nvlink_crc_data_errors", pynvml.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL),
+            ("nvlink_replay_errors", pynvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL),
+            ("nvlink_recovery_errors", pynvml.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL),
+        )
+    ),
+)
+#: Field values read into the Telemetry field of the same name, as NVML counts them.
+PLAIN_FIELDS = (
+    "power_violation_ns",
+    "thermal_violation_ns",
+    "nvlink_crc_flit_errors",
+    "nvlink_crc_data_errors",
+    "nvlink_replay_errors",
+    "nvlink_recovery_errors",
 )
 
 #: GPM metrics: (NVML metric id, Telemetry field, factor from NVML's unit to ours).
@@ -174,6 +194,7 @@ class TelemetryReader:
             row_remap_failure=fields.get("row_remap_failure"),
             ecc_sbe_volatile=fields.get("ecc_sbe_volatile"),
             ecc_dbe_volatile=fields.get("ecc_dbe_volatile"),
+            **{key: fields.get(key) for key in PLAIN_FIELDS},
             **gpm,
         )
 

@@ -17,6 +17,7 @@ __all__ = [
     "XID_ERRORS",
     "XID_ERRORS_HELP",
     "DcgmMetric",
+    "xid_label",
     "xid_message",
 ]
 
@@ -105,10 +106,35 @@ DCGM_METRICS: tuple[DcgmMetric, ...] = (
     DcgmMetric("DCGM_FI_PROF_SM_OCCUPANCY", "gauge",
                "The ratio of number of warps resident on an SM.",
                lambda t: t.sm_occupancy, INSTANCE_SCOPE),
+    # Off by default in dcgm-exporter too; what the shipped alerts watch (throttling, NVLink).
+    DcgmMetric("DCGM_FI_DEV_POWER_VIOLATION", "counter",
+               "Throttling duration due to power constraints (in ns).",
+               lambda t: t.power_violation_ns),
+    DcgmMetric("DCGM_FI_DEV_THERMAL_VIOLATION", "counter",
+               "Throttling duration due to thermal constraints (in ns).",
+               lambda t: t.thermal_violation_ns),
+    DcgmMetric("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "counter",
+               "Total number of NVLink flow-control CRC errors.",
+               lambda t: t.nvlink_crc_flit_errors),
+    DcgmMetric("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", "counter",
+               "Total number of NVLink data CRC errors.", lambda t: t.nvlink_crc_data_errors),
+    DcgmMetric("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "counter",
+               "Total number of NVLink retries.", lambda t: t.nvlink_replay_errors),
+    DcgmMetric("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "counter",
+               "Total number of NVLink recovery errors.", lambda t: t.nvlink_recovery_errors),
 )  # fmt: skip
 
 XID_ERRORS = "DCGM_FI_DEV_XID_ERRORS"
 XID_ERRORS_HELP = "Value of the last XID error encountered."
+
+
+OTHER_XID = "other"
+
+
+def xid_label(xid: int) -> str:
+    """The ``xid`` label of ``gpuagent_xid_errors_total``: the code for an XID of the catalog,
+    ``other`` for any other value (so junk event data cannot grow the series without bound)."""
+    return str(xid) if xids.is_known(xid) else OTHER_XID
 
 
 def xid_message(xid: int) -> str:

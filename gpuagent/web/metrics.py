@@ -29,7 +29,14 @@ from gpuagent.domain.counters import (
     PodResourcesStats,
 )
 from gpuagent.domain.devices import Gpu, MigDevice, PodRef, Snapshot
-from gpuagent.web.dcgm import DCGM_METRICS, INSTANCE_SCOPE, XID_ERRORS, XID_ERRORS_HELP, xid_message
+from gpuagent.web.dcgm import (
+    DCGM_METRICS,
+    INSTANCE_SCOPE,
+    XID_ERRORS,
+    XID_ERRORS_HELP,
+    xid_label,
+    xid_message,
+)
 from gpuagent.web.exposition import Family, escape_label, format_value, header, label_pairs, render
 from gpuagent.web.histogram import SCRAPE_BUCKETS, Histogram
 
@@ -168,7 +175,7 @@ class MetricsRenderer:
                     ("gpu", str(gpu.index)),
                     ("UUID", gpu.uuid),
                     ("pci_bus_id", gpu.pci_bus_id),
-                    ("device", f"nvidia{gpu.minor}"),
+                    ("device", f"nvidia{gpu.index}"),  # dcgm-exporter: the index, not the minor
                     ("modelName", gpu.name),
                 )
             )
@@ -258,15 +265,22 @@ class MetricsRenderer:
             "Active reasons a GPU is unhealthy (1 while active).",
         )
         xids = Family(
-            "gpuagent_xid_errors_total", "counter", "XID errors reported by the driver, per XID."
+            "gpuagent_xid_errors_total",
+            "counter",
+            'XID errors reported by the driver, per XID of NVIDIA\'s catalog (xid="other": any '
+            "other value).",
         )
         for gpu in snapshot.gpus:
             own = (("gpu", str(gpu.index)), ("uuid", gpu.uuid))
             healthy.add(own, 1 if gpu.health.healthy else 0)
             for c in gpu.health.conditions:
                 condition.add((*own, ("condition", c.kind), ("detail", c.detail)), 1)
-            for xid, count in sorted(gpu.xid_counts.items()):
-                xids.add((*own, ("xid", str(xid))), count)
+            per_label: dict[str, int] = {}
+            for xid, count in gpu.xid_counts.items():
+                label = xid_label(xid)
+                per_label[label] = per_label.get(label, 0) + count
+            for label, count in sorted(per_label.items(), key=lambda kv: _xid_order(kv[0])):
+                xids.add((*own, ("xid", label)), count)
         return render([healthy, condition, xids])
 
     @staticmethod
@@ -343,8 +357,8 @@ class MetricsRenderer:
             _single("gpuagent_driver_up", "gauge",
                     "Whether the NVIDIA driver answers (1) or not (0).", (),
                     1 if snapshot.driver.up else 0),
-            _single("gpuagent_gpus", "gauge", "GPUs discovered on this node.", (),
-                    len(snapshot.gpus)),
+            _single("gpuagent_gpus", "gauge", "GPUs discovered on this node.",
+                    (("node", self.hostname),), len(snapshot.gpus)),
             _single("gpuagent_kubelet_registered", "gauge",
                     "Whether the device plugin is registered with the kubelet (1) or not (0).",
                     (), 1 if snapshot.registered else 0),
@@ -459,6 +473,11 @@ def _nvml_families(calls: tuple[NvmlCallStats, ...]) -> list[Family]:
         seconds.samples.append(f"{seconds.name}_count{block} {stats.count}\n")
         errors.add(block, stats.errors)
     return [seconds, errors]
+
+
+def _xid_order(label: str) -> tuple[int, int]:
+    """Catalog XIDs by number, then ``other``."""
+    return (0, int(label)) if label.isdigit() else (1, 0)
 
 
 def _identity(gpu: Gpu) -> object:

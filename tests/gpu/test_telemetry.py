@@ -54,6 +54,12 @@ FIELD_BASED = frozenset(
         "row_remap_failure",
         "ecc_sbe_volatile",
         "ecc_dbe_volatile",
+        "power_violation_ns",
+        "thermal_violation_ns",
+        "nvlink_crc_flit_errors",
+        "nvlink_crc_data_errors",
+        "nvlink_replay_errors",
+        "nvlink_recovery_errors",
     }
 )
 
@@ -134,6 +140,13 @@ def model(driver: SimDriver, index: int, t: float, previous: float | None) -> Te
         row_remap_failure=0,
         ecc_sbe_volatile=0,
         ecc_dbe_volatile=0,
+        # Never throttled, and no NVLink errors, in the simulator.
+        power_violation_ns=0,
+        thermal_violation_ns=0,
+        nvlink_crc_flit_errors=0,
+        nvlink_crc_data_errors=0,
+        nvlink_replay_errors=0,
+        nvlink_recovery_errors=0,
         **gpm,
     )
 

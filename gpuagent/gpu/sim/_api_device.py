@@ -213,6 +213,15 @@ def _field(
         return _ULL, gpu.ecc_dbe_count
     if field_id in (f.NVML_FI_DEV_ECC_SBE_VOL_TOTAL, f.NVML_FI_DEV_ECC_SBE_AGG_TOTAL):
         return _ULL, 0
+    if field_id in (f.NVML_FI_DEV_PERF_POLICY_POWER, f.NVML_FI_DEV_PERF_POLICY_THERMAL):
+        return _ULL, 0  # ns held down: the simulated GPUs are never throttled
+    if field_id in (
+        f.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL,
+        f.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL,
+        f.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL,
+        f.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL,
+    ):
+        return (_ULL, 0) if gpu.links else NOT_SUPPORTED  # no NVLink: no counters
     if field_id == f.NVML_FI_DEV_MEMORY_TEMP:
         return _UINT, st.sample(gpu).memory_temperature_c
     if field_id == f.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION:
