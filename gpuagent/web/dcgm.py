@@ -17,6 +17,7 @@ __all__ = [
     "XID_ERRORS",
     "XID_ERRORS_HELP",
     "DcgmMetric",
+    "xid_action",
     "xid_label",
     "xid_message",
 ]
@@ -135,6 +136,11 @@ def xid_label(xid: int) -> str:
     """The ``xid`` label of ``gpuagent_xid_errors_total``: the code for an XID of the catalog,
     ``other`` for any other value (so junk event data cannot grow the series without bound)."""
     return str(xid) if xids.is_known(xid) else OTHER_XID
+
+
+def xid_action(xid: int) -> str:
+    """The ``action`` label: the catalog's immediate action (``CONTACT_SUPPORT`` if unlisted)."""
+    return xids.lookup(xid).action.value
 
 
 def xid_message(xid: int) -> str:

@@ -34,6 +34,7 @@ from gpuagent.web.dcgm import (
     INSTANCE_SCOPE,
     XID_ERRORS,
     XID_ERRORS_HELP,
+    xid_action,
     xid_label,
     xid_message,
 )
@@ -268,19 +269,22 @@ class MetricsRenderer:
             "gpuagent_xid_errors_total",
             "counter",
             'XID errors reported by the driver, per XID of NVIDIA\'s catalog (xid="other": any '
-            "other value).",
+            "other value), with the catalog's immediate action.",
         )
         for gpu in snapshot.gpus:
             own = (("gpu", str(gpu.index)), ("uuid", gpu.uuid))
             healthy.add(own, 1 if gpu.health.healthy else 0)
             for c in gpu.health.conditions:
                 condition.add((*own, ("condition", c.kind), ("detail", c.detail)), 1)
-            per_label: dict[str, int] = {}
+            per_label: dict[str, tuple[int, str]] = {}
             for xid, count in gpu.xid_counts.items():
                 label = xid_label(xid)
-                per_label[label] = per_label.get(label, 0) + count
-            for label, count in sorted(per_label.items(), key=lambda kv: _xid_order(kv[0])):
-                xids.add((*own, ("xid", label)), count)
+                total, _ = per_label.get(label, (0, ""))
+                per_label[label] = (total + count, xid_action(xid))
+            for label, (count, action) in sorted(
+                per_label.items(), key=lambda kv: _xid_order(kv[0])
+            ):
+                xids.add((*own, ("xid", label), ("action", action)), count)
         return render([healthy, condition, xids])
 
     @staticmethod

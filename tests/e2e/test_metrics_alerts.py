@@ -16,6 +16,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from support.synthetic import synthetic_snapshot
 
+from gpuagent.domain import xids
 from gpuagent.domain.counters import AgentCounters, PodResourcesStats
 from gpuagent.domain.devices import Condition, GpuHealth
 from gpuagent.web.metrics import MetricsRenderer
@@ -71,7 +72,9 @@ def test_every_alert_has_a_unit_test() -> None:
     rules = yaml.safe_load((MONITORING / "alerts.yaml").read_text())
     alerts = {r["alert"] for g in rules["groups"] for r in g["rules"]}
     assert {"GPUUnhealthy", "GPUXidErrors", "GPUTemperatureHigh", "GPUDoubleBitEccErrors",
-            "GPURowRemapFailure", "GPUAgentDown"} <= alerts  # fmt: skip
+            "GPURowRemapFailure", "GPUAgentDown", "GPUAgentAbsent", "GPUCountDropped",
+            "GPUFatalXid", "GPUApplicationXid", "GPUThermalThrottling", "GPUPCIeReplays",
+            "GPUSingleBitEccRate", "GPUNVLinkErrors"} <= alerts  # fmt: skip
     tests = yaml.safe_load((MONITORING / "alerts_test.yaml").read_text())
     tested = {
         case["alertname"]
@@ -82,7 +85,7 @@ def test_every_alert_has_a_unit_test() -> None:
     assert alerts == tested
     for group in rules["groups"]:
         for rule in group["rules"]:
-            assert rule["labels"]["severity"] in ("critical", "warning"), rule["alert"]
+            assert rule["labels"]["severity"] in ("critical", "warning", "info"), rule["alert"]
             assert {"summary", "description"} <= set(rule["annotations"]), rule["alert"]
 
 
@@ -121,3 +124,85 @@ def test_dashboard_shape() -> None:
     for panel in dashboard["panels"]:
         for target in panel.get("targets", []):
             assert target["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+
+
+def rules_by_name() -> dict[str, dict[str, object]]:
+    rules = yaml.safe_load((MONITORING / "alerts.yaml").read_text())
+    return {r["alert"]: r for g in rules["groups"] for r in g["rules"]}
+
+
+def matchers(expr: str, label: str) -> set[str]:
+    """The regular expressions ``label`` is matched against (``=~``) or equal to in ``expr``."""
+    found = set(re.findall(rf'{label}=~"([^"]*)"', expr))
+    found |= {re.escape(v) for v in re.findall(rf'{label}="([^"]*)"', expr)}
+    return found
+
+
+def selects(expr: str, xid: int) -> bool:
+    """Whether one of ``expr``'s selectors of gpuagent_xid_errors_total takes this XID."""
+    entry = xids.lookup(xid)
+    label = str(xid) if xids.is_known(xid) else "other"
+    by_action = any(re.fullmatch(p, entry.action.value) for p in matchers(expr, "action"))
+    by_code = any(re.fullmatch(p, label) for p in matchers(expr, "xid"))
+    return by_action or by_code
+
+
+# The catalog's immediate actions that raise no XID alert of their own: nothing to do, or only a
+# note (154 names a recovery action, read on its own; 45 follows another XID).
+QUIET_ACTIONS = {xids.Action.IGNORE, xids.Action.XID_154, xids.Action.WORKFLOW_XID_45,
+                 xids.Action.NONE}  # fmt: skip
+BLACKWELL_FATAL = {136, 140, 143, 144, 145, 146, 147, 148, 149, 150, 155, 156, 158, 166, 167,
+                   168, 169, 170, 171, 172}  # fmt: skip
+
+
+def test_every_xid_has_one_alert_by_the_catalogs_action() -> None:
+    """Each XID the catalog lists (and an unlisted one) raises one XID alert at most: fatal ones a
+    page, the application's own errors info, the ones to investigate a warning; no-action ones
+    none. So a new catalog action is classified here before it can go unnoticed."""
+    rules = rules_by_name()
+    fatal, investigate, application = (
+        str(rules[name]["expr"]) for name in ("GPUFatalXid", "GPUXidErrors", "GPUApplicationXid")
+    )
+    for code in [*sorted(xids.CATALOG), 998]:
+        picked = [selects(e, code) for e in (fatal, investigate, application)]
+        action = xids.lookup(code).action
+        assert sum(picked) <= 1, (code, action, picked)
+        if code in (13, 31, 43, 45) or action is xids.Action.RESTART_APP:
+            assert picked == [False, False, True], code
+        elif code in BLACKWELL_FATAL or action in {xids.Action.RESET_GPU, xids.Action.RESTART_BM,
+                                                   xids.Action.RESTART_VM,
+                                                   xids.Action.WORKFLOW_XID_48,
+                                                   xids.Action.WORKFLOW_NVLINK_ERR,
+                                                   xids.Action.WORKFLOW_NVLINK5_ERR}:  # fmt: skip
+            assert picked == [True, False, False], code
+        elif action in QUIET_ACTIONS:
+            assert picked == [False, False, False], (code, action)
+        else:
+            assert picked == [False, True, False], (code, action)
+    assert rules["GPUFatalXid"]["labels"] == {"severity": "critical"}
+    assert rules["GPUApplicationXid"]["labels"] == {"severity": "info"}
+
+
+def test_per_gpu_rules_aggregate_away_pods_and_mig_instances() -> None:
+    """dcgm-exporter series carry pod and MIG-instance labels: every rule on them aggregates to
+    the GPU, so neither a shared GPU nor pod churn multiplies or restarts an alert."""
+    for name, rule in rules_by_name().items():
+        expr = str(rule["expr"])
+        if "DCGM_FI_" not in expr:
+            continue
+        for selector in re.findall(r"DCGM_FI_[A-Z0-9_]+", expr):
+            assert "max by (instance, Hostname, hostname, gpu, UUID, modelName)" in expr, name
+            assert selector
+        assert not re.search(r"\b(pod|container|namespace|GPU_I_ID)\b", expr), name
+
+
+def test_every_alert_has_a_runbook_line() -> None:
+    doc = (ROOT / "docs" / "metrics.md").read_text(encoding="utf-8")
+    section = doc.split("## Alerts and runbook", 1)[1].split("\n## ", 1)[0]
+    documented = set(re.findall(r"^\| `(GPU[A-Za-z]+)` \|", section, re.MULTILINE))
+    rules = rules_by_name()
+    assert documented == set(rules)
+    for name, rule in rules.items():
+        (line,) = [row for row in section.splitlines() if row.startswith(f"| `{name}` |")]
+        severity = line.split("|")[2].strip()
+        assert severity == rule["labels"]["severity"], name  # type: ignore[index]

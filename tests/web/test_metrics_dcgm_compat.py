@@ -70,8 +70,15 @@ def test_xid_series_are_bounded_by_the_catalog() -> None:
     snapshot = synthetic_snapshot(1)
     gpu = replace(snapshot.gpus[0], xid_counts=MappingProxyType(counts))
     text = render(replace(snapshot, gpus=(gpu,)))
-    series = {labels["xid"]: value for labels, value in samples(text, "gpuagent_xid_errors_total")}
-    assert series == {"13": 3, "79": 2, "other": 5000}
+    series = {
+        (labels["xid"], labels["action"]): value
+        for labels, value in samples(text, "gpuagent_xid_errors_total")
+    }
+    assert series == {
+        ("13", "RESTART_APP"): 3,
+        ("79", "RESTART_BM"): 2,
+        ("other", "CONTACT_SUPPORT"): 5000,
+    }
     assert len(text) < 20_000
 
 
