@@ -355,14 +355,15 @@ class MetricsRenderer:
     def _render_agent(self, snapshot: Snapshot, counters: AgentCounters) -> str:
         families = [
             _single("gpuagent_build_info", "gauge",
-                    "gpuagent's version, the Python it runs on and the NVIDIA driver (value 1).",
+                    "gpuagent's version, the Python it runs on, the NVIDIA driver and the node "
+                    "(value 1).",
                     (("version", self.version), ("python_version", platform.python_version()),
-                     ("driver_version", snapshot.driver.version)), 1),
+                     ("driver_version", snapshot.driver.version), ("node", self.hostname)), 1),
             _single("gpuagent_driver_up", "gauge",
                     "Whether the NVIDIA driver answers (1) or not (0).", (),
                     1 if snapshot.driver.up else 0),
-            _single("gpuagent_gpus", "gauge", "GPUs discovered on this node.",
-                    (("node", self.hostname),), len(snapshot.gpus)),
+            _single("gpuagent_gpus", "gauge", "GPUs discovered on this node.", (),
+                    len(snapshot.gpus)),
             _single("gpuagent_kubelet_registered", "gauge",
                     "Whether the device plugin is registered with the kubelet (1) or not (0).",
                     (), 1 if snapshot.registered else 0),

@@ -118,7 +118,7 @@ async def test_metrics_report_health_and_xids(
         await run.fault({"gpu": 1, "fault": "xid", "xid": 46})
         text = await wait_for_metric(run, "gpuagent_gpu_healthy", {"gpu": "1"}, 0)
         assert samples(text, "gpuagent_xid_errors_total") == {
-            (("gpu", "1"), ("uuid", uuid), ("xid", "46")): 1
+            (("action", "RESET_GPU"), ("gpu", "1"), ("uuid", uuid), ("xid", "46")): 1
         }
         condition = samples(text, "gpuagent_gpu_condition")
         assert condition == {

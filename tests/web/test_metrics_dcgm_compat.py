@@ -88,6 +88,7 @@ def test_xid_label() -> None:
     ]  # fmt: skip
 
 
-def test_gpu_count_carries_the_node() -> None:
-    ((labels, value),) = samples(render(synthetic_snapshot(3)), "gpuagent_gpus")
-    assert (labels, value) == ({"node": "node-1"}, 3)
+def test_build_info_carries_the_node() -> None:
+    """For rules that compare a node's GPU count across agent restarts (a new instance)."""
+    ((labels, value),) = samples(render(synthetic_snapshot(3)), "gpuagent_build_info")
+    assert (labels["node"], value) == ("node-1", 1)
