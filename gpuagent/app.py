@@ -27,7 +27,7 @@ from gpuagent.domain.containers import (
     ContainerSettings,
     DeviceListStrategy,
 )
-from gpuagent.domain.counters import AgentCounters, NvmlCallStats, PodResourcesStats
+from gpuagent.domain.counters import AgentCounters, CriStats, NvmlCallStats, PodResourcesStats
 from gpuagent.domain.devices import IdStrategy
 from gpuagent.domain.dra import DraGpus, DraPlan
 from gpuagent.domain.errors import SettingError
@@ -46,6 +46,9 @@ from gpuagent.kubelet.podresources import PodResourcesClient
 from gpuagent.kubelet.registration import PluginEndpoint, Timing
 from gpuagent.labels import DEFAULT_FEATURES_FILE
 from gpuagent.nodefiles import TOOLKIT, CdiTarget, LabelTarget, write_cdi, write_labels
+from gpuagent.runtime.accountant import Accountant
+from gpuagent.runtime.cri import CriClient
+from gpuagent.runtime.procfs import ProcReader
 from gpuagent.web.metrics import MetricsRenderer
 from gpuagent.web.server import HttpServer, build_app
 from gpuagent.web.webconfig import WebConfigError, WebConfigFile
@@ -265,6 +268,9 @@ class Agent:
             served_resources(self.plan),
             interval=settings.pod_resources_interval,
         )
+        # Per-container GPU accounting: process -> cgroup -> container -> names (CRI).
+        self.cri = CriClient(settings.cri_socket)
+        self.accountant = Accountant(self.store, ProcReader(settings.proc_root), self.cri)
         self.stats = Stats()
         self.stopping = asyncio.Event()
         self.started = asyncio.Event()
@@ -319,6 +325,7 @@ class Agent:
             registrations=registrations,
             allocations=self.stats.allocations,
             pod_resources=PodResourcesStats(pods.requests, pods.errors, pods.socket_present),
+            cri=CriStats(self.cri.requests, self.cri.errors, len(self.cri.names)),
             nvml=tuple(
                 NvmlCallStats(name, s.count, s.seconds, s.errors)
                 for name, s in self.monitor.call_totals()
@@ -370,6 +377,7 @@ class Agent:
             self._hostname,
             __version__,
             hostname_label=None if self.settings.no_hostname else self.settings.hostname_label,
+            container_shares=self.settings.dcgm_container_shares,
         )
         app = build_app(
             self.store,
@@ -398,6 +406,7 @@ class Agent:
             self._spawn("nvml-poller", monitor.run())
             self._spawn("kubelet-registration", self._serve_resources())
             self._spawn("pod-resources", self.pod_resources.run())
+            self._spawn("gpu-accounting", self.accountant.run())
             self._spawn("node-files", self._write_node_files())
             self._spawn("config-watch", self._watch_config_file())
             if self.dra is not None:

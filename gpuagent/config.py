@@ -89,6 +89,9 @@ class Settings:
     plugins_registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
     plugins_dir: Path = Path("/var/lib/kubelet/plugins")
     kubeconfig: Path | None = None
+    proc_root: Path = Path("/proc")
+    cri_socket: Path | None = None
+    dcgm_container_shares: bool = False
 
     def as_dict(self) -> dict[str, object]:
         """Return the settings as JSON-friendly values: paths as strings, tuples as lists."""
@@ -519,6 +522,27 @@ MACHINE_TYPE_FILE = _Option(
     "FILE",
     env_aliases=("GFD_MACHINE_TYPE_FILE",),
 )
+PROC_ROOT = _Option(
+    "proc-root",
+    _parse_path,
+    "the /proc of the host's processes: PID/cgroup tells a GPU process's container, for "
+    "per-container GPU accounting (default /proc)",
+    "DIR",
+)
+CRI_SOCKET = _Option(
+    "cri-socket",
+    _parse_path,
+    "the container runtime's CRI socket, for the names of containers using GPUs "
+    "(default containerd's or CRI-O's, whichever exists)",
+    "PATH",
+)
+DCGM_CONTAINER_SHARES = _Option(
+    "dcgm-container-shares",
+    _parse_bool,
+    "the dcgm-exporter series of a shared GPU carry each container's own utilisation, memory "
+    "and energy instead of the whole GPU's (default false)",
+    is_bool=True,
+)
 
 
 def _parse_dra_gpus(raw: object) -> str:
@@ -616,6 +640,9 @@ OPTIONS: tuple[_Option[Any], ...] = (
     PLUGINS_REGISTRY_DIR,
     PLUGINS_DIR,
     KUBECONFIG,
+    PROC_ROOT,
+    CRI_SOCKET,
+    DCGM_CONTAINER_SHARES,
 )
 FILE_KEYS = tuple(opt.name for opt in OPTIONS if opt.in_file)
 
@@ -845,4 +872,7 @@ def load_settings(
         ),
         plugins_dir=sources.get(PLUGINS_DIR, Path("/var/lib/kubelet/plugins")),
         kubeconfig=sources.get(KUBECONFIG, None),
+        proc_root=sources.get(PROC_ROOT, Path("/proc")),
+        cri_socket=sources.get(CRI_SOCKET, None),
+        dcgm_container_shares=sources.get(DCGM_CONTAINER_SHARES, False),
     )

@@ -67,6 +67,9 @@ def test_defaults() -> None:
         "plugins_registry_dir": "/var/lib/kubelet/plugins_registry",
         "plugins_dir": "/var/lib/kubelet/plugins",
         "kubeconfig": None,
+        "proc_root": "/proc",
+        "cri_socket": None,
+        "dcgm_container_shares": False,
     }
 
 
@@ -710,6 +713,9 @@ dra-driver-name: gpu.example.com
 plugins-registry-dir: /pr
 plugins-dir: /p
 kubeconfig: /etc/kube.conf
+proc-root: /host/proc
+cri-socket: /run/k3s/containerd/containerd.sock
+dcgm-container-shares: true
 """,
     )
     assert load(["--config", str(cfg)]).as_dict() == {
@@ -757,6 +763,9 @@ kubeconfig: /etc/kube.conf
         "plugins_registry_dir": "/pr",
         "plugins_dir": "/p",
         "kubeconfig": "/etc/kube.conf",
+        "proc_root": "/host/proc",
+        "cri_socket": "/run/k3s/containerd/containerd.sock",
+        "dcgm_container_shares": True,
     }
 
 

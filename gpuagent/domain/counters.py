@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["AgentCounters", "DraCounters", "NvmlCallStats", "PodResourcesStats"]
+__all__ = ["AgentCounters", "CriStats", "DraCounters", "NvmlCallStats", "PodResourcesStats"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +45,15 @@ class DraCounters:
 
 
 @dataclass(frozen=True, slots=True)
+class CriStats:
+    """The CRI client's own counters: refreshes of the container names, and the names known."""
+
+    requests: int = 0
+    errors: int = 0
+    containers: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class AgentCounters:
     """The agent's own counters that live outside the device snapshot."""
 
@@ -53,3 +62,4 @@ class AgentCounters:
     pod_resources: PodResourcesStats | None = None
     nvml: tuple[NvmlCallStats, ...] = ()
     dra: DraCounters | None = None
+    cri: CriStats | None = None

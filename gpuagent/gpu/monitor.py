@@ -243,13 +243,15 @@ class GpuMonitor:
         self.apply(index, event)
 
     def _apply_probe(self, index: int, probe: Probe, *, stale: bool = False) -> None:
-        telemetry = probe.telemetry
+        telemetry, processes = probe.telemetry, probe.processes
         if stale:
             # A driver event arrived while this probe ran: its health readings may predate the
             # event and must not overtake it. Keep the telemetry; the next probe decides.
             if probe.events == (Responding(),):
                 self._store.update(
-                    lambda s: _map_gpu(s, index, lambda g: replace(g, telemetry=telemetry))
+                    lambda s: _map_gpu(
+                        s, index, lambda g: replace(g, telemetry=telemetry, processes=processes)
+                    )
                 )
             return
         for event in probe.events:
@@ -269,7 +271,11 @@ class GpuMonitor:
                     failed=bool(telemetry.row_remap_failure),
                 ),
             )
-        self._store.update(lambda s: _map_gpu(s, index, lambda g: replace(g, telemetry=telemetry)))
+        self._store.update(
+            lambda s: _map_gpu(
+                s, index, lambda g: replace(g, telemetry=telemetry, processes=processes)
+            )
+        )
 
     def _event_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         """Runs on the ``nvml-events`` thread: blocks in the driver, posts events to the loop."""

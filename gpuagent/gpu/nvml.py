@@ -28,7 +28,9 @@ from gpuagent.domain.health import (
     Responding,
     XidError,
 )
+from gpuagent.domain.usage import ProcessReading
 from gpuagent.gpu.mig import DEFAULT_MIG_MINORS, read_mig
+from gpuagent.gpu.processes import ProcessReader
 from gpuagent.gpu.telemetry import TelemetryReader
 from gpuagent.gpu.topology import read_topology
 
@@ -63,6 +65,8 @@ class Probe:
     events: tuple[HealthEvent, ...]
     telemetry: Telemetry
     recovery_action: int | None = None
+    # Per-process readings (gpu/processes.py); None when the driver offers none or they failed.
+    processes: ProcessReading | None = None
 
 
 def describe(error: pynvml.NVMLError) -> str:
@@ -85,6 +89,7 @@ class Nvml:
         self._absent_logged: set[tuple[int, str]] = set()
         self._absent_lock = threading.Lock()
         self._reader = TelemetryReader(self._optional)
+        self._processes = ProcessReader(self._optional)
 
     # ----- lifecycle ---------------------------------------------------------------------------
     def init(self) -> DriverState:
@@ -270,11 +275,17 @@ class Nvml:
         try:
             telemetry = self._telemetry(index, handle)
             action = self._recovery_action(handle)
+            processes = self._processes.read(index, handle)
         except pynvml.NVMLError_GpuIsLost:
             return Probe(events=(GpuLost(),), telemetry=Telemetry())
         except pynvml.NVMLError as exc:
             return Probe(events=(ProbeFailed(describe(exc)),), telemetry=Telemetry())
-        return Probe(events=(Responding(),), telemetry=telemetry, recovery_action=action)
+        return Probe(
+            events=(Responding(),),
+            telemetry=telemetry,
+            recovery_action=action,
+            processes=processes,
+        )
 
     def _telemetry(self, index: int, handle: Any) -> Telemetry:
         return self._reader.read(index, handle)

@@ -29,6 +29,7 @@ from gpuagent.domain.counters import (
     PodResourcesStats,
 )
 from gpuagent.domain.devices import Gpu, MigDevice, PodRef, Snapshot
+from gpuagent.domain.usage import ContainerUsage
 from gpuagent.web.dcgm import (
     DCGM_METRICS,
     INSTANCE_SCOPE,
@@ -40,6 +41,7 @@ from gpuagent.web.dcgm import (
 )
 from gpuagent.web.exposition import Family, escape_label, format_value, header, label_pairs, render
 from gpuagent.web.histogram import SCRAPE_BUCKETS, Histogram
+from gpuagent.web.usage import SHARED_DCGM, cri_families, render_usage
 
 __all__ = ["DevicePart", "MetricsRenderer"]
 
@@ -93,6 +95,7 @@ class _Series:
     gpu: int
     mig: int | None
     blocks: tuple[bytes, ...]
+    refs: tuple[PodRef, ...] = ()  # the container of each block (none when unattributed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +113,9 @@ class MetricsRenderer:
     """Renders snapshots for /metrics; the device part is cached per snapshot version.
 
     ``hostname_label`` is ``Hostname`` (dcgm-exporter before May 2026), ``hostname`` (after), or
-    ``None`` to leave the label out (dcgm-exporter's ``--no-hostname``).
+    ``None`` to leave the label out (dcgm-exporter's ``--no-hostname``). ``container_shares``: a
+    full GPU's dcgm-exporter series carry each holding container's own reading where NVML has it
+    per process (``--dcgm-container-shares``, see :mod:`gpuagent.web.usage`).
     """
 
     def __init__(
@@ -121,8 +126,10 @@ class MetricsRenderer:
         hostname_label: str | None = "Hostname",
         monotonic: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        container_shares: bool = False,
     ) -> None:
         self.hostname = hostname
+        self.container_shares = container_shares
         self.version = version
         self.hostname_label = hostname_label
         self.monotonic = monotonic
@@ -183,8 +190,8 @@ class MetricsRenderer:
             instances = _gpu_instances(gpu) if gpu.mig_enabled else []
             if not instances:
                 target = Target(gpu.index)
-                blocks = _blocks(base + tail, pods.get(target, ()))
-                series.append(_Series(target, position, None, blocks))
+                refs = pods.get(target, ())
+                series.append(_Series(target, position, None, _blocks(base + tail, refs), refs))
                 continue
             for mig_position, mig in instances:
                 target = Target(gpu.index, mig.gpu_instance_id)
@@ -220,12 +227,24 @@ class MetricsRenderer:
             )
             for s in layout.series
         ]
+        shares = self._shares(snapshot, layout) if self.container_shares else {}
         for metric in DCGM_METRICS:
             name, read, own = metric.name.encode(), metric.read, metric.scope == INSTANCE_SCOPE
+            share = SHARED_DCGM.get(metric.name)
             parts: list[bytes] = []
-            for whole, instance, blocks in readings:
+            for n, (whole, instance, blocks) in enumerate(readings):
                 value = read(instance if own else whole)
                 if value is None:
+                    continue
+                held = shares.get(n)
+                if held and share is not None:
+                    # Each container's own reading (the GPU's where NVML has none for it).
+                    for block, usage in zip(blocks, held, strict=True):
+                        mine = share(usage) if usage is not None else None
+                        own_value = value if mine is None else mine
+                        parts.append(
+                            b"%s{%s} %s\n" % (name, block, format_value(own_value).encode())
+                        )
                     continue
                 # One sample per label block, all with the same value: one C-level join.
                 end = b"} " + format_value(value).encode() + b"\n"
@@ -238,6 +257,26 @@ class MetricsRenderer:
                     yield xid
         yield self._render_health_families(snapshot).encode()
         yield layout.static
+        host = ""
+        if self.hostname_label is not None:
+            host = f',{self.hostname_label}="{escape_label(self.hostname)}"'
+        yield render_usage(snapshot, host).encode()
+
+    @staticmethod
+    def _shares(snapshot: Snapshot, layout: _Layout) -> dict[int, list[ContainerUsage | None]]:
+        """Per series position (full GPUs held by containers): each block's container usage."""
+        usage = {
+            (u.gpu, PodRef(u.namespace, u.pod, u.container)): u
+            for u in snapshot.usage.containers
+            if u.gpu_instance is None
+        }
+        if not usage:
+            return {}
+        return {
+            n: [usage.get((s.target.gpu, ref)) for ref in s.refs]
+            for n, s in enumerate(layout.series)
+            if s.mig is None and s.refs
+        }
 
     @staticmethod
     def _render_xid_last(snapshot: Snapshot, layout: _Layout) -> bytes:
@@ -375,6 +414,7 @@ class MetricsRenderer:
         families.extend(self._pod_resources_families(snapshot, counters.pod_resources))
         families.extend(_nvml_families(counters.nvml))
         families.extend(_dra_families(counters.dra))
+        families.extend(cri_families(counters.cri))
         scrape = Family(
             "gpuagent_scrape_duration_seconds",
             "histogram",

@@ -12,11 +12,13 @@ from support.synthetic import synthetic_snapshot
 from gpuagent.config import OPTIONS
 from gpuagent.domain.counters import (
     AgentCounters,
+    CriStats,
     DraCounters,
     NvmlCallStats,
     PodResourcesStats,
 )
 from gpuagent.domain.devices import Condition, GpuHealth
+from gpuagent.domain.usage import ContainerUsage, ProcessReading, Usage
 from gpuagent.web.dcgm import DCGM_METRICS
 from gpuagent.web.metrics import MetricsRenderer
 from gpuagent.web.server import MAX_BODY, HttpLimits
@@ -32,12 +34,17 @@ def families() -> set[str]:
         health=GpuHealth((Condition("lost"),)),
         xid_counts=MappingProxyType({79: 1}),
         last_xid=79,
+        processes=ProcessReading(samples=()),
     )
-    snapshot = replace(snapshot, gpus=(gpu, snapshot.gpus[1]))
+    used = ContainerUsage(0, None, "ns", "pod", "c", 1, 2**30, 0.5, 0.1, 0, 0, 12.5, True)
+    snapshot = replace(
+        snapshot, gpus=(gpu, snapshot.gpus[1]), usage=Usage(containers=(used,), judged=True)
+    )
     counters = AgentCounters(
         pod_resources=PodResourcesStats(1, 0, True),
         nvml=(NvmlCallStats("x", 1, 0.1, 0),),
         dra=DraCounters(),
+        cri=CriStats(1, 0, 1),
     )
     text = MetricsRenderer("n", "1").render(snapshot, counters)
     text += MetricsRenderer("n", "1").render(synthetic_snapshot(1, mig=True), counters)

@@ -1,0 +1,187 @@
+"""The per-container GPU families, rendered from ``Snapshot.usage`` (see domain/accounting.py).
+
+Labels: the GPU's (``gpu``, ``UUID``, ``pci_bus_id``, ``device``, ``modelName``, ``GPU_I_ID`` on
+MIG), the host label, then ``container``, ``namespace``, ``pod`` (empty for processes whose
+container is not known) — the same spelling as the dcgm-exporter series, so they join.
+
+With ``--dcgm-container-shares`` the dcgm-exporter series of a full GPU held by containers carry,
+per container, the container's own reading for the values NVML reports per process
+(:data:`SHARED_DCGM`); the GPU's physical readings (power, temperature, clocks, ...) stay whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from gpuagent.domain.counters import CriStats
+from gpuagent.domain.devices import Gpu, Snapshot
+from gpuagent.domain.usage import ContainerUsage
+from gpuagent.web.exposition import Family, escape_label, format_value, header, label_pairs
+
+__all__ = ["SHARED_DCGM", "cri_families", "render_usage"]
+
+MIB = 1024 * 1024
+
+MEMORY = "gpuagent_container_gpu_memory_used_bytes"
+SM = "gpuagent_container_gpu_sm_utilization_ratio"
+ENERGY = "gpuagent_container_gpu_energy_joules_total"
+PROCESSES = "gpuagent_container_gpu_processes"
+UNALLOCATED = "gpuagent_gpu_unallocated_use"
+
+_FAMILIES: tuple[tuple[str, str, str, Callable[[ContainerUsage], float | None]], ...] = (
+    (
+        MEMORY,
+        "gauge",
+        "GPU memory used by the container's processes on the GPU (or MIG GPU instance), in bytes.",
+        lambda u: u.memory_bytes,
+    ),
+    (
+        SM,
+        "gauge",
+        "The container's share of the GPU's SM time over the last poll interval (0-1; absent "
+        "where NVML has no per-process utilisation, as on MIG).",
+        lambda u: u.sm_ratio,
+    ),
+    (
+        ENERGY,
+        "counter",
+        "The GPU's energy apportioned to the container by SM share, idle energy to the "
+        "containers the GPU is allocated to, in joules (see docs/metrics.md).",
+        lambda u: u.energy_joules,
+    ),
+    (
+        PROCESSES,
+        "gauge",
+        "Processes of the container with a context on the GPU (or MIG GPU instance).",
+        lambda u: u.processes,
+    ),
+)
+_UNALLOCATED_HELP = (
+    "1 while a container runs work on a GPU (or MIG GPU instance) the kubelet did not allocate to "
+    "it, one series per such container; 0 (empty pod labels) for a GPU without such use."
+)
+
+#: dcgm-exporter families that carry a container's own reading with --dcgm-container-shares.
+SHARED_DCGM: Mapping[str, Callable[[ContainerUsage], float | None]] = {
+    "DCGM_FI_DEV_GPU_UTIL": lambda u: _percent(u.sm_ratio),
+    "DCGM_FI_DEV_MEM_COPY_UTIL": lambda u: _percent(u.mem_ratio),
+    "DCGM_FI_DEV_ENC_UTIL": lambda u: _percent(u.enc_ratio),
+    "DCGM_FI_DEV_DEC_UTIL": lambda u: _percent(u.dec_ratio),
+    "DCGM_FI_DEV_FB_USED": lambda u: None if u.memory_bytes is None else u.memory_bytes / MIB,
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": lambda u: (
+        None if u.energy_joules is None else u.energy_joules * 1000
+    ),
+}
+
+
+def _percent(ratio: float | None) -> float | None:
+    return None if ratio is None else round(ratio * 100, 3)
+
+
+def render_usage(snapshot: Snapshot, host: str) -> str:
+    """The container families and ``gpuagent_gpu_unallocated_use``; ``host`` is the rendered
+    host label pair (``,Hostname="node-1"``) or empty."""
+    usage = snapshot.usage
+    by_index = {gpu.index: gpu for gpu in snapshot.gpus}
+    gpu_labels: dict[tuple[int, int | None], str] = {}
+
+    def labels(gpu: int, instance: int | None) -> str | None:
+        key = (gpu, instance)
+        found = gpu_labels.get(key)
+        if found is None:
+            parent = by_index.get(gpu)
+            if parent is None:
+                return None
+            found = _gpu_labels(parent, instance) + host
+            gpu_labels[key] = found
+        return found
+
+    out: list[str] = []
+    rows = []
+    for u in usage.containers:
+        prefix = labels(u.gpu, u.gpu_instance)
+        if prefix is not None:
+            rows.append((prefix + _pod_labels(u.namespace, u.pod, u.container), u))
+    for name, kind, help_text, read in _FAMILIES:
+        samples = []
+        for block, u in rows:
+            value = read(u)
+            if value is not None:
+                samples.append(f"{name}{{{block}}} {format_value(value)}\n")
+        if samples:
+            out.append(header(name, kind, help_text) + "".join(samples))
+    if usage.judged:
+        out.append(_unallocated(snapshot, labels))
+    return "".join(out)
+
+
+def _unallocated(snapshot: Snapshot, labels: Callable[[int, int | None], str | None]) -> str:
+    offenders: dict[tuple[int, int | None], list[ContainerUsage]] = {}
+    for u in snapshot.usage.containers:
+        if u.unallocated:
+            offenders.setdefault((u.gpu, u.gpu_instance), []).append(u)
+    samples = []
+    for gpu in snapshot.gpus:
+        if gpu.processes is None:
+            continue
+        instances: list[int | None] = [None]
+        if gpu.mig_enabled:
+            instances = [*sorted({m.gpu_instance_id for m in gpu.mig_devices})]
+        for instance in instances:
+            prefix = labels(gpu.index, instance)
+            if prefix is None:
+                continue
+            found = offenders.get((gpu.index, instance), [])
+            if not found:
+                samples.append(f"{UNALLOCATED}{{{prefix}{_pod_labels('', '', '')}}} 0\n")
+            for u in found:
+                pods = _pod_labels(u.namespace, u.pod, u.container)
+                samples.append(f"{UNALLOCATED}{{{prefix}{pods}}} 1\n")
+    if not samples:
+        return ""
+    return header(UNALLOCATED, "gauge", _UNALLOCATED_HELP) + "".join(samples)
+
+
+def _gpu_labels(gpu: Gpu, instance: int | None) -> str:
+    pairs = [
+        ("gpu", str(gpu.index)),
+        ("UUID", gpu.uuid),
+        ("pci_bus_id", gpu.pci_bus_id),
+        ("device", f"nvidia{gpu.index}"),  # as the dcgm-exporter series: the index
+        ("modelName", gpu.name),
+    ]
+    if instance is not None:
+        pairs.append(("GPU_I_ID", str(instance)))
+    return label_pairs(pairs)
+
+
+def _pod_labels(namespace: str, pod: str, container: str) -> str:
+    return (
+        f',container="{escape_label(container)}",namespace="{escape_label(namespace)}"'
+        f',pod="{escape_label(pod)}"'
+    )
+
+
+def cri_families(stats: CriStats | None) -> list[Family]:
+    """The CRI client's counters (agent part)."""
+    if stats is None:
+        return []
+    requests = Family(
+        "gpuagent_cri_requests_total",
+        "counter",
+        "CRI ListContainers calls made (only when a GPU process's container was never seen).",
+    )
+    requests.add((), stats.requests)
+    errors = Family(
+        "gpuagent_cri_errors_total",
+        "counter",
+        "CRI ListContainers calls that failed, or were not made for want of a socket.",
+    )
+    errors.add((), stats.errors)
+    containers = Family(
+        "gpuagent_cri_containers",
+        "gauge",
+        "Containers with the kubelet's labels in the last good CRI ListContainers answer.",
+    )
+    containers.add((), stats.containers)
+    return [requests, errors, containers]

@@ -1,0 +1,362 @@
+"""Per-container GPU accounting end to end: a real agent on the simulated driver, processes started
+over /sim/processes, their cgroup files under --proc-root (every runtime, driver and cgroup
+version), a CRI stand-in on grpcio and the kubelet's pod-resources stand-in."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from support.cgroups import LAYOUTS, Layout, cgroup_file, host_cgroup_file, write_proc
+from support.cristubs import CriStubs
+from support.fake_cri import FakeCri, RuntimeContainer
+from support.fake_podresources import FakePodResources, Held
+from support.grpcstubs import StubModules
+
+from e2e.agentrun import RunningAgent, running_agent
+
+T = 10.0
+GPU = "nvidia.com/gpu"
+MIB = 1024 * 1024
+MEMORY = "gpuagent_container_gpu_memory_used_bytes"
+SM = "gpuagent_container_gpu_sm_utilization_ratio"
+ENERGY = "gpuagent_container_gpu_energy_joules_total"
+PROCESSES = "gpuagent_container_gpu_processes"
+UNALLOCATED = "gpuagent_gpu_unallocated_use"
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A container with one GPU process: its pid, cgroup layout and names."""
+
+    pid: int
+    layout: Layout
+    namespace: str
+    pod: str
+    container: str = "main"
+
+    @property
+    def container_id(self) -> str:
+        return f"{self.pid:064x}"
+
+    @property
+    def pod_uid(self) -> str:
+        return f"{self.pid:08x}-0000-4000-8000-{self.pid:012x}"
+
+    def runtime_container(self) -> RuntimeContainer:
+        return RuntimeContainer(
+            self.container_id, self.namespace, self.pod, self.container, pod_uid=self.pod_uid
+        )
+
+
+TRAINER = Workload(1001, Layout("containerd", "systemd", 2, "guaranteed"), "ml", "trainer")
+NOTEBOOK = Workload(1002, Layout("cri-o", "cgroupfs", 1, "besteffort"), "ds", "notebook")
+MINER = Workload(1003, Layout("docker", "systemd", 1, "burstable"), "sneaky", "miner")
+GHOST = Workload(1004, Layout("containerd", "cgroupfs", 2), "gone", "ghost")  # not in the CRI
+HOST_PID = 1005
+
+
+@pytest.fixture
+def pod_resources(short_tmp_path: Path, grpc_stubs: StubModules) -> Iterator[FakePodResources]:
+    with FakePodResources(short_tmp_path / "pr" / "kubelet.sock", grpc_stubs) as fake:
+        yield fake
+
+
+@pytest.fixture
+def runtime(short_tmp_path: Path, cri_stubs: CriStubs) -> Iterator[FakeCri]:
+    with FakeCri(short_tmp_path / "cri" / "containerd.sock", cri_stubs) as fake:
+        fake.set(w.runtime_container() for w in (TRAINER, NOTEBOOK, MINER))
+        yield fake
+
+
+@pytest.fixture
+def proc_root(tmp_path: Path) -> Path:
+    files = {
+        w.pid: cgroup_file(w.layout, w.pod_uid, w.container_id)
+        for w in (TRAINER, NOTEBOOK, MINER, GHOST)
+    }
+    files[HOST_PID] = host_cgroup_file()
+    return write_proc(tmp_path / "proc", files)
+
+
+def args(
+    pod_resources: FakePodResources, runtime: FakeCri, proc_root: Path, *extra: str
+) -> tuple[str, ...]:
+    return (
+        "--pod-resources-socket", str(pod_resources.socket_path),
+        "--cri-socket", str(runtime.socket_path),
+        "--proc-root", str(proc_root),
+        # Longer than the simulated driver's sampling period: every poll sees new samples.
+        "--poll-interval", "0.3",
+        *extra,
+    )  # fmt: skip
+
+
+Sample = tuple[dict[str, str], float]
+
+
+def samples(text: str, name: str) -> list[Sample]:
+    return [
+        (dict(s.labels), float(s.value))
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == name
+    ]
+
+
+def by_pod(text: str, name: str, gpu: str = "0") -> dict[str, float]:
+    return {labels["pod"]: v for labels, v in samples(text, name) if labels["gpu"] == gpu}
+
+
+def gpu_value(text: str, name: str, gpu: str = "0") -> float:
+    values = {v for labels, v in samples(text, name) if labels["gpu"] == gpu}
+    assert len(values) == 1, (name, values)
+    return values.pop()
+
+
+async def metrics_until(
+    run: RunningAgent, predicate: Callable[[str], bool], within: float = T
+) -> str:
+    deadline = time.monotonic() + within
+    text = ""
+    while time.monotonic() < deadline:
+        _, text = await run.get("/metrics")
+        if predicate(text):
+            return text
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"/metrics never matched:\n{text[-4000:]}")
+
+
+def probes(text: str) -> float:
+    return sum(
+        v
+        for lbl, v in samples(text, "gpuagent_nvml_call_duration_seconds_count")
+        if lbl["call"] == "probe"
+    )
+
+
+async def polls(run: RunningAgent, n: int) -> None:
+    """Wait until the poller has probed every GPU ``n`` more times."""
+    _, text = await run.get("/metrics")
+    gpus = len(run.sim.describe())
+    before = probes(text)
+    await metrics_until(run, lambda t: probes(t) >= before + n * gpus)
+
+
+async def start(
+    run: RunningAgent, gpu: int, pid: int, memory_mib: float, sm: float, **more: object
+) -> None:
+    body = {"gpu": gpu, "pid": pid, "memory_mib": memory_mib, "sm_util": sm, **more}
+    async with run.http.post(run.base_url + "/sim/processes", json=body) as response:
+        assert response.status == 200, await response.text()
+
+
+async def end(run: RunningAgent, pid: int) -> None:
+    async with run.http.delete(f"{run.base_url}/sim/processes/{pid}") as response:
+        assert response.status == 200, await response.text()
+
+
+async def gpu_uuid(run: RunningAgent, index: int) -> str:
+    return str(run.sim.describe()[index]["uuid"])
+
+
+async def test_time_sliced_containers_get_their_own_share(
+    device_plugin_dir: Path, pod_resources: FakePodResources, runtime: FakeCri, proc_root: Path
+) -> None:
+    async with running_agent(
+        device_plugin_dir, ("--simulate", "2", *args(pod_resources, runtime, proc_root))
+    ) as run:
+        uuid = await gpu_uuid(run, 0)
+        pod_resources.set(
+            [
+                Held("ml", "trainer", "main", GPU, (f"{uuid}::0",)),
+                Held("ds", "notebook", "main", GPU, (f"{uuid}::1",)),
+            ]
+        )
+        await start(run, 0, TRAINER.pid, 10_000, 30)
+        await start(run, 0, NOTEBOOK.pid, 6_000, 45)
+
+        def shared(text: str) -> bool:
+            sm = by_pod(text, SM)
+            return (
+                by_pod(text, MEMORY).keys() == {"trainer", "notebook"}
+                and sm.get("trainer", 0) > 0
+                and sm.get("notebook", 0) > 0
+            )
+
+        text = await metrics_until(run, shared)
+        memory = by_pod(text, MEMORY)
+        assert memory == {"trainer": 10_000 * MIB, "notebook": 6_000 * MIB}
+        assert sum(memory.values()) == gpu_value(text, "DCGM_FI_DEV_FB_USED") * MIB
+        sm = by_pod(text, SM)
+        assert sm == pytest.approx({"trainer": 0.30, "notebook": 0.45})
+        assert sum(sm.values()) == pytest.approx(gpu_value(text, "DCGM_FI_DEV_GPU_UTIL") / 100)
+        assert by_pod(text, PROCESSES) == {"trainer": 1, "notebook": 1}
+        labels = next(lbl for lbl, _ in samples(text, MEMORY) if lbl["pod"] == "trainer")
+        assert labels == {
+            "gpu": "0", "UUID": uuid, "pci_bus_id": labels["pci_bus_id"], "device": "nvidia0",
+            "modelName": "NVIDIA H100 80GB HBM3", "Hostname": "test-node",
+            "container": "main", "namespace": "ml", "pod": "trainer",
+        }  # fmt: skip
+        # Both hold the GPU and only use it as allocated.
+        assert by_pod(text, UNALLOCATED) == {"": 0}
+        # The GPU's energy counter is shared out as time passes.
+        text = await metrics_until(run, lambda t: min(by_pod(t, ENERGY).values(), default=0) > 0)
+        energy = by_pod(text, ENERGY)
+        assert energy["notebook"] > energy["trainer"] > 0
+        # Without --dcgm-container-shares each pod's series repeats the whole GPU's value.
+        util = {
+            lbl["pod"]: v for lbl, v in samples(text, "DCGM_FI_DEV_GPU_UTIL") if lbl["gpu"] == "0"
+        }
+        assert util == {"trainer": 75, "notebook": 75}
+        # A process that exits is gone at the next poll (the container holds the GPU still).
+        await end(run, NOTEBOOK.pid)
+        text = await metrics_until(run, lambda t: by_pod(t, PROCESSES).get("notebook") == 0)
+        assert by_pod(text, MEMORY)["notebook"] == 0
+        assert by_pod(text, MEMORY)["trainer"] == 10_000 * MIB
+        # Names came from one CRI refresh, never per scrape or poll.
+        assert runtime.calls == 1
+
+
+async def test_dcgm_series_carry_each_containers_share_when_asked(
+    device_plugin_dir: Path, pod_resources: FakePodResources, runtime: FakeCri, proc_root: Path
+) -> None:
+    extra = args(pod_resources, runtime, proc_root, "--dcgm-container-shares")
+    async with running_agent(device_plugin_dir, ("--simulate", "1", *extra)) as run:
+        uuid = await gpu_uuid(run, 0)
+        pod_resources.set(
+            [
+                Held("ml", "trainer", "main", GPU, (f"{uuid}::0",)),
+                Held("ds", "notebook", "main", GPU, (f"{uuid}::1",)),
+            ]
+        )
+        await start(run, 0, TRAINER.pid, 4_000, 20)
+        await start(run, 0, NOTEBOOK.pid, 2_000, 50)
+
+        def split(text: str) -> bool:
+            util = {lbl["pod"]: v for lbl, v in samples(text, "DCGM_FI_DEV_GPU_UTIL")}
+            return util == {"trainer": 20, "notebook": 50}
+
+        text = await metrics_until(run, split)
+        fb = {lbl["pod"]: v for lbl, v in samples(text, "DCGM_FI_DEV_FB_USED")}
+        assert fb == {"trainer": 4_000, "notebook": 2_000}
+        # Physical readings stay the GPU's.
+        temps = {v for _, v in samples(text, "DCGM_FI_DEV_GPU_TEMP")}
+        assert len(temps) == 1
+
+
+async def test_unknown_containers_and_unallocated_use(
+    device_plugin_dir: Path, pod_resources: FakePodResources, runtime: FakeCri, proc_root: Path
+) -> None:
+    async with running_agent(
+        device_plugin_dir, ("--simulate", "2", *args(pod_resources, runtime, proc_root))
+    ) as run:
+        uuid0, uuid1 = await gpu_uuid(run, 0), await gpu_uuid(run, 1)
+        pod_resources.set([Held("ml", "trainer", "main", GPU, (uuid0,))])
+        await start(run, 0, TRAINER.pid, 1_000, 10)
+        # A privileged pod seeing every GPU runs on GPU 1, which nobody was allocated.
+        await start(run, 1, MINER.pid, 3_000, 90)
+        # A container the runtime does not list, and a process on the host.
+        await start(run, 1, GHOST.pid, 500, 5)
+        await start(run, 1, HOST_PID, 250, 0)
+
+        def ready(text: str) -> bool:
+            return by_pod(text, UNALLOCATED, gpu="1").get("miner") == 1 and "" in by_pod(
+                text, MEMORY, gpu="1"
+            )
+
+        text = await metrics_until(run, ready)
+        assert by_pod(text, UNALLOCATED, gpu="0") == {"": 0}
+        (offender,) = [lbl for lbl, v in samples(text, UNALLOCATED) if v == 1]
+        who = (offender["gpu"], offender["UUID"], offender["namespace"], offender["container"])
+        assert who == ("1", uuid1, "sneaky", "main")
+        # Unknown container and host process: kept, with empty labels, never dropped.
+        assert by_pod(text, MEMORY, gpu="1") == {"miner": 3_000 * MIB, "": 750 * MIB}
+        assert by_pod(text, PROCESSES, gpu="1") == {"miner": 1, "": 2}
+        # Names were asked for once for the new IDs (the unknown one included); at rest, never.
+        calls = runtime.calls
+        assert calls == 1
+        await polls(run, 3)
+        assert runtime.calls == calls
+        # The miner leaves: the GPU is back to no unallocated use.
+        await end(run, MINER.pid)
+        await metrics_until(run, lambda t: by_pod(t, UNALLOCATED, gpu="1") == {"": 0})
+
+
+async def test_a_mig_instances_process_is_credited_to_that_instance(
+    device_plugin_dir: Path,
+    pod_resources: FakePodResources,
+    runtime: FakeCri,
+    proc_root: Path,
+    tmp_path: Path,
+) -> None:
+    node = tmp_path / "node.yaml"
+    node.write_text("version: v1\ngpus:\n  - name: H100\n    mig: [3g.40gb, 2g.20gb, 1g.10gb]\n")
+    async with running_agent(
+        device_plugin_dir, ("--sim-config", str(node), *args(pod_resources, runtime, proc_root))
+    ) as run:
+        gis = [m.gpu_instance_id for m in run.sim.node.gpus[0].mig_devices]
+        migs = [m.uuid for m in run.sim.node.gpus[0].mig_devices]
+        pod_resources.set(
+            [
+                Held("ml", "trainer", "main", "nvidia.com/mig-2g.20gb", (migs[1],)),
+                Held("ds", "notebook", "main", "nvidia.com/mig-1g.10gb", (migs[2],)),
+            ]
+        )
+        await start(run, 0, TRAINER.pid, 7_000, 60, gpu_instance=gis[1])
+        await start(run, 0, NOTEBOOK.pid, 3_000, 60, gpu_instance=gis[2])
+
+        def credited(text: str) -> bool:
+            return {lbl["pod"] for lbl, v in samples(text, MEMORY) if v > 0} == {
+                "trainer",
+                "notebook",
+            }
+
+        text = await metrics_until(run, credited)
+        memory = {(lbl["GPU_I_ID"], lbl["pod"]): v for lbl, v in samples(text, MEMORY)}
+        assert memory == {
+            (str(gis[1]), "trainer"): 7_000 * MIB,
+            (str(gis[2]), "notebook"): 3_000 * MIB,
+        }
+        # NVML has no per-process utilisation under MIG: no share, no energy (not invented).
+        assert samples(text, SM) == []
+        assert samples(text, ENERGY) == []
+        unallocated = {lbl["GPU_I_ID"]: v for lbl, v in samples(text, UNALLOCATED)}
+        assert unallocated == {str(gi): 0 for gi in gis}
+
+
+async def test_every_cgroup_layout_end_to_end(
+    device_plugin_dir: Path,
+    pod_resources: FakePodResources,
+    short_tmp_path: Path,
+    cri_stubs: CriStubs,
+    tmp_path: Path,
+) -> None:
+    workloads = [
+        Workload(2000 + n, layout, "layouts", layout.name) for n, layout in enumerate(LAYOUTS)
+    ]
+    proc = write_proc(
+        tmp_path / "all",
+        {w.pid: cgroup_file(w.layout, w.pod_uid, w.container_id) for w in workloads},
+    )
+    with FakeCri(short_tmp_path / "all.sock", cri_stubs) as runtime:
+        runtime.set(w.runtime_container() for w in workloads)
+        async with running_agent(
+            device_plugin_dir, ("--simulate", "4", *args(pod_resources, runtime, proc))
+        ) as run:
+            for n, w in enumerate(workloads):
+                await start(run, n % 4, w.pid, 100 + n, 1)
+
+            def all_named(text: str) -> bool:
+                return {lbl["pod"] for lbl, _ in samples(text, PROCESSES)} == {
+                    w.pod for w in workloads
+                }
+
+            text = await metrics_until(run, all_named)
+            assert "" not in {lbl["pod"] for lbl, _ in samples(text, PROCESSES)}
+            assert runtime.calls == 1
