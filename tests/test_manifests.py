@@ -41,6 +41,7 @@ from support.nodes import gpu, node
 from gpuagent.app import plan
 from gpuagent.config import ConfigError, load_settings
 from gpuagent.domain.resources import build_resources
+from gpuagent.runtime.cri import DEFAULT_SOCKETS
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFESTS = ROOT / "manifests"
@@ -80,6 +81,7 @@ NOT_HOST_PATHS = {
     "config_file",
     "sim_config",
     "web_config_file",
+    "proc_root",  # the container's own /proc: with hostPID it shows the host's processes
 }
 # Host paths the agent uses only with DRA on (--dra-gpus): the kubelet's plugin directories.
 DRA_HOST_PATHS = {"plugins_dir", "plugins_registry_dir"}
@@ -396,6 +398,13 @@ def test_mounts_match_the_paths_the_agent_uses(name: str, tmp_path: Path) -> Non
         assert mounted[settings.socket_dir] is True
         assert settings.kubelet_socket.parent == settings.socket_dir
         assert settings.pod_resources_socket.parent in mounted
+        # The CRI socket: the configured one, or every default candidate, by its directory.
+        cri = (settings.cri_socket,) if settings.cri_socket is not None else DEFAULT_SOCKETS
+        for cri_socket in cri:
+            assert cri_socket.parent in mounted, f"CRI socket {cri_socket} is not mounted"
+    # NVML lists only the processes of the agent's PID namespace (per-container accounting).
+    assert pod.get("hostPID") is True
+    assert effective.proc_root == Path("/proc")
     for path, what in EXTRA_HOST_DIRS.items():
         assert mounted.get(Path(path)) is True, f"{path} ({what}) must be mounted writable"
     # The probes' port is the port the agent listens on.

@@ -19,6 +19,7 @@ from support.synthetic import synthetic_snapshot
 from gpuagent.domain import xids
 from gpuagent.domain.counters import AgentCounters, PodResourcesStats
 from gpuagent.domain.devices import Condition, GpuHealth
+from gpuagent.domain.usage import ContainerUsage, ProcessReading, Usage
 from gpuagent.web.metrics import MetricsRenderer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,8 +44,13 @@ def emitted_sample_names() -> set[str]:
         health=GpuHealth((Condition("xid", "79"),)),
         xid_counts=MappingProxyType({79: 1}),
         last_xid=79,
+        processes=ProcessReading(samples=()),
     )
-    snapshot = replace(snapshot, gpus=(gpu, snapshot.gpus[1]))
+    # A container using the GPU without an allocation (per-container families).
+    miner = ContainerUsage(0, None, "sneaky", "miner", "main", 1, 2**30, 0.5, 0, 0, 0, 1.0)
+    snapshot = replace(
+        snapshot, gpus=(gpu, snapshot.gpus[1]), usage=Usage(containers=(miner,), judged=True)
+    )
     text = MetricsRenderer("n", "1").render(
         snapshot, AgentCounters(pod_resources=PodResourcesStats(1, 0, True))
     )

@@ -22,6 +22,9 @@ from typing import Any
 import aiohttp
 import pytest
 import yaml
+from support.cgroups import Layout, cgroup_file, write_proc
+from support.cristubs import CriStubs
+from support.fake_cri import FakeCri, RuntimeContainer
 from support.fake_podresources import FakePodResources, Held
 from support.grpcstubs import StubModules
 
@@ -187,18 +190,49 @@ def pod_resources(short_tmp_path: Path, grpc_stubs: StubModules) -> Iterator[Fak
         yield fake
 
 
+# Processes on the simulated GPUs (per-container panels): train-0 on the GPU it holds, a miner on
+# one nobody was allocated. Their cgroup files and the runtime's names, as on a containerd node.
+TRAINER = RuntimeContainer(
+    "a" * 64, "ml", "train-0", "main", pod_uid="11111111-2222-4333-8444-555555555555"
+)
+MINER = RuntimeContainer(
+    "b" * 64, "sneaky", "miner", "main", pod_uid="66666666-7777-4888-8999-000000000000"
+)
+
+
+@pytest.fixture
+def runtime(short_tmp_path: Path, cri_stubs: CriStubs) -> Iterator[FakeCri]:
+    with FakeCri(short_tmp_path / "cri" / "containerd.sock", cri_stubs) as fake:
+        fake.set([TRAINER, MINER])
+        yield fake
+
+
 @pytest.mark.asyncio(loop_factories=["uvloop"])
 @pytest.mark.slow
 async def test_prometheus_scrapes_and_dashboards_see_every_gpu(
-    device_plugin_dir: Path, pod_resources: FakePodResources, prometheus_factory: Any
+    device_plugin_dir: Path,
+    pod_resources: FakePodResources,
+    runtime: FakeCri,
+    prometheus_factory: Any,
+    tmp_path: Path,
 ) -> None:
+    layout = Layout("containerd", "systemd", 2)
+    proc = write_proc(
+        tmp_path / "proc",
+        {pid: cgroup_file(layout, c.pod_uid, c.id) for pid, c in ((100, TRAINER), (200, MINER))},
+    )
     args = ("--simulate", str(GPUS), "--device-id-strategy", "index",
-            "--pod-resources-socket", str(pod_resources.socket_path))  # fmt: skip
+            "--pod-resources-socket", str(pod_resources.socket_path),
+            "--cri-socket", str(runtime.socket_path), "--proc-root", str(proc))  # fmt: skip
     async with running_agent(device_plugin_dir, args) as run, aiohttp.ClientSession() as http:
         assert run.agent.http is not None
         target = f"127.0.0.1:{run.agent.http.port}"
         status, _ = await run.fault({"gpu": 1, "fault": "xid", "xid": 79})
         assert status == 200
+        for body in ({"gpu": 0, "pid": 100, "memory_mib": 8000, "sm_util": 40},
+                     {"gpu": 2, "pid": 200, "memory_mib": 2000, "sm_util": 90}):  # fmt: skip
+            async with http.post(run.base_url + "/sim/processes", json=body) as response:
+                assert response.status == 200
         prom = prometheus_factory(target)
 
         async def ready() -> bool:
