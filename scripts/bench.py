@@ -29,6 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+import bench_accounting  # noqa: E402
 import bench_dra  # noqa: E402
 import bench_metrics  # noqa: E402
 from bench_preferred import bench_preferred  # noqa: E402
@@ -264,6 +265,7 @@ def main() -> int:
     bench_metrics.add_arguments(parser)
     bench_dra.add_arguments(parser)
     parser.add_argument("--only-dra", action="store_true", help="run the DRA rows only")
+    bench_accounting.add_arguments(parser)
     args = parser.parse_args()
 
     if args.only_dra:
@@ -281,6 +283,7 @@ def main() -> int:
         rows += bench_preferred_search()
         rows += bench_metrics.rows(stubs, args, agent, tempdir, Row)
         rows += bench_dra.rows(args, Row)
+        rows += bench_accounting.rows(stubs, args, agent, tempdir, Row)
     print(f"gpuagent bench: {args.gpus} simulated GPUs, Python {sys.version.split()[0]}, "
           f"{os.cpu_count()} CPUs")  # fmt: skip
     print(table(rows))

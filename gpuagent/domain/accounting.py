@@ -86,12 +86,14 @@ def account(
     by container ID, as the container runtime lists them.
     """
     holders = attributions(snapshot)
+    allowed = {target: frozenset(refs) for target, refs in holders.items()}
     usages: list[ContainerUsage] = []
     energy = dict(ledger.energy_mj)
     joules: dict[_Key, float] = {}
     read = {gpu.index for gpu in snapshot.gpus if gpu.processes is not None}
     # GPUs without a reading this time (a failed probe) keep their counters for the next one.
     joules.update({k: v for k, v in ledger.joules.items() if k[0] not in read})
+    nobody: frozenset[PodRef] = frozenset()
     for gpu in snapshot.gpus:
         reading = gpu.processes
         if reading is None:
@@ -102,27 +104,29 @@ def account(
         if gpu.telemetry.energy_mj is not None:
             energy[gpu.index] = gpu.telemetry.energy_mj
         for (instance, ref), group in sorted(groups.items(), key=_order):
-            key = (gpu.index, instance, ref)
             total: float | None = None
+            sm = mem = enc = dec = None
             if shares is not None:
+                key = (gpu.index, instance, ref)
                 total = ledger.joules.get(key, 0.0) + gained.get(ref, 0.0)
                 joules[key] = total
-            target = Target(gpu.index, instance)
+                sm, mem = shares[(instance, ref)], _ratio(group.mem)
+                enc, dec = _ratio(group.enc), _ratio(group.dec)
             usages.append(
                 ContainerUsage(
-                    gpu=gpu.index,
-                    gpu_instance=instance,
-                    namespace=ref.namespace,
-                    pod=ref.pod,
-                    container=ref.container,
-                    processes=group.processes,
-                    memory_bytes=group.memory,
-                    sm_ratio=None if shares is None else _ratio(group.sm),
-                    mem_ratio=None if shares is None else _ratio(group.mem),
-                    enc_ratio=None if shares is None else _ratio(group.enc),
-                    dec_ratio=None if shares is None else _ratio(group.dec),
-                    energy_joules=total,
-                    allocated=ref in holders.get(target, ()),
+                    gpu.index,
+                    instance,
+                    ref.namespace,
+                    ref.pod,
+                    ref.container,
+                    group.processes,
+                    group.memory,
+                    sm,
+                    mem,
+                    enc,
+                    dec,
+                    total,
+                    ref in allowed.get(Target(gpu.index, instance), nobody),
                 )
             )
     usage = Usage(containers=tuple(usages), judged=snapshot.pods.refreshed_at is not None)
@@ -157,6 +161,9 @@ def _groups(
 
 def _mean_samples(samples: tuple[ProcessSample, ...]) -> dict[int, ProcessSample]:
     """One sample per pid: the mean of that pid's samples over the interval."""
+    single = {s.pid: s for s in samples}
+    if len(single) == len(samples):
+        return single  # the usual case: one sample per process
     by_pid: dict[int, list[ProcessSample]] = {}
     for sample in samples:
         by_pid.setdefault(sample.pid, []).append(sample)
@@ -199,7 +206,8 @@ def _energy(
 
 
 def _ratio(pct: float) -> float:
-    return min(1.0, max(0.0, pct / 100.0))
+    ratio = pct / 100.0
+    return 1.0 if ratio > 1.0 else (0.0 if ratio < 0.0 else ratio)
 
 
 def _order(item: tuple[tuple[int | None, PodRef], _Group]) -> tuple[int, str, str, str]:
