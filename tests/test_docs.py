@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuagent.config import FILE_KEYS, OPTIONS
+from gpuagent.app import plan
+from gpuagent.config import FILE_KEYS, OPTIONS, load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -28,6 +29,10 @@ OWNED = [
     DOCS / "configuration.md",
     DOCS / "migration.md",
     DOCS / "troubleshooting.md",
+    DOCS / "verify.md",
+    DOCS / "rollback.md",
+    DOCS / "uninstall.md",
+    DOCS / "versions.md",
 ]
 REFERENCE = ROOT.parent / "shared" / "reference"
 
@@ -187,3 +192,42 @@ def test_sizing_in_the_docs_is_the_manifests() -> None:
         f"limit `memory: {limits['memory']}`"
     )
     assert expected in " ".join(install.split()), expected
+
+
+def _example_configs() -> list[tuple[str, str]]:
+    """Every agent config the project ships or shows: overlay and deploy files, doc snippets."""
+    found = [
+        (str(p.relative_to(ROOT)), read(p))
+        for p in [
+            *sorted((ROOT / "manifests").glob("**/config.yaml")),
+            ROOT / "deploy" / "systemd" / "config.yaml",
+        ]
+    ]
+    for doc in sorted(DOCS.glob("*.md")):
+        for n, block in enumerate(re.findall(r"```yaml\n(.*?)```", read(doc), re.DOTALL)):
+            loaded = yaml.safe_load(block)
+            # Agent configs only: not Kubernetes objects, not simulated nodes.
+            if isinstance(loaded, dict) and loaded.get("version") == "v1" and "gpus" not in loaded:
+                found.append((f"{doc.name} yaml block {n}", block))
+    return found
+
+
+@pytest.mark.parametrize(
+    ("where", "text"), [pytest.param(w, t, id=w) for w, t in _example_configs()]
+)
+def test_every_example_config_loads(where: str, text: str, tmp_path: Path) -> None:
+    """Parsed, validated and planned as the agent does at start-up (exit code 0, not 2)."""
+    config = tmp_path / "config.yaml"
+    config.write_text(text, encoding="utf-8")
+    plan(load_settings(["--config", str(config)], {}), control_nodes=())
+
+
+def test_the_example_configs_are_found() -> None:
+    where = {w for w, _ in _example_configs()}
+    assert {
+        "manifests/base/config.yaml",
+        "manifests/overlays/time-slicing/config.yaml",
+        "manifests/overlays/cdi/config.yaml",
+        "deploy/systemd/config.yaml",
+    } <= where
+    assert any(w.startswith("configuration.md") for w in where)
