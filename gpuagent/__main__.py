@@ -13,8 +13,10 @@ import structlog
 import uvloop
 
 from gpuagent import logs
-from gpuagent.app import Agent, FatalError, load_simulator
-from gpuagent.config import ConfigError, Settings, load_settings
+from gpuagent.app import Agent, FatalError
+from gpuagent.config import Settings, load_settings
+from gpuagent.domain.errors import SettingError
+from gpuagent.plan import load_simulator, load_web_config, make_plan
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -30,9 +32,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         settings = settings_source()
+        plan = make_plan(settings)
+        if settings.check_config is not None:
+            load_web_config(settings)
+            load_simulator(settings)
+            print(json.dumps(settings.as_dict(), indent=2))
+            return EXIT_OK
         logs.configure(settings.log_format, settings.log_level)
-        agent = Agent(settings, simulator=load_simulator(settings), settings_source=settings_source)
-    except ConfigError as exc:
+        agent = Agent(
+            settings,
+            plan=plan,
+            simulator=load_simulator(settings),
+            settings_source=settings_source,
+        )
+    except SettingError as exc:
         print(f"gpuagent: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     return uvloop.run(_run(agent, settings))
@@ -53,9 +66,12 @@ async def _run(agent: Agent, settings: Settings) -> int:
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
-    loop.add_signal_handler(signal.SIGHUP, agent.reload_from_source)
+    loop.add_signal_handler(signal.SIGHUP, agent.request_reload)
     try:
         await agent.run(stop)
+    except SettingError as exc:
+        log.error("configuration error", error=str(exc))
+        return EXIT_CONFIG
     except FatalError as exc:
         log.error("fatal", error=str(exc))
         return EXIT_FAILURE

@@ -8,24 +8,30 @@ import importlib.metadata
 import ipaddress
 import math
 import re
+import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import yaml
 
+from gpuagent.domain.containers import DeviceListStrategy
+from gpuagent.domain.devices import IdStrategy
 from gpuagent.domain.errors import SettingError
+from gpuagent.domain.naming import resource_name
+from gpuagent.domain.preferred import SharedAllocationPolicy
+from gpuagent.domain.resources import MigStrategy
+from gpuagent.domain.timeslicing import ReplicaRule, TimeSlicing
 
-__all__ = ["ConfigError", "Settings", "load_settings"]
+__all__ = ["ConfigError", "Settings", "load_settings", "parse_sharing"]
 
 T = TypeVar("T")
 D = TypeVar("D")
+E = TypeVar("E", bound=StrEnum)
 
 CONFIG_VERSION = "v1"
-DEVICE_LIST_STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri")
-DEVICE_ID_STRATEGIES = ("uuid", "index")
-MIG_STRATEGIES = ("none", "single", "mixed")
 LOG_FORMATS = ("json", "console")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 MAX_SIMULATED_GPUS = 64
@@ -38,7 +44,6 @@ _TRUE = frozenset({"true", "1", "yes"})
 _FALSE = frozenset({"false", "0", "no"})
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _DNS_SUBDOMAIN_RE = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
-_RESOURCE_NAME_RE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 _HOSTNAME_RE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?")
 
 
@@ -59,9 +64,9 @@ class Settings:
     simulate: int | None
     sim_config: Path | None
     resource_name: str
-    device_list_strategy: tuple[str, ...]
-    device_id_strategy: str
-    mig_strategy: str
+    device_list_strategy: tuple[DeviceListStrategy, ...]
+    device_id_strategy: IdStrategy
+    mig_strategy: MigStrategy
     fail_on_init_error: bool
     pass_device_specs: bool
     nvidia_driver_root: Path
@@ -74,8 +79,8 @@ class Settings:
     hostname_label: str
     no_hostname: bool
     pod_resources_interval: float
-    sharing: Mapping[str, object]
-    shared_devices_allocation_policy: str
+    sharing: TimeSlicing
+    shared_devices_allocation_policy: SharedAllocationPolicy
     cdi_annotation_prefix: str
     cdi_spec_dir: Path
     cdi_spec: str
@@ -92,18 +97,26 @@ class Settings:
     proc_root: Path = Path("/proc")
     cri_socket: Path | None = None
     dcgm_container_shares: bool = False
+    kubernetes: bool = True
+    # The node's name (the host label on every metric): NODE_NAME (the DaemonSet sets it from
+    # spec.nodeName), else the host name.
+    node_name: str = ""
+    check_config: Path | None = None
 
     def as_dict(self) -> dict[str, object]:
-        """Return the settings as JSON-friendly values: paths as strings, tuples as lists."""
+        """Return the settings as JSON-friendly values: paths as strings, tuples as lists, the
+        sharing block as NVIDIA's config file spells it."""
         out: dict[str, object] = {}
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, Path):
                 value = str(value)
+            elif isinstance(value, StrEnum):
+                value = value.value
             elif isinstance(value, tuple):
-                value = list(value)
-            elif isinstance(value, Mapping):
-                value = dict(value)
+                value = [v.value if isinstance(v, StrEnum) else v for v in value]
+            elif isinstance(value, TimeSlicing):
+                value = sharing_block(value)
             out[f.name] = value
         return out
 
@@ -192,7 +205,7 @@ def _parse_pod_resources_interval(raw: object) -> float:
     return seconds
 
 
-def _parse_sharing(raw: object) -> Mapping[str, object]:
+def _parse_sharing(raw: object) -> TimeSlicing:
     """NVIDIA's ``sharing`` block: a mapping in the file, YAML/JSON text in a flag or env."""
     value = raw
     if isinstance(raw, str):
@@ -201,13 +214,96 @@ def _parse_sharing(raw: object) -> Mapping[str, object]:
         except yaml.YAMLError as exc:
             raise _Invalid(f"not valid YAML or JSON: {exc}") from None
     if value is None:
-        return {}
+        return TimeSlicing()
     if not isinstance(value, dict):
         raise _Invalid(f"expected a mapping such as {{timeSlicing: ...}}, got {_type_name(value)}")
-    unknown = set(value) - {"timeSlicing"}
+    try:
+        return parse_sharing(value)
+    except SettingError as exc:
+        raise _Invalid(str(exc)) from None
+
+
+def parse_sharing(sharing: Mapping[str, object]) -> TimeSlicing:
+    """NVIDIA's ``sharing`` block (``{timeSlicing: {...}}``) as the domain's :class:`TimeSlicing`.
+
+    Raises :class:`SettingError` naming the key (``sharing.timeSlicing.resources[1].replicas``).
+    """
+    unknown = set(sharing) - {"timeSlicing"}
     if unknown:
-        raise _Invalid(f"unknown keys {sorted(map(str, unknown))} (known: timeSlicing)")
-    return value
+        raise SettingError(
+            "sharing", f"unknown keys {sorted(map(str, unknown))} (known: timeSlicing)"
+        )
+    block = sharing.get("timeSlicing")
+    if block is None:
+        block = {}
+    key = "sharing.timeSlicing"
+    if not isinstance(block, Mapping):
+        raise SettingError(key, "expected a mapping")
+    unknown = set(block) - {"renameByDefault", "failRequestsGreaterThanOne", "resources"}
+    if unknown:
+        raise SettingError(key, f"unknown keys {sorted(map(str, unknown))}")
+    rules = []
+    entries = block.get("resources")
+    if entries is None:
+        entries = []
+    if not isinstance(entries, list):
+        raise SettingError(f"{key}.resources", "expected a list")
+    for i, entry in enumerate(entries):
+        where = f"{key}.resources[{i}]"
+        if not isinstance(entry, Mapping):
+            raise SettingError(where, "expected a mapping {name, replicas, devices, rename}")
+        extra = set(entry) - {"name", "replicas", "devices", "rename"}
+        if extra:
+            raise SettingError(where, f"unknown keys {sorted(map(str, extra))}")
+        name, replicas = entry.get("name"), entry.get("replicas")
+        rename, devices = entry.get("rename", ""), entry.get("devices", "all")
+        if not isinstance(name, str):
+            raise SettingError(f"{where}.name", "a resource name is required")
+        if isinstance(replicas, bool) or not isinstance(replicas, int):
+            raise SettingError(f"{where}.replicas", f"expected a whole number, got {replicas!r}")
+        if not isinstance(rename, str):
+            raise SettingError(f"{where}.rename", f"expected a resource name, got {rename!r}")
+        if isinstance(devices, list):
+            if not all(isinstance(d, str | int) and not isinstance(d, bool) for d in devices):
+                raise SettingError(f"{where}.devices", "expected indexes or UUIDs")
+            devices = tuple(str(d) for d in devices)
+        elif isinstance(devices, bool) or not isinstance(devices, str | int):
+            raise SettingError(f"{where}.devices", f"expected all, a count or a list: {devices!r}")
+        rules.append(ReplicaRule(name=name, replicas=replicas, devices=devices, rename=rename))
+    flags = {}
+    for name in ("renameByDefault", "failRequestsGreaterThanOne"):
+        value = block.get(name, False)
+        if not isinstance(value, bool):
+            raise SettingError(f"{key}.{name}", f"expected true or false, got {value!r}")
+        flags[name] = value
+    return TimeSlicing(
+        resources=tuple(rules),
+        rename_by_default=flags["renameByDefault"],
+        fail_requests_greater_than_one=flags["failRequestsGreaterThanOne"],
+    )
+
+
+def sharing_block(sharing: TimeSlicing) -> dict[str, object]:
+    """:class:`TimeSlicing` as NVIDIA's ``sharing`` block (``{}`` when nothing is shared)."""
+    if sharing == TimeSlicing():
+        return {}
+    rules = []
+    for rule in sharing.resources:
+        entry: dict[str, object] = {"name": rule.name, "replicas": rule.replicas}
+        if rule.devices != "all":
+            entry["devices"] = (
+                list(rule.devices) if isinstance(rule.devices, tuple) else rule.devices
+            )
+        if rule.rename:
+            entry["rename"] = rule.rename
+        rules.append(entry)
+    return {
+        "timeSlicing": {
+            "renameByDefault": sharing.rename_by_default,
+            "failRequestsGreaterThanOne": sharing.fail_requests_greater_than_one,
+            "resources": rules,
+        }
+    }
 
 
 def _choice(allowed: tuple[str, ...], *, fold_case: bool = False) -> Callable[[object], str]:
@@ -221,19 +317,30 @@ def _choice(allowed: tuple[str, ...], *, fold_case: bool = False) -> Callable[[o
     return parse
 
 
-def _parse_device_list_strategy(raw: object) -> tuple[str, ...]:
+def _one_of(kind: type[E]) -> Callable[[object], E]:
+    """A parser for one of the domain enum ``kind``'s values."""
+    allowed = tuple(member.value for member in kind)
+
+    def parse(raw: object) -> E:
+        return kind(_choice(allowed)(raw))
+
+    return parse
+
+
+def _parse_device_list_strategy(raw: object) -> tuple[DeviceListStrategy, ...]:
     if isinstance(raw, list):
         items = [_text(item).strip() for item in raw]
     else:
         items = [item.strip() for item in _text(raw).split(",")]
     if not items or "" in items:
         raise _Invalid("expected a comma-separated list without empty entries")
-    unknown = [item for item in items if item not in DEVICE_LIST_STRATEGIES]
+    allowed = tuple(s.value for s in DeviceListStrategy)
+    unknown = [item for item in items if item not in allowed]
     if unknown:
-        allowed = ", ".join(DEVICE_LIST_STRATEGIES)
-        raise _Invalid(f"unknown strategy {unknown[0]!r}; allowed: {allowed}")
-    strategies = tuple(dict.fromkeys(items))
-    if "cdi-annotations" in strategies and "cdi-cri" in strategies:
+        raise _Invalid(f"unknown strategy {unknown[0]!r}; allowed: {', '.join(allowed)}")
+    strategies = tuple(DeviceListStrategy(item) for item in dict.fromkeys(items))
+    cdi = {DeviceListStrategy.CDI_ANNOTATIONS, DeviceListStrategy.CDI_CRI}
+    if cdi <= set(strategies):
         raise _Invalid("cdi-annotations and cdi-cri cannot be combined")
     return strategies
 
@@ -247,22 +354,10 @@ def _parse_healthchecks(raw: object) -> str:
 
 
 def _parse_resource_name(raw: object) -> str:
-    name = _text(raw)
-    prefix, slash, suffix = name.partition("/")
-    if not slash:
-        raise _Invalid(f"must be a domain-prefixed name such as nvidia.com/gpu, got {name!r}")
-    if name.startswith("requests."):
-        raise _Invalid(f"must not begin with 'requests.', got {name!r}")
-    if prefix == "kubernetes.io" or prefix.endswith(".kubernetes.io"):
-        raise _Invalid(f"must not be in the kubernetes.io namespace, got {name!r}")
-    if len(prefix) > 253 or not _DNS_SUBDOMAIN_RE.fullmatch(prefix):
-        raise _Invalid(f"prefix {prefix!r} is not a lower-case DNS subdomain")
-    if len(suffix) > 63 or not _RESOURCE_NAME_RE.fullmatch(suffix):
-        raise _Invalid(
-            f"name {suffix!r} must be 1-63 characters of [A-Za-z0-9-_.], "
-            "starting and ending with a letter or digit"
-        )
-    return name
+    try:
+        return resource_name(_text(raw))
+    except ValueError as exc:
+        raise _Invalid(str(exc)) from None
 
 
 def _parse_metrics_address(raw: object) -> tuple[str, int]:
@@ -351,20 +446,20 @@ RESOURCE_NAME = _Option(
 DEVICE_LIST_STRATEGY = _Option(
     "device-list-strategy",
     _parse_device_list_strategy,
-    f"comma list of {', '.join(DEVICE_LIST_STRATEGIES)} (default envvar)",
+    f"comma list of {', '.join(s.value for s in DeviceListStrategy)} (default envvar)",
     "LIST",
     env_aliases=("DEVICE_LIST_STRATEGY",),
 )
 DEVICE_ID_STRATEGY = _Option(
     "device-id-strategy",
-    _choice(DEVICE_ID_STRATEGIES),
+    _one_of(IdStrategy),
     "uuid or index (default uuid)",
     "STRATEGY",
     env_aliases=("DEVICE_ID_STRATEGY",),
 )
 MIG_STRATEGY = _Option(
     "mig-strategy",
-    _choice(MIG_STRATEGIES),
+    _one_of(MigStrategy),
     "none, single or mixed (default none)",
     "STRATEGY",
     env_aliases=("MIG_STRATEGY",),
@@ -459,7 +554,7 @@ SHARING = _Option(
 )
 SHARED_DEVICES_ALLOCATION_POLICY = _Option(
     "shared-devices-allocation-policy",
-    _choice(("distributed", "packed")),
+    _one_of(SharedAllocationPolicy),
     "preferred placement of replicas and MIG devices: distributed or packed (default distributed)",
     "POLICY",
     env_aliases=("SHARED_DEVICES_ALLOCATION_POLICY",),
@@ -507,6 +602,21 @@ NODE_LABELS = _Option(
     _parse_bool,
     "write GPU feature labels for node-feature-discovery (default true)",
     is_bool=True,
+)
+KUBERNETES = _Option(
+    "kubernetes",
+    _parse_bool,
+    "false: no kubelet registration and no pod-resources client, only metrics, health and node "
+    "labels (a Docker host, bare metal); ready once the GPUs are discovered (default true)",
+    is_bool=True,
+)
+CHECK_CONFIG = _Option(
+    "check-config",
+    _parse_path,
+    "parse and validate FILE as the config file (with the flags and environment), print the "
+    "effective settings and exit: 0 when valid, 2 when not; starts nothing",
+    "FILE",
+    in_file=False,
 )
 NODE_LABELS_FILE = _Option(
     "node-labels-file",
@@ -643,6 +753,8 @@ OPTIONS: tuple[_Option[Any], ...] = (
     PROC_ROOT,
     CRI_SOCKET,
     DCGM_CONTAINER_SHARES,
+    KUBERNETES,
+    CHECK_CONFIG,
 )
 FILE_KEYS = tuple(opt.name for opt in OPTIONS if opt.in_file)
 
@@ -810,8 +922,10 @@ def load_settings(
     --help and --version.
     """
     flags = _build_parser().parse_args(_normalize_bool_flags(argv))
+    _check_environment(environ)
     sources = _Sources(flags, environ)
-    config_file = sources.get(CONFIG, None)
+    check_config = sources.get(CHECK_CONFIG, None)
+    config_file = check_config or sources.get(CONFIG, None)
     if config_file is not None:
         sources.load_file(config_file)
 
@@ -835,9 +949,9 @@ def load_settings(
         simulate=simulate,
         sim_config=sim_config,
         resource_name=sources.get(RESOURCE_NAME, "nvidia.com/gpu"),
-        device_list_strategy=sources.get(DEVICE_LIST_STRATEGY, ("envvar",)),
-        device_id_strategy=sources.get(DEVICE_ID_STRATEGY, "uuid"),
-        mig_strategy=sources.get(MIG_STRATEGY, "none"),
+        device_list_strategy=sources.get(DEVICE_LIST_STRATEGY, (DeviceListStrategy.ENVVAR,)),
+        device_id_strategy=sources.get(DEVICE_ID_STRATEGY, IdStrategy.UUID),
+        mig_strategy=sources.get(MIG_STRATEGY, MigStrategy.NONE),
         fail_on_init_error=sources.get(FAIL_ON_INIT_ERROR, True),
         pass_device_specs=sources.get(PASS_DEVICE_SPECS, False),
         nvidia_driver_root=sources.get(NVIDIA_DRIVER_ROOT, Path("/")),
@@ -850,9 +964,9 @@ def load_settings(
         hostname_label=sources.get(HOSTNAME_LABEL, "Hostname"),
         no_hostname=sources.get(NO_HOSTNAME, False),
         pod_resources_interval=sources.get(POD_RESOURCES_INTERVAL, 30.0),
-        sharing=sources.get(SHARING, {}),
+        sharing=sources.get(SHARING, TimeSlicing()),
         shared_devices_allocation_policy=sources.get(
-            SHARED_DEVICES_ALLOCATION_POLICY, "distributed"
+            SHARED_DEVICES_ALLOCATION_POLICY, SharedAllocationPolicy.DISTRIBUTED
         ),
         cdi_annotation_prefix=sources.get(CDI_ANNOTATION_PREFIX, "cdi.k8s.io/"),
         cdi_spec_dir=sources.get(CDI_SPEC_DIR, Path("/var/run/cdi")),
@@ -875,4 +989,24 @@ def load_settings(
         proc_root=sources.get(PROC_ROOT, Path("/proc")),
         cri_socket=sources.get(CRI_SOCKET, None),
         dcgm_container_shares=sources.get(DCGM_CONTAINER_SHARES, False),
+        kubernetes=sources.get(KUBERNETES, True),
+        node_name=environ.get("NODE_NAME", "").strip() or socket.gethostname(),
+        check_config=check_config,
     )
+
+
+# Kubernetes' service links for a Service named "gpuagent" (when enableServiceLinks is on).
+_SERVICE_LINK = re.compile(
+    r"GPUAGENT_(SERVICE_HOST|SERVICE_PORT(_\w+)?|PORT(_\d+_(TCP|UDP|SCTP)\w*)?)"
+)
+
+
+def _check_environment(environ: Mapping[str, str]) -> None:
+    """Refuse a ``GPUAGENT_*`` variable that names no option: a typo must not pass silently."""
+    known = {name for opt in OPTIONS for name in opt.env_names}
+    for name in sorted(environ):
+        if not name.startswith("GPUAGENT_") or name in known or _SERVICE_LINK.fullmatch(name):
+            continue
+        close = difflib.get_close_matches(name, sorted(known), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ConfigError(name, f"no such setting{hint}; see gpuagent --help")

@@ -16,7 +16,7 @@ import structlog
 from gpuagent.domain.claims import ClaimUnavailable
 from gpuagent.domain.counters import DraCounters
 from gpuagent.domain.devices import Snapshot
-from gpuagent.domain.dra import DraDevice, DraPlan
+from gpuagent.domain.dra import DraDevice
 from gpuagent.domain.store import DeviceStore
 from gpuagent.dra.claims import ClaimFiles
 from gpuagent.dra.endpoint import DraEndpoint, EndpointTiming
@@ -40,12 +40,12 @@ log = structlog.get_logger("gpuagent.dra")
 
 
 class DraSide:
-    """Everything DRA, for one node. ``plan`` may be replaced by a reload (same driver name)."""
+    """Everything DRA, for one node, under the store's plan (``plan.dra``): a reload changes
+    which devices are offered, never the driver name (a restart does)."""
 
     def __init__(
         self,
         store: DeviceStore,
-        plan: DraPlan,
         *,
         node: str,
         plugins_dir: Path,
@@ -60,7 +60,8 @@ class DraSide:
         api_timeout: float = 10.0,
         health_resend_s: float = 20.0,
     ) -> None:
-        self.plan = plan
+        self._store = store
+        plan = store.plan.dra
         self.node = node
         # Raises KubeConfigError: no kubeconfig, or not in a pod (checked once, at start).
         self.api = KubeApi(load_config(kubeconfig), timeout=api_timeout)
@@ -91,19 +92,17 @@ class DraSide:
         self.publisher = SlicePublisher(
             store, self._devices, self.api, node=node, driver=plan.driver, backoff=backoff
         )
+        store.counters.follow_dra(self.counters)
 
     def _devices(self, snapshot: Snapshot) -> tuple[DraDevice, ...]:
-        return self.plan.devices(snapshot)
+        # A new plan is a new snapshot version: the publisher re-derives the devices by itself.
+        return self._store.plan.dra.devices(snapshot)
 
     async def _read_claim(self, namespace: str, name: str) -> Mapping[str, Any]:
         try:
             return await self.api.claim(namespace, name)
         except (ApiUnreachable, ApiError) as exc:
             raise ClaimUnavailable(str(exc)) from None
-
-    def set_plan(self, plan: DraPlan) -> None:
-        self.plan = plan
-        self.publisher.resync()
 
     def tasks(self) -> Mapping[str, Callable[[], Coroutine[Any, Any, None]]]:
         """The long-lived tasks, by name, for the agent to spawn and supervise."""

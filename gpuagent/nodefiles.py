@@ -8,14 +8,20 @@
   (:mod:`gpuagent.labels`), from the snapshot and what the host says about itself
   (:mod:`gpuagent.hostfacts`).
 
-Each writer is blocking (the caller runs it in a thread), replaces its file atomically and only
-when the content changes, and returns whether it did; it raises :class:`OSError` when the file
+Each writer is blocking (:class:`NodeFiles` runs it in a thread), replaces its file atomically and
+only when the content changes, and returns whether it did; it raises :class:`OSError` when the file
 cannot be written.
+
+:class:`NodeFiles` keeps both current from the store: the devices of the snapshot and the plan
+they are served under. Either changing rewrites them, so a reload that turns on time-slicing
+relabels the node and one that turns on a CDI strategy writes the spec; health and readings do
+not enter them. A write that fails is logged and retried at the next change.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,12 +31,21 @@ from gpuagent.cdi import TOOLKIT_SPEC_DIRS, build_spec, device_names, sync_spec,
 from gpuagent.domain.containers import ContainerSettings
 from gpuagent.domain.devices import Snapshot
 from gpuagent.domain.naming import mig_index
+from gpuagent.domain.plan import Plan
 from gpuagent.domain.resources import ResourceSettings
+from gpuagent.domain.store import DeviceStore
 from gpuagent.driverfiles import DriverRoot
 from gpuagent.hostfacts import DEFAULT_MACHINE_TYPE_FILE, read_host_facts
 from gpuagent.labels import DEFAULT_FEATURES_FILE, node_labels, sync_features
 
-__all__ = ["CdiTarget", "LabelTarget", "expected_toolkit_names", "write_cdi", "write_labels"]
+__all__ = [
+    "CdiTarget",
+    "LabelTarget",
+    "NodeFiles",
+    "expected_toolkit_names",
+    "write_cdi",
+    "write_labels",
+]
 
 log = structlog.get_logger("gpuagent.nodefiles")
 
@@ -63,6 +78,71 @@ class LabelTarget:
     path: Path = DEFAULT_FEATURES_FILE
     machine_type_file: Path = DEFAULT_MACHINE_TYPE_FILE
     sysfs_root: Path = Path("/sys")
+
+
+class NodeFiles:
+    """Keeps the CDI spec (``cdi``) and the feature file (``labels``) current from the store.
+
+    ``None`` for either means that file is never written (node labels turned off, or a simulated
+    node that must not reach the host's real directories). The CDI spec is written while the
+    plan's device-list strategies use CDI.
+    """
+
+    def __init__(
+        self, store: DeviceStore, *, cdi: CdiTarget | None, labels: LabelTarget | None
+    ) -> None:
+        self._store = store
+        self._cdi = cdi
+        self._labels = labels
+
+    @property
+    def wanted(self) -> bool:
+        """Whether there is any file this agent may write."""
+        return self._cdi is not None or self._labels is not None
+
+    async def run(self) -> None:
+        """Rewrite the files after each change of devices or plan, until cancelled."""
+        written: object = None
+        version = -1
+        while True:
+            snapshot = await self._store.wait_newer(version)
+            version = snapshot.version
+            plan = self._store.plan
+            key = (_devices(snapshot), plan.generation)
+            if not snapshot.discovered or key == written:
+                continue
+            written = key
+            await self.write(snapshot, plan)
+
+    async def write(self, snapshot: Snapshot, plan: Plan) -> None:
+        """Write the files for ``snapshot`` under ``plan`` (those this agent may write)."""
+        if self._cdi is not None and plan.writes_cdi_spec:
+            containers = plan.serving.containers
+            await _write("cdi spec", self._cdi.spec_dir, write_cdi, snapshot, containers, self._cdi)
+        if self._labels is not None:
+            resources = plan.serving.resources
+            await _write(
+                "node labels", self._labels.path, write_labels, snapshot, resources, self._labels
+            )
+
+
+def _devices(snapshot: Snapshot) -> object:
+    """What the files depend on: which devices exist and the driver, not health or readings."""
+    return (
+        snapshot.driver.version,
+        snapshot.driver.cuda_version,
+        tuple((g.uuid, g.mig_devices) for g in snapshot.gpus),
+    )
+
+
+async def _write(what: str, path: Path, writer: Callable[..., bool], *args: object) -> None:
+    try:
+        changed = await asyncio.to_thread(writer, *args)
+    except OSError as exc:
+        log.warning("cannot write file", what=what, path=str(path), error=str(exc))
+    else:
+        if changed:
+            log.info("file updated", what=what, path=str(path))
 
 
 def write_labels(snapshot: Snapshot, resources: ResourceSettings, target: LabelTarget) -> bool:

@@ -72,7 +72,6 @@ def serve_synthetic(shape: str, port: int, poll: float, out: Path) -> None:
     """Serve /metrics for ``shape`` until SIGTERM; then write the handler durations to ``out``."""
     import uvloop  # noqa: PLC0415
 
-    from gpuagent.domain.counters import AgentCounters  # noqa: PLC0415
     from gpuagent.domain.store import DeviceStore  # noqa: PLC0415
     from gpuagent.web.histogram import SCRAPE_BUCKETS, Histogram  # noqa: PLC0415
     from gpuagent.web.metrics import MetricsRenderer  # noqa: PLC0415
@@ -96,7 +95,7 @@ def serve_synthetic(shape: str, port: int, poll: float, out: Path) -> None:
                 super().observe(value)
 
         renderer.scrapes = Recording(SCRAPE_BUCKETS)
-        server = HttpServer(build_app(store, renderer, AgentCounters, _Probes()), "127.0.0.1", port)
+        server = HttpServer(build_app(store, renderer, _Probes()), "127.0.0.1", port)
         await server.start()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import pytest
 
 from gpuagent.config import ConfigError, Settings, load_settings
+from gpuagent.domain.timeslicing import ReplicaRule, TimeSlicing
+from gpuagent.plan import make_plan
 
 
 def write_config(tmp_path: Path, body: str) -> Path:
@@ -70,6 +73,9 @@ def test_defaults() -> None:
         "proc_root": "/proc",
         "cri_socket": None,
         "dcgm_container_shares": False,
+        "kubernetes": True,
+        "node_name": socket.gethostname(),
+        "check_config": None,
     }
 
 
@@ -439,18 +445,25 @@ def test_metrics_address_invalid_from_env() -> None:
     [
         pytest.param("nvidia.com/gpu", id="default"),
         pytest.param("example.com/mig-1g.5gb", id="mig-profile"),
-        pytest.param("example.com/" + "a" * 63, id="63-chars"),
-        pytest.param("a.b-c.io/G_P.U", id="mixed-case-name"),
+        pytest.param("example.com/" + "a" * 51, id="63-chars"),
     ],
 )
 def test_resource_name_valid(name: str) -> None:
-    assert load(["--resource-name", name]).resource_name == name
+    settings = load(["--resource-name", name])
+    assert settings.resource_name == name
+    # What the flag accepts, the plan serves: one validator (NVIDIA's rules) for both.
+    assert make_plan(settings).serving.resources.resource_name == name
+
+
+def test_resource_name_without_a_domain_is_nvidias() -> None:
+    assert load(["--resource-name", "gpu"]).resource_name == "nvidia.com/gpu"
 
 
 @pytest.mark.parametrize(
     "name",
     [
-        pytest.param("gpu", id="no-prefix"),
+        pytest.param("a.b-c.io/G_P.U", id="mixed-case-name"),
+        pytest.param("example.com/" + "a" * 52, id="64-chars-in-all"),
         pytest.param("kubernetes.io/gpu", id="kubernetes-io"),
         pytest.param("foo.kubernetes.io/gpu", id="kubernetes-io-subdomain"),
         pytest.param("requests.nvidia.com/gpu", id="requests-prefix"),
@@ -718,7 +731,7 @@ cri-socket: /run/k3s/containerd/containerd.sock
 dcgm-container-shares: true
 """,
     )
-    assert load(["--config", str(cfg)]).as_dict() == {
+    assert load(["--config", str(cfg)], {"NODE_NAME": "node-7"}).as_dict() == {
         "socket_dir": "/dp",
         "kubelet_socket": "/dp/kubelet.sock",
         "pod_resources_socket": "/pr.sock",
@@ -746,6 +759,7 @@ dcgm-container-shares: true
         "sharing": {
             "timeSlicing": {
                 "renameByDefault": True,
+                "failRequestsGreaterThanOne": False,
                 "resources": [{"name": "nvidia.com/gpu", "replicas": 4}],
             }
         },
@@ -766,6 +780,9 @@ dcgm-container-shares: true
         "proc_root": "/host/proc",
         "cri_socket": "/run/k3s/containerd/containerd.sock",
         "dcgm_container_shares": True,
+        "kubernetes": True,
+        "node_name": "node-7",
+        "check_config": None,
     }
 
 
@@ -896,7 +913,7 @@ def test_version_output(capsys: pytest.CaptureFixture[str]) -> None:
 def test_settings_is_frozen() -> None:
     settings = load()
     with pytest.raises(AttributeError):
-        settings.mig_strategy = "mixed"  # type: ignore[misc]
+        settings.pass_device_specs = True  # type: ignore[misc]
 
 
 @pytest.mark.parametrize(
@@ -958,4 +975,50 @@ def test_bad_sharing_flag(value: str, message: str) -> None:
 
 def test_sharing_from_env_json() -> None:
     settings = load([], {"GPUAGENT_SHARING": '{"timeSlicing": {"resources": []}}'})
-    assert settings.sharing == {"timeSlicing": {"resources": []}}
+    assert settings.sharing == TimeSlicing()
+    shared = load(
+        [], {"GPUAGENT_SHARING": '{"timeSlicing": {"resources": [{"name": "gpu", "replicas": 2}]}}'}
+    )
+    assert shared.sharing == TimeSlicing((ReplicaRule("nvidia.com/gpu", 2),))
+
+
+def test_node_name_comes_from_node_name_else_the_host_name() -> None:
+    assert load([], {"NODE_NAME": "gpu-node-3"}).node_name == "gpu-node-3"
+    assert load([], {"NODE_NAME": " "}).node_name == socket.gethostname()
+    assert load().node_name == socket.gethostname()
+
+
+@pytest.mark.parametrize(
+    ("name", "hint"),
+    [
+        pytest.param("GPUAGENT_MIG_STRATEGIES", "GPUAGENT_MIG_STRATEGY", id="typo"),
+        pytest.param("GPUAGENT_NO_SUCH_THING", "", id="unknown"),
+    ],
+)
+def test_unknown_gpuagent_variable_is_an_error(name: str, hint: str) -> None:
+    err = config_error(env={name: "mixed"})
+    assert err.key == name
+    assert "no such setting" in err.reason
+    assert hint in err.reason
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["GPUAGENT_SERVICE_HOST", "GPUAGENT_SERVICE_PORT", "GPUAGENT_SERVICE_PORT_METRICS",
+     "GPUAGENT_PORT", "GPUAGENT_PORT_9400_TCP", "GPUAGENT_PORT_9400_TCP_ADDR"],
+)  # fmt: skip
+def test_kubernetes_service_links_are_not_settings(name: str) -> None:
+    assert load([], {name: "10.0.0.1"}).kubernetes is True
+
+
+def test_kubernetes_switch() -> None:
+    assert load(["--kubernetes=false"]).kubernetes is False
+    assert load([], {"GPUAGENT_KUBERNETES": "false"}).kubernetes is False
+
+
+def test_check_config_reads_its_file_as_the_config(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, "version: v1\nmig-strategy: mixed\n")
+    settings = load(["--check-config", str(cfg)])
+    assert settings.check_config == cfg
+    assert settings.config_file == cfg
+    assert settings.mig_strategy == "mixed"

@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 
-from gpuagent.domain.health import HealthPolicy
 from gpuagent.domain.resources import MigStrategy, ResourceSettings
 from gpuagent.domain.store import DeviceStore
 from gpuagent.driverfiles import sysfs_address
@@ -149,9 +148,7 @@ async def labels_file(node: Mapping[str, Any], strategy: MigStrategy, product: s
     sysfs = fake_sys(tmp_path / "sys", [g.pci_bus_id for g in sim.node.gpus], product)
     store = DeviceStore()
     with installed(sim):
-        monitor = GpuMonitor(
-            store, Nvml(sysfs, mig_minors=minors), HealthPolicy(), poll_interval=60
-        )
+        monitor = GpuMonitor(store, Nvml(sysfs, mig_minors=minors), poll_interval=60)
         try:
             await monitor.start()
         finally:

@@ -38,9 +38,9 @@ from support.fake_kubelet import FakeKubelet
 from support.grpcstubs import StubModules
 from support.nodes import gpu, node
 
-from gpuagent.app import plan
 from gpuagent.config import ConfigError, load_settings
 from gpuagent.domain.resources import build_resources
+from gpuagent.plan import make_plan
 from gpuagent.runtime.cri import DEFAULT_SOCKETS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -443,7 +443,7 @@ def test_overlay_config_is_valid_for_the_agent(name: str, tmp_path: Path) -> Non
     assert settings.config_file is not None
     refused: ConfigError | None = None
     try:
-        plan(settings)
+        make_plan(settings)
     except ConfigError as exc:
         refused = exc
     assert refused is None, f"{name} does not run: {refused}"
@@ -469,7 +469,7 @@ def test_overlays_set_their_mode() -> None:
 def test_time_slicing_overlay_really_slices(tmp_path: Path) -> None:
     """The overlay's config advertises each GPU four times under nvidia.com/gpu."""
     settings = effective_settings(build("time-slicing"), tmp_path)
-    resources = build_resources(node(gpu(0), gpu(1)), plan(settings).serving.resources)
+    resources = build_resources(node(gpu(0), gpu(1)), make_plan(settings).serving.resources)
     (resource,) = resources.resources
     assert resource.name == "nvidia.com/gpu"
     assert len(resource.devices) == 8
@@ -567,7 +567,7 @@ def test_systemd_unit_command_line_is_valid_and_writes_only_where_needed() -> No
         for a in argv[1:]
     ]
     settings = load_settings(args, {})
-    plan(settings)
+    make_plan(settings)
     assert settings.socket_dir == load_settings([], {}).socket_dir
     writable = " ".join(_unit_values("ReadWritePaths")).split()
     assert str(settings.socket_dir) in writable

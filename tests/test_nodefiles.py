@@ -10,12 +10,12 @@ from structlog.testing import capture_logs
 from support.driverroot import LIBDIR, VERSION, make_driver_root
 from support.nodes import gpu, gpu_uuid, mig, mig_uuid, node
 
-from gpuagent.app import driver_root_as_read, plan
 from gpuagent.cdi import SPEC_FILE_NAME
 from gpuagent.config import load_settings
 from gpuagent.domain.containers import TOOLKIT_CDI_KIND, ContainerSettings
 from gpuagent.domain.devices import IdStrategy
 from gpuagent.nodefiles import CdiTarget, expected_toolkit_names, write_cdi
+from gpuagent.plan import driver_root_as_read, make_plan
 
 NODE = node(gpu(0), gpu(1, migs=[mig(1, 7)]), driver=VERSION)
 
@@ -98,10 +98,10 @@ def test_settings_select_the_toolkits_kind_and_the_read_root(tmp_path: Path) -> 
          "--driver-root-ctr-path", str(tmp_path)],
         {},
     )  # fmt: skip
-    assert plan(settings, control_nodes=()).serving.containers.cdi_kind == "nvidia.com/gpu"
+    assert make_plan(settings, control_nodes=()).serving.containers.cdi_kind == "nvidia.com/gpu"
     assert driver_root_as_read(settings) == tmp_path
     default = load_settings([], {})
-    assert plan(default, control_nodes=()).serving.containers.cdi_kind == (
+    assert make_plan(default, control_nodes=()).serving.containers.cdi_kind == (
         "k8s.device-plugin.nvidia.com/gpu"
     )
     assert driver_root_as_read(default) == Path("/")
@@ -128,6 +128,6 @@ def test_control_nodes_are_looked_for_where_the_root_is_read(tmp_path: Path) -> 
         ["--nvidia-driver-root", "/run/nvidia/driver", "--container-driver-root", str(tmp_path)],
         {},
     )
-    containers = plan(settings).serving.containers
+    containers = make_plan(settings).serving.containers
     assert containers.control_nodes == ("/dev/nvidiactl",)
     assert containers.dev_root == "/run/nvidia/driver"

@@ -14,7 +14,7 @@ from pathlib import Path
 from grpclib.client import Channel
 
 from gpuagent._proto import v1beta1 as pb
-from gpuagent.domain.serving import ResourceView, ServingPolicy
+from gpuagent.domain.serving import ResourceView
 from gpuagent.domain.store import DeviceStore
 from gpuagent.kubelet.plugin import DevicePluginService
 from gpuagent.kubelet.registration import PluginEndpoint, Timing
@@ -22,9 +22,7 @@ from gpuagent.kubelet.registration import PluginEndpoint, Timing
 
 async def test_close_does_not_wait_for_an_idle_client(short_tmp_path: Path) -> None:
     store = DeviceStore()
-    service = DevicePluginService(
-        store, ResourceView(ServingPolicy()), "nvidia.com/gpu", asyncio.Event()
-    )
+    service = DevicePluginService(store, ResourceView(store), "nvidia.com/gpu", asyncio.Event())
     socket_path = short_tmp_path / "plugin.sock"
     endpoint = PluginEndpoint(
         service,

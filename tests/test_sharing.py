@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuagent.app import time_slicing
+from gpuagent.config import parse_sharing
 from gpuagent.domain.errors import SettingError
 from gpuagent.domain.timeslicing import ReplicaRule
 
@@ -20,7 +20,7 @@ def test_full_block() -> None:
             ],
         }
     }
-    sliced = time_slicing(block)
+    sliced = parse_sharing(block)
     assert sliced.rename_by_default
     assert sliced.fail_requests_greater_than_one
     assert sliced.resources[0] == ReplicaRule("nvidia.com/gpu", 4, ("0", "1"))
@@ -49,5 +49,5 @@ def test_full_block() -> None:
 )  # fmt: skip
 def test_errors_name_the_key(block: dict[str, object], key: str) -> None:
     with pytest.raises(SettingError) as info:
-        time_slicing(block)
+        parse_sharing(block)
     assert info.value.key.startswith(key)

@@ -24,13 +24,14 @@ known are grouped under empty names, never dropped. Nothing here performs I/O.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from gpuagent.domain.attribution import Target, attributions
+from gpuagent.domain.attribution import Target, attributions, by_device
 from gpuagent.domain.cgroups import CgroupOwner
 from gpuagent.domain.devices import Gpu, PodRef, Snapshot
+from gpuagent.domain.plan import Plan
 from gpuagent.domain.usage import ContainerUsage, ProcessReading, ProcessSample, Usage
 
 __all__ = ["UNKNOWN", "Ledger", "account"]
@@ -78,14 +79,16 @@ def account(
     owners: Mapping[int, CgroupOwner | None],
     names: Mapping[str, PodRef],
     ledger: Ledger = Ledger(),
+    served: Collection[str] = Plan().served_resources,
 ) -> tuple[Usage, Ledger]:
     """Usage of every GPU of ``snapshot`` that has a :class:`ProcessReading`, and the next ledger.
 
     ``owners``: the container of each process (``None`` for a process outside any container; a
     pid missing from it, e.g. one that exited, is unknown too). ``names``: pod and container names
-    by container ID, as the container runtime lists them.
+    by container ID, as the container runtime lists them. ``served``: the plan's resource names
+    (whose devices' holders the pods are).
     """
-    holders = attributions(snapshot)
+    holders = attributions(snapshot, by_device(snapshot.pods.allocated, served))
     allowed = {target: frozenset(refs) for target, refs in holders.items()}
     usages: list[ContainerUsage] = []
     energy = dict(ledger.energy_mj)

@@ -8,7 +8,8 @@ handed out. Those IDs come in several spellings, depending on the plugin and its
 * any of those with a replica suffix ``::<n>`` (time-slicing replicas; EKS appends it to MIG IDs);
 * GKE's ``nvidia<minor>``, ``nvidia<minor>/gi<id>`` and ``…/vgpu<n>`` forms.
 
-:func:`attributions` resolves them against a snapshot's devices. Nothing here performs I/O.
+:func:`by_device` keeps the resources this agent serves (the plan says which) and
+:func:`attributions` resolves their IDs against a snapshot's devices. Nothing here performs I/O.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from gpuagent.domain.devices import Gpu, PodRef, Snapshot
+from gpuagent.domain.devices import Allocated, Gpu, PodRef, Snapshot
 
 __all__ = [
     "MIG_RESOURCE_PREFIX",
@@ -43,17 +44,6 @@ class Target:
 
     gpu: int
     gpu_instance: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Allocated:
-    """One container's devices of one resource, as the pod-resources API lists them."""
-
-    namespace: str
-    pod: str
-    container: str
-    resource: str
-    device_ids: tuple[str, ...]
 
 
 def attributable(resource: str, served: Collection[str]) -> bool:
@@ -120,17 +110,19 @@ class DeviceIndex:
         return self._ids.get(device_id) or self._ids.get(base_id(device_id))
 
 
-def attributions(snapshot: Snapshot) -> dict[Target, tuple[PodRef, ...]]:
-    """Containers per device of ``snapshot``, from its last known pod-resources mapping.
+def attributions(
+    snapshot: Snapshot, mapping: Mapping[str, tuple[PodRef, ...]]
+) -> dict[Target, tuple[PodRef, ...]]:
+    """Containers per device of ``snapshot``, from a :func:`by_device` mapping of its pods.
 
     A device shared by several containers (replicas) lists each once, sorted; IDs that name no
     device of this snapshot are ignored.
     """
-    if not snapshot.pods.by_device:
+    if not mapping:
         return {}
     index = DeviceIndex(snapshot.gpus)
     found: dict[Target, set[PodRef]] = {}
-    for device_id, refs in snapshot.pods.by_device.items():
+    for device_id, refs in mapping.items():
         target = index.resolve(device_id)
         if target is not None:
             found.setdefault(target, set()).update(refs)

@@ -22,7 +22,7 @@ import uuid
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 from gpuagent.domain.allocation import (
     VISIBLE_DEVICES,
@@ -76,13 +76,16 @@ _PREFIX = re.compile(r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0
 _ALNUM = re.compile(r"[A-Za-z0-9]")
 
 
-class DeviceListStrategy(Enum):
+class DeviceListStrategy(StrEnum):
     """How the container is told its devices (``--device-list-strategy``, a list)."""
 
     ENVVAR = "envvar"
     VOLUME_MOUNTS = "volume-mounts"
     CDI_ANNOTATIONS = "cdi-annotations"
     CDI_CRI = "cdi-cri"
+
+
+_CDI_STRATEGIES = (DeviceListStrategy.CDI_ANNOTATIONS, DeviceListStrategy.CDI_CRI)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +110,10 @@ class ContainerSettings:
     def __post_init__(self) -> None:
         if not self.strategies:
             raise SettingError("device-list-strategy", "at least one strategy is needed")
+        if all(s in self.strategies for s in _CDI_STRATEGIES):
+            raise SettingError(
+                "device-list-strategy", "cdi-annotations and cdi-cri cannot be combined"
+            )
         if not _PREFIX.fullmatch(self.cdi_annotation_prefix):
             raise SettingError(
                 "cdi-annotation-prefix",
@@ -118,6 +125,13 @@ class ContainerSettings:
 
     def uses(self, strategy: DeviceListStrategy) -> bool:
         return strategy in self.strategies
+
+    @property
+    def uses_cdi(self) -> bool:
+        """Whether containers are given CDI names (so the node needs the CDI spec)."""
+        return self.uses(DeviceListStrategy.CDI_ANNOTATIONS) or self.uses(
+            DeviceListStrategy.CDI_CRI
+        )
 
 
 def cdi_name(device_name: str, kind: str = CDI_KIND) -> str:

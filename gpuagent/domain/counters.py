@@ -1,12 +1,31 @@
-"""Counters the adapters keep about their own work (registrations, allocations, pod-resources
-and NVML calls), as /metrics reports them; the device state itself is in the snapshot.
+"""Counters the adapters keep about their own work, kept in the store beside the snapshot.
+
+Each owner counts into :class:`Counters` itself — the plugin service its allocations, an
+endpoint its registrations, the pod-resources client its calls, the NVML poller its calls (from
+worker threads), the reloader its reloads — and /metrics reads one consistent copy
+(:meth:`Counters.read`). Counts are not part of the versioned snapshot: one that moves wakes no
+watcher and invalidates no cached rendering.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Literal
 
-__all__ = ["AgentCounters", "CriStats", "DraCounters", "NvmlCallStats", "PodResourcesStats"]
+__all__ = [
+    "AgentCounters",
+    "Counters",
+    "CriStats",
+    "DraCounters",
+    "NvmlCallStats",
+    "PodResourcesStats",
+    "ReloadResult",
+    "ReloadStats",
+]
+
+ReloadResult = Literal["changed", "unchanged", "invalid"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +73,18 @@ class CriStats:
 
 
 @dataclass(frozen=True, slots=True)
+class ReloadStats:
+    """Configuration reloads by outcome; ``last_successful`` is false after a refused one."""
+
+    changed: int = 0
+    unchanged: int = 0
+    invalid: int = 0
+    last_successful: bool = True
+
+
+@dataclass(frozen=True, slots=True)
 class AgentCounters:
-    """The agent's own counters that live outside the device snapshot."""
+    """A consistent copy of the agent's own counters, as /metrics renders them."""
 
     registrations: int = 0
     allocations: int = 0
@@ -63,3 +92,76 @@ class AgentCounters:
     nvml: tuple[NvmlCallStats, ...] = ()
     dra: DraCounters | None = None
     cri: CriStats | None = None
+    reloads: ReloadStats = field(default_factory=ReloadStats)
+
+
+class Counters:
+    """The agent's counters, written by their owners (from any thread) and read by /metrics."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._registrations = 0
+        self._allocations = 0
+        self._pod_resources: PodResourcesStats | None = None
+        self._nvml: dict[str, NvmlCallStats] = {}
+        self._reloads = ReloadStats()
+        self._dra: Callable[[], DraCounters] | None = None
+        self._cri: Callable[[], CriStats] | None = None
+
+    def follow_dra(self, read: Callable[[], DraCounters]) -> None:
+        """The DRA side's counters are read from its parts by ``read`` (on the loop's thread)."""
+        self._dra = read
+
+    def follow_cri(self, read: Callable[[], CriStats]) -> None:
+        """The CRI client's counters are read by ``read`` (on the loop's thread)."""
+        self._cri = read
+
+    def registered(self) -> None:
+        """A registration with the kubelet succeeded."""
+        with self._lock:
+            self._registrations += 1
+
+    def allocated(self) -> None:
+        """An ``Allocate`` call was answered successfully."""
+        with self._lock:
+            self._allocations += 1
+
+    def pod_resources_listed(self, *, socket_present: bool, ok: bool) -> None:
+        """One pod-resources refresh: a ``List`` was made if the socket was there; ``ok``: it
+        answered (a missing socket counts as an error without a request)."""
+        with self._lock:
+            stats = self._pod_resources or PodResourcesStats()
+            self._pod_resources = PodResourcesStats(
+                requests=stats.requests + socket_present,
+                errors=stats.errors + (not ok),
+                socket_present=socket_present,
+            )
+
+    def nvml_call(self, call: str, seconds: float, *, failed: bool) -> None:
+        """One NVML call of kind ``call`` returned (or raised) after ``seconds``."""
+        with self._lock:
+            stats = self._nvml.get(call) or NvmlCallStats(call, 0, 0.0, 0)
+            self._nvml[call] = NvmlCallStats(
+                call, stats.count + 1, stats.seconds + seconds, stats.errors + failed
+            )
+
+    def reloaded(self, result: ReloadResult) -> None:
+        """A configuration reload ended with ``result``."""
+        with self._lock:
+            reloads = self._reloads
+            count = getattr(reloads, result) + 1
+            self._reloads = replace(reloads, **{result: count}, last_successful=result != "invalid")
+
+    def read(self) -> AgentCounters:
+        dra = self._dra() if self._dra is not None else None
+        cri = self._cri() if self._cri is not None else None
+        with self._lock:
+            return AgentCounters(
+                registrations=self._registrations,
+                allocations=self._allocations,
+                pod_resources=self._pod_resources,
+                nvml=tuple(self._nvml[name] for name in sorted(self._nvml)),
+                reloads=self._reloads,
+                dra=dra,
+                cri=cri,
+            )

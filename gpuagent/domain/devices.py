@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum, IntEnum
+from enum import IntEnum, StrEnum
 from types import MappingProxyType
 
 from gpuagent.domain.usage import ProcessReading, Usage
@@ -13,7 +13,7 @@ HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
 
 
-class IdStrategy(Enum):
+class IdStrategy(StrEnum):
     """How a GPU is named to the kubelet (`--device-id-strategy`)."""
 
     UUID = "uuid"
@@ -206,13 +206,34 @@ class PodRef:
 
 
 @dataclass(frozen=True, slots=True)
-class Attribution:
-    """Which containers hold which devices (keyed by the ID the kubelet knows), and how fresh."""
+class Allocated:
+    """One container's devices of one resource, as the pod-resources API lists them."""
 
-    by_device: Mapping[str, tuple[PodRef, ...]] = field(
-        default_factory=lambda: MappingProxyType({})
-    )
+    namespace: str
+    pod: str
+    container: str
+    resource: str
+    device_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Attribution:
+    """What the kubelet last said about which containers hold which devices, and how fresh.
+
+    ``allocated`` lists every device-plugin resource as the kubelet reported it; which of them
+    are this agent's depends on the plan (:func:`gpuagent.domain.attribution.by_device`).
+    """
+
+    allocated: tuple[Allocated, ...] = ()
     refreshed_at: float | None = None  # monotonic seconds of the last successful List
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """One resource's registration with the kubelet: done, or why not (a short reason)."""
+
+    registered: bool = False
     error: str = ""
 
 
@@ -238,13 +259,19 @@ class Snapshot:
     gpus: tuple[Gpu, ...] = ()
     driver: DriverState = DriverState()
     discovered: bool = False
-    registered: bool = False
+    # Per resource the agent serves: its registration with the kubelet, kept by its endpoint.
+    registrations: Mapping[str, Registration] = field(default_factory=lambda: MappingProxyType({}))
     topology: Topology = Topology()
     pods: Attribution = Attribution()
-    # Bumped when the serving policy is reloaded, so watchers re-derive what they serve.
-    policy_generation: int = 0
+    # The store's plan generation: a reload is a new version, so watchers re-derive.
+    plan_generation: int = 0
     # Per-container use of the GPUs, from the processes' readings (see domain/accounting.py).
     usage: Usage = field(default_factory=Usage)
+
+    @property
+    def registered(self) -> bool:
+        """Whether every resource served is registered with the kubelet (and there is one)."""
+        return bool(self.registrations) and all(r.registered for r in self.registrations.values())
 
     def gpu(self, index: int) -> Gpu | None:
         for gpu in self.gpus:

@@ -19,10 +19,6 @@ class SettingError(ValueError):
         self.key = key
         self.reason = reason
 
-    def within(self, outer: str) -> SettingError:
-        """The same error, its key prefixed by the setting that named the file it is in."""
-        return SettingError(f"{outer} {self.key}", self.reason)
-
 
 class ResourceError(Exception):
     """The node's devices cannot be advertised under the settings (e.g. ``single`` with two

@@ -38,7 +38,8 @@ def resource_name(name: str) -> str:
     """``name`` as NVIDIA's ``NewResourceName`` accepts it, ``nvidia.com/`` added if missing.
 
     The whole name is at most 63 characters; the domain is a DNS subdomain outside
-    ``kubernetes.io``; the part after ``/`` is a DNS subdomain too. Raises :class:`ValueError`.
+    ``kubernetes.io`` and not ``requests.…`` (Kubernetes reserves it for quotas); the part after
+    ``/`` is a DNS subdomain too. Raises :class:`ValueError`.
     """
     full = name if "/" in name else f"{DEFAULT_DOMAIN}/{name}"
     domain, _, suffix = full.partition("/")
@@ -48,6 +49,8 @@ def resource_name(name: str) -> str:
         raise ValueError(f"domain {domain!r} of {full!r} is not a lower-case DNS subdomain")
     if domain == "kubernetes.io" or domain.endswith(".kubernetes.io"):
         raise ValueError(f"{full!r} is in the kubernetes.io namespace")
+    if full.startswith("requests."):
+        raise ValueError(f"{full!r} begins with 'requests.' (reserved for quotas)")
     if not _DNS_SUBDOMAIN.fullmatch(suffix):
         raise ValueError(
             f"name {suffix!r} of {full!r} must be a DNS subdomain: lower-case letters, digits, "

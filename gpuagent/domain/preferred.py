@@ -28,7 +28,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from types import MappingProxyType
 
 from gpuagent.domain.devices import P2PLevel, Snapshot
@@ -62,7 +62,7 @@ BEAM_WIDTH = 32
 NODE_BUDGET = 4000  # branch-and-bound nodes; beyond it the best set found so far stands
 
 
-class SharedAllocationPolicy(Enum):
+class SharedAllocationPolicy(StrEnum):
     """Placement of replicas and MIG devices (``--shared-devices-allocation-policy``)."""
 
     DISTRIBUTED = "distributed"

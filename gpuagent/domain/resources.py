@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from types import MappingProxyType
 
 from gpuagent.domain.devices import HEALTHY, UNHEALTHY, Gpu, IdStrategy, MigDevice, Snapshot
@@ -42,7 +42,7 @@ __all__ = [
 _CI_PROFILE = re.compile(r"\d+c\.")
 
 
-class MigStrategy(Enum):
+class MigStrategy(StrEnum):
     """How MIG devices are advertised (``--mig-strategy``)."""
 
     NONE = "none"

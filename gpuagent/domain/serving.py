@@ -1,12 +1,14 @@
 """What the device-plugin service serves: resources, allocation and preferences, per snapshot.
 
-:class:`ResourceView` computes the node's resources once per snapshot version and the pair scores
-once per topology, so an RPC does a dictionary lookup, never a rebuild and never an NVML call.
+:class:`ResourceView` computes the node's resources once per snapshot version under the store's
+plan, and the pair scores once per topology, so an RPC does a dictionary lookup, never a rebuild
+and never an NVML call. A new plan is a new snapshot version: the view follows it by itself.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from gpuagent.domain.containers import ContainerSettings
 from gpuagent.domain.devices import Snapshot, Topology
@@ -14,6 +16,11 @@ from gpuagent.domain.dra import DraGpus
 from gpuagent.domain.errors import ResourceError
 from gpuagent.domain.preferred import PairScores, SharedAllocationPolicy
 from gpuagent.domain.resources import NodeResources, ResourceSettings, build_resources
+
+if TYPE_CHECKING:
+    from gpuagent.domain.store import DeviceStore
+
+__all__ = ["ResourceView", "ServingPolicy"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,20 +35,20 @@ class ServingPolicy:
 
 
 class ResourceView:
-    """The node's resources for the latest snapshot, cached by version."""
+    """The node's resources for the latest snapshot under the store's plan, cached by version."""
 
-    def __init__(self, policy: ServingPolicy) -> None:
-        self.policy = policy
+    def __init__(self, store: DeviceStore) -> None:
+        self._store = store
         self._version = -1
         self._resources = NodeResources()
         self._error = ""
         self._topology: Topology | None = None
         self._scores = PairScores()
 
-    def set_policy(self, policy: ServingPolicy) -> None:
-        """Serve under ``policy`` from now on (a reloaded config)."""
-        self.policy = policy
-        self._version = -1
+    @property
+    def policy(self) -> ServingPolicy:
+        """The serving policy of the store's current plan."""
+        return self._store.plan.serving
 
     def resources(self, snapshot: Snapshot) -> NodeResources:
         """The resources of ``snapshot``; empty (with :attr:`error` set) when they are invalid."""

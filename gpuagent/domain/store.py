@@ -1,28 +1,46 @@
-"""The device-state store: one versioned, immutable snapshot shared by every adapter."""
+"""The store: the versioned device snapshot, the plan it is served under, and the counters.
+
+One place every adapter reads from and publishes into: the NVML poller and the pod-resources
+client write the snapshot, each plugin endpoint its registration, the reloader the plan, and each
+owner its counters. Readers wait for newer snapshot versions; a new plan is a new version too.
+"""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
 from dataclasses import replace
+from types import MappingProxyType
 
-from gpuagent.domain.devices import Snapshot
+from gpuagent.domain.counters import Counters
+from gpuagent.domain.devices import Registration, Snapshot
+from gpuagent.domain.plan import Plan
+
+__all__ = ["DeviceStore"]
 
 
 class DeviceStore:
-    """Holds the current :class:`Snapshot`; writers replace it, readers wait for newer versions.
+    """Holds the current :class:`Snapshot` and :class:`Plan`; writers replace them, readers wait
+    for newer versions.
 
-    Used from the event loop's thread only. ``update`` bumps the version only when the new snapshot
-    differs from the current one, so watchers wake on real changes.
+    Used from the event loop's thread only (:attr:`counters` excepted). ``update`` bumps the
+    version only when the new snapshot differs from the current one, so watchers wake on real
+    changes; ``publish`` likewise only for a plan that differs.
     """
 
-    def __init__(self, initial: Snapshot | None = None) -> None:
-        self._snapshot = initial or Snapshot()
+    def __init__(self, initial: Snapshot | None = None, *, plan: Plan | None = None) -> None:
+        self._plan = plan or Plan()
+        self._snapshot = replace(initial or Snapshot(), plan_generation=self._plan.generation)
         self._changed = asyncio.Event()
+        self.counters = Counters()
 
     @property
     def snapshot(self) -> Snapshot:
         return self._snapshot
+
+    @property
+    def plan(self) -> Plan:
+        return self._plan
 
     def update(self, change: Callable[[Snapshot], Snapshot]) -> Snapshot:
         """Apply ``change`` to the current snapshot; returns the (possibly new) current snapshot."""
@@ -34,6 +52,30 @@ class DeviceStore:
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
         return self._snapshot
+
+    def publish(self, plan: Plan) -> Plan | None:
+        """Serve under ``plan`` from now on, as the next generation; ``None`` (and nothing
+        happens) when it equals the current plan (generations aside)."""
+        current = self._plan
+        if replace(plan, generation=current.generation) == current:
+            return None
+        self._plan = replace(plan, generation=current.generation + 1)
+        generation = self._plan.generation
+        self.update(lambda s: replace(s, plan_generation=generation))
+        return self._plan
+
+    def set_registration(self, resource: str, registration: Registration | None) -> None:
+        """Record ``resource``'s registration with the kubelet (``None``: no longer served)."""
+
+        def change(snapshot: Snapshot) -> Snapshot:
+            registrations = dict(snapshot.registrations)
+            if registration is None:
+                registrations.pop(resource, None)
+            else:
+                registrations[resource] = registration
+            return replace(snapshot, registrations=MappingProxyType(registrations))
+
+        self.update(change)
 
     async def wait_newer(self, version: int) -> Snapshot:
         """Return the first snapshot whose version is greater than ``version``."""

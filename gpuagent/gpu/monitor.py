@@ -12,7 +12,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 from typing import TypeVar
 
@@ -22,7 +22,6 @@ from gpuagent.domain.devices import DriverState, Gpu, Snapshot
 from gpuagent.domain.health import (
     LOST,
     HealthEvent,
-    HealthPolicy,
     ProbeFailed,
     RecoveryActionChanged,
     Responding,
@@ -37,23 +36,17 @@ log = structlog.get_logger("gpuagent.monitor")
 T = TypeVar("T")
 
 
-@dataclass
-class CallStats:
-    """Calls into NVML of one kind: how many, how long in total, how many failed."""
-
-    count: int = 0
-    seconds: float = 0.0
-    errors: int = 0
-
-
 class GpuMonitor:
-    """Owns the driver connection's lifetime and keeps the store's GPUs current."""
+    """Owns the driver connection's lifetime and keeps the store's GPUs current.
+
+    Events are judged by the health policy of the store's current plan; NVML calls are counted
+    in the store's counters.
+    """
 
     def __init__(
         self,
         store: DeviceStore,
         nvml: Nvml,
-        policy: HealthPolicy,
         *,
         poll_interval: float,
         init_retry_interval: float = 10.0,
@@ -62,7 +55,6 @@ class GpuMonitor:
     ) -> None:
         self._store = store
         self._nvml = nvml
-        self._policy = policy
         self._poll_interval = poll_interval
         self._init_retry_interval = init_retry_interval
         self._call_timeout = call_timeout
@@ -71,9 +63,6 @@ class GpuMonitor:
         self._workers: dict[int, Worker] = {}
         # The recovery action each GPU's probes last read; events are transitions on their own.
         self._probed_actions: dict[int, int] = {}
-        # NVML calls by kind (init, discover, probe, …): count, total seconds, failures.
-        self.call_stats: dict[str, CallStats] = {}
-        self._stats_lock = threading.Lock()
         self._background: set[asyncio.Task[None]] = set()
         # Driver events applied per GPU; a probe that started before the latest event is stale.
         self._event_counts: dict[int, int] = {}
@@ -231,12 +220,10 @@ class GpuMonitor:
         self._store.update(lambda s: replace(s, topology=topology))
         log.info("topology refreshed", nvlink_pairs=sum(1 for x in topology.links if x.nvlinks))
 
-    def set_policy(self, policy: HealthPolicy) -> None:
-        """Judge events from now on by ``policy`` (a reloaded config); past verdicts stand."""
-        self._policy = policy
-
     def _record(self, event: HealthEvent) -> Callable[[Gpu], Gpu]:
-        return lambda gpu: record_event(gpu, event, self._policy)
+        # A reloaded policy judges events from then on; past verdicts stand.
+        policy = self._store.plan.health
+        return lambda gpu: record_event(gpu, event, policy)
 
     def _on_event(self, index: int, event: HealthEvent) -> None:
         self._event_counts[index] = self._event_counts.get(index, 0) + 1
@@ -297,11 +284,6 @@ class GpuMonitor:
             worker.submit(partial(self._timed, name, fn)), self._call_timeout
         )
 
-    def call_totals(self) -> list[tuple[str, CallStats]]:
-        """A consistent copy of :attr:`call_stats`, sorted by call name."""
-        with self._stats_lock:
-            return [(n, replace(s)) for n, s in sorted(self.call_stats.items())]
-
     def _timed(self, name: str, fn: Callable[[], T]) -> T:
         """Run ``fn`` on a worker thread, counting its duration and failure under ``name``."""
         started = time.perf_counter()
@@ -311,11 +293,7 @@ class GpuMonitor:
             failed = isinstance(result, Probe) and result.events != (Responding(),)
             return result
         finally:
-            with self._stats_lock:
-                stats = self.call_stats.setdefault(name, CallStats())
-                stats.count += 1
-                stats.seconds += time.perf_counter() - started
-                stats.errors += failed
+            self._store.counters.nvml_call(name, time.perf_counter() - started, failed=failed)
 
     @property
     def gpu_indexes(self) -> Sequence[int]:

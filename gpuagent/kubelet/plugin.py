@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import structlog
 from grpclib import GRPCError
@@ -38,7 +38,7 @@ class DevicePluginService(pb.DevicePluginBase):
         resource_name: str,
         stopping: asyncio.Event,
         *,
-        on_allocate: Callable[[float], None] | None = None,
+        on_allocate: Callable[[], None] | None = None,
     ) -> None:
         self._store = store
         self._view = view
@@ -70,17 +70,20 @@ class DevicePluginService(pb.DevicePluginBase):
         """
         self._streams += 1
         self._no_streams.clear()
-        stop = asyncio.ensure_future(self._stopping.wait())
+        name = f"list-and-watch:{self.resource_name}"
+        stop = asyncio.create_task(self._stopping.wait(), name=f"{name}:stopping")
+        newer: asyncio.Task[Snapshot] | None = None
         try:
             snapshot = self._store.snapshot
             sent = self._device_list(snapshot)
             log.info("list-and-watch stream opened", devices=len(sent))
             yield _response(sent)
             while True:
-                newer = asyncio.ensure_future(self._store.wait_newer(snapshot.version))
+                newer = asyncio.create_task(
+                    self._store.wait_newer(snapshot.version), name=f"{name}:newer"
+                )
                 await asyncio.wait({newer, stop}, return_when=asyncio.FIRST_COMPLETED)
                 if stop.done():
-                    newer.cancel()
                     raise GRPCError(Status.UNAVAILABLE, "gpuagent is shutting down")
                 snapshot = newer.result()
                 current = self._device_list(snapshot)
@@ -88,14 +91,14 @@ class DevicePluginService(pb.DevicePluginBase):
                     sent = current
                     yield _response(sent)
         finally:
-            stop.cancel()
+            # The client left, or the agent stops: no waiter may outlive the stream.
+            await _cancelled(stop, newer)
             self._streams -= 1
             if self._streams == 0:
                 self._no_streams.set()
             log.info("list-and-watch stream closed")
 
     async def allocate(self, message: pb.AllocateRequest) -> pb.AllocateResponse:
-        started = time.perf_counter()
         if not message.container_requests:
             raise GRPCError(Status.INVALID_ARGUMENT, "the request has no container requests")
         snapshot = self._store.snapshot
@@ -117,8 +120,9 @@ class DevicePluginService(pb.DevicePluginBase):
                 raise GRPCError(Status.INVALID_ARGUMENT, reason) from exc
             responses.append(_container_response(allocation))
             log.info("allocated", resource=self.resource_name, devices=list(request.devices_ids))
+        self._store.counters.allocated()
         if self._on_allocate is not None:
-            self._on_allocate(time.perf_counter() - started)
+            self._on_allocate()
         return pb.AllocateResponse(container_responses=responses)
 
     async def get_preferred_allocation(
@@ -153,6 +157,15 @@ class DevicePluginService(pb.DevicePluginBase):
 
 
 MAX_MESSAGE = 1024
+
+
+async def _cancelled(*tasks: asyncio.Task[Any] | None) -> None:
+    """Cancel ``tasks`` and wait until they are done (a cancelled wait ends at once)."""
+    pending = {t for t in tasks if t is not None and not t.done()}
+    for task in pending:
+        task.cancel()
+    if pending:
+        await asyncio.wait(pending)
 
 
 def _bounded(message: str) -> str:

@@ -21,7 +21,7 @@ import contextlib
 import os
 import stat
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -32,8 +32,7 @@ from grpclib.config import Configuration
 from grpclib.encoding.proto import ProtoCodec
 
 from gpuagent._proto import v1 as pb
-from gpuagent.domain.attribution import Allocated, by_device
-from gpuagent.domain.devices import Attribution, Snapshot
+from gpuagent.domain.devices import Allocated, Attribution, Snapshot
 from gpuagent.domain.store import DeviceStore
 
 __all__ = ["MAX_RESPONSE_BYTES", "PodResourcesClient"]
@@ -69,7 +68,6 @@ class PodResourcesClient:
         self,
         store: DeviceStore,
         socket_path: Path,
-        served_resources: Collection[str],
         *,
         interval: float = 30.0,
         debounce: float = 0.25,
@@ -80,7 +78,6 @@ class PodResourcesClient:
     ) -> None:
         self._store = store
         self._socket = socket_path
-        self._served = frozenset(served_resources)
         self._interval = interval
         self._debounce = debounce
         self._follow_ups = follow_ups
@@ -91,9 +88,6 @@ class PodResourcesClient:
         self._channel: Channel | None = None
         self._identity: tuple[int, int] | None = None
         self._problem: str | None = None  # the failure last logged, None while healthy
-        self.requests = 0
-        self.errors = 0
-        self.socket_present = False
 
     def poke(self) -> None:
         """An ``Allocate`` was answered: list again soon (bursts are coalesced)."""
@@ -117,14 +111,19 @@ class PodResourcesClient:
             self._channel = None
 
     async def refresh(self) -> bool:
-        """One ``List``; returns whether the mapping changed. Never raises (but cancellation)."""
-        before = self._store.snapshot.pods.by_device
+        """One ``List``; returns whether the allocations changed. Never raises (but cancellation).
+
+        Every device-plugin resource is kept as listed: which are this agent's is the plan's
+        business, decided when the mapping is read (a reload needs no new ``List``).
+        """
+        before = self._store.snapshot.pods.allocated
         identity = _socket_identity(self._socket)
-        self.socket_present = identity is not None
         if identity is None:
             self.close()
             self._identity = None
-            self._failed("pod-resources socket absent; no pod labels until it appears")
+            self._failed(
+                "pod-resources socket absent; no pod labels until it appears", present=False
+            )
             return False
         if identity != self._identity:
             self.close()  # a new socket: the kubelet restarted
@@ -137,27 +136,27 @@ class PodResourcesClient:
                     http2_connection_window_size=_WINDOW, http2_stream_window_size=_WINDOW
                 ),
             )
-        self.requests += 1
         try:
             response = await pb.PodResourcesListerStub(self._channel).list(
                 pb.ListPodResourcesRequest(), timeout=self._timeout
             )
-            mapping = by_device(_allocations(response), self._served)
+            allocated = tuple(sorted(set(_allocations(response)), key=_order))
         except Exception as exc:  # any transport, status or decode error: keep the old mapping
             self.close()
-            self._failed(f"pod-resources List failed: {type(exc).__name__}: {exc}")
+            self._failed(f"pod-resources List failed: {type(exc).__name__}: {exc}", present=True)
             return False
+        self._store.counters.pod_resources_listed(socket_present=True, ok=True)
         now = self._monotonic()
         self._store.update(
-            lambda s: replace(s, pods=Attribution(by_device=mapping, refreshed_at=now))
+            lambda s: replace(s, pods=Attribution(allocated=allocated, refreshed_at=now))
         )
         if self._problem is not None:
-            log.info("pod-resources List works again", devices=len(mapping))
+            log.info("pod-resources List works again", containers=len(allocated))
             self._problem = None
-        return mapping != before
+        return allocated != before
 
-    def _failed(self, problem: str) -> None:
-        self.errors += 1
+    def _failed(self, problem: str, *, present: bool) -> None:
+        self._store.counters.pod_resources_listed(socket_present=present, ok=False)
         if problem != self._problem:
             log.warning(problem, socket=str(self._socket))
             self._problem = problem
@@ -174,7 +173,7 @@ class PodResourcesClient:
     async def _after_allocate(self) -> None:
         while True:
             await self._coalesce()
-            before = self._store.snapshot.pods.by_device
+            before = self._store.snapshot.pods.allocated
             if await self.refresh():
                 return
             # The kubelet records an allocation after our answer reaches it: look again shortly.
@@ -182,7 +181,7 @@ class PodResourcesClient:
                 if await self._wait_poke(delay):
                     break  # another Allocate meanwhile: start over
                 await self.refresh()
-                if self._store.snapshot.pods.by_device != before:
+                if self._store.snapshot.pods.allocated != before:
                     return
             else:
                 return
@@ -207,6 +206,10 @@ def _socket_identity(path: Path) -> tuple[int, int] | None:
         if stat.S_ISSOCK(st.st_mode):
             return st.st_ino, st.st_ctime_ns
     return None
+
+
+def _order(item: Allocated) -> tuple[str, str, str, str, tuple[str, ...]]:
+    return (item.namespace, item.pod, item.container, item.resource, item.device_ids)
 
 
 def _allocations(response: pb.ListPodResourcesResponse) -> Iterator[Allocated]:

@@ -11,10 +11,8 @@ import asyncio
 import contextlib
 import os
 import stat
-import time
 import weakref
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
@@ -25,6 +23,7 @@ from grpclib.protocol import H2Protocol
 from grpclib.server import Server
 
 from gpuagent._proto import v1beta1 as pb
+from gpuagent.domain.devices import Registration
 from gpuagent.domain.store import DeviceStore
 from gpuagent.kubelet.plugin import DevicePluginService
 
@@ -32,6 +31,7 @@ log = structlog.get_logger("gpuagent.registration")
 
 API_VERSION = "v1beta1"
 SOCKET_MODE = 0o660
+MAX_REASON = 300  # characters of a registration error kept for /readyz
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +45,8 @@ class Timing:
     backoff_max: float = 1.0
     register_retry_max: float = 30.0
     close_timeout: float = 1.0
+    # How long the kubelet socket may be absent before a warning names the setting to check.
+    kubelet_grace: float = 30.0
 
 
 class _PluginServer(Server):
@@ -72,7 +74,14 @@ class _PluginServer(Server):
 
 
 class PluginEndpoint:
-    """Owns the plugin's Unix socket and its registration with the kubelet."""
+    """Owns one resource's plugin socket and its registration with the kubelet.
+
+    Its state — registered, or what it is waiting for or failed at — is published into the store
+    (``Snapshot.registrations``), where /readyz and /metrics read it; successful registrations are
+    counted in the store's counters. A failure is logged once (at error level, without a
+    traceback when the cause is known, e.g. an unwritable socket directory), then again only
+    when it changes.
+    """
 
     def __init__(
         self,
@@ -83,8 +92,6 @@ class PluginEndpoint:
         kubelet_socket: Path,
         resource_name: str,
         timing: Timing = Timing(),
-        on_registered: Callable[[float], None] | None = None,
-        on_state: Callable[[], None] | None = None,
     ) -> None:
         self._service = service
         self._store = store
@@ -92,13 +99,10 @@ class PluginEndpoint:
         self._kubelet_socket = kubelet_socket
         self._resource_name = resource_name
         self._timing = timing
-        self._on_registered = on_registered
         self._server: _PluginServer | None = None
         self._own_id: SocketId | None = None
+        self._logged = ""  # the failure last logged at error level
         self.registrations = 0
-        self.registered = False
-        self._on_state = on_state
-        self.last_error = ""
 
     async def run(self) -> None:
         """Serve and stay registered until cancelled."""
@@ -107,13 +111,18 @@ class PluginEndpoint:
             while True:
                 try:
                     registered = await self._cycle()
-                except Exception as exc:
-                    # e.g. the socket directory vanished or is not writable. Whatever it is, the
-                    # node must not lose its GPUs for good: report it and try again.
-                    self.last_error = f"plugin endpoint failed: {exc!r}"
-                    log.exception("plugin endpoint failed; retrying", error=self.last_error)
+                except OSError as exc:
+                    # The socket directory is missing, not writable, or the path too long: the
+                    # node must not lose its GPUs for good, so report it and try again.
+                    reason = exc.strerror or str(exc)
+                    self._failed(
+                        f"cannot serve the plugin socket {self._socket_path}: {reason} "
+                        "(check --socket-dir and the agent's permissions there)"
+                    )
                     registered = False
-                self._set_registered(False)
+                except Exception as exc:  # a bug: the traceback matters, once
+                    self._failed(f"plugin endpoint failed: {exc!r}", exc_info=True)
+                    registered = False
                 await self._close_server()
                 if registered:
                     retry = self._timing.backoff_initial
@@ -121,30 +130,54 @@ class PluginEndpoint:
                     await asyncio.sleep(retry)
                     retry = min(retry * 2, self._timing.register_retry_max)
         finally:
-            self._set_registered(False)
+            self._publish(False, "stopped")
             await self._close_server()
+
+    def _publish(self, registered: bool, error: str = "") -> None:
+        self._store.set_registration(self._resource_name, Registration(registered, _short(error)))
+
+    def _failed(self, problem: str, *, exc_info: bool = False) -> None:
+        """Publish ``problem``; log it at error level unless it was the last one logged."""
+        self._publish(False, problem)
+        if problem != self._logged:
+            log.error(problem, resource=self._resource_name, exc_info=exc_info)
+            self._logged = problem
+        else:
+            log.debug(problem, resource=self._resource_name)
 
     async def _cycle(self) -> bool:
         """Serve, register and watch once; ``True`` if registered until the kubelet restarted."""
         kubelet_id = await self._wait_for_kubelet()
         own_id = await self._serve()
-        started = time.perf_counter()
         if not await self._register():
             return False
-        self._set_registered(True)
-        if self._on_registered is not None:
-            self._on_registered(time.perf_counter() - started)
+        self._publish(True)
+        self._logged = ""
         await self._watch(kubelet_id, own_id)
+        self._publish(False, "the kubelet restarted; registering again")
         log.info("kubelet restart detected; serving and registering again")
         return True
 
     async def _wait_for_kubelet(self) -> SocketId:
         delay = self._timing.backoff_initial
-        logged = False
+        waiting = f"waiting for the kubelet socket {self._kubelet_socket}"
+        loop = asyncio.get_running_loop()
+        warn_at = loop.time() + self._timing.kubelet_grace
+        logged = warned = False
         while (identity := _socket_id(self._kubelet_socket)) is None:
             if not logged:
-                log.info("waiting for the kubelet socket", path=str(self._kubelet_socket))
+                log.info(waiting, resource=self._resource_name)
                 logged = True
+            if not warned and loop.time() >= warn_at:
+                # Still absent: the kubelet is down, or the path is wrong.
+                waiting = (
+                    f"the kubelet socket {self._kubelet_socket} has not appeared in "
+                    f"{self._timing.kubelet_grace:g} s (is the kubelet running? check "
+                    "--kubelet-socket / --socket-dir)"
+                )
+                log.warning(waiting, resource=self._resource_name)
+                warned = True
+            self._publish(False, waiting)
             await asyncio.sleep(delay)
             delay = min(delay * 2, self._timing.backoff_max)
         return identity
@@ -175,20 +208,19 @@ class PluginEndpoint:
                 request, timeout=self._timing.register_timeout
             )
         except GRPCError as exc:
-            self.last_error = f"kubelet refused registration: {exc.status.name}: {exc.message}"
+            self._failed(f"kubelet refused registration: {exc.status.name}: {exc.message}")
         except (OSError, TimeoutError, StreamTerminatedError) as exc:
             # The kubelet went away mid-call (it restarts, or is not serving yet).
-            self.last_error = f"kubelet unreachable: {exc!r}"
+            self._failed(f"kubelet unreachable: {exc!r}")
         else:
             self.registrations += 1
-            self.last_error = ""
+            self._store.counters.registered()
             log.info(
                 "registered with kubelet", resource=self._resource_name, endpoint=request.endpoint
             )
             return True
         finally:
             channel.close()
-        log.error("registration failed", error=self.last_error)
         return False
 
     async def _watch(self, kubelet_id: SocketId, own_id: SocketId | None) -> None:
@@ -210,8 +242,7 @@ class PluginEndpoint:
         log.warning(
             "another plugin took over the socket; standing by", socket=str(self._socket_path)
         )
-        self._set_registered(False)
-        self.last_error = "another plugin serves this socket"
+        self._publish(False, "another plugin serves this socket")
         await self._close_server()
         while (  # noqa: ASYNC110 - the filesystem is polled; nothing in-process signals it
             _socket_id(self._socket_path) is not None
@@ -242,12 +273,10 @@ class PluginEndpoint:
     def resource_name(self) -> str:
         return self._resource_name
 
-    def _set_registered(self, registered: bool) -> None:
-        self.registered = registered
-        if self._on_state is not None:
-            self._on_state()  # the owner of several endpoints decides what the store says
-        else:
-            self._store.update(lambda s: replace(s, registered=registered))
+
+def _short(text: str, limit: int = MAX_REASON) -> str:
+    """A reason short enough for /readyz, however long the kubelet's error text was."""
+    return text if len(text) <= limit else f"{text[: limit - 1]}…"
 
 
 # A socket file's identity. The inode number alone is not enough: a deleted socket's inode is

@@ -14,6 +14,7 @@ from dataclasses import replace
 import structlog
 
 from gpuagent.domain.accounting import Ledger, account
+from gpuagent.domain.counters import CriStats
 from gpuagent.domain.devices import Snapshot
 from gpuagent.domain.store import DeviceStore
 from gpuagent.domain.usage import Usage
@@ -35,6 +36,7 @@ class Accountant:
         self._ledger = Ledger()
         self._inputs: tuple[object, ...] | None = None
         self.updates = 0
+        store.counters.follow_cri(lambda: CriStats(cri.requests, cri.errors, len(cri.names)))
 
     async def run(self) -> None:
         """Account after every change of readings or allocations, until cancelled."""
@@ -57,7 +59,8 @@ class Accountant:
         ids = {o.container_id for o in owners.values() if o is not None}
         names = await self._cri.resolve(ids)
         # Newer readings stored meanwhile are accounted for on the next round.
-        usage, self._ledger = account(snapshot, owners, names, self._ledger)
+        served = self._store.plan.served_resources
+        usage, self._ledger = account(snapshot, owners, names, self._ledger, served)
         self._store.update(lambda s: replace(s, usage=usage))
         self.updates += 1
         return usage
@@ -68,7 +71,8 @@ def _inputs(snapshot: Snapshot) -> tuple[object, ...]:
     (readings and mappings are replaced, never mutated, so identity tells a change)."""
     return (
         *(g.processes for g in snapshot.gpus),
-        snapshot.pods.by_device,
+        snapshot.pods.allocated,
+        snapshot.plan_generation,  # which resources are ours, so whose pods hold the devices
         snapshot.pods.refreshed_at is None,
     )
 

@@ -18,17 +18,19 @@ import platform
 import struct
 import time
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 
-from gpuagent.domain.attribution import Target, attributions
+from gpuagent.domain.attribution import Target, attributions, by_device
 from gpuagent.domain.counters import (
     AgentCounters,
     DraCounters,
     NvmlCallStats,
     PodResourcesStats,
+    ReloadStats,
 )
-from gpuagent.domain.devices import Gpu, MigDevice, PodRef, Snapshot
+from gpuagent.domain.devices import Allocated, Gpu, MigDevice, PodRef, Snapshot
+from gpuagent.domain.plan import Plan
 from gpuagent.domain.usage import ContainerUsage
 from gpuagent.web.dcgm import (
     DCGM_METRICS,
@@ -45,6 +47,7 @@ from gpuagent.web.usage import SHARED_DCGM, cri_families, render_usage
 
 __all__ = ["DevicePart", "MetricsRenderer"]
 
+DEFAULT_SERVED = Plan().served_resources
 _GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"  # deflate, no name, no mtime
 
 
@@ -104,7 +107,9 @@ class _Layout:
 
     gpus: tuple[object, ...]
     driver: str
-    by_device: Mapping[str, tuple[PodRef, ...]]
+    allocated: tuple[Allocated, ...]
+    served: frozenset[str]
+    device_ids: int  # device IDs of served resources the kubelet lists as held
     series: tuple[_Series, ...]
     static: bytes
 
@@ -140,38 +145,49 @@ class MetricsRenderer:
         self._cached: DevicePart | None = None
         self._layout: _Layout | None = None
 
-    def devices(self, snapshot: Snapshot) -> DevicePart:
-        """The device part for ``snapshot``, rendered only when its version is new."""
+    def devices(self, snapshot: Snapshot, served: Collection[str] = DEFAULT_SERVED) -> DevicePart:
+        """The device part for ``snapshot``, rendered only when its version is new.
+
+        ``served`` are the resource names of the plan ``snapshot`` was taken under (its pods are
+        attributed by them): a new plan is a new snapshot version.
+        """
         cached = self._cached
         if cached is not None and cached.version == snapshot.version:
             return cached
-        part = DevicePart(snapshot.version, self._render_device_chunks(snapshot))
+        part = DevicePart(snapshot.version, self._render_device_chunks(snapshot, served))
         self._cached = part
         self.device_renders += 1
         return part
 
-    def agent(self, snapshot: Snapshot, counters: AgentCounters) -> bytes:
+    def agent(
+        self, snapshot: Snapshot, counters: AgentCounters, served: Collection[str] = DEFAULT_SERVED
+    ) -> bytes:
         """The agent part, rendered fresh on each scrape."""
-        return self._render_agent(snapshot, counters).encode()
+        return self._render_agent(snapshot, counters, served).encode()
 
-    def render(self, snapshot: Snapshot, counters: AgentCounters) -> str:
+    def render(
+        self, snapshot: Snapshot, counters: AgentCounters, served: Collection[str] = DEFAULT_SERVED
+    ) -> str:
         """The whole exposition as text (the HTTP handler writes the two parts separately)."""
-        return (self.devices(snapshot).text + self.agent(snapshot, counters)).decode()
+        device_part = self.devices(snapshot, served).text
+        return (device_part + self.agent(snapshot, counters, served)).decode()
 
     # ----- device part -------------------------------------------------------------------------
-    def _layout_for(self, snapshot: Snapshot) -> _Layout:
+    def _layout_for(self, snapshot: Snapshot, served: Collection[str]) -> _Layout:
         gpus = tuple(_identity(gpu) for gpu in snapshot.gpus)
         driver = snapshot.driver.version
-        by_device = snapshot.pods.by_device
+        allocated = snapshot.pods.allocated
         cached = self._layout
         if (
             cached is not None
             and cached.gpus == gpus
             and cached.driver == driver
-            and (cached.by_device is by_device or cached.by_device == by_device)
+            and (cached.allocated is allocated or cached.allocated == allocated)
+            and cached.served == served
         ):
             return cached
-        pods = attributions(snapshot)
+        mapping = by_device(allocated, served)
+        pods = attributions(snapshot, mapping)
         tail = ""
         if self.hostname_label is not None:
             tail += f',{self.hostname_label}="{escape_label(self.hostname)}"'
@@ -205,7 +221,9 @@ class MetricsRenderer:
         layout = _Layout(
             gpus=gpus,
             driver=driver,
-            by_device=by_device,
+            allocated=allocated,
+            served=frozenset(served),
+            device_ids=len(mapping),
             series=tuple(series),
             static=self._render_identity_families(snapshot, pods).encode(),
         )
@@ -213,9 +231,9 @@ class MetricsRenderer:
         self.layouts += 1
         return layout
 
-    def _render_device_chunks(self, snapshot: Snapshot) -> Iterator[bytes]:
+    def _render_device_chunks(self, snapshot: Snapshot, served: Collection[str]) -> Iterator[bytes]:
         """The device part, one family per chunk."""
-        layout = self._layout_for(snapshot)
+        layout = self._layout_for(snapshot, served)
         gpus = snapshot.gpus
         readings = [
             (
@@ -391,7 +409,9 @@ class MetricsRenderer:
         return render([info, mig, allocated])
 
     # ----- agent part --------------------------------------------------------------------------
-    def _render_agent(self, snapshot: Snapshot, counters: AgentCounters) -> str:
+    def _render_agent(
+        self, snapshot: Snapshot, counters: AgentCounters, served: Collection[str]
+    ) -> str:
         families = [
             _single("gpuagent_build_info", "gauge",
                     "gpuagent's version, the Python it runs on, the NVIDIA driver and the node "
@@ -411,7 +431,9 @@ class MetricsRenderer:
             _single("gpuagent_allocations_total", "counter",
                     "Allocate calls answered successfully.", (), counters.allocations),
         ]  # fmt: skip
-        families.extend(self._pod_resources_families(snapshot, counters.pod_resources))
+        families.extend(_config_families(snapshot.plan_generation, counters.reloads))
+        devices = self._layout_for(snapshot, served).device_ids
+        families.extend(self._pod_resources_families(snapshot, counters.pod_resources, devices))
         families.extend(_nvml_families(counters.nvml))
         families.extend(_dra_families(counters.dra))
         families.extend(cri_families(counters.cri))
@@ -426,7 +448,7 @@ class MetricsRenderer:
         return render(families)
 
     def _pod_resources_families(
-        self, snapshot: Snapshot, stats: PodResourcesStats | None
+        self, snapshot: Snapshot, stats: PodResourcesStats | None, device_ids: int
     ) -> list[Family]:
         if stats is None:
             return []
@@ -445,7 +467,7 @@ class MetricsRenderer:
                     (), stats.errors),
             _single("gpuagent_pod_resources_devices", "gauge",
                     "Device IDs in the last known pod-resources mapping.", (),
-                    len(pods.by_device)),
+                    device_ids),
         ]  # fmt: skip
         if pods.refreshed_at is not None:
             age = max(0.0, self.monotonic() - pods.refreshed_at)
@@ -468,6 +490,26 @@ def _single(
     family = Family(name, kind, help_text)
     family.add(labels, value)
     return family
+
+
+def _config_families(generation: int, reloads: ReloadStats) -> list[Family]:
+    total = Family(
+        "gpuagent_config_reloads_total",
+        "counter",
+        "Configuration reloads (SIGHUP or a changed config file), by result: changed (applied), "
+        "unchanged (nothing to apply), invalid (refused; the running configuration stays).",
+    )
+    for result in ("changed", "unchanged", "invalid"):
+        total.add((("result", result),), getattr(reloads, result))
+    return [
+        _single("gpuagent_config_generation", "gauge",
+                "Reloads that changed the running configuration since the agent started.", (),
+                generation),
+        _single("gpuagent_config_last_reload_successful", "gauge",
+                "Whether the last configuration reload was applied (1; also before any) or "
+                "refused as invalid (0).", (), 1 if reloads.last_successful else 0),
+        total,
+    ]  # fmt: skip
 
 
 def _dra_families(dra: DraCounters | None) -> list[Family]:

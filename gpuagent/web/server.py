@@ -15,7 +15,6 @@ import contextlib
 import json
 import ssl
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, cast
 
@@ -23,7 +22,6 @@ import structlog
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from gpuagent.domain.counters import AgentCounters
 from gpuagent.domain.store import DeviceStore
 from gpuagent.web.exposition import CONTENT_TYPE
 from gpuagent.web.metrics import MetricsRenderer
@@ -80,16 +78,15 @@ class Probes(Protocol):
 def build_app(
     store: DeviceStore,
     renderer: MetricsRenderer,
-    counters: Callable[[], AgentCounters],
     probes: Probes,
     simulator: SimulatorControl | None = None,
     *,
     web_config: WebConfigFile | None = None,
     limits: HttpLimits = HttpLimits(),
 ) -> web.Application:
-    """The HTTP surface, reading only from ``store`` and the injected callables."""
+    """The HTTP surface, reading only from ``store`` (snapshot, plan, counters) and ``probes``."""
     app = web.Application(client_max_size=MAX_BODY, middlewares=[_auth_middleware(web_config)])
-    scrapes = _Scrapes(store, renderer, counters, limits)
+    scrapes = _Scrapes(store, renderer, limits)
 
     async def add_headers(request: web.Request, response: web.StreamResponse) -> None:
         response.headers["X-Content-Type-Options"] = "nosniff"
@@ -191,16 +188,9 @@ def _auth_middleware(web_config: WebConfigFile | None) -> Middleware:
 class _Scrapes:
     """/metrics: the cached device part plus a fresh agent part, written with back-pressure."""
 
-    def __init__(
-        self,
-        store: DeviceStore,
-        renderer: MetricsRenderer,
-        counters: Callable[[], AgentCounters],
-        limits: HttpLimits,
-    ) -> None:
+    def __init__(self, store: DeviceStore, renderer: MetricsRenderer, limits: HttpLimits) -> None:
         self._store = store
         self._renderer = renderer
-        self._counters = counters
         self._limits = limits
         self._in_flight = 0
 
@@ -216,10 +206,10 @@ class _Scrapes:
             self._renderer.scrapes.observe(time.perf_counter() - started)
 
     async def _respond(self, request: web.Request) -> web.StreamResponse:
-        snapshot = self._store.snapshot
+        snapshot, served = self._store.snapshot, self._store.plan.served_resources
         gzipped = _accepts_gzip(request.headers.get("Accept-Encoding", ""))
-        part = self._renderer.devices(snapshot)
-        tail = self._renderer.agent(snapshot, self._counters())
+        part = self._renderer.devices(snapshot, served)
+        tail = self._renderer.agent(snapshot, self._store.counters.read(), served)
         headers = {"Content-Type": CONTENT_TYPE, "Vary": "Accept-Encoding"}
         if gzipped:
             chunks = part.gzip(tail)

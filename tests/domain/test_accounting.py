@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
-from types import MappingProxyType
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from support.synthetic import gpu_uuid, synthetic_snapshot
+from support.synthetic import gpu_uuid, pods_by_device, synthetic_snapshot
 
 from gpuagent.domain.accounting import UNKNOWN, Ledger, account
 from gpuagent.domain.cgroups import CgroupOwner
@@ -46,13 +45,11 @@ def node(
 ) -> Snapshot:
     snap = synthetic_snapshot(gpus, refreshed_at=10.0)
     gpu0 = replace(snap.gpus[0], processes=reading, telemetry=Telemetry(energy_mj=energy_mj))
-    by_device = MappingProxyType(
-        held if held is not None else {f"{gpu_uuid(0)}::0": (A,), f"{gpu_uuid(0)}::1": (B,)}
-    )
+    mapping = held if held is not None else {f"{gpu_uuid(0)}::0": (A,), f"{gpu_uuid(0)}::1": (B,)}
     return replace(
         snap,
         gpus=(gpu0, *snap.gpus[1:]),
-        pods=Attribution(by_device=by_device, refreshed_at=10.0),
+        pods=pods_by_device(mapping, refreshed_at=10.0),
     )
 
 
@@ -230,7 +227,7 @@ def test_a_gpu_without_a_reading_keeps_its_counters() -> None:
 def mig_node(reading: ProcessReading, held: Mapping[str, tuple[PodRef, ...]]) -> Snapshot:
     snap = synthetic_snapshot(1, mig=True, refreshed_at=10.0)
     gpu = replace(snap.gpus[0], processes=reading)
-    return replace(snap, gpus=(gpu,), pods=Attribution(MappingProxyType(held), 10.0))
+    return replace(snap, gpus=(gpu,), pods=pods_by_device(held, refreshed_at=10.0))
 
 
 def test_mig_processes_are_credited_to_their_instance() -> None:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from types import MappingProxyType
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from support.synthetic import gpu_uuid, mig_uuid, synthetic_snapshot
+from support.synthetic import gpu_uuid, mig_uuid, pods_by_device, synthetic_snapshot
 
 from gpuagent.domain.attribution import (
     Allocated,
@@ -19,7 +18,7 @@ from gpuagent.domain.attribution import (
     base_id,
     by_device,
 )
-from gpuagent.domain.devices import Attribution, PodRef
+from gpuagent.domain.devices import PodRef
 
 SERVED = ("nvidia.com/gpu",)
 
@@ -133,7 +132,7 @@ def test_index_ignores_foreign_ids(index: DeviceIndex, device_id: str) -> None:
 
 def test_attributions_one_entry_per_pod_on_shared_gpu() -> None:
     snapshot = synthetic_snapshot(2, replicas=3)
-    found = attributions(snapshot)
+    found = attributions(snapshot, by_device(snapshot.pods.allocated, SERVED))
     assert set(found) == {Target(0), Target(1)}
     assert [r.pod for r in found[Target(0)]] == [f"pod-0-{gpu_uuid(0)[-4:]}-{r}" for r in range(3)]
 
@@ -143,24 +142,22 @@ def test_attributions_merge_spellings_and_dedup() -> None:
     a, b = PodRef("ns", "a", "c"), PodRef("ns", "b", "c")
     snapshot = replace(
         snapshot,
-        pods=Attribution(
-            by_device=MappingProxyType(
-                {gpu_uuid(0): (b,), "0::1": (a,), f"{gpu_uuid(0)}::2": (a, b), "GPU-gone": (a,)}
-            ),
-            refreshed_at=1.0,
+        pods=pods_by_device(
+            {gpu_uuid(0): (b,), "0::1": (a,), f"{gpu_uuid(0)}::2": (a, b), "GPU-gone": (a,)}
         ),
     )
-    assert attributions(snapshot) == {Target(0): (a, b)}
+    assert attributions(snapshot, by_device(snapshot.pods.allocated, SERVED)) == {Target(0): (a, b)}
 
 
 def test_attributions_mig() -> None:
     snapshot = synthetic_snapshot(1, mig=True, replicas=1)
-    found = attributions(snapshot)
+    found = attributions(snapshot, by_device(snapshot.pods.allocated, SERVED))
     assert set(found) == {Target(0, gi) for gi in range(7, 14)}
 
 
 def test_attributions_empty_without_mapping() -> None:
-    assert attributions(synthetic_snapshot(2)) == {}
+    snapshot = synthetic_snapshot(2)
+    assert attributions(snapshot, by_device(snapshot.pods.allocated, SERVED)) == {}
 
 
 @given(st.text(max_size=60))

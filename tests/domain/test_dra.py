@@ -31,8 +31,10 @@ from gpuagent.domain.dra import (
     taints,
 )
 from gpuagent.domain.errors import SettingError
+from gpuagent.domain.plan import Plan
 from gpuagent.domain.resources import MigStrategy
 from gpuagent.domain.serving import ResourceView, ServingPolicy
+from gpuagent.domain.store import DeviceStore
 
 DRIVER = "gpu.nvidia.com"
 
@@ -64,7 +66,8 @@ def test_dra_gpus_rejects_what_is_not_a_gpu(bad: str) -> None:
 
 def test_a_gpu_given_to_dra_leaves_the_device_plugin() -> None:
     snapshot = node(gpu(0), gpu(1), gpu(2))
-    view = ResourceView(ServingPolicy(dra_gpus=DraGpus.parse("1")))
+    plan = Plan(serving=ServingPolicy(dra_gpus=DraGpus.parse("1")))
+    view = ResourceView(DeviceStore(plan=plan))
     (resource,) = view.resources(snapshot).resources
     assert [d.gpu for d in resource.devices] == [0, 2]
     devices = dra_devices(snapshot, DraGpus.parse("1"))

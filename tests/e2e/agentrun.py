@@ -11,10 +11,11 @@ from typing import Any
 
 import aiohttp
 
-from gpuagent.app import Agent, load_simulator
+from gpuagent.app import Agent
 from gpuagent.config import load_settings
 from gpuagent.gpu.sim import SimDriver
 from gpuagent.kubelet.registration import Timing
+from gpuagent.plan import load_simulator
 
 FAST = Timing(
     watch_interval=0.02,
@@ -60,26 +61,32 @@ async def running_agent(
     sysfs_root: Path | None = None,
     nvml_call_timeout: float = 10.0,
     agent_options: Mapping[str, Any] | None = None,
+    config_poll_interval: float = 0.02,
+    env: Mapping[str, str] | None = None,
 ) -> AsyncIterator[RunningAgent]:
-    """Start an agent with ``args`` (plus test-friendly addresses) and stop it afterwards."""
-    settings = load_settings(
-        [
-            "--socket-dir", str(socket_dir),
-            "--metrics-address", "127.0.0.1:0",
-            "--poll-interval", "0.05",
-            "--log-level", "warning",
-            *args,
-        ],
-        {},
-    )  # fmt: skip
+    """Start an agent with ``args`` (plus test-friendly addresses) and stop it afterwards.
+
+    ``env`` is the agent's environment (by default only ``NODE_NAME=test-node``). The agent
+    re-reads the same arguments and environment (and its ``--config`` file) when it reloads.
+    """
+    environ = {"NODE_NAME": "test-node", **(env or {})}
+    argv = [
+        "--socket-dir", str(socket_dir),
+        "--metrics-address", "127.0.0.1:0",
+        "--poll-interval", "0.05",
+        "--log-level", "warning",
+        *args,
+    ]  # fmt: skip
+    settings = load_settings(argv, environ)
     agent = Agent(
         settings,
         simulator=load_simulator(settings),
         sysfs_root=sysfs_root or Path("/nonexistent-sysfs"),
-        hostname="test-node",
         registration_timing=FAST,
         nvml_call_timeout=nvml_call_timeout,
         **(agent_options or {}),
+        settings_source=lambda: load_settings(argv, environ),
+        config_poll_interval=config_poll_interval,
     )
     stop = asyncio.Event()
     task = asyncio.create_task(agent.run(stop), name="agent-under-test")

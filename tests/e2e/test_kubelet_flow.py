@@ -62,7 +62,7 @@ async def test_allocate_returns_visible_devices(
         response = await asyncio.to_thread(fake_kubelet.allocate, [uuids[2], uuids[0]])
         (container,) = response.container_responses
         assert dict(container.envs) == {"NVIDIA_VISIBLE_DEVICES": f"{uuids[2]},{uuids[0]}"}
-        assert run.agent.stats.allocations == 1
+        assert run.agent.store.counters.read().allocations == 1
 
 
 async def test_index_strategy_lists_uuids_and_hands_out_indexes(
@@ -198,8 +198,8 @@ async def test_kubelet_restart_reregisters(
             regs = await asyncio.to_thread(fake_kubelet.wait_for_registrations, n, T)
             first = await asyncio.to_thread(regs[-1].next_update, T)
             assert len(first.devices) == 4
-        endpoint = run.agent.endpoint
-        assert endpoint is not None
+        assert run.agent.endpoints is not None
+        endpoint = run.agent.endpoints.endpoints["nvidia.com/gpu"]
         # The kubelet records Register on arrival and the agent counts it when the reply arrives;
         # a restart can fall in between, and the agent then registers once more.
         for _ in range(500):

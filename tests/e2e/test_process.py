@@ -136,7 +136,8 @@ def test_registered_soon_after_start(
     [
         pytest.param(["--device-id-strategy", "serial"], {}, "--device-id-strategy", id="flag"),
         pytest.param(["--simulate", "2"], {"MIG_STRATEGY": "weird"}, "MIG_STRATEGY", id="env"),
-        pytest.param(["--resource-name", "gpu"], {}, "--resource-name", id="resource-name"),
+        pytest.param(["--resource-name", "Nvidia.com/gpu"], {}, "--resource-name",
+                     id="resource-name"),
         pytest.param(["--simulate", "0"], {}, "--simulate", id="simulate-range"),
         pytest.param(["--bogus"], {}, "bogus", id="unknown-flag"),
         pytest.param(["--simulate", "1"], {"DP_DISABLE_HEALTHCHECKS": "oops"},
@@ -173,6 +174,7 @@ def test_no_driver_with_fail_on_init_error_exits_1(short_tmp_path: Path) -> None
     )
     assert result.returncode == 1
     assert "driver unavailable" in result.stderr.lower()
+    assert "--simulate" in result.stderr  # what to do on a machine without NVIDIA GPUs
 
 
 def test_no_driver_without_fail_on_init_error_serves_probes(short_tmp_path: Path) -> None:
@@ -194,3 +196,70 @@ def test_no_driver_without_fail_on_init_error_serves_probes(short_tmp_path: Path
         if proc.poll() is None:
             proc.kill()
         proc.communicate(timeout=T)
+
+
+def test_check_config_prints_the_effective_settings_and_starts_nothing(
+    short_tmp_path: Path,
+) -> None:
+    config = short_tmp_path / "gpuagent.yaml"
+    config.write_text("version: v1\nmig-strategy: mixed\nsimulate: 2\n")
+    port = free_port()
+    result = run_to_end(
+        "--check-config", str(config), "--metrics-address", f"127.0.0.1:{port}",
+        env={"NODE_NAME": "gpu-node-1"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    settings = json.loads(result.stdout)
+    assert settings["mig_strategy"] == "mixed"
+    assert settings["simulate"] == 2
+    assert settings["node_name"] == "gpu-node-1"
+    assert result.stderr == ""  # no log: nothing started
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))  # nobody listened there
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        pytest.param("version: v1\nsharing: {timeSlicing: {resources: [{name: gpu, replicas: 1}]}}"
+                     "\n", "replicas", id="one-replica"),
+        pytest.param("version: v1\nweb-config-file: /nonexistent/web.yml\n", "web-config-file",
+                     id="web-config-missing"),
+        pytest.param("version: v1\ndisable-healthchecks: oops\n", "healthchecks",
+                     id="healthcheck-spec"),
+    ],
+)  # fmt: skip
+def test_check_config_exits_2_naming_the_key(short_tmp_path: Path, body: str, needle: str) -> None:
+    config = short_tmp_path / "gpuagent.yaml"
+    config.write_text(body)
+    result = run_to_end("--check-config", str(config))
+    assert result.returncode == 2
+    assert result.stdout == ""
+    (line,) = result.stderr.strip().splitlines()
+    assert needle in line
+
+
+def test_metrics_port_in_use_exits_2_in_one_line(short_tmp_path: Path) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        result = run_to_end(
+            "--simulate", "1",
+            "--socket-dir", str(short_tmp_path),
+            "--metrics-address", f"127.0.0.1:{port}",
+            "--log-format", "json",
+        )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    entries = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
+    (error,) = [e for e in entries if e["level"] == "error"]
+    assert "--metrics-address" in error["error"]
+    assert "in use" in error["error"]
+
+
+def test_unknown_gpuagent_variable_exits_2() -> None:
+    result = run_to_end("--simulate", "1", env={"GPUAGENT_MIG_STRATEGIES": "mixed"})
+    assert result.returncode == 2
+    assert "GPUAGENT_MIG_STRATEGIES" in result.stderr
+    assert "GPUAGENT_MIG_STRATEGY" in result.stderr

@@ -6,12 +6,11 @@ import asyncio
 import signal
 from pathlib import Path
 
-import pytest
+from structlog.testing import capture_logs
 from support.fake_kubelet import FakeKubelet
 
 from e2e.agentrun import running_agent
 from e2e.test_process import free_port, spawn
-from gpuagent.config import ConfigError, load_settings
 
 T = 10.0
 NODE = """\
@@ -41,18 +40,8 @@ async def test_reload_changes_only_what_changed(
     config = short_tmp_path / "gpuagent.yaml"
     config.write_text("version: v1\nmig-strategy: mixed\n")
     args = ["--sim-config", str(node), "--config", str(config)]
-    base = [
-        "--socket-dir",
-        str(device_plugin_dir),
-        "--metrics-address",
-        "127.0.0.1:0",
-        "--poll-interval",
-        "0.05",
-        "--log-level",
-        "warning",
-        *args,
-    ]  # as running_agent
-    async with running_agent(device_plugin_dir, args) as run:
+    # Reloads come from the test here, not from watching the file.
+    async with running_agent(device_plugin_dir, args, config_poll_interval=3600) as run:
         regs = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 2, T)
         by_name = {r.resource_name: r for r in regs}
         assert set(by_name) == {"nvidia.com/gpu", "nvidia.com/mig-1g.10gb"}
@@ -63,32 +52,57 @@ async def test_reload_changes_only_what_changed(
 
         # Same resource name, now time-sliced: its stream resends; nobody re-registers.
         config.write_text(SHARED)
-        assert run.agent.reload(load_settings(base, {})) == []
+        assert await run.agent.reload() == []
         update = await asyncio.to_thread(mig.wait_until, lambda u: len(u.devices) == 6, T)
         assert all("::" in d.ID for d in update.devices)
         assert len(fake_kubelet.registrations) == 2
 
         # Renamed: the new name registers, the old endpoint goes, the full-GPU stream stays.
         config.write_text(RENAMED)
-        run.agent.reload(load_settings(base, {}))
+        assert await run.agent.reload() == []
         regs = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 3, T)
         assert regs[2].resource_name == "nvidia.com/mig-1g.10gb.shared"
         assert (await asyncio.to_thread(mig.wait_ended, T)) is not None
         assert by_name["nvidia.com/gpu"].ended is None
-        assert set(run.agent.endpoints) == {"nvidia.com/gpu", "nvidia.com/mig-1g.10gb.shared"}
+        assert run.agent.endpoints is not None
+        assert set(run.agent.endpoints.endpoints) == {
+            "nvidia.com/gpu",
+            "nvidia.com/mig-1g.10gb.shared",
+        }
+        # The withdrawn endpoint was awaited: its socket is gone, its entry left the store.
+        assert not (device_plugin_dir / "nvidia-mig-1g.10gb.sock").exists()
+        assert set(run.agent.store.snapshot.registrations) == set(run.agent.endpoints.endpoints)
 
 
 async def test_invalid_reload_keeps_the_running_configuration(
-    fake_kubelet: FakeKubelet, device_plugin_dir: Path
+    fake_kubelet: FakeKubelet, device_plugin_dir: Path, short_tmp_path: Path
 ) -> None:
-    async with running_agent(device_plugin_dir, ("--simulate", "2")) as run:
+    config = short_tmp_path / "gpuagent.yaml"
+    config.write_text("version: v1\n")
+    args = ("--simulate", "2", "--config", str(config))
+    async with running_agent(device_plugin_dir, args, config_poll_interval=3600) as run:
         await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
-        before = run.agent.plan
-        sharing = "{timeSlicing: {resources: [{}]}}"
-        bad = load_settings(["--simulate", "2", "--sharing", sharing], {})
-        with pytest.raises(ConfigError, match="sharing"):
-            run.agent.reload(bad)
-        assert run.agent.plan is before
+        before = run.agent.store.plan
+        config.write_text("version: v1\nsharing: {timeSlicing: {resources: [{}]}}\n")
+        with capture_logs() as logs:
+            assert await run.agent.reload() is None
+        assert run.agent.store.plan is before
+        (entry,) = [e for e in logs if e["log_level"] == "error"]
+        assert "sharing.timeSlicing.resources[0].name" in entry["error"]
+
+
+async def test_reload_says_which_keys_need_a_restart(
+    fake_kubelet: FakeKubelet, device_plugin_dir: Path, short_tmp_path: Path
+) -> None:
+    config = short_tmp_path / "gpuagent.yaml"
+    config.write_text("version: v1\n")
+    args = ("--simulate", "2", "--config", str(config))
+    async with running_agent(device_plugin_dir, args, config_poll_interval=3600) as run:
+        await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+        config.write_text("version: v1\npod-resources-interval: 7\nmig-strategy: mixed\n")
+        assert await run.agent.reload() == ["pod-resources-interval"]
+        assert run.agent.store.plan.generation == 1  # the live part applied
+        assert run.agent.settings.pod_resources_interval == 30  # the rest waits for a restart
 
 
 def test_sighup_reloads_the_config_file(

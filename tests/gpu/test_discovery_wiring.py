@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from gpuagent.domain.devices import P2PLevel
-from gpuagent.domain.health import HealthPolicy
 from gpuagent.domain.store import DeviceStore
 from gpuagent.gpu.monitor import GpuMonitor
 from gpuagent.gpu.nvml import Nvml
@@ -38,7 +37,7 @@ async def test_mig_devices_and_topology_reach_the_store(driver: SimDriver, tmp_p
     minors = tmp_path / "mig-minors"
     minors.write_text(mig_minors_text(driver.node))
     store = DeviceStore()
-    monitor = GpuMonitor(store, Nvml(tmp_path, mig_minors=minors), HealthPolicy(), poll_interval=60)
+    monitor = GpuMonitor(store, Nvml(tmp_path, mig_minors=minors), poll_interval=60)
     try:
         await monitor.start()
         topology_calls = driver.calls["nvmlDeviceGetTopologyCommonAncestor"]
@@ -73,7 +72,7 @@ async def test_topology_is_read_again_when_a_lost_gpu_answers(
     driver: SimDriver, tmp_path: Path
 ) -> None:
     store = DeviceStore()
-    monitor = GpuMonitor(store, Nvml(tmp_path), HealthPolicy(), poll_interval=60)
+    monitor = GpuMonitor(store, Nvml(tmp_path), poll_interval=60)
     try:
         await monitor.start()
         reads = driver.calls["nvmlDeviceGetTopologyCommonAncestor"]

@@ -16,6 +16,7 @@ import pytest
 
 from gpuagent.domain.devices import Condition, DriverState, Gpu, Snapshot, Telemetry
 from gpuagent.domain.health import HealthPolicy
+from gpuagent.domain.plan import Plan
 from gpuagent.domain.store import DeviceStore
 from gpuagent.gpu.monitor import GpuMonitor
 from gpuagent.gpu.nvml import DriverUnavailable, Nvml, Probe
@@ -49,10 +50,11 @@ def monitor_for(
     call_timeout: float = 2.0,
     init_retry_interval: float = 10.0,
 ) -> GpuMonitor:
+    if policy is not None:
+        store.publish(Plan(health=policy))
     return GpuMonitor(
         store,
         nvml,
-        policy or HealthPolicy(),
         poll_interval=poll_interval,
         init_retry_interval=init_retry_interval,
         call_timeout=call_timeout,

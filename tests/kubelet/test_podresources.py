@@ -14,8 +14,8 @@ from support.fake_podresources import FakePodResources, Held
 from support.grpcstubs import StubModules
 from support.synthetic import gpu_uuid, mig_uuid, synthetic_snapshot
 
-from gpuagent.domain.attribution import Target, attributions
-from gpuagent.domain.devices import Attribution, PodRef
+from gpuagent.domain.attribution import Target, attributions, by_device
+from gpuagent.domain.devices import Attribution, PodRef, Snapshot
 from gpuagent.domain.store import DeviceStore
 from gpuagent.kubelet.podresources import PodResourcesClient
 
@@ -32,6 +32,18 @@ def socket_path(short_tmp_path: Path) -> Path:
 def kubelet(socket_path: Path, grpc_stubs: StubModules) -> Iterator[FakePodResources]:
     with FakePodResources(socket_path, grpc_stubs) as fake:
         yield fake
+
+
+def mapping(snapshot: Snapshot) -> dict[str, tuple[PodRef, ...]]:
+    """The snapshot's pods of the resources a default plan serves, by device ID."""
+    return dict(by_device(snapshot.pods.allocated, (GPU,)))
+
+
+def counts(store: DeviceStore) -> tuple[int, int, bool]:
+    """(requests, errors, socket present) as the client counted them."""
+    stats = store.counters.read().pod_resources
+    assert stats is not None
+    return stats.requests, stats.errors, stats.socket_present
 
 
 def held(pod: str, *ids: str, resource: str = GPU, container: str = "main") -> Held:
@@ -65,11 +77,11 @@ async def test_list_maps_served_devices(kubelet: FakePodResources, socket_path: 
         held("m", mig_uuid(2, 7), resource="nvidia.com/mig-1g.10gb"),
     ])  # fmt: skip
     store = DeviceStore(synthetic_snapshot(2))
-    client = PodResourcesClient(store, socket_path, (GPU,))
+    client = PodResourcesClient(store, socket_path)
     try:
         assert await client.refresh() is True
         pods = store.snapshot.pods
-        assert dict(pods.by_device) == {
+        assert mapping(store.snapshot) == {
             gpu_uuid(0): (PodRef("ns", "a", "main"),),
             gpu_uuid(1) + "::0": (PodRef("ns", "b", "main"),),
             gpu_uuid(1) + "::1": (PodRef("ns", "b", "main"),),
@@ -77,9 +89,11 @@ async def test_list_maps_served_devices(kubelet: FakePodResources, socket_path: 
         }
         assert pods.refreshed_at is not None
         assert pods.error == ""
-        assert attributions(store.snapshot)[Target(1)] == (PodRef("ns", "b", "main"),)
+        found = attributions(store.snapshot, mapping(store.snapshot))
+        assert found[Target(1)] == (PodRef("ns", "b", "main"),)
         assert await client.refresh() is False  # nothing changed
-        assert (client.requests, client.errors, kubelet.calls) == (2, 0, 2)
+        assert counts(store)[:2] == (2, 0)
+        assert kubelet.calls == 2
     finally:
         client.close()
 
@@ -89,7 +103,7 @@ async def test_socket_absent_keeps_mapping_and_logs_once(
 ) -> None:
     kubelet.set([held("a", gpu_uuid(0))])
     store = DeviceStore(synthetic_snapshot(1))
-    client = PodResourcesClient(store, socket_path, (GPU,))
+    client = PodResourcesClient(store, socket_path)
     try:
         await client.refresh()
         refreshed = store.snapshot.pods.refreshed_at
@@ -99,15 +113,15 @@ async def test_socket_absent_keeps_mapping_and_logs_once(
             assert await client.refresh() is False
         pods = store.snapshot.pods
         assert pods.refreshed_at == refreshed
-        assert gpu_uuid(0) in pods.by_device
+        assert gpu_uuid(0) in mapping(store.snapshot)
         assert "socket absent" in pods.error
-        assert (client.errors, client.requests, client.socket_present) == (3, 1, False)
+        assert counts(store) == (1, 3, False)
         assert capsys.readouterr().out.count("socket absent") == 1
         kubelet.set([held("b", gpu_uuid(0))])
         kubelet.start()
         assert await client.refresh() is True
         assert store.snapshot.pods.error == ""
-        assert store.snapshot.pods.by_device[gpu_uuid(0)] == (PodRef("ns", "b", "main"),)
+        assert mapping(store.snapshot)[gpu_uuid(0)] == (PodRef("ns", "b", "main"),)
         assert "works again" in capsys.readouterr().out
     finally:
         client.close()
@@ -115,27 +129,28 @@ async def test_socket_absent_keeps_mapping_and_logs_once(
 
 async def test_never_present_socket_is_not_an_error_loop(socket_path: Path) -> None:
     store = DeviceStore(synthetic_snapshot(1))
-    client = PodResourcesClient(store, socket_path, (GPU,), interval=0.05)
+    client = PodResourcesClient(store, socket_path, interval=0.05)
     async with running(client):
         await asyncio.sleep(0.3)
     # One look per interval, no tight loop, no crash; no pod labels.
-    assert 1 <= client.errors <= 8
-    assert client.requests == 0
-    assert store.snapshot.pods.by_device == {}
+    requests, errors, _ = counts(store)
+    assert 1 <= errors <= 8
+    assert requests == 0
+    assert store.snapshot.pods.allocated == ()
     assert store.snapshot.pods.refreshed_at is None
 
 
 async def test_kubelet_restart_reconnects(kubelet: FakePodResources, socket_path: Path) -> None:
     kubelet.set([held("a", gpu_uuid(0))])
     store = DeviceStore(synthetic_snapshot(1))
-    client = PodResourcesClient(store, socket_path, (GPU,))
+    client = PodResourcesClient(store, socket_path)
     try:
         await client.refresh()
         kubelet.restart()  # a new socket file, the old connection is gone
         kubelet.set([held("z", gpu_uuid(0))])
         assert await client.refresh() is True
-        assert store.snapshot.pods.by_device[gpu_uuid(0)] == (PodRef("ns", "z", "main"),)
-        assert client.errors == 0
+        assert mapping(store.snapshot)[gpu_uuid(0)] == (PodRef("ns", "z", "main"),)
+        assert counts(store)[1] == 0
     finally:
         client.close()
 
@@ -143,13 +158,13 @@ async def test_kubelet_restart_reconnects(kubelet: FakePodResources, socket_path
 async def test_error_status_keeps_mapping(kubelet: FakePodResources, socket_path: Path) -> None:
     kubelet.set([held("a", gpu_uuid(0))])
     store = DeviceStore(synthetic_snapshot(1))
-    client = PodResourcesClient(store, socket_path, (GPU,))
+    client = PodResourcesClient(store, socket_path)
     try:
         await client.refresh()
         kubelet.fail_with(grpc.StatusCode.RESOURCE_EXHAUSTED)
         assert await client.refresh() is False
         assert "RESOURCE_EXHAUSTED" in store.snapshot.pods.error
-        assert gpu_uuid(0) in store.snapshot.pods.by_device
+        assert gpu_uuid(0) in mapping(store.snapshot)
         kubelet.fail_with(None)
         await client.refresh()
         assert store.snapshot.pods.error == ""
@@ -161,10 +176,10 @@ async def test_response_larger_than_4_mib(kubelet: FakePodResources, socket_path
     kubelet.set([held("a", gpu_uuid(0))])
     kubelet.padding = 6 * 1024 * 1024
     store = DeviceStore(synthetic_snapshot(1))
-    client = PodResourcesClient(store, socket_path, (GPU,))
+    client = PodResourcesClient(store, socket_path)
     try:
         assert await client.refresh() is True
-        assert dict(store.snapshot.pods.by_device) == {gpu_uuid(0): (PodRef("ns", "a", "main"),)}
+        assert mapping(store.snapshot) == {gpu_uuid(0): (PodRef("ns", "a", "main"),)}
     finally:
         client.close()
 
@@ -174,7 +189,7 @@ async def test_response_over_the_bound_is_an_error(
 ) -> None:
     kubelet.padding = 64 * 1024
     store = DeviceStore(synthetic_snapshot(1))
-    client = PodResourcesClient(store, socket_path, (GPU,), max_response_bytes=16 * 1024)
+    client = PodResourcesClient(store, socket_path, max_response_bytes=16 * 1024)
     try:
         assert await client.refresh() is False
         assert "exceeds" in store.snapshot.pods.error
@@ -186,12 +201,12 @@ async def test_allocate_refreshes_without_waiting_for_the_timer(
     kubelet: FakePodResources, socket_path: Path
 ) -> None:
     store = DeviceStore(synthetic_snapshot(2))
-    client = PodResourcesClient(store, socket_path, (GPU,), interval=3600, debounce=0.02)
+    client = PodResourcesClient(store, socket_path, interval=3600, debounce=0.02)
     async with running(client):
         await eventually(lambda: kubelet.calls == 1)
         kubelet.set([held("new", gpu_uuid(1))])
         client.poke()
-        await eventually(lambda: gpu_uuid(1) in store.snapshot.pods.by_device, within=2.0)
+        await eventually(lambda: gpu_uuid(1) in mapping(store.snapshot), within=2.0)
 
 
 async def test_allocate_follow_ups_until_the_kubelet_records_it(
@@ -199,14 +214,14 @@ async def test_allocate_follow_ups_until_the_kubelet_records_it(
 ) -> None:
     store = DeviceStore(synthetic_snapshot(2))
     client = PodResourcesClient(
-        store, socket_path, (GPU,), interval=3600, debounce=0.01, follow_ups=(0.05, 0.1, 0.2)
+        store, socket_path, interval=3600, debounce=0.01, follow_ups=(0.05, 0.1, 0.2)
     )
     async with running(client):
         await eventually(lambda: kubelet.calls == 1)
         client.poke()  # the kubelet has not recorded the allocation yet
         await eventually(lambda: kubelet.calls == 2)
         kubelet.set([held("late", gpu_uuid(0))])
-        await eventually(lambda: gpu_uuid(0) in store.snapshot.pods.by_device, within=2.0)
+        await eventually(lambda: gpu_uuid(0) in mapping(store.snapshot), within=2.0)
         calls = kubelet.calls
         assert calls <= 5
         await asyncio.sleep(0.5)  # follow-ups stop once the mapping changed
@@ -218,16 +233,14 @@ async def test_a_burst_of_allocates_is_one_list(
 ) -> None:
     kubelet.set([held("a", gpu_uuid(0))])
     store = DeviceStore(synthetic_snapshot(2))
-    client = PodResourcesClient(
-        store, socket_path, (GPU,), interval=3600, debounce=0.05, follow_ups=()
-    )
+    client = PodResourcesClient(store, socket_path, interval=3600, debounce=0.05, follow_ups=())
     async with running(client):
         await eventually(lambda: kubelet.calls == 1)
         kubelet.set([held("a", gpu_uuid(0)), held("b", gpu_uuid(1))])
         for _ in range(20):  # a burst: no wall time passes between pokes
             client.poke()
             await asyncio.sleep(0)
-        await eventually(lambda: gpu_uuid(1) in store.snapshot.pods.by_device)
+        await eventually(lambda: gpu_uuid(1) in mapping(store.snapshot))
         await asyncio.sleep(0.3)
         assert kubelet.calls == 2
 
@@ -236,7 +249,7 @@ async def test_calls_at_rest_follow_the_interval(
     kubelet: FakePodResources, socket_path: Path
 ) -> None:
     store = DeviceStore(synthetic_snapshot(1))
-    client = PodResourcesClient(store, socket_path, (GPU,), interval=0.1)
+    client = PodResourcesClient(store, socket_path, interval=0.1)
     async with running(client):
         await eventually(lambda: kubelet.calls >= 1)
         start = time.monotonic()
@@ -250,7 +263,7 @@ async def test_default_interval_means_one_call_at_start(
     kubelet: FakePodResources, socket_path: Path
 ) -> None:
     store = DeviceStore(synthetic_snapshot(1))
-    client = PodResourcesClient(store, socket_path, (GPU,))  # 30 s backstop
+    client = PodResourcesClient(store, socket_path)  # 30 s backstop
     async with running(client):
         await eventually(lambda: kubelet.calls == 1)
         await asyncio.sleep(1.0)
@@ -260,7 +273,7 @@ async def test_default_interval_means_one_call_at_start(
 async def test_mapping_survives_in_snapshot_equality() -> None:
     # The store bumps its version only on change; a repeated failure changes nothing.
     store = DeviceStore(synthetic_snapshot(1))
-    client = PodResourcesClient(store, Path("/nonexistent/kubelet.sock"), (GPU,))
+    client = PodResourcesClient(store, Path("/nonexistent/kubelet.sock"))
     await client.refresh()
     version = store.snapshot.version
     await client.refresh()

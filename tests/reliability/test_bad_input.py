@@ -184,7 +184,7 @@ async def test_sim_endpoints_are_absent_outside_simulation(
         ["--socket-dir", str(device_plugin_dir), "--metrics-address", "127.0.0.1:0"], {}
     )
     with installed(SimDriver(node_from_count(1))):
-        agent = Agent(settings, simulator=None, hostname="h", sysfs_root=tmp_path)
+        agent = Agent(settings, simulator=None, node_name="h", sysfs_root=tmp_path)
         stop = asyncio.Event()
         task = asyncio.create_task(agent.run(stop))
         try:

@@ -7,15 +7,14 @@ import contextlib
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from pathlib import Path
-from types import MappingProxyType
 
 import pytest
 from support.cgroups import Layout, cgroup_file, write_proc
 from support.cristubs import CriStubs
 from support.fake_cri import FakeCri, RuntimeContainer
-from support.synthetic import gpu_uuid, synthetic_snapshot
+from support.synthetic import gpu_uuid, pods_by_device, synthetic_snapshot
 
-from gpuagent.domain.devices import Attribution, PodRef, Snapshot
+from gpuagent.domain.devices import PodRef, Snapshot
 from gpuagent.domain.store import DeviceStore
 from gpuagent.domain.usage import GpuProcess, ProcessReading, ProcessSample
 from gpuagent.runtime.accountant import Accountant
@@ -84,8 +83,8 @@ async def settle(accountant: Accountant, updates: int) -> None:
 async def test_usage_follows_readings_without_cri_calls_at_rest(
     runtime: FakeCri, proc: Path, short_tmp_path: Path
 ) -> None:
-    held = MappingProxyType({gpu_uuid(0) + "::0": (PodRef("team-a", "a", "main"),)})
-    base = replace(synthetic_snapshot(2), pods=Attribution(held, refreshed_at=1.0))
+    held = {gpu_uuid(0) + "::0": (PodRef("team-a", "a", "main"),)}
+    base = replace(synthetic_snapshot(2), pods=pods_by_device(held))
     store = DeviceStore(base)
     accountant = Accountant(store, ProcReader(proc), CriClient(short_tmp_path / "cri.sock"))
     reading = ProcessReading(

@@ -11,11 +11,13 @@ from dataclasses import fields
 from types import MappingProxyType
 
 from gpuagent.domain.devices import (
+    Allocated,
     Attribution,
     DriverState,
     Gpu,
     MigDevice,
     PodRef,
+    Registration,
     Snapshot,
     Telemetry,
 )
@@ -58,7 +60,7 @@ def synthetic_snapshot(
     """``gpus`` GPUs, each with 7 MIG devices when ``mig``; with ``replicas`` > 0 every GPU (or MIG
     device) is shared by that many replicas, each held by its own pod."""
     built = []
-    by_device: dict[str, tuple[PodRef, ...]] = {}
+    allocated: list[Allocated] = []
     for i in range(gpus):
         migs: tuple[MigDevice, ...] = ()
         if mig:
@@ -89,21 +91,36 @@ def synthetic_snapshot(
             )
         )
         ids = [m.uuid for m in migs] if mig else [gpu_uuid(i)]
+        resource = "nvidia.com/mig-1g.10gb" if mig else "nvidia.com/gpu"
         for device_id in ids:
             for r in range(replicas):
-                pod = PodRef(namespace, f"{pod_prefix}-{i}-{device_id[-4:]}-{r}", "main")
-                by_device[f"{device_id}::{r}"] = (pod,)
+                pod = f"{pod_prefix}-{i}-{device_id[-4:]}-{r}"
+                allocated.append(
+                    Allocated(namespace, pod, "main", resource, (f"{device_id}::{r}",))
+                )
     return Snapshot(
         version=version,
         gpus=tuple(built),
         driver=DriverState(up=True, version="580.95.05"),
         discovered=True,
-        registered=True,
+        registrations=MappingProxyType({"nvidia.com/gpu": Registration(registered=True)}),
         pods=Attribution(
-            by_device=MappingProxyType(by_device), refreshed_at=refreshed_at if replicas else None
+            allocated=tuple(allocated), refreshed_at=refreshed_at if replicas else None
         ),
     )
 
 
-def pods_by_device(mapping: Mapping[str, tuple[PodRef, ...]]) -> Attribution:
-    return Attribution(by_device=MappingProxyType(dict(mapping)), refreshed_at=1.0)
+def pods_by_device(
+    mapping: Mapping[str, tuple[PodRef, ...]],
+    resource: str = "nvidia.com/gpu",
+    refreshed_at: float = 1.0,
+) -> Attribution:
+    """Pods holding the given device IDs, as the kubelet would list them."""
+    return Attribution(
+        allocated=tuple(
+            Allocated(ref.namespace, ref.pod, ref.container, resource, (device_id,))
+            for device_id, refs in mapping.items()
+            for ref in refs
+        ),
+        refreshed_at=refreshed_at,
+    )

@@ -9,7 +9,7 @@ import gzip
 import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from support.synthetic import synthetic_snapshot
 from support.tls import Pki, make_pki
 
-from gpuagent.domain.counters import AgentCounters
+from gpuagent.domain.devices import Registration
 from gpuagent.domain.store import DeviceStore
 from gpuagent.web.metrics import MetricsRenderer
 from gpuagent.web.server import HttpLimits, HttpServer, build_app
@@ -57,7 +57,7 @@ async def serving(
     limits = limits or HttpLimits()
     store = DeviceStore(synthetic_snapshot(gpus, replicas=replicas))
     renderer = MetricsRenderer("node-1", "1.0")
-    app = build_app(store, renderer, AgentCounters, _Probes(), web_config=web_config, limits=limits)
+    app = build_app(store, renderer, _Probes(), web_config=web_config, limits=limits)
     server = HttpServer(
         app,
         "127.0.0.1",
@@ -136,7 +136,7 @@ async def test_concurrent_scrapes_render_once_per_version() -> None:
         assert s.renderer.device_renders == 1
         device_parts = {b.split("# HELP gpuagent_build_info")[0] for b in bodies}
         assert len(device_parts) == 1
-        s.store.update(lambda snap: replace(snap, registered=False))
+        s.store.set_registration("nvidia.com/gpu", Registration(error="kubelet gone"))
         await scrape()
         assert s.renderer.device_renders == 2
         assert s.renderer.scrapes.count == 21

@@ -13,7 +13,7 @@ from types import MappingProxyType
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from support.synthetic import full_telemetry, gpu_uuid, mig_uuid, synthetic_snapshot
+from support.synthetic import full_telemetry, gpu_uuid, mig_uuid, pods_by_device, synthetic_snapshot
 
 from gpuagent.domain.counters import AgentCounters, NvmlCallStats, PodResourcesStats
 from gpuagent.domain.devices import (
@@ -235,7 +235,7 @@ def test_hostile_label_values_round_trip(value: str) -> None:
         snapshot,
         gpus=(gpu,),
         driver=replace(snapshot.driver, version=value),
-        pods=Attribution(by_device=MappingProxyType({gpu.uuid: (ref,)}), refreshed_at=1.0),
+        pods=pods_by_device({gpu.uuid: (ref,)}),
     )
     snapshot = replace(
         snapshot,

@@ -6,14 +6,13 @@ import os
 import shutil
 import subprocess
 from dataclasses import replace
-from types import MappingProxyType
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from support.synthetic import full_telemetry, gpu_uuid, synthetic_snapshot
+from support.synthetic import full_telemetry, gpu_uuid, pods_by_device, synthetic_snapshot
 
 from gpuagent.domain.counters import AgentCounters, CriStats
-from gpuagent.domain.devices import Attribution, PodRef, Snapshot
+from gpuagent.domain.devices import PodRef, Snapshot
 from gpuagent.domain.usage import ContainerUsage, ProcessReading, Usage
 from gpuagent.web.metrics import MetricsRenderer
 
@@ -50,7 +49,7 @@ def use(ref: PodRef, **kw: object) -> ContainerUsage:
 
 def node(*usages: ContainerUsage, judged: bool = True, mig: bool = False) -> Snapshot:
     snap = synthetic_snapshot(2, mig=mig)
-    held = MappingProxyType({f"{gpu_uuid(0)}::0": (A,), f"{gpu_uuid(0)}::1": (B,)})
+    held = {f"{gpu_uuid(0)}::0": (A,), f"{gpu_uuid(0)}::1": (B,)}
     gpus = tuple(
         replace(g, processes=ProcessReading(samples=()), telemetry=full_telemetry(g.index))
         for g in snap.gpus
@@ -58,7 +57,7 @@ def node(*usages: ContainerUsage, judged: bool = True, mig: bool = False) -> Sna
     return replace(
         snap,
         gpus=gpus,
-        pods=Attribution(held if not mig else MappingProxyType({}), refreshed_at=1.0),
+        pods=pods_by_device(held if not mig else {}),
         usage=Usage(containers=usages, judged=judged),
     )
 

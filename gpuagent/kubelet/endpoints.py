@@ -1,0 +1,136 @@
+"""One plugin endpoint per resource the node advertises, kept in step with the store.
+
+The resources follow the snapshot and the plan (:class:`~gpuagent.domain.serving.ResourceView`):
+after a reload, or when devices change, an endpoint starts for each new resource and the
+endpoints of resources no longer advertised are withdrawn — their streams end, their sockets go
+and their registration entries leave the store — while the others keep their streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from gpuagent.domain.devices import Registration
+from gpuagent.domain.naming import socket_name
+from gpuagent.domain.serving import ResourceView
+from gpuagent.domain.store import DeviceStore
+from gpuagent.kubelet.plugin import DevicePluginService
+from gpuagent.kubelet.registration import PluginEndpoint, Timing
+
+__all__ = ["PluginEndpoints"]
+
+log = structlog.get_logger("gpuagent.registration")
+
+
+@dataclass(slots=True)
+class _Served:
+    service: DevicePluginService
+    endpoint: PluginEndpoint
+    task: asyncio.Task[None]
+
+
+class PluginEndpoints:
+    """Serves and registers every advertised resource, for the agent's lifetime.
+
+    ``stopping`` is set when the agent shuts down: every ListAndWatch stream then ends with
+    ``UNAVAILABLE``, so the kubelet stops allocating from a plugin that is going away.
+    """
+
+    def __init__(
+        self,
+        store: DeviceStore,
+        view: ResourceView,
+        stopping: asyncio.Event,
+        *,
+        socket_dir: Path,
+        kubelet_socket: Path,
+        timing: Timing = Timing(),
+        on_allocate: Callable[[], None] | None = None,
+    ) -> None:
+        self._store = store
+        self._view = view
+        self._socket_dir = socket_dir
+        self._kubelet_socket = kubelet_socket
+        self._timing = timing
+        self._on_allocate = on_allocate
+        self._stopping = stopping
+        self._served: dict[str, _Served] = {}
+        self._notes: tuple[str, ...] = ()
+
+    @property
+    def endpoints(self) -> dict[str, PluginEndpoint]:
+        return {name: served.endpoint for name, served in self._served.items()}
+
+    @property
+    def services(self) -> dict[str, DevicePluginService]:
+        return {name: served.service for name, served in self._served.items()}
+
+    async def run(self) -> None:
+        """Once GPUs are discovered, serve each advertised resource until cancelled.
+
+        An endpoint never ends by itself: one that fails takes this task (and so the agent's
+        supervision) down with its error.
+        """
+        snapshot = self._store.snapshot
+        while not snapshot.discovered:
+            snapshot = await self._store.wait_newer(snapshot.version)
+        try:
+            async with asyncio.TaskGroup() as group:
+                while True:
+                    await self._reconcile(group)
+                    await self._store.wait_newer(self._store.snapshot.version)
+        finally:
+            for name in list(self._served):
+                await self._withdraw(name)
+
+    async def wait_drained(self) -> None:
+        """Wait until every ListAndWatch stream has closed (once ``stopping`` is set, each ends
+        with ``UNAVAILABLE``)."""
+        await asyncio.gather(*(s.service.wait_drained() for s in self._served.values()))
+
+    async def _reconcile(self, group: asyncio.TaskGroup) -> None:
+        resources = self._view.resources(self._store.snapshot)
+        if resources.notes != self._notes:
+            self._notes = resources.notes
+            for note in resources.notes:
+                log.warning("resource note", note=note)
+        # A node without devices still registers its main resource (with no devices), so the
+        # kubelet shows capacity 0 rather than a stale value.
+        names = resources.names or (self._view.policy.resources.resource_name,)
+        gone = [name for name in self._served if name not in names]
+        new = [name for name in names if name not in self._served]
+        for name in gone:
+            log.info("resource no longer advertised; stopping its endpoint", resource=name)
+            await self._withdraw(name)
+        for name in new:
+            resource = resources.get(name)
+            service = DevicePluginService(
+                self._store, self._view, name, self._stopping, on_allocate=self._on_allocate
+            )
+            endpoint = PluginEndpoint(
+                service,
+                self._store,
+                socket_path=self._socket_dir
+                / (resource.socket_name if resource is not None else socket_name(name)),
+                kubelet_socket=self._kubelet_socket,
+                resource_name=name,
+                timing=self._timing,
+            )
+            # Not registered until it says so: readiness waits for the new resource too.
+            self._store.set_registration(name, Registration(error="starting"))
+            task = group.create_task(endpoint.run(), name=f"kubelet-registration:{name}")
+            self._served[name] = _Served(service, endpoint, task)
+        if gone or new:
+            log.info("serving resources", resources=list(names))
+
+    async def _withdraw(self, name: str) -> None:
+        """Stop ``name``'s endpoint and wait for it (its socket is gone when this returns)."""
+        served = self._served.pop(name)
+        served.task.cancel()
+        await asyncio.wait({served.task})
+        self._store.set_registration(name, None)

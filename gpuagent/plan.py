@@ -1,0 +1,153 @@
+"""Settings → plan: what the configuration means for the agent, checked once.
+
+:func:`make_plan` turns validated :class:`~gpuagent.config.Settings` (already in the domain's own
+types) into the :class:`~gpuagent.domain.plan.Plan` the store keeps, finding the host facts the
+domain may not look up itself (which driver control nodes exist). The files the settings point at
+— the web config, the simulated node — are loaded here too, so every setting's error is a
+:class:`~gpuagent.config.ConfigError` naming it (exit code 2) before anything starts.
+
+:func:`restart_keys` says which settings a reload cannot apply: everything the plan does not
+hold (sockets, addresses, intervals, files) is read once at start.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from gpuagent.config import OPTIONS, ConfigError, Settings
+from gpuagent.domain.containers import CDI_KIND, CONTROL_NODES, TOOLKIT_CDI_KIND, ContainerSettings
+from gpuagent.domain.dra import DraGpus, DraPlan
+from gpuagent.domain.errors import SettingError
+from gpuagent.domain.health import HealthCheckSpecError, HealthPolicy
+from gpuagent.domain.plan import Plan
+from gpuagent.domain.resources import ResourceSettings
+from gpuagent.domain.serving import ServingPolicy
+from gpuagent.gpu import sim
+from gpuagent.nodefiles import TOOLKIT
+from gpuagent.web.webconfig import WebConfigFile
+
+__all__ = [
+    "LIVE",
+    "driver_root_as_read",
+    "keep_restart_only",
+    "load_simulator",
+    "load_web_config",
+    "make_plan",
+    "restart_keys",
+]
+
+# Settings the plan holds: a reload applies them without a restart.
+LIVE = frozenset(
+    {
+        "resource_name", "device_list_strategy", "device_id_strategy", "mig_strategy",
+        "pass_device_specs", "sharing", "shared_devices_allocation_policy",
+        "cdi_annotation_prefix", "disable_healthchecks", "enable_healthchecks",
+    }
+)  # fmt: skip
+_SPELLING = {opt.dest: opt.name for opt in OPTIONS}
+
+
+def make_plan(settings: Settings, *, control_nodes: tuple[str, ...] | None = None) -> Plan:
+    """The plan for ``settings``; raises :class:`ConfigError` naming the setting at fault.
+
+    ``control_nodes`` are the NVIDIA control device nodes present under the driver root, looked
+    up here unless given (the domain does no I/O). Reads the file system: call it off the loop.
+    """
+    root = settings.nvidia_driver_root
+    if control_nodes is None:
+        seen_at = driver_root_as_read(settings)
+        control_nodes = tuple(p for p in CONTROL_NODES if (seen_at / p.lstrip("/")).exists())
+    try:
+        health = HealthPolicy.from_env_values(
+            settings.disable_healthchecks, settings.enable_healthchecks
+        )
+    except HealthCheckSpecError as exc:
+        raise ConfigError("disable-healthchecks / enable-healthchecks", str(exc)) from exc
+    try:
+        serving = ServingPolicy(
+            resources=ResourceSettings(
+                resource_name=settings.resource_name,
+                mig_strategy=settings.mig_strategy,
+                time_slicing=settings.sharing,
+            ),
+            containers=ContainerSettings(
+                strategies=settings.device_list_strategy,
+                id_strategy=settings.device_id_strategy,
+                pass_device_specs=settings.pass_device_specs,
+                dev_root=str(root),
+                control_nodes=control_nodes,
+                cdi_annotation_prefix=settings.cdi_annotation_prefix,
+                cdi_kind=TOOLKIT_CDI_KIND if settings.cdi_spec == TOOLKIT else CDI_KIND,
+            ),
+            shared_allocation=settings.shared_devices_allocation_policy,
+            dra_gpus=DraGpus.parse(settings.dra_gpus),
+        )
+    except SettingError as exc:
+        raise ConfigError(exc.key, exc.reason) from exc
+    dra = DraPlan(
+        gpus=serving.dra_gpus,
+        driver=settings.dra_driver_name,
+        mig_strategy=serving.resources.mig_strategy,
+    )
+    return Plan(serving=serving, health=health, dra=dra)
+
+
+def keep_restart_only(reloaded: Plan, running: Plan) -> Plan:
+    """``reloaded`` with what only a restart may change taken from ``running``: the driver root
+    (device nodes found there), the CDI spec's mode, which GPUs DRA serves and as which driver
+    (so a GPU never shows up in both APIs, or in neither)."""
+    containers = replace(
+        reloaded.serving.containers,
+        dev_root=running.serving.containers.dev_root,
+        control_nodes=running.serving.containers.control_nodes,
+        cdi_kind=running.serving.containers.cdi_kind,
+    )
+    return replace(
+        reloaded,
+        serving=replace(reloaded.serving, containers=containers, dra_gpus=running.serving.dra_gpus),
+        dra=replace(running.dra, mig_strategy=reloaded.dra.mig_strategy),
+    )
+
+
+def driver_root_as_read(settings: Settings) -> Path:
+    """Where the agent reads the driver root: its mount in the agent's container, or itself."""
+    return settings.driver_root_ctr_path or settings.nvidia_driver_root
+
+
+def restart_keys(running: Settings, reloaded: Settings) -> list[str]:
+    """The settings that differ between ``running`` and ``reloaded`` but only apply at start,
+    spelled as options (``metrics-address``, ``poll-interval``)."""
+    old, new = running.as_dict(), reloaded.as_dict()
+    changed = {k for k in new if k not in LIVE and new[k] != old[k]}
+    if changed & {"metrics_host", "metrics_port"}:
+        changed = (changed - {"metrics_host", "metrics_port"}) | {"metrics_address"}
+    return sorted(_SPELLING.get(k, k.replace("_", "-")) for k in changed)
+
+
+def load_web_config(settings: Settings) -> WebConfigFile | None:
+    """The ``--web-config-file``, checked (TLS files included); raises :class:`ConfigError`."""
+    if settings.web_config_file is None:
+        return None
+    try:
+        return WebConfigFile(settings.web_config_file)
+    except SettingError as exc:
+        raise _in_file("web-config-file", settings.web_config_file, exc) from exc
+
+
+def load_simulator(settings: Settings) -> sim.SimDriver | None:
+    """The simulated driver described by the settings, or ``None`` on real hardware."""
+    try:
+        if settings.simulate is not None:
+            return sim.SimDriver(sim.node_from_count(settings.simulate))
+        if settings.sim_config is not None:
+            return sim.SimDriver(sim.load_sim_config(settings.sim_config))
+    except SettingError as exc:
+        raise _in_file("sim-config", settings.sim_config, exc) from exc
+    return None
+
+
+def _in_file(option: str, path: Path | None, exc: SettingError) -> ConfigError:
+    """``exc``, a key inside the file ``option`` names, as an error of that option."""
+    where = f" (in {path})" if path is not None else ""
+    return ConfigError(f"{option} {exc.key}", f"{exc.reason}{where}")

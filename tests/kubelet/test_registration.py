@@ -1,0 +1,75 @@
+"""A plugin endpoint's failures: one line naming the path, published for /readyz, then retries."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from pathlib import Path
+
+from structlog.testing import capture_logs
+from support.nodes import gpu, node
+from support.waiting import eventually
+
+from gpuagent.domain.serving import ResourceView
+from gpuagent.domain.store import DeviceStore
+from gpuagent.kubelet.plugin import DevicePluginService
+from gpuagent.kubelet.registration import MAX_REASON, PluginEndpoint, Timing
+
+GPU = "nvidia.com/gpu"
+FAST = Timing(backoff_initial=0.001, backoff_max=0.001, register_retry_max=0.001)
+
+
+def endpoint(
+    store: DeviceStore, socket_path: Path, kubelet: Path, timing: Timing
+) -> PluginEndpoint:
+    service = DevicePluginService(store, ResourceView(store), GPU, asyncio.Event())
+    return PluginEndpoint(
+        service, store, socket_path=socket_path, kubelet_socket=kubelet, resource_name=GPU,
+        timing=timing,
+    )  # fmt: skip
+
+
+async def test_a_socket_dir_that_cannot_hold_sockets_is_named_once(short_tmp_path: Path) -> None:
+    kubelet = short_tmp_path / "kubelet.sock"
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(kubelet))  # the kubelet is there; our directory is not usable
+    not_a_dir = short_tmp_path / "device-plugins"
+    not_a_dir.write_text("a file where the socket directory should be")
+    store = DeviceStore(node(gpu(0)))
+    plugin = endpoint(store, not_a_dir / "nvidia-gpu.sock", kubelet, FAST)
+    with capture_logs() as logs:
+        task = asyncio.create_task(plugin.run())
+        try:
+            await eventually(lambda: sum(e["log_level"] == "debug" for e in logs) >= 3,
+                             what="three retries")  # fmt: skip
+        finally:
+            task.cancel()
+            await asyncio.wait({task})
+            listener.close()
+    errors = [e for e in logs if e["log_level"] == "error"]
+    assert len(errors) == 1  # not once per retry, and without a traceback
+    assert str(not_a_dir / "nvidia-gpu.sock") in errors[0]["event"]
+    assert "--socket-dir" in errors[0]["event"]
+    assert "exc_info" not in errors[0] or not errors[0]["exc_info"]
+    assert store.snapshot.registrations[GPU].error == "stopped"
+
+
+async def test_an_absent_kubelet_socket_is_named_and_published(short_tmp_path: Path) -> None:
+    kubelet = short_tmp_path / "nowhere" / "kubelet.sock"
+    store = DeviceStore(node(gpu(0)))
+    timing = Timing(backoff_initial=0.001, backoff_max=0.001, kubelet_grace=0.0)
+    plugin = endpoint(store, short_tmp_path / "nvidia-gpu.sock", kubelet, timing)
+    with capture_logs() as logs:
+        task = asyncio.create_task(plugin.run())
+        try:
+            await eventually(lambda: GPU in store.snapshot.registrations, what="a published state")
+            await eventually(
+                lambda: any(e["log_level"] == "warning" for e in logs), what="a warning"
+            )
+            error = store.snapshot.registrations[GPU].error
+        finally:
+            task.cancel()
+            await asyncio.wait({task})
+    assert str(kubelet) in error
+    assert "--kubelet-socket" in error
+    assert len(error) <= MAX_REASON
