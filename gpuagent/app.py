@@ -187,7 +187,11 @@ class Agent:
         app = build_app(self.store, self.renderer, self, self.simulator, web_config=self.web_config)
         ssl = self.web_config.ssl_context if self.web_config is not None else None
         self.http = HttpServer(
-            app, self.settings.metrics_host, self.settings.metrics_port, ssl_context=ssl
+            app,
+            self.settings.metrics_host,
+            self.settings.metrics_port,
+            ssl_context=ssl,
+            probes=self,
         )
         try:
             await self._listen(self.http)

@@ -57,6 +57,23 @@ class DevicePluginService(pb.DevicePluginBase):
         """Return once no ListAndWatch stream is open."""
         await self._no_streams.wait()
 
+    async def _call_rpc_handler_server_stream(
+        self, handler: Callable[[Any], AsyncIterator[Any]], stream: Any, request: Any
+    ) -> None:
+        """betterproto2's streaming loop, with the stream closed when the handler ends.
+
+        Its own loop leaves a stream suspended at ``yield`` (when grpclib cancels the handler
+        while a message is being sent, e.g. the kubelet went away) to the garbage collector: its
+        ``finally`` — the open-stream count, the waiter's cancellation — would run at some later
+        collection, not now.
+        """
+        responses = handler(request)
+        try:
+            async for response in responses:
+                await stream.send_message(response)
+        finally:
+            await responses.aclose()  # type: ignore[attr-defined]
+
     async def get_device_plugin_options(self, message: pb.Empty) -> pb.DevicePluginOptions:
         return pb.DevicePluginOptions(
             pre_start_required=False, get_preferred_allocation_available=True
@@ -91,8 +108,11 @@ class DevicePluginService(pb.DevicePluginBase):
                     sent = current
                     yield _response(sent)
         finally:
-            # The client left, or the agent stops: no waiter may outlive the stream.
-            await _cancelled(stop, newer)
+            # The client left, or the agent stops: no waiter may outlive the stream. Nothing
+            # here awaits, so a second cancellation cannot cut it short.
+            stop.cancel()
+            if newer is not None:
+                newer.cancel()
             self._streams -= 1
             if self._streams == 0:
                 self._no_streams.set()
@@ -157,15 +177,6 @@ class DevicePluginService(pb.DevicePluginBase):
 
 
 MAX_MESSAGE = 1024
-
-
-async def _cancelled(*tasks: asyncio.Task[Any] | None) -> None:
-    """Cancel ``tasks`` and wait until they are done (a cancelled wait ends at once)."""
-    pending = {t for t in tasks if t is not None and not t.done()}
-    for task in pending:
-        task.cancel()
-    if pending:
-        await asyncio.wait(pending)
 
 
 def _bounded(message: str) -> str:

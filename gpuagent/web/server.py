@@ -15,14 +15,16 @@ import contextlib
 import json
 import ssl
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, cast
+from typing import Protocol
 
 import structlog
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from gpuagent.domain.store import DeviceStore
+from gpuagent.web.connections import FirstBytes, ProbesOnly
 from gpuagent.web.exposition import CONTENT_TYPE
 from gpuagent.web.metrics import MetricsRenderer
 from gpuagent.web.simprocesses import SimulatedProcesses, add_process_routes
@@ -42,6 +44,8 @@ class HttpLimits:
     max_connections: int = 256
     max_concurrent_scrapes: int = 32
     keepalive_timeout: float = 60.0
+    first_bytes_timeout: float = 5.0  # a new connection sends nothing for this long: closed
+    overflow_timeout: float = 2.0  # a connection over the limit: its probe request
     write_timeout: float = 30.0
     tls_handshake_timeout: float = 10.0
     max_line_size: int = 8190
@@ -250,17 +254,6 @@ def _accepts_gzip(accept_encoding: str) -> bool:
     return False
 
 
-class _Refuse(asyncio.Protocol):
-    """A connection over the limit: answered 503 and closed, costing nothing further."""
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        transport.write(
-            b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-        )
-        transport.close()
-
-
 class HttpServer:
     """Runs an application on a TCP address; ``port`` is the bound port (useful with port 0)."""
 
@@ -272,6 +265,7 @@ class HttpServer:
         *,
         ssl_context: ssl.SSLContext | None = None,
         limits: HttpLimits = HttpLimits(),
+        probes: Probes | None = None,
     ) -> None:
         self._runner = web.AppRunner(
             app,
@@ -287,6 +281,9 @@ class HttpServer:
         self._port = port
         self._ssl = ssl_context
         self._limits = limits
+        self._probes: dict[str, Callable[[], str | None]] = (
+            {"/healthz": probes.liveness, "/readyz": probes.readiness} if probes else {}
+        )
         self._server: asyncio.Server | None = None
         self.port = port
         self.refused = 0
@@ -296,11 +293,15 @@ class HttpServer:
         handler_factory = self._runner.server
         assert handler_factory is not None
 
+        limits = self._limits
+
         def protocol() -> asyncio.Protocol:
-            if len(handler_factory.connections) >= self._limits.max_connections:
+            if len(handler_factory.connections) >= limits.max_connections:
+                # Over the limit: probes are still answered (the kubelet must never see a
+                # healthy agent as dead because others hold connections); the rest get 503.
                 self.refused += 1
-                return _Refuse()
-            return handler_factory()
+                return ProbesOnly(self._probes, limits.overflow_timeout)
+            return FirstBytes(handler_factory(), limits.first_bytes_timeout)
 
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(

@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from support.fake_kubelet import FakeKubelet
 
 from e2e.agentrun import RunningAgent, running_agent
+from gpuagent.gpu.sim.driver import FAULT_KINDS
 
 T = 10.0
 
@@ -73,6 +74,16 @@ async def test_bad_fault_requests_are_refused(
         assert got == status
         assert isinstance(payload, dict)
         assert payload["error"]
+
+
+async def test_an_unknown_fault_lists_every_fault_kind(device_plugin_dir: Path) -> None:
+    async with running_agent(device_plugin_dir, ("--simulate", "1")) as run:
+        status, payload = await run.fault({"gpu": 0, "fault": "melt"})
+    assert status == 400
+    assert isinstance(payload, dict)
+    listed = str(payload["error"]).partition("known: ")[2]
+    assert set(listed.rstrip(")").split(", ")) == set(FAULT_KINDS)
+    assert {"xid", "lost", "ecc_dbe", "recover", "hang", "not_supported"} <= set(FAULT_KINDS)
 
 
 async def test_malformed_json_is_400(device_plugin_dir: Path) -> None:

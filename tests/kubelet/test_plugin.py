@@ -37,7 +37,9 @@ async def test_the_streams_waiter_is_gone_right_after_the_client_leaves(
     loop = asyncio.get_running_loop()
 
     def kubelet_reads_one_list_then_leaves() -> int:
-        with grpc.insecure_channel(f"unix:{socket}") as channel:
+        # Its own connection (not grpcio's shared pool), closed on the way out: the client leaves.
+        options = [("grpc.use_local_subchannel_pool", 1)]
+        with grpc.insecure_channel(f"unix:{socket}", options=options) as channel:
             stub = grpc_stubs.dp_grpc.DevicePluginStub(channel)
             call = stub.ListAndWatch(grpc_stubs.dp_pb2.Empty())
             first = next(call)
@@ -52,6 +54,7 @@ async def test_the_streams_waiter_is_gone_right_after_the_client_leaves(
         await eventually(_waiters, what="the stream's waiter")
         assert await client == 2
         await eventually(lambda: service.open_streams == 0, what="the stream closing")
+        await asyncio.sleep(0)  # one turn of the loop for the cancelled waiter to finish
         # No store change since: on the old code the waiter stayed pending until the next one.
         assert _waiters() == []
         assert [t for t in asyncio.all_tasks() if t.get_name().startswith("list-and-watch")] == []

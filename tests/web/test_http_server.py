@@ -18,6 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.synthetic import synthetic_snapshot
 from support.tls import Pki, make_pki
+from support.waiting import eventually
 
 from gpuagent.domain.devices import Registration
 from gpuagent.domain.store import DeviceStore
@@ -64,6 +65,7 @@ async def serving(
         0,
         ssl_context=web_config.ssl_context if web_config else None,
         limits=limits,
+        probes=_Probes(),
     )
     await server.start()
     scheme = "https" if web_config is not None and web_config.ssl_context else "http"
@@ -218,22 +220,64 @@ async def test_a_silent_connection_is_closed_after_the_keepalive_timeout() -> No
         writer.close()
 
 
-async def test_connections_over_the_limit_are_refused() -> None:
+async def _hold(port: int, count: int, server: HttpServer) -> list[asyncio.StreamWriter]:
+    """``count`` idle connections, once the server has accepted them all."""
+    held = [(await asyncio.open_connection("127.0.0.1", port))[1] for _ in range(count)]
+    connections = server._runner.server.connections  # type: ignore[union-attr]
+    await eventually(lambda: len(connections) >= min(count, server._limits.max_connections))
+    return held
+
+
+async def _ask(port: int, request: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(request)
+    async with asyncio.timeout(5):
+        answer = await reader.read()
+    writer.close()
+    return answer
+
+
+async def test_connections_over_the_limit_get_503_but_probes_are_answered() -> None:
     limits = HttpLimits(max_connections=3)
     async with serving(limits=limits) as s:
-        held = [await asyncio.open_connection("127.0.0.1", s.server.port) for _ in range(3)]
-        for _ in range(100):  # until the server has accepted all three
-            if len(s.server._runner.server.connections) == 3:  # type: ignore[union-attr]
-                break
-            await asyncio.sleep(0.01)
+        held = await _hold(s.server.port, 3, s.server)
+        answer = await _ask(s.server.port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 503")
+        assert answer.endswith(b"too many connections\n")
+        healthz = await _ask(s.server.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert healthz.startswith(b"HTTP/1.1 200 OK")
+        assert healthz.endswith(b"\r\n\r\nok\n")
+        readyz = await _ask(s.server.port, b"GET /readyz HTTP/1.1\r\n\r\n")
+        assert readyz.startswith(b"HTTP/1.1 503")
+        assert readyz.endswith(b"not registered with the kubelet\n")
+        assert s.server.refused == 3
+        for writer in held:
+            writer.close()
+
+
+async def test_idle_connections_cannot_keep_the_probes_from_an_answer() -> None:
+    # The issue's case, scaled down: more idle connections than the server takes, no requests.
+    limits = HttpLimits(max_connections=16)
+    async with serving(limits=limits) as s, aiohttp.ClientSession() as http:
+        held = await _hold(s.server.port, 40, s.server)
+        for _ in range(3):
+            async with http.get(s.url + "/healthz") as response:
+                assert (response.status, await response.text()) == (200, "ok\n")
+        for writer in held:
+            writer.close()
+
+
+async def test_a_connection_that_sends_nothing_is_closed_soon() -> None:
+    limits = HttpLimits(first_bytes_timeout=0.05)
+    async with serving(limits=limits) as s:
         reader, writer = await asyncio.open_connection("127.0.0.1", s.server.port)
         async with asyncio.timeout(5):
-            answer = await reader.read()
-        assert answer.startswith(b"HTTP/1.1 503")
-        assert s.server.refused == 1
-        for _, w in held:
-            w.close()
+            assert await reader.read() == b""  # closed by the server, long before keep-alive
         writer.close()
+        # A connection that asks in time is served as usual.
+        request = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        answer = await _ask(s.server.port, request)
+        assert answer.startswith(b"HTTP/1.1 200")
 
 
 async def test_request_bodies_are_bounded() -> None:

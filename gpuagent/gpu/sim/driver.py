@@ -23,9 +23,11 @@ from gpuagent.gpu.sim import (
 from gpuagent.gpu.sim._abi import BadArgument, Symbol, as_bytes, as_int
 from gpuagent.gpu.sim.processes import new_process
 from gpuagent.gpu.sim.spec import SimNode
-from gpuagent.gpu.sim.state import DriverState, GpuState
+from gpuagent.gpu.sim.state import FAULTS, DriverState, GpuState
 
 CALL_FAULTS = ("hang", "not_supported", "function_not_found")
+# Every fault ``inject`` knows, for its error message and for /sim/faults'.
+FAULT_KINDS = (*FAULTS, *CALL_FAULTS)
 MAX_HANG_S = 3600.0
 
 SYMBOLS: dict[str, Symbol] = {
@@ -198,6 +200,8 @@ class SimDriver:
         Raises ``ValueError`` for an unknown fault or a bad or misplaced parameter, and
         ``LookupError`` for a GPU index that does not exist.
         """
+        if fault not in FAULT_KINDS:
+            raise ValueError(f"unknown fault {fault!r} (known: {', '.join(FAULT_KINDS)})")
         if fault in CALL_FAULTS:
             return self._call_fault(gpu, fault, xid, seconds, symbol)
         if seconds is not None or symbol is not None:

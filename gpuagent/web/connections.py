@@ -1,0 +1,123 @@
+"""Connection-level guards of the HTTP server, so that no client can starve the kubelet's probes.
+
+* :class:`FirstBytes` — a connection that sends nothing within a short deadline is closed (an
+  idle squatter costs seconds, not aiohttp's one-minute keep-alive);
+* :class:`ProbesOnly` — a connection over the server's limit is not refused outright: a probe
+  (``GET /healthz`` or ``GET /readyz``) on it is answered from the probes, anything else gets
+  ``503``, and the connection is closed. However many connections others hold, the DaemonSet's
+  probes get their answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import cast
+
+__all__ = ["MAX_REQUEST_LINE", "FirstBytes", "ProbesOnly"]
+
+MAX_REQUEST_LINE = 8192
+_OK = {"/healthz": "ok\n", "/readyz": "ready\n"}  # what the app itself answers
+_PATHS = {path.encode() for path in _OK}
+
+Probe = Callable[[], str | None]
+
+
+class FirstBytes(asyncio.Protocol):
+    """``inner`` (aiohttp's protocol for one connection), closed unless bytes arrive within
+    ``deadline`` seconds of the connection opening."""
+
+    def __init__(self, inner: asyncio.Protocol, deadline: float) -> None:
+        self._inner = inner
+        self._deadline = deadline
+        self._timer: asyncio.TimerHandle | None = None
+        self._transport: asyncio.Transport | None = None
+        self.expired = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        self._timer = asyncio.get_running_loop().call_later(self._deadline, self._expire)
+        self._inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self._inner.eof_received()
+
+    def pause_writing(self) -> None:
+        self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._inner.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._inner.connection_lost(exc)
+
+    def _expire(self) -> None:
+        self._timer = None
+        self.expired = True
+        if self._transport is not None:
+            self._transport.close()
+
+
+class ProbesOnly(asyncio.Protocol):
+    """A connection over the limit: answers one probe request, or ``503``, then closes.
+
+    It reads at most :data:`MAX_REQUEST_LINE` bytes for at most ``deadline`` seconds (the request
+    line is all it looks at), so it costs nothing a client could pile up.
+    """
+
+    def __init__(self, probes: dict[str, Probe], deadline: float) -> None:
+        self._probes = probes
+        self._deadline = deadline
+        self._buffer = b""
+        self._transport: asyncio.Transport | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)
+        self._timer = asyncio.get_running_loop().call_later(self._deadline, self._transport.abort)
+
+    def data_received(self, data: bytes) -> None:
+        if self._transport is None or self._transport.is_closing():
+            return
+        self._buffer += data
+        line, found, _ = self._buffer.partition(b"\r\n")
+        if not found and len(self._buffer) < MAX_REQUEST_LINE:
+            return
+        parts = line.split(b" ")
+        probe = None
+        if found and len(parts) == 3 and parts[0] == b"GET":
+            probe = self._probes.get(parts[1].decode("latin-1")) if parts[1] in _PATHS else None
+        if probe is None:
+            self._answer(503, "too many connections\n")
+            return
+        problem, ok = probe(), _OK[parts[1].decode("latin-1")]
+        if problem is None:
+            self._answer(200, ok)
+        else:
+            self._answer(503, f"{problem}\n")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _answer(self, status: int, text: str) -> None:
+        assert self._transport is not None
+        reason = "OK" if status == 200 else "Service Unavailable"
+        body = text.encode()
+        self._transport.write(
+            f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain; charset=utf-8\r\n"
+            f"Content-Length: {len(body)}\r\nX-Content-Type-Options: nosniff\r\n"
+            "Connection: close\r\n\r\n".encode()
+            + body
+        )
+        self._transport.close()
