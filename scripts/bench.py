@@ -265,6 +265,8 @@ def main() -> int:
     bench_metrics.add_arguments(parser)
     bench_dra.add_arguments(parser)
     parser.add_argument("--only-dra", action="store_true", help="run the DRA rows only")
+    parser.add_argument("--only-accounting", action="store_true",
+                        help="run the per-container accounting rows only")  # fmt: skip
     bench_accounting.add_arguments(parser)
     args = parser.parse_args()
 
@@ -273,6 +275,9 @@ def main() -> int:
         return 0
     with tempfile.TemporaryDirectory() as stubs_dir:
         stubs = generate(Path(stubs_dir))
+        if args.only_accounting:
+            print(table(bench_accounting.rows(stubs, args, agent, tempdir, Row)))
+            return 0
         startup = bench_startup(stubs, args.startups, args.gpus)
         rows = [
             Row(f"start → registered p50 ({args.startups} runs)", ms(statistics.median(startup)),
