@@ -194,3 +194,30 @@ def test_shutdown_frees_everything(driver: Subject) -> None:
     assert [e for e in logs if e["log_level"] in ("warning", "error")] == []
     with pytest.raises(pynvml.NVMLError_Uninitialized):
         pynvml.nvmlDeviceGetCount()
+
+
+def test_process_readings(driver: Subject) -> None:
+    """Per-process readings are offered on every GPU (an empty list on an idle one); a process
+    appears once per (pid, instance) with its memory in bytes; GPU and compute instances only on
+    MIG; utilisation samples, where offered, are percentages (or () when nothing ran)."""
+    for gpu in driver.gpus:
+        driver.nvml.probe(gpu.index)  # the first read sets the samples' starting point
+    driver.advance(0.5)
+    for gpu in driver.gpus:
+        probe = driver.nvml.probe(gpu.index)
+        assert probe.events == (Responding(),)
+        reading = probe.processes
+        assert reading is not None, "no process list offered"
+        keys = [(p.pid, p.gpu_instance, p.compute_instance) for p in reading.processes]
+        assert len(keys) == len(set(keys))
+        for process in reading.processes:
+            assert process.pid > 0
+            memory = process.used_memory_bytes
+            assert memory is None or 0 <= memory <= gpu.memory_mib * 1024 * 1024
+            assert (process.gpu_instance is not None) == gpu.mig_enabled
+        if gpu.mig_enabled:
+            assert reading.samples is None  # nvml.h: not supported on MIG-enabled GPUs
+        for sample in reading.samples or ():
+            assert sample.pid > 0
+            for value in (sample.sm_pct, sample.mem_pct, sample.enc_pct, sample.dec_pct):
+                assert 0 <= value <= 100
