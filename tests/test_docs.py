@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuagent.app import plan
 from gpuagent.config import FILE_KEYS, OPTIONS, load_settings
+from gpuagent.plan import make_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -219,7 +219,7 @@ def test_every_example_config_loads(where: str, text: str, tmp_path: Path) -> No
     """Parsed, validated and planned as the agent does at start-up (exit code 0, not 2)."""
     config = tmp_path / "config.yaml"
     config.write_text(text, encoding="utf-8")
-    plan(load_settings(["--config", str(config)], {}), control_nodes=())
+    make_plan(load_settings(["--config", str(config)], {}), control_nodes=())
 
 
 def test_the_example_configs_are_found() -> None:
