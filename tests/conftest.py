@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
@@ -13,6 +14,16 @@ import uvloop
 from support import cristubs
 from support.fake_kubelet import FakeKubelet
 from support.grpcstubs import StubModules, generate
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Agents the suite starts (in process or as subprocesses) see no ``GPUAGENT_*`` variables.
+
+    The agent refuses unknown ones, and a developer's shell must not change what a test sees;
+    tests that need one pass it explicitly.
+    """
+    for name in [n for n in os.environ if n.startswith("GPUAGENT_")]:
+        del os.environ[name]
 
 
 def pytest_asyncio_loop_factories(

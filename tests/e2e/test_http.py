@@ -179,8 +179,8 @@ async def test_own_families_pass_promtool(
 ) -> None:
     promtool = shutil.which("promtool")
     if promtool is None:
-        if os.environ.get("GPUAGENT_REQUIRE_PROMTOOL"):
-            pytest.fail("promtool is required here (GPUAGENT_REQUIRE_PROMTOOL is set)")
+        if os.environ.get("TESTS_REQUIRE_PROMTOOL"):
+            pytest.fail("promtool is required here (TESTS_REQUIRE_PROMTOOL is set)")
         pytest.skip("promtool not installed")
     async with running_agent(device_plugin_dir) as run:
         await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)

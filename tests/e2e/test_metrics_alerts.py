@@ -30,8 +30,8 @@ NAME = re.compile(r"\b(DCGM_FI_[A-Z0-9_]+|gpuagent_[a-z0-9_]+)")
 def promtool() -> str:
     found = shutil.which("promtool")
     if found is None:
-        if os.environ.get("GPUAGENT_REQUIRE_PROMTOOL"):
-            pytest.fail("promtool is required here (GPUAGENT_REQUIRE_PROMTOOL is set)")
+        if os.environ.get("TESTS_REQUIRE_PROMTOOL"):
+            pytest.fail("promtool is required here (TESTS_REQUIRE_PROMTOOL is set)")
         pytest.skip("promtool not installed")
     return found
 

@@ -1,7 +1,7 @@
 """A real Prometheus server scrapes a running agent; dashboards' queries and the alert rules work.
 
 Uses Debian's ``prometheus`` package (``/usr/bin/prometheus``), installed by ``.ci/run``. The test
-is skipped only when the binary is missing and ``GPUAGENT_REQUIRE_PROMTOOL`` is unset.
+is skipped only when the binary is missing and ``TESTS_REQUIRE_PROMTOOL`` is unset.
 """
 
 from __future__ import annotations
@@ -79,8 +79,8 @@ def prometheus_binary() -> str:
         "/usr/bin/prometheus" if os.access("/usr/bin/prometheus", os.X_OK) else None
     )
     if found is None:
-        if os.environ.get("GPUAGENT_REQUIRE_PROMTOOL"):
-            pytest.fail("prometheus is required here (GPUAGENT_REQUIRE_PROMTOOL is set)")
+        if os.environ.get("TESTS_REQUIRE_PROMTOOL"):
+            pytest.fail("prometheus is required here (TESTS_REQUIRE_PROMTOOL is set)")
         pytest.skip("prometheus not installed")
     return found
 

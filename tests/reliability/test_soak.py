@@ -1,6 +1,6 @@
 """Reliability: many kubelet restarts, many streams, everything at once — and nothing leaks.
 
-Short by default; ``GPUAGENT_RELIABILITY_SCALE=5`` runs the long form (100 restarts, 1,000
+Short by default; ``TESTS_RELIABILITY_SCALE=5`` runs the long form (100 restarts, 1,000
 streams, 10 s of mixed load).
 """
 
@@ -20,7 +20,7 @@ from e2e.agentrun import RunningAgent, running_agent
 from support.fake_kubelet import FakeKubelet
 from support.grpcstubs import StubModules
 
-SCALE = max(1, int(os.environ.get("GPUAGENT_RELIABILITY_SCALE", "1")))
+SCALE = max(1, int(os.environ.get("TESTS_RELIABILITY_SCALE", "1")))
 T = 10.0
 
 

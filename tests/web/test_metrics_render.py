@@ -389,8 +389,8 @@ def full_render() -> str:
 def test_own_families_pass_promtool() -> None:
     promtool = shutil.which("promtool")
     if promtool is None:
-        if os.environ.get("GPUAGENT_REQUIRE_PROMTOOL"):
-            pytest.fail("promtool is required here (GPUAGENT_REQUIRE_PROMTOOL is set)")
+        if os.environ.get("TESTS_REQUIRE_PROMTOOL"):
+            pytest.fail("promtool is required here (TESTS_REQUIRE_PROMTOOL is set)")
         pytest.skip("promtool not installed")
     text = full_render()
     own = "".join(line + "\n" for line in text.splitlines() if "gpuagent_" in line)

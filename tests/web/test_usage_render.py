@@ -161,8 +161,8 @@ def test_container_families_pass_promtool_but_for_dcgm_label_spelling() -> None:
     join them); promtool reports exactly that and nothing else."""
     promtool = shutil.which("promtool")
     if promtool is None:
-        if os.environ.get("GPUAGENT_REQUIRE_PROMTOOL"):
-            pytest.fail("promtool is required here (GPUAGENT_REQUIRE_PROMTOOL is set)")
+        if os.environ.get("TESTS_REQUIRE_PROMTOOL"):
+            pytest.fail("promtool is required here (TESTS_REQUIRE_PROMTOOL is set)")
         pytest.skip("promtool not installed")
     miner = PodRef("sneaky", "miner", "main")
     text = MetricsRenderer("n", "1").render(
