@@ -124,6 +124,7 @@ class Agent:
             __version__,
             hostname_label=None if settings.no_hostname else settings.hostname_label,
             container_shares=settings.dcgm_container_shares,
+            kubernetes=settings.kubernetes,
         )
         self.monitor: GpuMonitor | None = None
         self.http: HttpServer | None = None

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -200,7 +201,7 @@ def _example_configs() -> list[tuple[str, str]]:
         (str(p.relative_to(ROOT)), read(p))
         for p in [
             *sorted((ROOT / "manifests").glob("**/config.yaml")),
-            ROOT / "deploy" / "systemd" / "config.yaml",
+            *sorted((ROOT / "deploy").glob("**/config.yaml")),
         ]
     ]
     for doc in sorted(DOCS.glob("*.md")):
@@ -216,10 +217,61 @@ def _example_configs() -> list[tuple[str, str]]:
     ("where", "text"), [pytest.param(w, t, id=w) for w, t in _example_configs()]
 )
 def test_every_example_config_loads(where: str, text: str, tmp_path: Path) -> None:
-    """Parsed, validated and planned as the agent does at start-up (exit code 0, not 2)."""
+    """``gpuagent --check-config FILE`` accepts it: parsed and validated, exit code 0 (not 2)."""
     config = tmp_path / "config.yaml"
     config.write_text(text, encoding="utf-8")
+    effective = check_config(config)
     make_plan(load_settings(["--config", str(config)], {}), control_nodes=())
+    assert effective["config_file"] == str(config)
+
+
+def check_config(config: Path, *args: str) -> dict[str, object]:
+    """Run ``gpuagent [args] --check-config config``; its effective settings (exit code 0)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "gpuagent", *args, "--check-config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    loaded = json.loads(result.stdout)
+    assert isinstance(loaded, dict)
+    return loaded
+
+
+def _off_kubernetes_command_lines() -> list[tuple[str, list[str]]]:
+    """The agent's arguments in install.md's container recipes and the standalone drop-in."""
+    found = []
+    blocks = "\n".join(re.findall(r"```sh\n(.*?)```", read(DOCS / "install.md"), re.DOTALL))
+    for command in blocks.replace("\\\n", " ").splitlines():
+        words = command.split()
+        if words[:2] in (["docker", "run"], ["podman", "run"]) and IMAGE in words:
+            found.append((" ".join(words[:2]), words[words.index(IMAGE) + 1 :]))
+    dropin = ROOT / "deploy" / "systemd" / "standalone" / "gpuagent.service.d" / "standalone.conf"
+    (exec_start,) = [v for v in re.findall(r"^ExecStart=(.*)$", read(dropin), re.M) if v]
+    argv = exec_start.split()
+    assert argv[0] == "/usr/local/bin/gpuagent"
+    found.append(("systemd drop-in", argv[1:]))
+    return found
+
+
+IMAGE = "ghcr.io/gpuagent/gpuagent"
+
+
+def test_off_kubernetes_recipes_are_valid(tmp_path: Path) -> None:
+    """Docker, podman and systemd without Kubernetes: the documented command lines are valid and
+    switch Kubernetes off."""
+    recipes = _off_kubernetes_command_lines()
+    assert [name for name, _ in recipes] == ["docker run", "podman run", "systemd drop-in"]
+    standalone = ROOT / "deploy" / "systemd" / "standalone" / "config.yaml"
+    for name, argv in recipes:
+        # The config file is the standalone one, checked with them.
+        args = [a for a in argv if a not in ("--config", "/etc/gpuagent/config.yaml")]
+        effective = check_config(standalone, *args)
+        assert effective["kubernetes"] is False, name
+    assert check_config(standalone)["node_labels"] is False
 
 
 def test_the_example_configs_are_found() -> None:

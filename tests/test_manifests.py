@@ -729,3 +729,25 @@ def test_dra_overlay_grants_only_what_the_dra_side_uses_to_its_own_service_accou
     for device_class in classes.values():
         (selector,) = device_class["spec"]["selectors"]
         assert f"device.driver == '{settings.dra_driver_name}'" in selector["cel"]["expression"]
+
+
+def test_systemd_standalone_dropin_verifies(tmp_path: Path) -> None:
+    """The unit with the drop-in for a host without Kubernetes: ``systemd-analyze verify`` loads
+    both (a second ExecStart= without the reset would be refused); nothing is writable."""
+    analyze = tool("systemd-analyze")
+    agent = str(Path(sys.executable).parent / "gpuagent")
+    dropin = ROOT / "deploy" / "systemd" / "standalone" / "gpuagent.service.d" / "standalone.conf"
+    (tmp_path / "gpuagent.service.d").mkdir()
+    for source, target in ((UNIT, "gpuagent.service"),
+                           (dropin, "gpuagent.service.d/standalone.conf")):  # fmt: skip
+        text = source.read_text(encoding="utf-8").replace("/usr/local/bin/gpuagent", agent)
+        (tmp_path / target).write_text(text, encoding="utf-8")
+    env = {**os.environ, "SYSTEMD_UNIT_PATH": f"{tmp_path}:"}
+    result = subprocess.run(
+        [analyze, "verify", str(tmp_path / "gpuagent.service")],
+        capture_output=True, text=True, timeout=120, check=False, env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    settings = dropin.read_text(encoding="utf-8")
+    assert re.search(r"^ReadWritePaths=$", settings, re.MULTILINE)
+    assert "--kubernetes=false" in settings

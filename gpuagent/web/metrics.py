@@ -132,8 +132,11 @@ class MetricsRenderer:
         monotonic: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         container_shares: bool = False,
+        kubernetes: bool = True,
     ) -> None:
         self.hostname = hostname
+        # Off Kubernetes (--kubernetes=false) there is no kubelet: no registration families.
+        self.kubernetes = kubernetes
         self.container_shares = container_shares
         self.version = version
         self.hostname_label = hostname_label
@@ -423,14 +426,17 @@ class MetricsRenderer:
                     1 if snapshot.driver.up else 0),
             _single("gpuagent_gpus", "gauge", "GPUs discovered on this node.", (),
                     len(snapshot.gpus)),
-            _single("gpuagent_kubelet_registered", "gauge",
-                    "Whether the device plugin is registered with the kubelet (1) or not (0).",
-                    (), 1 if snapshot.registered else 0),
-            _single("gpuagent_kubelet_registrations_total", "counter",
-                    "Successful registrations with the kubelet.", (), counters.registrations),
-            _single("gpuagent_allocations_total", "counter",
-                    "Allocate calls answered successfully.", (), counters.allocations),
         ]  # fmt: skip
+        if self.kubernetes:
+            families += [
+                _single("gpuagent_kubelet_registered", "gauge",
+                        "Whether the device plugin is registered with the kubelet (1) or not (0).",
+                        (), 1 if snapshot.registered else 0),
+                _single("gpuagent_kubelet_registrations_total", "counter",
+                        "Successful registrations with the kubelet.", (), counters.registrations),
+                _single("gpuagent_allocations_total", "counter",
+                        "Allocate calls answered successfully.", (), counters.allocations),
+            ]  # fmt: skip
         families.extend(_config_families(snapshot.plan_generation, counters.reloads))
         devices = self._layout_for(snapshot, served).device_ids
         families.extend(self._pod_resources_families(snapshot, counters.pod_resources, devices))

@@ -92,3 +92,15 @@ def test_build_info_carries_the_node() -> None:
     """For rules that compare a node's GPU count across agent restarts (a new instance)."""
     ((labels, value),) = samples(render(synthetic_snapshot(3)), "gpuagent_build_info")
     assert (labels["node"], value) == ("node-1", 1)
+
+
+def test_no_kubelet_families_off_kubernetes() -> None:
+    """With --kubernetes=false there is no kubelet: nothing says "not registered" (an alert)."""
+    snapshot = synthetic_snapshot(1)
+    on = MetricsRenderer("node-1", "1").render(snapshot, AgentCounters())
+    off = MetricsRenderer("node-1", "1", kubernetes=False).render(snapshot, AgentCounters())
+    for name in ("gpuagent_kubelet_registered", "gpuagent_kubelet_registrations_total",
+                 "gpuagent_allocations_total"):  # fmt: skip
+        assert samples(on, name)
+        assert not samples(off, name)
+    assert samples(off, "gpuagent_gpus") == [({}, 1)]
