@@ -6,7 +6,7 @@ import asyncio
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -36,6 +36,31 @@ def pytest_asyncio_loop_factories(
     ``@pytest.mark.asyncio(loop_factories=["uvloop"])``.
     """
     return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every async test checks, first set up and last torn down, that it left no task behind."""
+    for item in items:
+        if item.get_closest_marker("asyncio") is not None and isinstance(item, pytest.Function):
+            item.fixturenames.insert(0, "no_task_left_behind")
+
+
+@pytest.fixture
+async def no_task_left_behind() -> AsyncIterator[None]:
+    """Fail a test that leaves a task pending on its loop (as kopf's suite does): a task nobody
+    awaits is a leak, or an error nobody sees. Each such task is cancelled before failing."""
+    before = asyncio.all_tasks()
+    yield
+    for _ in range(3):  # tasks cancelled at the very end get their turn to finish
+        await asyncio.sleep(0)
+    me = asyncio.current_task()
+    left = [t for t in asyncio.all_tasks() - before if t is not me and not t.done()]
+    for task in left:
+        task.cancel()
+    await asyncio.gather(*left, return_exceptions=True)
+    if left:
+        names = ", ".join(sorted(f"{t.get_name()} ({t.get_coro()!r})" for t in left))
+        pytest.fail(f"the test left {len(left)} task(s) pending: {names}", pytrace=False)
 
 
 @pytest.fixture(scope="session")

@@ -260,7 +260,10 @@ class PluginEndpoint:
         await asyncio.sleep(0)
         server.drop_connections()
         try:
-            await asyncio.wait_for(server.wait_closed(), self._timing.close_timeout)
+            # Not wait_for: on Python 3.11 it can swallow a cancellation that arrives as the
+            # server closes, and the endpoint would then outlive the agent's shutdown.
+            async with asyncio.timeout(self._timing.close_timeout):
+                await server.wait_closed()
         except TimeoutError:
             log.warning("plugin server did not close in time")
         # Remove our own socket only: after a takeover the path is another plugin's.

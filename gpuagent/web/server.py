@@ -323,4 +323,5 @@ class HttpServer:
         await self._runner.cleanup()
         if self._server is not None:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._server.wait_closed(), 1.0)
+                async with asyncio.timeout(1.0):  # not wait_for: it may swallow a cancellation
+                    await self._server.wait_closed()
