@@ -8,10 +8,10 @@ grpclib's ``Server.close()`` leaves idle HTTP/2 connections open, so without
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 from grpclib.client import Channel
+from structlog.testing import capture_logs
 
 from gpuagent._proto import v1beta1 as pb
 from gpuagent.domain.serving import ResourceView
@@ -36,9 +36,10 @@ async def test_close_does_not_wait_for_an_idle_client(short_tmp_path: Path) -> N
     channel = Channel(path=str(socket_path))
     try:
         await pb.DevicePluginStub(channel).get_device_plugin_options(pb.Empty())
-        started = time.monotonic()
-        await endpoint._close_server()
-        assert time.monotonic() - started < 1.0
+        with capture_logs() as logs:
+            await endpoint._close_server()
+        # Closed because the connection was dropped, not because close_timeout ran out.
+        assert [e["event"] for e in logs if e["log_level"] == "warning"] == []
         assert not socket_path.exists()
     finally:
         channel.close()

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 from grpclib.client import Channel
@@ -35,7 +35,7 @@ from gpuagent._proto import v1 as pb
 from gpuagent.domain.devices import Allocated, Attribution, Snapshot
 from gpuagent.domain.store import DeviceStore
 
-__all__ = ["MAX_RESPONSE_BYTES", "PodResourcesClient"]
+__all__ = ["MAX_RESPONSE_BYTES", "Clock", "LoopClock", "PodResourcesClient"]
 
 log = structlog.get_logger("gpuagent.podresources")
 
@@ -75,6 +75,7 @@ class PodResourcesClient:
         timeout: float = 10.0,
         max_response_bytes: int = MAX_RESPONSE_BYTES,
         monotonic: Callable[[], float] = time.monotonic,
+        clock: Clock | None = None,
     ) -> None:
         self._store = store
         self._socket = socket_path
@@ -83,7 +84,8 @@ class PodResourcesClient:
         self._follow_ups = follow_ups
         self._timeout = timeout
         self._max_response = max_response_bytes
-        self._monotonic = monotonic
+        self._monotonic = monotonic  # stamps the mapping (its age on /metrics)
+        self._clock = clock or LoopClock()  # times the waits: tests move it by hand
         self._poked = asyncio.Event()
         self._channel: Channel | None = None
         self._identity: tuple[int, int] | None = None
@@ -163,12 +165,7 @@ class PodResourcesClient:
         self._store.update(lambda s: _with_error(s, problem))
 
     async def _wait_poke(self, seconds: float) -> bool:
-        try:
-            async with asyncio.timeout(seconds):
-                await self._poked.wait()
-        except TimeoutError:
-            return False
-        return True
+        return await self._clock.wait(self._poked, seconds)
 
     async def _after_allocate(self) -> None:
         while True:
@@ -188,12 +185,37 @@ class PodResourcesClient:
 
     async def _coalesce(self) -> None:
         """Wait until Allocates pause for ``debounce`` (a pod's containers, a gang of pods)."""
-        deadline = self._monotonic() + 4 * self._debounce
+        deadline = self._clock.now() + 4 * self._debounce
         while True:
             self._poked.clear()
-            remaining = deadline - self._monotonic()
+            remaining = deadline - self._clock.now()
             if remaining <= 0 or not await self._wait_poke(min(self._debounce, remaining)):
                 return
+
+
+class Clock(Protocol):
+    """What the client's waits are timed by."""
+
+    def now(self) -> float: ...
+
+    async def wait(self, event: asyncio.Event, seconds: float) -> bool:
+        """Wait until ``event`` is set (``True``) or ``seconds`` have passed (``False``)."""
+        ...
+
+
+class LoopClock:
+    """The event loop's clock."""
+
+    def now(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    async def wait(self, event: asyncio.Event, seconds: float) -> bool:
+        try:
+            async with asyncio.timeout(seconds):
+                await event.wait()
+        except TimeoutError:
+            return False
+        return True
 
 
 def _with_error(snapshot: Snapshot, problem: str) -> Snapshot:

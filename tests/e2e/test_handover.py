@@ -7,11 +7,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from support.fake_kubelet import FakeKubelet
+
+from e2e.test_process import wait_http
 
 pytestmark = pytest.mark.slow
 T = 15.0
@@ -23,33 +24,38 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-def _spawn(socket_dir: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen(
+def _spawn(socket_dir: Path) -> tuple[subprocess.Popen[str], int]:
+    port = _port()
+    proc = subprocess.Popen(
         [sys.executable, "-m", "gpuagent", "--simulate", "2", "--socket-dir", str(socket_dir),
-         "--metrics-address", f"127.0.0.1:{_port()}", "--log-format", "json"],
+         "--metrics-address", f"127.0.0.1:{port}", "--log-format", "json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ),
     )  # fmt: skip
+    return proc, port
 
 
 def test_new_agent_takes_over_and_the_old_one_stands_by(
     fake_kubelet: FakeKubelet, device_plugin_dir: Path
 ) -> None:
-    old = _spawn(device_plugin_dir)
+    old, old_port = _spawn(device_plugin_dir)
     new: subprocess.Popen[str] | None = None
     try:
         fake_kubelet.wait_for_registrations(1, T)
-        new = _spawn(device_plugin_dir)
+        new, new_port = _spawn(device_plugin_dir)
         fake_kubelet.wait_for_registrations(2, T)
-        time.sleep(2.0)  # no ping-pong: the old agent does not register again
+        # No ping-pong: the old agent says it stands by (it registers again only once the new
+        # agent's socket is gone or the kubelet restarts), and the new one is registered.
+        assert "another plugin serves this socket" in wait_http(old_port, "/readyz", 503)
+        wait_http(new_port, "/readyz", 200)
         assert len(fake_kubelet.attempts) == 2
         sock = device_plugin_dir / "nvidia-gpu.sock"
         before = sock.stat().st_ino
         old.send_signal(signal.SIGTERM)
         assert old.wait(T) == 0
         assert sock.exists(), "the old agent removed the new agent's socket"
-        assert sock.stat().st_ino == before
-        time.sleep(1.0)
+        assert sock.stat().st_ino == before  # so the new agent has no reason to register again
         assert len(fake_kubelet.attempts) == 2
+        wait_http(new_port, "/readyz", 200)
         latest = fake_kubelet.latest()
         assert latest.ended is None, "the new agent's stream must stay open"
     finally:

@@ -8,6 +8,7 @@ from typing import Any
 
 import grpc
 import pytest
+from structlog.testing import capture_logs
 from support.fake_kubelet import FakeKubelet
 
 from e2e.agentrun import running_agent
@@ -247,10 +248,10 @@ async def test_shutdown_ends_streams_with_status_and_removes_socket(
     async with running_agent(device_plugin_dir) as run:
         (reg,) = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
         await asyncio.to_thread(reg.next_update, T)
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        await run.shutdown()
-        assert loop.time() - started < 2.0
+        with capture_logs() as logs:
+            await run.shutdown()
+        # Every step of the shutdown finished by itself: no budget ran out.
+        assert [e for e in logs if e["log_level"] == "warning"] == []
         end = await asyncio.to_thread(reg.wait_ended, T)
         assert end.code == grpc.StatusCode.UNAVAILABLE
         assert "shutting down" in end.details

@@ -74,11 +74,9 @@ async def test_pod_labels_follow_allocate_disappearance_and_return(
         assert pods_on(text, "0") == {""}
 
         # Allocate, and only then does the kubelet record it: no 3600 s backstop wait.
-        started = time.monotonic()
         await allocate(fake_kubelet, [ids[0]])
         pod_resources.set([Held("ml", "train-0", "worker", GPU, (ids[0],))])
         text = await metrics_until(run, lambda t: pods_on(t, "0") == {"train-0"}, within=5.0)
-        assert time.monotonic() - started < 5.0
         (labels,) = [s for s in series(text, "DCGM_FI_DEV_GPU_TEMP") if s["gpu"] == "0"]
         assert (labels["namespace"], labels["container"]) == ("ml", "worker")
         assert pods_on(text, "1") == {""}
@@ -135,8 +133,8 @@ async def test_pod_resources_calls_at_rest_are_bounded(
         await metrics_until(run, lambda t: value(t, "gpuagent_pod_resources_up") == 1)
         for _ in range(100):  # scrapes never call the kubelet
             await run.get("/metrics")
-        await asyncio.sleep(1.0)
-        assert pod_resources.calls == 1  # the default 30 s backstop: 2 per minute at rest
+        # The default 30 s backstop (2 per minute at rest) is timed in test_podresources.py.
+        assert pod_resources.calls == 1
 
 
 async def test_mig_devices_get_series_and_pods_end_to_end(

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import grpc
 import pytest
+from support.clock import ManualClock
 from support.fake_podresources import FakePodResources, Held
 from support.grpcstubs import StubModules
 from support.synthetic import gpu_uuid, mig_uuid, synthetic_snapshot
+from support.waiting import eventually
 
 from gpuagent.domain.attribution import Target, attributions, by_device
 from gpuagent.domain.devices import Attribution, PodRef, Snapshot
@@ -48,14 +49,6 @@ def counts(store: DeviceStore) -> tuple[int, int, bool]:
 
 def held(pod: str, *ids: str, resource: str = GPU, container: str = "main") -> Held:
     return Held("ns", pod, container, resource, ids)
-
-
-async def eventually(predicate: Callable[[], bool], within: float = T) -> None:
-    deadline = time.monotonic() + within
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.01)
 
 
 @contextlib.asynccontextmanager
@@ -129,13 +122,14 @@ async def test_socket_absent_keeps_mapping_and_logs_once(
 
 async def test_never_present_socket_is_not_an_error_loop(socket_path: Path) -> None:
     store = DeviceStore(synthetic_snapshot(1))
-    client = PodResourcesClient(store, socket_path, interval=0.05)
+    clock = ManualClock()
+    client = PodResourcesClient(store, socket_path, interval=0.05, clock=clock)
     async with running(client):
-        await asyncio.sleep(0.3)
-    # One look per interval, no tight loop, no crash; no pod labels.
-    requests, errors, _ = counts(store)
-    assert 1 <= errors <= 8
-    assert requests == 0
+        await eventually(lambda: clock.waiting == 1)
+        await clock.advance(0.3)
+    # One look at start and one per interval: no tight loop, no crash; no pod labels.
+    requests, errors, present = counts(store)
+    assert (requests, errors, present) == (0, 7, False)
     assert store.snapshot.pods.allocated == ()
     assert store.snapshot.pods.refreshed_at is None
 
@@ -201,31 +195,42 @@ async def test_allocate_refreshes_without_waiting_for_the_timer(
     kubelet: FakePodResources, socket_path: Path
 ) -> None:
     store = DeviceStore(synthetic_snapshot(2))
-    client = PodResourcesClient(store, socket_path, interval=3600, debounce=0.02)
+    clock = ManualClock()
+    client = PodResourcesClient(store, socket_path, interval=3600, debounce=0.02, clock=clock)
     async with running(client):
-        await eventually(lambda: kubelet.calls == 1)
+        await eventually(lambda: kubelet.calls == 1 and clock.waiting == 1)
         kubelet.set([held("new", gpu_uuid(1))])
         client.poke()
-        await eventually(lambda: gpu_uuid(1) in mapping(store.snapshot), within=2.0)
+        await eventually(lambda: clock.waiting == 1)  # gathering a burst (debounce)
+        await clock.advance(0.02)
+        assert kubelet.calls == 2
+        assert gpu_uuid(1) in mapping(store.snapshot)
+        assert clock.now() < 3600  # the backstop timer had nothing to do with it
 
 
 async def test_allocate_follow_ups_until_the_kubelet_records_it(
     kubelet: FakePodResources, socket_path: Path
 ) -> None:
     store = DeviceStore(synthetic_snapshot(2))
+    clock = ManualClock()
     client = PodResourcesClient(
-        store, socket_path, interval=3600, debounce=0.01, follow_ups=(0.05, 0.1, 0.2)
-    )
+        store, socket_path, interval=3600, debounce=0.01, follow_ups=(0.05, 0.1, 0.2),
+        clock=clock,
+    )  # fmt: skip
     async with running(client):
-        await eventually(lambda: kubelet.calls == 1)
+        await eventually(lambda: kubelet.calls == 1 and clock.waiting == 1)
         client.poke()  # the kubelet has not recorded the allocation yet
-        await eventually(lambda: kubelet.calls == 2)
+        await eventually(lambda: clock.waiting == 1)
+        await clock.advance(0.01)  # the burst is over: List, unchanged, so follow-ups
+        assert kubelet.calls == 2
+        await clock.advance(0.05)  # first follow-up: still nothing recorded
+        assert kubelet.calls == 3
         kubelet.set([held("late", gpu_uuid(0))])
-        await eventually(lambda: gpu_uuid(0) in mapping(store.snapshot), within=2.0)
-        calls = kubelet.calls
-        assert calls <= 5
-        await asyncio.sleep(0.5)  # follow-ups stop once the mapping changed
-        assert kubelet.calls == calls
+        await clock.advance(0.1)  # second follow-up sees it
+        assert kubelet.calls == 4
+        assert gpu_uuid(0) in mapping(store.snapshot)
+        await clock.advance(3000)  # follow-ups stop once the mapping changed
+        assert kubelet.calls == 4
 
 
 async def test_a_burst_of_allocates_is_one_list(
@@ -233,15 +238,20 @@ async def test_a_burst_of_allocates_is_one_list(
 ) -> None:
     kubelet.set([held("a", gpu_uuid(0))])
     store = DeviceStore(synthetic_snapshot(2))
-    client = PodResourcesClient(store, socket_path, interval=3600, debounce=0.05, follow_ups=())
+    clock = ManualClock()
+    client = PodResourcesClient(
+        store, socket_path, interval=3600, debounce=0.05, follow_ups=(), clock=clock
+    )
     async with running(client):
-        await eventually(lambda: kubelet.calls == 1)
+        await eventually(lambda: kubelet.calls == 1 and clock.waiting == 1)
         kubelet.set([held("a", gpu_uuid(0)), held("b", gpu_uuid(1))])
-        for _ in range(20):  # a burst: no wall time passes between pokes
+        for _ in range(20):  # a burst: no time passes between pokes
             client.poke()
             await asyncio.sleep(0)
-        await eventually(lambda: gpu_uuid(1) in mapping(store.snapshot))
-        await asyncio.sleep(0.3)
+        await eventually(lambda: clock.waiting == 1)
+        await clock.advance(0.05)
+        assert gpu_uuid(1) in mapping(store.snapshot)
+        await clock.advance(3000)
         assert kubelet.calls == 2
 
 
@@ -249,25 +259,26 @@ async def test_calls_at_rest_follow_the_interval(
     kubelet: FakePodResources, socket_path: Path
 ) -> None:
     store = DeviceStore(synthetic_snapshot(1))
-    client = PodResourcesClient(store, socket_path, interval=0.1)
+    clock = ManualClock()
+    client = PodResourcesClient(store, socket_path, interval=0.1, clock=clock)
     async with running(client):
-        await eventually(lambda: kubelet.calls >= 1)
-        start = time.monotonic()
-        await asyncio.sleep(1.0)
-        calls = kubelet.calls_since(start)
-    # 1 s at a 0.1 s interval: about 10 calls (fewer on a loaded machine), never a tight loop.
-    assert 2 <= calls <= 11
+        await eventually(lambda: kubelet.calls == 1 and clock.waiting == 1)
+        await clock.advance(1.0)
+        assert kubelet.calls == 1 + 10  # one per interval, never a tight loop
 
 
 async def test_default_interval_means_one_call_at_start(
     kubelet: FakePodResources, socket_path: Path
 ) -> None:
     store = DeviceStore(synthetic_snapshot(1))
-    client = PodResourcesClient(store, socket_path)  # 30 s backstop
+    clock = ManualClock()
+    client = PodResourcesClient(store, socket_path, clock=clock)  # 30 s backstop
     async with running(client):
-        await eventually(lambda: kubelet.calls == 1)
-        await asyncio.sleep(1.0)
+        await eventually(lambda: kubelet.calls == 1 and clock.waiting == 1)
+        await clock.advance(29.9)
         assert kubelet.calls == 1  # ≤ 2 per minute at rest
+        await clock.advance(0.1)
+        assert kubelet.calls == 2
 
 
 async def test_mapping_survives_in_snapshot_equality() -> None:

@@ -1,6 +1,11 @@
-"""A clock for the simulated driver's telemetry that only moves when a test moves it."""
+"""Clocks that only move when a test moves them: the simulated driver's, and the waits'."""
 
 from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from support.waiting import eventually
 
 
 class FakeClock:
@@ -11,3 +16,57 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now
+
+
+class ManualClock:
+    """Time for code that waits through a clock seam (``now()``, ``wait(event, seconds)``): it
+    moves only when the test calls :meth:`advance`, so a test says "ten seconds pass" without
+    spending them, and "nothing else happened" is exact rather than a guess about a window.
+    """
+
+    def __init__(self, now: float = 0.0) -> None:
+        self._now = now
+        self._timers: list[tuple[float, asyncio.Future[None], asyncio.Event]] = []
+
+    def now(self) -> float:
+        return self._now
+
+    @property
+    def waiting(self) -> int:
+        """Waits in progress that nothing is about to end: their time has not come and their
+        event is not set (the code is idle until a test moves time or sets the event)."""
+        return sum(1 for _, timer, event in self._timers if not timer.done() and not event.is_set())
+
+    async def wait(self, event: asyncio.Event, seconds: float) -> bool:
+        timer: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (self._now + seconds, timer, event)
+        self._timers.append(entry)
+        waiter: asyncio.Future[object] = asyncio.ensure_future(event.wait())
+        pending: set[asyncio.Future[object]] = {waiter, timer}  # type: ignore[arg-type]
+        try:
+            await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            return waiter.done() and not waiter.cancelled()
+        finally:
+            waiter.cancel()
+            timer.cancel()
+            self._timers.remove(entry)
+
+    async def advance(self, seconds: float, *, within: float = 10.0) -> None:
+        """Move time ``seconds`` on, ending each wait that falls due in order; after each, give
+        the waiting code (real) time to act until it waits again."""
+        target = self._now + seconds
+        while True:
+            due = sorted(
+                ((at, timer) for at, timer, _ in self._timers if not timer.done()),
+                key=lambda entry: entry[0],
+            )
+            if not due or due[0][0] > target:
+                self._now = target
+                return
+            at, timer = due[0]
+            self._now = max(self._now, at)
+            timer.set_result(None)
+            await eventually(self._back_to(self.waiting + 1), within=within, what="the next wait")
+
+    def _back_to(self, count: int) -> Callable[[], bool]:
+        return lambda: self.waiting >= count

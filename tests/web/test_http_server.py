@@ -16,6 +16,7 @@ import aiohttp
 import bcrypt
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from structlog.testing import capture_logs
 from support.synthetic import synthetic_snapshot
 from support.tls import Pki, make_pki
 from support.waiting import eventually
@@ -181,16 +182,18 @@ async def test_a_client_that_stops_reading_is_dropped_without_blocking_others() 
     # ~20 MB: more than loopback socket buffers hold, so the server's writes must wait.
     async with serving(gpus=8, replicas=300, limits=limits) as s:
         reader, writer = await asyncio.open_connection("127.0.0.1", s.server.port)
-        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-        await writer.drain()
-        async with aiohttp.ClientSession() as http:
-            for _ in range(5):  # others are served while it stalls
-                async with http.get(s.url + "/metrics") as response:
-                    assert response.status == 200
-                    await response.read()
-        # Its connection is aborted once the write timeout passes.
+        with capture_logs() as logs:
+            writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            await writer.drain()
+            async with aiohttp.ClientSession() as http:
+                for _ in range(5):  # others are served while it stalls
+                    async with http.get(s.url + "/metrics") as response:
+                        assert response.status == 200
+                        await response.read()
+            # Its connection is aborted once the write timeout passes (not read before:
+            # reading would let the server's writes through).
+            await eventually(lambda: any("too slow" in e["event"] for e in logs), what="abort")
         received = 0
-        await asyncio.sleep(0.5)  # well after the write timeout
         with contextlib.suppress(ConnectionResetError):
             async with asyncio.timeout(10):
                 while chunk := await reader.read(1 << 20):
