@@ -26,6 +26,7 @@ import structlog
 from gpuagent import __version__
 from gpuagent.cdi import DEFAULT_CDI_DIR
 from gpuagent.config import ConfigError, Settings
+from gpuagent.domain.devices import Snapshot
 from gpuagent.domain.errors import SettingError
 from gpuagent.domain.plan import Plan
 from gpuagent.domain.readiness import readiness
@@ -38,7 +39,7 @@ from gpuagent.kubelet.endpoints import PluginEndpoints
 from gpuagent.kubelet.podresources import PodResourcesClient
 from gpuagent.kubelet.registration import Timing
 from gpuagent.labels import DEFAULT_FEATURES_FILE
-from gpuagent.nodefiles import CdiTarget, LabelTarget, NodeFiles
+from gpuagent.nodefiles import CdiTarget, LabelTarget, NodeFiles, NodeSpecs
 from gpuagent.plan import (
     LIVE,
     driver_root_as_read,
@@ -153,7 +154,14 @@ class Agent:
         """The DRA side (imported only when DRA is on: its API client costs memory)."""
         from gpuagent.draplugin import DraSide, KubeConfigError  # noqa: PLC0415
 
-        containers = self.store.plan.serving.containers
+        specs = NodeSpecs(_cdi_target(self.settings))
+        store = self.store
+
+        def node_spec(snapshot: Snapshot) -> Mapping[str, Any] | None:
+            # The claims' CDI edits follow the serving plan's container settings, as the node
+            # spec's do; built again only when devices, driver or those settings change.
+            return specs.get(snapshot, store.plan.serving.containers)
+
         try:
             return DraSide(
                 self.store,
@@ -163,8 +171,7 @@ class Agent:
                 cdi_dir=self.settings.cdi_spec_dir,
                 kubeconfig=self.settings.kubeconfig,
                 stopping=self.stopping,
-                dev_root=containers.dev_root,
-                control_nodes=containers.control_nodes,
+                node_spec=node_spec,
                 **options,
             )
         except KubeConfigError as exc:
@@ -357,18 +364,23 @@ class Agent:
         return settings, make_plan(settings)
 
 
-def _node_files(
-    store: DeviceStore, settings: Settings, *, sysfs_root: Path, simulated: bool
-) -> NodeFiles:
-    """The node's files this agent may write: simulated GPUs must not reach the host's real CDI
-    or node-feature-discovery directories by default."""
-    cdi: CdiTarget | None = CdiTarget(
+def _cdi_target(settings: Settings) -> CdiTarget:
+    """Where the CDI spec goes and how the driver's files are found (node spec and DRA claims)."""
+    return CdiTarget(
         spec_dir=settings.cdi_spec_dir,
         mode=settings.cdi_spec,
         driver_root=str(settings.nvidia_driver_root),
         read_root=driver_root_as_read(settings),
         hook_path=settings.nvidia_cdi_hook_path,
     )
+
+
+def _node_files(
+    store: DeviceStore, settings: Settings, *, sysfs_root: Path, simulated: bool
+) -> NodeFiles:
+    """The node's files this agent may write: simulated GPUs must not reach the host's real CDI
+    or node-feature-discovery directories by default."""
+    cdi: CdiTarget | None = _cdi_target(settings)
     labels: LabelTarget | None = LabelTarget(
         path=settings.node_labels_file,
         machine_type_file=settings.machine_type_file,

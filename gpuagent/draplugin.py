@@ -30,6 +30,7 @@ from gpuagent.dra.service import (
     DraStats,
     HealthV1,
     HealthV1Alpha1,
+    NodeSpecSource,
 )
 from gpuagent.kube.client import ApiError, ApiUnreachable, KubeApi, KubeConfigError, load_config
 from gpuagent.kube.slices import Backoff, SlicePublisher
@@ -53,8 +54,7 @@ class DraSide:
         cdi_dir: Path,
         kubeconfig: Path | None,
         stopping: asyncio.Event,
-        dev_root: str = "/",
-        control_nodes: tuple[str, ...] = (),
+        node_spec: NodeSpecSource,
         endpoint_timing: EndpointTiming = EndpointTiming(),
         backoff: Backoff = Backoff(),
         api_timeout: float = 10.0,
@@ -65,9 +65,7 @@ class DraSide:
         self.node = node
         # Raises KubeConfigError: no kubeconfig, or not in a pod (checked once, at start).
         self.api = KubeApi(load_config(kubeconfig), timeout=api_timeout)
-        config = DraConfig(
-            driver=plan.driver, pool=node, dev_root=dev_root, control_nodes=control_nodes
-        )
+        config = DraConfig(driver=plan.driver, pool=node)
         self.stats = DraStats()
         self.preparer = ClaimPreparer(
             store,
@@ -75,6 +73,7 @@ class DraSide:
             self._read_claim,
             ClaimFiles(plugins_dir / plan.driver, cdi_dir, plan.driver),
             config,
+            node_spec=node_spec,
             stats=self.stats,
         )
         streams = DeviceHealthStreams(

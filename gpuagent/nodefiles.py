@@ -27,7 +27,14 @@ from pathlib import Path
 
 import structlog
 
-from gpuagent.cdi import TOOLKIT_SPEC_DIRS, build_spec, device_names, sync_spec, toolkit_devices
+from gpuagent.cdi import (
+    TOOLKIT_SPEC_DIRS,
+    Spec,
+    build_spec,
+    device_names,
+    sync_spec,
+    toolkit_devices,
+)
 from gpuagent.domain.containers import ContainerSettings
 from gpuagent.domain.devices import Snapshot
 from gpuagent.domain.naming import mig_index
@@ -42,7 +49,9 @@ __all__ = [
     "CdiTarget",
     "LabelTarget",
     "NodeFiles",
+    "NodeSpecs",
     "expected_toolkit_names",
+    "node_spec",
     "write_cdi",
     "write_labels",
 ]
@@ -162,6 +171,12 @@ def write_cdi(snapshot: Snapshot, containers: ContainerSettings, target: CdiTarg
     if target.mode == TOOLKIT:
         _check_toolkit(snapshot, containers, target)
         return sync_spec(None, target.spec_dir)
+    return sync_spec(node_spec(snapshot, containers, target), target.spec_dir)
+
+
+def node_spec(snapshot: Snapshot, containers: ContainerSettings, target: CdiTarget) -> Spec | None:
+    """The agent's own CDI spec for ``snapshot``: device nodes and the driver's files found under
+    the target's driver root (blocks: it reads the driver root)."""
     root = DriverRoot(target.read_root, kernel_release=target.kernel_release)
     version = snapshot.driver.version
     files = root.find(version, [g.pci_bus_id for g in snapshot.gpus])
@@ -172,7 +187,7 @@ def write_cdi(snapshot: Snapshot, containers: ContainerSettings, target: CdiTarg
             read_at=str(target.read_root),
             driver_version=version,
         )
-    spec = build_spec(
+    return build_spec(
         snapshot,
         dev_root=containers.dev_root,
         control_nodes=containers.control_nodes,
@@ -180,7 +195,24 @@ def write_cdi(snapshot: Snapshot, containers: ContainerSettings, target: CdiTarg
         driver_root=target.driver_root,
         hook_path=target.hook_path,
     )
-    return sync_spec(spec, target.spec_dir)
+
+
+class NodeSpecs:
+    """:func:`node_spec`, built again only when the devices, the driver or the container settings
+    change — DRA's per-claim specs take their edits from it, so a prepare does not read the
+    driver root each time. Blocking; one caller at a time."""
+
+    def __init__(self, target: CdiTarget) -> None:
+        self._target = target
+        self._key: object = None
+        self._spec: Spec | None = None
+
+    def get(self, snapshot: Snapshot, containers: ContainerSettings) -> Spec | None:
+        key = (_devices(snapshot), containers.dev_root, containers.control_nodes)
+        if key != self._key:
+            self._spec = node_spec(snapshot, containers, self._target)
+            self._key = key
+        return self._spec
 
 
 def expected_toolkit_names(snapshot: Snapshot, containers: ContainerSettings) -> list[str]:

@@ -6,9 +6,10 @@ either remembers the claim (and answers a repeated prepare from the checkpoint) 
 it on disk that an unprepare would not remove: the spec's path is derived from the claim's UID
 alone, and an unprepare of an unknown UID still removes it.
 
-The spec reuses :func:`gpuagent.cdi.build_spec` — the node spec's device edits and common edits
-(device nodes, control nodes, and whatever else the node spec carries) — for the claim's devices
-only, renamed ``<claim UID>-<device>`` under kind ``k8s.<driver>/claim``.
+The spec reuses the node's CDI spec (:func:`gpuagent.nodefiles.node_spec`) — its device edits and
+common edits: device nodes, control nodes, the driver's libraries, binaries, sockets, firmware and
+hooks — for the claim's devices only, renamed ``<claim UID>-<device>`` under kind
+``k8s.<driver>/claim``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuagent.atomicfile import remove_if_present, write_if_changed
-from gpuagent.cdi import build_spec, render_spec
+from gpuagent.cdi import render_spec
 from gpuagent.domain.claims import (
     PreparedClaim,
     cdi_kind,
@@ -27,7 +28,6 @@ from gpuagent.domain.claims import (
     checkpoint_json,
     claims_from_checkpoint,
 )
-from gpuagent.domain.devices import Snapshot
 
 __all__ = ["CHECKPOINT_FILE", "ClaimFiles", "claim_spec", "with_claim", "without_claim"]
 
@@ -35,20 +35,18 @@ CHECKPOINT_FILE = "checkpoint.json"
 
 
 def claim_spec(
-    snapshot: Snapshot,
+    node_spec: Mapping[str, Any] | None,
     claim_uid: str,
     devices: Iterable[tuple[str, str]],
     *,
     driver: str,
-    dev_root: str,
-    control_nodes: Iterable[str],
 ) -> dict[str, Any]:
-    """The CDI spec of one claim: ``devices`` are ``(device name, GPU or MIG UUID)``.
+    """The CDI spec of one claim: ``devices`` are ``(device name, GPU or MIG UUID)``, named in
+    ``node_spec`` (the node's spec, which names every device by UUID).
 
-    Raises :class:`KeyError` for a UUID the snapshot does not know.
+    Raises :class:`KeyError` for a UUID the node spec does not know.
     """
     wanted = dict(devices)
-    node_spec = build_spec(snapshot, dev_root=dev_root, control_nodes=tuple(control_nodes))
     by_name = {d["name"]: d for d in (node_spec or {}).get("devices", [])}
     out = []
     for name, uuid in wanted.items():

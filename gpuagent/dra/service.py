@@ -48,6 +48,8 @@ MAX_ERROR = 1024
 
 ClaimReader = Callable[[str, str], Awaitable[Mapping[str, Any]]]
 DeviceSource = Callable[[Snapshot], tuple[DraDevice, ...]]
+# The node's CDI spec for a snapshot (blocking: it may read the driver root); ``None``: no GPUs.
+NodeSpecSource = Callable[[Snapshot], Mapping[str, Any] | None]
 
 
 @dataclass
@@ -68,12 +70,10 @@ class DraStats:
 
 @dataclass(frozen=True, slots=True)
 class DraConfig:
-    """What the DRA side serves under: driver name, the node's pool, CDI edits' inputs."""
+    """What the DRA side serves under: driver name and the node's pool."""
 
     driver: str
     pool: str
-    dev_root: str = "/"
-    control_nodes: tuple[str, ...] = ()
     health_timeout_s: int = 60
 
 
@@ -88,9 +88,11 @@ class ClaimPreparer:
         files: ClaimFiles,
         config: DraConfig,
         *,
+        node_spec: NodeSpecSource,
         stats: DraStats | None = None,
     ) -> None:
         self._store = store
+        self._node_spec = node_spec
         self._devices = devices
         self._read_claim = read_claim
         self._files = files
@@ -140,17 +142,9 @@ class ClaimPreparer:
                     for name, requests in chosen
                 ),
             )
-            spec = claim_spec(
-                snapshot,
-                ref.uid,
-                [(d.device, d.uuid) for d in prepared.devices],
-                driver=self._config.driver,
-                dev_root=self._config.dev_root,
-                control_nodes=self._config.control_nodes,
-            )
             claims = with_claim(self.claims, prepared)
             try:
-                await asyncio.to_thread(self._write, ref.uid, spec, claims)
+                await asyncio.to_thread(self._write, snapshot, prepared, claims)
             except OSError as exc:
                 raise ClaimError(f"writing the claim's CDI spec or checkpoint: {exc}") from None
             self.claims = claims
@@ -164,9 +158,17 @@ class ClaimPreparer:
             return prepared
 
     def _write(
-        self, uid: str, spec: Mapping[str, Any], claims: Mapping[str, PreparedClaim]
+        self, snapshot: Snapshot, prepared: PreparedClaim, claims: Mapping[str, PreparedClaim]
     ) -> None:
-        self._files.write_spec(uid, spec)
+        """The claim's CDI spec (from the node's, which may read the driver root), then the
+        checkpoint; runs off the event loop."""
+        spec = claim_spec(
+            self._node_spec(snapshot),
+            prepared.ref.uid,
+            [(d.device, d.uuid) for d in prepared.devices],
+            driver=self._config.driver,
+        )
+        self._files.write_spec(prepared.ref.uid, spec)
         self._files.save(claims)
 
     async def unprepare(self, ref: ClaimRef) -> None:

@@ -20,6 +20,7 @@ from referencing import Registry
 from referencing.jsonschema import DRAFT7
 from support.drastubs import DraStubs
 from support.drastubs import generate as generate_dra_stubs
+from support.driverroot import LIBDIR, make_driver_root
 from support.fake_apiserver import FakeApiServer, claim
 from support.fake_kubelet import FakeKubelet
 from support.fake_plugin_watcher import FakePluginWatcher, Registration
@@ -60,8 +61,10 @@ class Dirs:
         self.registry = root / "plugins_registry"
         self.cdi = root / "cdi"
 
-    def args(self, apiserver: FakeApiServer, dra_gpus: str = "2,3") -> tuple[str, ...]:
-        return (
+    def args(
+        self, apiserver: FakeApiServer, dra_gpus: str = "2,3", extra: tuple[str, ...] = ()
+    ) -> tuple[str, ...]:
+        return (*extra,
             "--simulate", "4",
             "--dra-gpus", dra_gpus,
             "--kubeconfig", str(apiserver.kubeconfig(self.root / "kubeconfig")),
@@ -185,6 +188,31 @@ async def test_plugin_watcher_registers_and_a_claim_is_prepared_and_unprepared(
         checkpoint = json.loads((dirs.plugins / DRIVER / "checkpoint.json").read_text())
         assert checkpoint["claims"] == {}
         assert apiserver.invalid == []
+
+
+async def test_a_claim_spec_carries_the_driver_like_the_node_spec(
+    device_plugin_dir: Path, apiserver: FakeApiServer, dirs: Dirs, dra_stubs: DraStubs
+) -> None:
+    """A DRA container gets a working CUDA: the claim's spec has the driver's libraries, tools
+    and hooks found under --nvidia-driver-root, as the device plugin's CDI spec has them."""
+    fake = make_driver_root(dirs.root / "driver", version="580.95.05")
+    watcher = FakePluginWatcher(dirs.registry, dra_stubs)
+    extra = ("--nvidia-driver-root", str(fake.root))
+    async with agent(dirs, device_plugin_dir, apiserver, extra=extra) as run:
+        reg = await registered(watcher)
+        await until(lambda: len(apiserver.devices()) == 2, "two devices published")
+        name2 = device_of(apiserver, gpu_uuid(run, 2))["name"]
+        apiserver.add_claim(claim("team-a", "cuda", "u-drv", [("gpu", DRIVER, NODE, name2)]))
+        response = await watcher.aprepare(reg, [("team-a", "cuda", "u-drv")])
+        assert response.claims["u-drv"].error == ""
+    spec = json.loads((dirs.cdi / f"k8s.{DRIVER}-claim_u-drv.json").read_text())
+    edits = spec["containerEdits"]
+    mounts = {m["containerPath"]: m["hostPath"] for m in edits["mounts"]}
+    library = f"{LIBDIR}/libcuda.so.580.95.05"
+    assert mounts[library] == f"{fake.root}{library}"
+    assert "/usr/bin/nvidia-smi" in mounts
+    assert {h["hookName"] for h in edits["hooks"]} == {"createContainer"}
+    cdi_validator().validate(spec)
 
 
 async def test_claims_this_node_cannot_serve_get_their_own_error(
