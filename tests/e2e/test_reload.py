@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 from structlog.testing import capture_logs
 from support.fake_kubelet import FakeKubelet
 
-from e2e.agentrun import running_agent
+from e2e.agentrun import RunningAgent, running_agent
 from e2e.test_process import free_port, spawn
 
 T = 10.0
@@ -74,14 +76,23 @@ async def test_reload_changes_only_what_changed(
         assert set(run.agent.store.snapshot.registrations) == set(run.agent.endpoints.endpoints)
 
 
+@asynccontextmanager
+async def reloadable(
+    fake_kubelet: FakeKubelet, device_plugin_dir: Path, config: Path
+) -> AsyncIterator[RunningAgent]:
+    """An agent on 2 simulated GPUs with ``config``, registered; reloads come from the test."""
+    await asyncio.to_thread(config.write_text, "version: v1\n")
+    args = ("--simulate", "2", "--config", str(config))
+    async with running_agent(device_plugin_dir, args, config_poll_interval=3600) as run:
+        await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+        yield run
+
+
 async def test_invalid_reload_keeps_the_running_configuration(
     fake_kubelet: FakeKubelet, device_plugin_dir: Path, short_tmp_path: Path
 ) -> None:
     config = short_tmp_path / "gpuagent.yaml"
-    config.write_text("version: v1\n")
-    args = ("--simulate", "2", "--config", str(config))
-    async with running_agent(device_plugin_dir, args, config_poll_interval=3600) as run:
-        await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+    async with reloadable(fake_kubelet, device_plugin_dir, config) as run:
         before = run.agent.store.plan
         config.write_text("version: v1\nsharing: {timeSlicing: {resources: [{}]}}\n")
         with capture_logs() as logs:
@@ -95,10 +106,7 @@ async def test_reload_says_which_keys_need_a_restart(
     fake_kubelet: FakeKubelet, device_plugin_dir: Path, short_tmp_path: Path
 ) -> None:
     config = short_tmp_path / "gpuagent.yaml"
-    config.write_text("version: v1\n")
-    args = ("--simulate", "2", "--config", str(config))
-    async with running_agent(device_plugin_dir, args, config_poll_interval=3600) as run:
-        await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+    async with reloadable(fake_kubelet, device_plugin_dir, config) as run:
         config.write_text("version: v1\npod-resources-interval: 7\nmig-strategy: mixed\n")
         assert await run.agent.reload() == ["pod-resources-interval"]
         assert run.agent.store.plan.generation == 1  # the live part applied
