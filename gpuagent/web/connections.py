@@ -1,7 +1,9 @@
 """Connection-level guards of the HTTP server, so that no client can starve the kubelet's probes.
 
 * :class:`FirstBytes` — a connection that sends nothing within a short deadline is closed (an
-  idle squatter costs seconds, not aiohttp's one-minute keep-alive);
+  idle squatter costs seconds, not aiohttp's one-minute keep-alive); it also knows when its
+  client last sent anything, so that at the limit the quietest connection can make room
+  (:func:`evict_quietest`);
 * :class:`ProbesOnly` — a connection over the server's limit is not refused outright: a probe
   (``GET /healthz`` or ``GET /readyz``) on it is answered from the probes, anything else gets
   ``503``, and the connection is closed. However many connections others hold, the DaemonSet's
@@ -14,7 +16,7 @@ import asyncio
 from collections.abc import Callable
 from typing import cast
 
-__all__ = ["MAX_REQUEST_LINE", "FirstBytes", "ProbesOnly"]
+__all__ = ["MAX_REQUEST_LINE", "FirstBytes", "ProbesOnly", "evict_quietest"]
 
 MAX_REQUEST_LINE = 8192
 _OK = {"/healthz": "ok\n", "/readyz": "ready\n"}  # what the app itself answers
@@ -33,17 +35,27 @@ class FirstBytes(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._transport: asyncio.Transport | None = None
         self.expired = False
+        self.last_heard = 0.0  # loop time of the client's last bytes (or of the connection)
+        self.on_lost: Callable[[FirstBytes], None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        self._timer = asyncio.get_running_loop().call_later(self._deadline, self._expire)
+        loop = asyncio.get_running_loop()
+        self.last_heard = loop.time()
+        self._timer = loop.call_later(self._deadline, self._expire)
         self._inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        self.last_heard = asyncio.get_running_loop().time()
         self._inner.data_received(data)
+
+    def close(self) -> None:
+        """Close the connection (a response being written is cut short)."""
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.close()
 
     def eof_received(self) -> bool | None:
         return self._inner.eof_received()
@@ -58,6 +70,8 @@ class FirstBytes(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self.on_lost is not None:
+            self.on_lost(self)
         self._inner.connection_lost(exc)
 
     def _expire(self) -> None:
@@ -65,6 +79,19 @@ class FirstBytes(asyncio.Protocol):
         self.expired = True
         if self._transport is not None:
             self._transport.close()
+
+
+def evict_quietest(connections: set[FirstBytes], quiet_for: float) -> bool:
+    """Close the connection whose client has been quiet longest, if for at least ``quiet_for``
+    seconds (an idle keep-alive, or a reader far slower than any scrape); ``False`` if none."""
+    if not connections:
+        return False
+    quietest = min(connections, key=lambda c: c.last_heard)
+    if asyncio.get_running_loop().time() - quietest.last_heard < quiet_for:
+        return False
+    connections.discard(quietest)
+    quietest.close()
+    return True
 
 
 class ProbesOnly(asyncio.Protocol):

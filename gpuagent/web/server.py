@@ -24,7 +24,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from gpuagent.domain.store import DeviceStore
-from gpuagent.web.connections import FirstBytes, ProbesOnly
+from gpuagent.web.connections import FirstBytes, ProbesOnly, evict_quietest
 from gpuagent.web.exposition import CONTENT_TYPE
 from gpuagent.web.metrics import MetricsRenderer
 from gpuagent.web.simprocesses import SimulatedProcesses, add_process_routes
@@ -45,6 +45,7 @@ class HttpLimits:
     max_concurrent_scrapes: int = 32
     keepalive_timeout: float = 60.0
     first_bytes_timeout: float = 5.0  # a new connection sends nothing for this long: closed
+    evict_quiet_after: float = 5.0  # at the limit, a connection this quiet makes room
     overflow_timeout: float = 2.0  # a connection over the limit: its probe request
     write_timeout: float = 30.0
     tls_handshake_timeout: float = 10.0
@@ -285,8 +286,10 @@ class HttpServer:
             {"/healthz": probes.liveness, "/readyz": probes.readiness} if probes else {}
         )
         self._server: asyncio.Server | None = None
+        self._live: set[FirstBytes] = set()
         self.port = port
         self.refused = 0
+        self.evicted = 0
 
     async def start(self) -> None:
         await self._runner.setup()
@@ -295,13 +298,22 @@ class HttpServer:
 
         limits = self._limits
 
+        live = self._live
+
         def protocol() -> asyncio.Protocol:
-            if len(handler_factory.connections) >= limits.max_connections:
-                # Over the limit: probes are still answered (the kubelet must never see a
-                # healthy agent as dead because others hold connections); the rest get 503.
+            full = len(handler_factory.connections) >= limits.max_connections
+            if full and not evict_quietest(live, limits.evict_quiet_after):
+                # Over the limit, nobody idle: probes are still answered (the kubelet must
+                # never see a healthy agent as dead because others hold connections); the rest
+                # get 503.
                 self.refused += 1
                 return ProbesOnly(self._probes, limits.overflow_timeout)
-            return FirstBytes(handler_factory(), limits.first_bytes_timeout)
+            if full:
+                self.evicted += 1
+            connection = FirstBytes(handler_factory(), limits.first_bytes_timeout)
+            live.add(connection)
+            connection.on_lost = live.discard
+            return connection
 
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(

@@ -270,6 +270,23 @@ async def test_idle_connections_cannot_keep_the_probes_from_an_answer() -> None:
             writer.close()
 
 
+async def test_at_the_limit_the_quietest_connection_makes_room() -> None:
+    limits = HttpLimits(max_connections=3, evict_quiet_after=0.0)
+    async with serving(limits=limits) as s:
+        held = [await asyncio.open_connection("127.0.0.1", s.server.port) for _ in range(3)]
+        connections = s.server._runner.server.connections  # type: ignore[union-attr]
+        await eventually(lambda: len(connections) == 3)
+        request = b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        answer = await _ask(s.server.port, request)
+        assert answer.startswith(b"HTTP/1.1 200")  # served, not refused
+        assert (s.server.evicted, s.server.refused) == (1, 0)
+        # The first one held (the quietest) was closed to make room.
+        async with asyncio.timeout(5):
+            assert await held[0][0].read() == b""
+        for _, writer in held:
+            writer.close()
+
+
 async def test_a_connection_that_sends_nothing_is_closed_soon() -> None:
     limits = HttpLimits(first_bytes_timeout=0.05)
     async with serving(limits=limits) as s:
