@@ -374,7 +374,8 @@ class MetricsRenderer:
                 (
                     *own,
                     ("pci_bus_id", gpu.pci_bus_id),
-                    ("device", f"nvidia{gpu.minor}"),
+                    ("device", f"nvidia{gpu.index}"),  # joins the dcgm-exporter series
+                    ("device_node", gpu.device_node),
                     ("model_name", gpu.name),
                     ("numa_node", "" if gpu.numa_node is None else str(gpu.numa_node)),
                     ("mig_enabled", "true" if gpu.mig_enabled else "false"),

@@ -117,6 +117,17 @@ def test_labels_in_dcgm_exporter_order_with_empty_pod_labels() -> None:
     }  # fmt: skip
 
 
+def test_gpu_info_device_joins_the_dcgm_series_when_minor_and_index_differ() -> None:
+    snapshot = synthetic_snapshot(2)
+    snapshot = replace(snapshot, gpus=tuple(replace(g, minor=7 - g.index) for g in snapshot.gpus))
+    text = renderer().render(snapshot, AgentCounters())
+    dcgm = {labels["UUID"]: labels["device"] for labels, _ in samples(text, "DCGM_FI_DEV_GPU_TEMP")}
+    info = {labels["uuid"]: labels for labels, _ in samples(text, "gpuagent_gpu_info")}
+    assert {uuid: labels["device"] for uuid, labels in info.items()} == dcgm
+    assert info[gpu_uuid(0)]["device_node"] == "/dev/nvidia7"
+    assert info[gpu_uuid(1)]["device_node"] == "/dev/nvidia6"
+
+
 @pytest.mark.parametrize(
     ("label", "expected"),
     [
