@@ -191,6 +191,7 @@ class Agent:
             Nvml(self._sysfs_root),
             poll_interval=self.settings.poll_interval,
             call_timeout=self._nvml_call_timeout,
+            nvml_timeout=self.settings.nvml_timeout,
         )
         app = build_app(self.store, self.renderer, self, self.simulator, web_config=self.web_config)
         ssl = self.web_config.ssl_context if self.web_config is not None else None

@@ -36,6 +36,7 @@ LOG_FORMATS = ("json", "console")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 MAX_SIMULATED_GPUS = 64
 MAX_POLL_INTERVAL = 3600.0
+MIN_NVML_TIMEOUT = 1.0
 MIN_POD_RESOURCES_INTERVAL = 1.0
 HOSTNAME_LABELS = ("Hostname", "hostname")
 CDI_SPECS = ("write", "toolkit")
@@ -102,6 +103,8 @@ class Settings:
     # spec.nodeName), else the host name.
     node_name: str = ""
     check_config: Path | None = None
+    # Time limit for NVML work at start-up (seconds); None: scaled with the GPU count.
+    nvml_timeout: float | None = None
 
     def as_dict(self) -> dict[str, object]:
         """Return the settings as JSON-friendly values: paths as strings, tuples as lists, the
@@ -195,6 +198,13 @@ def _parse_poll_interval(raw: object) -> float:
         raise _Invalid(f"expected a number of seconds, got {_type_name(raw)}")
     if not (math.isfinite(seconds) and 0 < seconds <= MAX_POLL_INTERVAL):
         raise _Invalid(f"must be > 0 and <= {MAX_POLL_INTERVAL:g} seconds, got {raw!r}")
+    return seconds
+
+
+def _parse_nvml_timeout(raw: object) -> float:
+    seconds = _parse_poll_interval(raw)
+    if seconds < MIN_NVML_TIMEOUT:
+        raise _Invalid(f"must be at least {MIN_NVML_TIMEOUT:g} second, got {raw!r}")
     return seconds
 
 
@@ -506,6 +516,13 @@ POLL_INTERVAL = _Option(
     "seconds between telemetry and liveness polls of each GPU (default 5)",
     "SECONDS",
 )
+NVML_TIMEOUT = _Option(
+    "nvml-timeout",
+    _parse_nvml_timeout,
+    "time limit for NVML work at start-up, in seconds "
+    "(default 10 plus 5 per GPU; each NVML call also has its own limit)",
+    "SECONDS",
+)
 LOG_FORMAT = _Option(
     "log-format",
     _choice(LOG_FORMATS),
@@ -729,6 +746,7 @@ OPTIONS: tuple[_Option[Any], ...] = (
     DISABLE_HEALTHCHECKS,
     ENABLE_HEALTHCHECKS,
     POLL_INTERVAL,
+    NVML_TIMEOUT,
     LOG_FORMAT,
     LOG_LEVEL,
     WEB_CONFIG_FILE,
@@ -958,6 +976,7 @@ def load_settings(
         disable_healthchecks=sources.get(DISABLE_HEALTHCHECKS, ""),
         enable_healthchecks=sources.get(ENABLE_HEALTHCHECKS, ""),
         poll_interval=sources.get(POLL_INTERVAL, 5.0),
+        nvml_timeout=sources.get(NVML_TIMEOUT, None),
         log_format=sources.get(LOG_FORMAT, "console" if stderr_isatty else "json"),
         log_level=sources.get(LOG_LEVEL, "info"),
         web_config_file=sources.get(WEB_CONFIG_FILE, None),

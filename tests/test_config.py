@@ -76,6 +76,7 @@ def test_defaults() -> None:
         "kubernetes": True,
         "node_name": socket.gethostname(),
         "check_config": None,
+        "nvml_timeout": None,
     }
 
 
@@ -137,6 +138,13 @@ PRECEDENCE_CASES = [
         "poll_interval",
         (1.5, 2.0, 3.0),
         id="poll-interval",
+    ),
+    pytest.param(
+        "nvml-timeout",
+        ("30", "60", "90"),
+        "nvml_timeout",
+        (30.0, 60.0, 90.0),
+        id="nvml-timeout",
     ),
     pytest.param(
         "resource-name",
@@ -619,6 +627,21 @@ def test_poll_interval(value: str, ok: bool) -> None:
 
 
 @pytest.mark.parametrize(
+    ("value", "ok"),
+    [("1", True), ("90.5", True), ("0.5", False), ("0", False), ("-3", False), ("inf", False),
+     ("x", False), ("3601", False)],
+)  # fmt: skip
+def test_nvml_timeout(value: str, ok: bool) -> None:
+    """--nvml-timeout: seconds from 1 to an hour; unset, it scales with the GPU count."""
+    if ok:
+        assert load(["--nvml-timeout", value]).nvml_timeout == float(value)
+    else:
+        with pytest.raises(ConfigError) as caught:
+            load(["--nvml-timeout", value])
+        assert caught.value.key == "--nvml-timeout"
+
+
+@pytest.mark.parametrize(
     ("value", "expected"),
     [
         pytest.param("debug", "debug", id="debug"),
@@ -729,6 +752,7 @@ kubeconfig: /etc/kube.conf
 proc-root: /host/proc
 cri-socket: /run/k3s/containerd/containerd.sock
 dcgm-container-shares: true
+nvml-timeout: 120
 """,
     )
     assert load(["--config", str(cfg)], {"NODE_NAME": "node-7"}).as_dict() == {
@@ -783,6 +807,7 @@ dcgm-container-shares: true
         "kubernetes": True,
         "node_name": "node-7",
         "check_config": None,
+        "nvml_timeout": 120.0,
     }
 
 

@@ -33,9 +33,14 @@ class Condition:
 
 @dataclass(frozen=True, slots=True)
 class GpuHealth:
-    """A GPU's health: healthy exactly when no condition is active."""
+    """A GPU's health: healthy exactly when no condition is active.
+
+    ``strikes`` counts failed liveness checks in a row (one bad reading is not a verdict; the
+    health policy decides how many are).
+    """
 
     conditions: tuple[Condition, ...] = ()
+    strikes: int = 0
 
     @property
     def healthy(self) -> bool:
@@ -125,6 +130,9 @@ class MigDevice:
     telemetry: Telemetry = Telemetry()
     # None where the driver does not offer the attributes (GFD's MIG labels then lack them).
     attributes: MigAttributes | None = None
+    # Conditions of this instance alone (an XID the driver attributed to it); the parent GPU's
+    # conditions apply to it too: see :meth:`Gpu.health_of`.
+    health: GpuHealth = GpuHealth()
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +167,20 @@ class Gpu:
     def device_node(self) -> str:
         """Path of the GPU's character device inside a container."""
         return f"/dev/nvidia{self.minor}"
+
+    @property
+    def overall_health(self) -> GpuHealth:
+        """The whole GPU's health: its own conditions and those of any of its MIG devices."""
+        extra = tuple(c for m in self.mig_devices for c in m.health.conditions)
+        return GpuHealth(self.health.conditions + extra) if extra else self.health
+
+    def health_of(self, mig: MigDevice) -> GpuHealth:
+        """A MIG device's health as the kubelet sees it: the GPU's conditions, then its own."""
+        if not mig.health.conditions:
+            return self.health
+        if not self.health.conditions:
+            return mig.health
+        return GpuHealth(self.health.conditions + mig.health.conditions)
 
 
 class P2PLevel(IntEnum):
@@ -246,6 +268,8 @@ class DriverState:
     error: str = ""
     # The CUDA version the driver supports, (major, minor) — e.g. (13, 0); None when unknown.
     cuda_version: tuple[int, int] | None = None
+    # While the driver is brought up and GPUs discovered: what the agent is waiting for.
+    waiting: str = ""
 
 
 @dataclass(frozen=True, slots=True)

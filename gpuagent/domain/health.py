@@ -1,18 +1,36 @@
-"""Health policy: which driver signals make a GPU unhealthy, and which bring it back.
+"""Health policy: which evidence about a GPU makes it unhealthy, and which brings it back.
+
+Health comes from evidence about the GPU, never from metrics (the table is docs/health.md):
+
+- an XID event the policy checks (the XID catalog's immediate action, NVIDIA's two knobs);
+- a double-bit ECC event; the GPU reported lost (``NVML_ERROR_GPU_IS_LOST`` from any call);
+- the driver's recovery action (``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``) other than "none";
+- a pending or failed row remap;
+- the designated liveness check failing or hanging :attr:`HealthPolicy.liveness_strikes` times
+  in a row (one bad reading is not a verdict).
+
+Every other NVML error leaves a reading absent and never reaches this module.
 
 The policy is a pure state machine over :class:`~gpuagent.domain.devices.GpuHealth`: each
 :data:`HealthEvent` adds or clears conditions, and a GPU is healthy exactly when none is active.
-Unhealthy is not forever: the driver's recovery signal (its recovery action returning to "none")
-clears the conditions it covers, and a GPU that answers again is no longer lost.
+Unhealthy is not forever, on every driver:
+
+- the recovery action reading "none" again clears XID, ECC and recovery-action conditions
+  (drivers with the field, R565 and newer);
+- evidence of a reset clears XID and ECC conditions: a lost GPU that answers again, or a volatile
+  ECC counter that went back (:class:`GpuReset`) — drivers without the field recover this way;
+- a GPU that answers the liveness check again is no longer lost or unresponsive;
+- a row-remap reading without a pending or failed remap clears those conditions.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from gpuagent.domain import xids
-from gpuagent.domain.devices import Condition, Gpu, GpuHealth
+from gpuagent.domain.devices import Condition, Gpu, GpuHealth, MigDevice
 
 #: Catalog actions after which the GPU may take new work: nothing to do, or only the
 #: application to restart; XID 154 only announces the recovery action (read on its own); XID 45
@@ -31,7 +49,11 @@ DEFAULT_IGNORED_XIDS: frozenset[int] = frozenset(
 #: XIDs NVIDIA's device plugin ignores by default (``internal/rm/health.go``), for comparison.
 NVIDIA_PLUGIN_IGNORED_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
 
+#: Failed or hung liveness checks in a row that make a GPU unresponsive.
+LIVENESS_STRIKES = 3
+
 # NVML_GPU_RECOVERY_ACTION_* values and the names we report them under.
+RECOVERY_NONE = 0
 RECOVERY_ACTIONS: dict[int, str] = {
     0: "none",
     1: "gpu_reset",
@@ -47,20 +69,30 @@ XID = "xid"
 ECC_DBE = "ecc_dbe"
 LOST = "lost"
 RECOVERY = "recovery_action"
-NVML_ERROR = "nvml_error"
+UNRESPONSIVE = "unresponsive"
+DISCOVERY = "discovery"
 ROW_REMAP_PENDING = "row_remap_pending"
 ROW_REMAP_FAILURE = "row_remap_failure"
-# Conditions the driver's "no recovery action needed" signal clears.
+# Conditions the driver's "no recovery action needed" clears.
 _CLEARED_BY_RECOVERY = frozenset({XID, ECC_DBE, RECOVERY})
-# Conditions cleared when the GPU answers a probe again.
-_CLEARED_BY_RESPONSE = frozenset({LOST, NVML_ERROR})
+# Conditions a reset clears.
+_CLEARED_BY_RESET = frozenset({XID, ECC_DBE})
+# Conditions cleared when the GPU answers the liveness check again.
+_CLEARED_BY_RESPONSE = frozenset({LOST, UNRESPONSIVE})
 
 
 @dataclass(frozen=True, slots=True)
 class XidError:
-    """The driver reported XID ``xid`` on this GPU."""
+    """The driver reported XID ``xid``; on a MIG instance when the instance IDs are set.
+
+    ``gpu_instance``/``compute_instance`` are ``None`` when the event names no instance (NVML's
+    ``0xFFFFFFFF``): the whole GPU. ``compute_instance`` ``None`` with a GPU instance: every
+    compute instance of that GPU instance.
+    """
 
     xid: int
+    gpu_instance: int | None = None
+    compute_instance: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,21 +102,14 @@ class DoubleBitEccError:
 
 @dataclass(frozen=True, slots=True)
 class GpuLost:
-    """The GPU fell off the bus or stopped answering (NVML_ERROR_GPU_IS_LOST)."""
+    """The GPU fell off the bus (NVML_ERROR_GPU_IS_LOST from any call)."""
 
 
 @dataclass(frozen=True, slots=True)
 class RecoveryActionChanged:
-    """The driver's recovery action for the GPU (an NVML_GPU_RECOVERY_ACTION_* value)."""
+    """The driver's recovery action for the GPU (an NVML_GPU_RECOVERY_ACTION_* value), as read."""
 
     action: int
-
-
-@dataclass(frozen=True, slots=True)
-class ProbeFailed:
-    """A liveness probe failed with an NVML error other than "not supported"."""
-
-    error: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,8 +121,20 @@ class RowRemapState:
 
 
 @dataclass(frozen=True, slots=True)
+class LivenessFailed:
+    """The designated liveness check failed (an NVML error) or did not return in time, once."""
+
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
 class Responding:
-    """A liveness probe succeeded: the GPU answers the driver."""
+    """The liveness check succeeded: the GPU answers the driver."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReset:
+    """Evidence that the GPU was reset since the last reading (a volatile ECC counter went back)."""
 
 
 HealthEvent = (
@@ -105,9 +142,10 @@ HealthEvent = (
     | DoubleBitEccError
     | GpuLost
     | RecoveryActionChanged
-    | ProbeFailed
     | RowRemapState
+    | LivenessFailed
     | Responding
+    | GpuReset
 )
 
 
@@ -129,6 +167,7 @@ class HealthPolicy:
     all_enabled: bool = False
     ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS
     enabled_xids: frozenset[int] = frozenset()
+    liveness_strikes: int = LIVENESS_STRIKES
 
     @classmethod
     def from_env_values(cls, disable: str, enable: str) -> HealthPolicy:
@@ -155,7 +194,7 @@ class HealthPolicy:
 
     @property
     def checks_device(self) -> bool:
-        """Whether non-XID checks (ECC, lost GPU, recovery action) are active."""
+        """Whether non-XID checks (ECC, lost GPU, recovery action, liveness) are active."""
         return self.all_enabled or not self.all_disabled
 
     @property
@@ -174,10 +213,6 @@ class HealthPolicy:
                 return _with(health, Condition(ECC_DBE)) if self.checks_device else health
             case GpuLost():
                 return _with(health, Condition(LOST)) if self.checks_device else health
-            case ProbeFailed(error=error):
-                if not self.checks_device:
-                    return health
-                return _with(_without(health, {NVML_ERROR}), Condition(NVML_ERROR, error))
             case RecoveryActionChanged(action=0):
                 return _without(health, _CLEARED_BY_RECOVERY)
             case RecoveryActionChanged(action=action):
@@ -194,36 +229,93 @@ class HealthPolicy:
                 if failed:
                     updated = _with(updated, Condition(ROW_REMAP_FAILURE))
                 return health if set(updated.conditions) == set(health.conditions) else updated
+            case LivenessFailed(error=error):
+                if not self.checks_device:
+                    return health
+                strikes = health.strikes + 1
+                if strikes < self.liveness_strikes:
+                    return replace(health, strikes=strikes)
+                marked = _with(_without(health, {UNRESPONSIVE}), Condition(UNRESPONSIVE, error))
+                return replace(marked, strikes=strikes)
             case Responding():
-                return _without(health, _CLEARED_BY_RESPONSE)
+                was_lost = any(c.kind == LOST for c in health.conditions)
+                cleared = _CLEARED_BY_RESPONSE | (_CLEARED_BY_RESET if was_lost else frozenset())
+                updated = _without(health, cleared)
+                return replace(updated, strikes=0) if updated.strikes else updated
+            case GpuReset():
+                return _without(health, _CLEARED_BY_RESET)
+
+
+#: Events that concern every MIG device of the GPU as well as the GPU (they clear conditions).
+_WHOLE_GPU_CLEARING = (RecoveryActionChanged, Responding, GpuReset)
 
 
 def record_event(gpu: Gpu, event: HealthEvent, policy: HealthPolicy) -> Gpu:
-    """``gpu`` after ``event``: new health, and XID bookkeeping for metrics."""
-    health = policy.apply(gpu.health, event)
+    """``gpu`` after ``event``: new health (its own or its MIG devices'), XID bookkeeping.
+
+    An XID that names a MIG instance marks only the MIG devices of that GPU instance (and compute
+    instance, when named); one that names none, or an instance the GPU does not have, marks the
+    whole GPU, as NVIDIA's plugin does. Every XID is counted on the GPU, checked or not.
+    """
     if isinstance(event, XidError):
-        counts = dict(gpu.xid_counts)
-        counts[event.xid] = counts.get(event.xid, 0) + 1
-        return replace(gpu, health=health, xid_counts=MappingProxyType(counts), last_xid=event.xid)
-    if health is gpu.health:
-        return gpu
-    return replace(gpu, health=health)
+        gpu = _counted(gpu, event.xid)
+        targets = _instances(gpu, event)
+        if targets:
+            return _map_migs(gpu, lambda m: m in targets, lambda h: policy.apply(h, event))
+    health = policy.apply(gpu.health, event)
+    if health is not gpu.health:
+        gpu = replace(gpu, health=health)
+    if isinstance(event, _WHOLE_GPU_CLEARING) and gpu.mig_devices:
+        gpu = _map_migs(gpu, lambda m: True, lambda h: policy.apply(h, event))
+    return gpu
+
+
+def _counted(gpu: Gpu, xid: int) -> Gpu:
+    counts = dict(gpu.xid_counts)
+    counts[xid] = counts.get(xid, 0) + 1
+    return replace(gpu, xid_counts=MappingProxyType(counts), last_xid=xid)
+
+
+def _instances(gpu: Gpu, event: XidError) -> tuple[MigDevice, ...]:
+    if event.gpu_instance is None or not gpu.mig_devices:
+        return ()
+    return tuple(
+        m
+        for m in gpu.mig_devices
+        if m.gpu_instance_id == event.gpu_instance
+        and (event.compute_instance is None or m.compute_instance_id == event.compute_instance)
+    )
+
+
+def _map_migs(
+    gpu: Gpu, chosen: Callable[[MigDevice], bool], change: Callable[[GpuHealth], GpuHealth]
+) -> Gpu:
+    migs = []
+    changed = False
+    for mig in gpu.mig_devices:
+        health = change(mig.health) if chosen(mig) else mig.health
+        if health is not mig.health:
+            changed = True
+            migs.append(replace(mig, health=health))
+        else:
+            migs.append(mig)
+    return replace(gpu, mig_devices=tuple(migs)) if changed else gpu
 
 
 def _with(health: GpuHealth, condition: Condition) -> GpuHealth:
     if condition in health.conditions:
         return health
-    return GpuHealth((*health.conditions, condition))
+    return replace(health, conditions=(*health.conditions, condition))
 
 
 def _without(health: GpuHealth, kinds: set[str] | frozenset[str]) -> GpuHealth:
     kept = tuple(c for c in health.conditions if c.kind not in kinds)
-    return health if len(kept) == len(health.conditions) else GpuHealth(kept)
+    return health if len(kept) == len(health.conditions) else replace(health, conditions=kept)
 
 
 def _parse_spec(name: str, value: str) -> tuple[bool, bool, frozenset[int]]:
     everything = False
-    xids = False
+    xid_checks = False
     numbers: set[int] = set()
     for raw in value.split(","):
         item = raw.strip().lower()
@@ -232,9 +324,9 @@ def _parse_spec(name: str, value: str) -> tuple[bool, bool, frozenset[int]]:
         if item == "all":
             everything = True
         elif item == "xids":
-            xids = True
+            xid_checks = True
         elif item.isascii() and item.isdigit():
             numbers.add(int(item))
         else:
             raise HealthCheckSpecError(f"{name}: {raw.strip()!r} is not 'all', 'xids' or an XID")
-    return everything, xids, frozenset(numbers)
+    return everything, xid_checks, frozenset(numbers)

@@ -18,10 +18,13 @@ def readiness(
     the resources can be built and every one is registered. ``resources_error`` is why the
     resources of ``snapshot`` cannot be built, if they cannot.
     """
+    # While the driver is brought up, what the agent waits for (the NVML call, the GPU).
+    pending = f" (waiting for {snapshot.driver.waiting})" if snapshot.driver.waiting else ""
     if not snapshot.driver.up:
-        return _bounded(f"driver unavailable: {snapshot.driver.error or 'not initialised yet'}")
+        error = snapshot.driver.error or "not initialised yet"
+        return _bounded(f"driver unavailable: {error}{pending}")
     if not snapshot.discovered:
-        return "gpus not discovered yet"
+        return _bounded(f"gpus not discovered yet{pending}")
     if not kubernetes:
         return None
     if resources_error:

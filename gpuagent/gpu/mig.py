@@ -21,6 +21,11 @@ Errors: MIG mode not offered (NOT_SUPPORTED, FUNCTION_NOT_FOUND) means not enabl
 driver does not offer degrade (no suffix, memory from another call), logged once. Any other NVML
 error — above all a lost GPU — is raised as :class:`pynvml.NVMLError` for the caller's discovery
 to handle like any other failing GPU.
+
+Privileges: under MIG a real driver answers the parent GPU's aggregate memory read with
+NO_PERMISSION unless the caller has CAP_SYS_ADMIN (the base manifest drops every capability). The
+names then take the GPU's memory from its largest GPU-instance profile (the full-GPU one), which
+rounds to the same size; the caller gets that figure back to use as the GPU's memory.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import pynvml
 import structlog
 
 from gpuagent.domain.devices import MigAttributes, MigDevice
+from gpuagent.gpu.calls import ABSENT, NvmlCalls, describe
 
 log = structlog.get_logger("gpuagent.mig")
 
@@ -43,7 +49,7 @@ MIB = 1024 * 1024
 GIB = 1024 * MIB
 _EIGHTHS = 8
 
-_ABSENT = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+_ABSENT = ABSENT
 _NO_DEVICE_AT_INDEX = (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_ERROR_INVALID_ARGUMENT)
 _LOOKUP_REFUSED = (*_ABSENT, pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_ERROR_NO_PERMISSION)
 
@@ -66,7 +72,13 @@ _logged_files_lock = threading.Lock()
 
 
 def read_mig(
-    index: int, handle: Any, minor: int, *, mig_minors: Path = DEFAULT_MIG_MINORS
+    index: int,
+    handle: Any,
+    minor: int,
+    *,
+    mig_minors: Path = DEFAULT_MIG_MINORS,
+    calls: NvmlCalls | None = None,
+    total_memory_bytes: int | None = None,
 ) -> tuple[bool, tuple[MigDevice, ...]]:
     """``(MIG mode enabled, its MIG devices)`` of the GPU with NVML index ``index``.
 
@@ -74,18 +86,43 @@ def read_mig(
     which names its entries in the ``mig_minors`` file. Without that file (no driver caps, or not
     mounted into the agent's container) the devices have no ``device_nodes``; that is logged once
     per file. A GPU without MIG support, or with MIG mode off, is ``(False, ())``.
+    ``total_memory_bytes``: the GPU's memory where already read (else read here, see the module
+    docstring for what happens without the privilege to).
 
     Blocking; raises :class:`pynvml.NVMLError` for driver failures other than an absent value.
     """
+    enabled, devices, _ = read_mig_with_total(
+        index,
+        handle,
+        minor,
+        mig_minors=mig_minors,
+        calls=calls or NvmlCalls(),
+        total_memory_bytes=total_memory_bytes,
+    )
+    return enabled, devices
+
+
+def read_mig_with_total(
+    index: int,
+    handle: Any,
+    minor: int,
+    *,
+    calls: NvmlCalls,
+    mig_minors: Path = DEFAULT_MIG_MINORS,
+    total_memory_bytes: int | None = None,
+) -> tuple[bool, tuple[MigDevice, ...], int | None]:
+    """:func:`read_mig`, and the GPU's memory in bytes as the names took it (None: not MIG)."""
     try:
-        current, _pending = pynvml.nvmlDeviceGetMigMode(handle)
+        current, _pending = calls.call(index, pynvml.nvmlDeviceGetMigMode, handle)
     except pynvml.NVMLError as exc:
         if exc.value in _ABSENT:
-            return False, ()
+            return False, (), None
         raise
     if int(current) != pynvml.NVML_DEVICE_MIG_ENABLE:
-        return False, ()
-    return True, _Reader(index, handle, minor, mig_minors).devices()
+        return False, (), None
+    reader = _Reader(index, handle, minor, mig_minors, calls)
+    total = total_memory_bytes or reader.total_memory_bytes()
+    return True, reader.devices(total), total
 
 
 def mig_memory_gb(memory_mib: int, total_memory_bytes: int) -> int:
@@ -188,7 +225,10 @@ def load_mig_minors(path: Path = DEFAULT_MIG_MINORS) -> dict[str, int] | None:
 class _Reader:
     """One GPU's MIG devices, with the lookups they share."""
 
-    def __init__(self, index: int, handle: Any, minor: int, mig_minors: Path) -> None:
+    def __init__(
+        self, index: int, handle: Any, minor: int, mig_minors: Path, calls: NvmlCalls
+    ) -> None:
+        self._calls = calls
         self._index = index
         self._handle = handle
         self._minor = minor
@@ -199,19 +239,40 @@ class _Reader:
         self._info_version = 2
         self._logged: set[str] = set()
 
-    def devices(self) -> tuple[MigDevice, ...]:
+    def total_memory_bytes(self) -> int:
+        """The GPU's memory: the aggregate read, else its largest GPU-instance profile's."""
         try:
-            count = int(pynvml.nvmlDeviceGetMaxMigDeviceCount(self._handle))
+            return int(self._call(pynvml.nvmlDeviceGetMemoryInfo, self._handle).total)
+        except pynvml.NVMLError as exc:
+            if exc.value != pynvml.NVML_ERROR_NO_PERMISSION:
+                raise
+            largest = max(
+                (int(info.memorySizeMB) for _, info in self._profile_table().values()), default=0
+            )
+            if not largest:
+                raise
+            self._once(
+                "total",
+                "gpu memory unreadable without CAP_SYS_ADMIN; taken from its largest mig profile",
+                exc,
+            )
+            return largest * MIB
+
+    def _call(self, fn: Any, *args: Any) -> Any:
+        return self._calls.call(self._index, fn, *args)
+
+    def devices(self, total: int) -> tuple[MigDevice, ...]:
+        try:
+            count = int(self._call(pynvml.nvmlDeviceGetMaxMigDeviceCount, self._handle))
         except pynvml.NVMLError as exc:
             if exc.value not in _ABSENT:
                 raise
             self._once("count", "mig devices cannot be listed", exc)
             return ()
-        total = int(pynvml.nvmlDeviceGetMemoryInfo(self._handle).total)
         devices = []
         for i in range(count):
             try:
-                mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(self._handle, i)
+                mig = self._call(pynvml.nvmlDeviceGetMigDeviceHandleByIndex, self._handle, i)
             except pynvml.NVMLError as exc:
                 if exc.value in _NO_DEVICE_AT_INDEX:
                     continue  # indexes may be sparse
@@ -220,9 +281,9 @@ class _Reader:
         return tuple(devices)
 
     def _device(self, mig: Any, total: int) -> MigDevice:
-        uuid = str(pynvml.nvmlDeviceGetUUID(mig))
-        gi = int(pynvml.nvmlDeviceGetGpuInstanceId(mig))
-        ci = int(pynvml.nvmlDeviceGetComputeInstanceId(mig))
+        uuid = str(self._call(pynvml.nvmlDeviceGetUUID, mig))
+        gi = int(self._call(pynvml.nvmlDeviceGetGpuInstanceId, mig))
+        ci = int(self._call(pynvml.nvmlDeviceGetComputeInstanceId, mig))
         gi_profile, gi_info = self._gpu_instance_profile(gi)
         attrs = self._attributes(mig)
         if attrs is not None:
@@ -231,7 +292,7 @@ class _Reader:
             memory_mib = int(attrs.memorySizeMB)
         else:
             gpu_slices = compute_slices = 0 if gi_info is None else int(gi_info.sliceCount)
-            memory_mib = int(pynvml.nvmlDeviceGetMemoryInfo(mig).total) // MIB
+            memory_mib = int(self._call(pynvml.nvmlDeviceGetMemoryInfo, mig).total) // MIB
         profile = ""
         if gpu_slices:
             profile = mig_profile_name(gpu_slices, compute_slices, memory_mib, total, gi_profile)
@@ -250,7 +311,7 @@ class _Reader:
 
     def _attributes(self, mig: Any) -> Any:
         try:
-            return pynvml.nvmlDeviceGetAttributes_v2(mig)
+            return self._call(pynvml.nvmlDeviceGetAttributes_v2, mig)
         except pynvml.NVMLError as exc:
             if exc.value not in _ABSENT:
                 raise
@@ -260,8 +321,8 @@ class _Reader:
     def _gpu_instance_profile(self, gi: int) -> tuple[int | None, Any]:
         """``(NVML_GPU_INSTANCE_PROFILE_*, its profile info)`` of GPU instance ``gi``, if known."""
         try:
-            instance = pynvml.nvmlDeviceGetGpuInstanceById(self._handle, gi)
-            profile_id = int(pynvml.nvmlGpuInstanceGetInfo(instance).profileId)
+            instance = self._call(pynvml.nvmlDeviceGetGpuInstanceById, self._handle, gi)
+            profile_id = int(self._call(pynvml.nvmlGpuInstanceGetInfo, instance).profileId)
         except pynvml.NVMLError as exc:
             if exc.value not in _LOOKUP_REFUSED:
                 raise
@@ -286,8 +347,11 @@ class _Reader:
         """One GPU-instance profile's info (versioned call first), None if the GPU lacks it."""
         while True:
             try:
-                return pynvml.nvmlDeviceGetGpuInstanceProfileInfo(
-                    self._handle, profile, self._info_version
+                return self._call(
+                    pynvml.nvmlDeviceGetGpuInstanceProfileInfo,
+                    self._handle,
+                    profile,
+                    self._info_version,
                 )
             except pynvml.NVMLError as exc:
                 if exc.value == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND and self._info_version > 1:
@@ -318,4 +382,4 @@ class _Reader:
         if what in self._logged:
             return
         self._logged.add(what)
-        log.info(event, gpu=self._index, error=f"{exc} (NVML {exc.value})")
+        log.info(event, gpu=self._index, error=describe(exc))

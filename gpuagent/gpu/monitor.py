@@ -1,8 +1,16 @@
-"""The NVML poller: driver events and periodic probes feeding the device store.
+"""The NVML poller: start-up, driver events and periodic probes feeding the device store.
 
-Two loops share one :class:`~gpuagent.gpu.nvml.Nvml`: a daemon thread blocks in the driver's event
-wait and hands each event to the event loop, and a probe cycle reads every GPU's telemetry on its
-own worker thread at the poll interval. Each GPU's state changes only through its own events.
+Start-up survives a slow driver: each GPU is described (and registered for events, and its part
+of the topology read) on its own worker thread, all GPUs at once; every NVML call has a time
+limit (``call_timeout``) and the whole start-up a budget (``--nvml-timeout``, by default scaled
+with the GPU count). A GPU whose call does not return in time is advertised unhealthy
+(``unresponsive``) and taken in once the call returns; no job is ever queued behind one that has
+not returned. Meanwhile the store says what the agent is waiting for (``/readyz`` shows it).
+
+Then two loops share the backend: a daemon thread blocks in the driver's event wait and hands
+each event to the event loop, and a probe cycle checks every GPU's liveness and reads its
+telemetry on its own worker at the poll interval. Each GPU's state changes only through its own
+events and probes.
 """
 
 from __future__ import annotations
@@ -11,88 +19,167 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from functools import partial
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import structlog
 
-from gpuagent.domain.devices import DriverState, Gpu, Snapshot
+from gpuagent.domain.devices import (
+    Condition,
+    DriverState,
+    Gpu,
+    GpuHealth,
+    P2PLevel,
+    Snapshot,
+    Telemetry,
+)
 from gpuagent.domain.health import (
+    DISCOVERY,
     LOST,
+    UNRESPONSIVE,
+    GpuLost,
+    GpuReset,
     HealthEvent,
-    ProbeFailed,
+    LivenessFailed,
     RecoveryActionChanged,
     Responding,
     RowRemapState,
     record_event,
 )
 from gpuagent.domain.store import DeviceStore
-from gpuagent.gpu.nvml import DriverUnavailable, EventWaitError, Nvml, Probe
+from gpuagent.gpu.backend import Backend, DriverEvent, DriverUnavailable, EventWaitError, Probe
+from gpuagent.gpu.calls import CallStats
+from gpuagent.gpu.topology import GpuLinks
 from gpuagent.gpu.workers import Worker
 
 log = structlog.get_logger("gpuagent.monitor")
 T = TypeVar("T")
+
+#: Start-up budget without ``--nvml-timeout``: this much, plus :data:`STARTUP_PER_GPU_S` per GPU.
+STARTUP_BASE_S = 10.0
+STARTUP_PER_GPU_S = 5.0
+#: How often start-up looks at the calls in flight (and republishes what it waits for).
+STARTUP_TICK_S = 0.1
+#: How often start-up logs what it is still waiting for.
+STARTUP_LOG_EVERY_S = 5.0
+#: Longest pause between event waits while they keep failing.
+EVENT_BACKOFF_MAX_S = 30.0
+
+__all__ = ["CallStats", "GpuMonitor", "startup_budget"]
+
+
+def startup_budget(gpus: int, nvml_timeout: float | None = None) -> float:
+    """The start-up time budget for ``gpus`` GPUs: ``--nvml-timeout``, or scaled with the count."""
+    if nvml_timeout is not None:
+        return nvml_timeout
+    return STARTUP_BASE_S + STARTUP_PER_GPU_S * gpus
+
+
+class Stalled(Exception):
+    """A start-up job did not finish in time; ``detail`` says what it was waiting for."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+@dataclass
+class _Pending:
+    """A start-up job on a worker: the future, and what it is for."""
+
+    worker: Worker
+    future: asyncio.Future[Any]
+    what: str
 
 
 class GpuMonitor:
     """Owns the driver connection's lifetime and keeps the store's GPUs current.
 
     Events are judged by the health policy of the store's current plan; NVML calls are counted
-    in the store's counters.
+    in the store's counters (each NVML function, and each piece of work: init, discover, probe).
     """
 
     def __init__(
         self,
         store: DeviceStore,
-        nvml: Nvml,
+        backend: Backend,
         *,
         poll_interval: float,
         init_retry_interval: float = 10.0,
         call_timeout: float = 10.0,
+        nvml_timeout: float | None = None,
         event_wait_ms: int = 500,
+        event_backoff_max: float = EVENT_BACKOFF_MAX_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._store = store
-        self._nvml = nvml
+        self._backend = backend
+        backend.calls.forward(store.counters.nvml_call)
         self._poll_interval = poll_interval
         self._init_retry_interval = init_retry_interval
         self._call_timeout = call_timeout
+        self._nvml_timeout = nvml_timeout
         self._event_wait_ms = event_wait_ms
+        self._event_backoff_max = event_backoff_max
+        self._clock = clock
         self._control = Worker("nvml-control")
         self._workers: dict[int, Worker] = {}
+        # Start-up jobs by name ("init", "count", …): a retry awaits the same job, never a new one.
+        self._jobs: dict[str, _Pending] = {}
+        # GPUs that still need describing (a description failed, stalled or never finished).
+        self._undescribed: set[int] = set()
         # The recovery action each GPU's probes last read; events are transitions on their own.
         self._probed_actions: dict[int, int] = {}
+        # Each GPU's volatile double-bit ECC count as last read (a drop is evidence of a reset).
+        self._dbe_counts: dict[int, float] = {}
         self._background: set[asyncio.Task[None]] = set()
         # Driver events applied per GPU; a probe that started before the latest event is stale.
         self._event_counts: dict[int, int] = {}
         self._poll_now = asyncio.Event()
         self._stop_events = threading.Event()
+        # The GPUs the event thread should (re-)register before its next wait; None: no change.
+        self._event_gpus: tuple[int, ...] | None = None
+        self._event_lock = threading.Lock()
         self._event_thread: threading.Thread | None = None
         self._started = False
+        self._initialised = False
 
+    # ----- start-up ----------------------------------------------------------------------------
     async def start(self) -> None:
-        """Initialise the driver and discover GPUs; raises :class:`DriverUnavailable` on failure."""
+        """Initialise the driver and discover GPUs; raises :class:`DriverUnavailable` on failure.
+
+        Never waits longer than the per-call limit for one call, nor longer than the start-up
+        budget overall; what did not finish in time is taken in when it does.
+        """
+        started = self._clock()
+        self._publish_waiting("nvmlInit")
         try:
-            driver = await self._call(self._control, self._nvml.init)
-        except (DriverUnavailable, TimeoutError) as exc:
+            driver = await self._job(self._control, "init", self._backend.init, started)
+            self._initialised = True
+            count = await self._job(self._control, "count", self._backend.count, started)
+        except (DriverUnavailable, Stalled) as exc:
             raise self._unavailable(exc) from exc
+        budget = startup_budget(count, self._nvml_timeout)
+        deadline = started + budget
+        self._store.update(lambda s: replace(s, driver=replace(driver, waiting="gpu discovery")))
         try:
-            gpus = await self._call(self._control, self._nvml.discover)
-            failed = await self._call(self._control, self._nvml.open_events)
-        except (DriverUnavailable, TimeoutError) as exc:
-            with contextlib.suppress(TimeoutError):
-                await self._call(self._control, self._nvml.shutdown)
-            raise self._unavailable(exc) from exc
-        for index, error in failed.items():
-            log.error("no health events for this gpu; relying on probes", gpu=index, error=error)
-        for gpu in gpus:
-            self._workers[gpu.index] = Worker(f"nvml-gpu{gpu.index}")
-        topology = self._nvml.topology
+            events_error = await self._job(
+                self._control, "events", self._backend.create_event_set, started
+            )
+        except Stalled as exc:
+            events_error = exc.detail
+        if events_error is not None:
+            log.error("no health events; relying on probes", error=events_error)
+        for index in range(count):
+            self._workers.setdefault(index, Worker(f"nvml-gpu{index}"))
+        gpus = await self._discover(count, deadline, budget, events=events_error is None)
+        topology = await self._read_topology(gpus, deadline, budget)
         self._store.update(
             lambda s: replace(
                 s,
-                gpus=tuple(gpus),
+                gpus=tuple(sorted(gpus, key=lambda g: g.index)),
                 topology=topology,
                 discovered=True,
                 driver=driver,
@@ -106,14 +193,233 @@ class GpuMonitor:
             gpus=[f"{g.index}:{g.uuid}" for g in gpus],
             mig_devices=sum(len(g.mig_devices) for g in gpus),
             nvlink_pairs=sum(1 for link in topology.links if link.nvlinks),
+            seconds=round(self._clock() - started, 3),
         )
         self._started = True
 
+    async def _discover(
+        self, count: int, deadline: float, budget: float, *, events: bool
+    ) -> list[Gpu]:
+        """Describe every GPU on its own worker at once; stalled ones become placeholders."""
+        jobs = {
+            index: _Pending(
+                self._workers[index],
+                self._workers[index].submit(
+                    self._timed("discover", partial(self._describe_and_register, index, events))
+                ),
+                f"gpu{index} discovery",
+            )
+            for index in range(count)
+        }
+        done, stalled = await self._gather(jobs, deadline, budget, "discovering gpus")
+        gpus: list[Gpu] = []
+        for index in range(count):
+            gpu = done.get(index)
+            if isinstance(gpu, Gpu) and gpu.uuid:
+                gpus.append(gpu)
+                if gpu.health.conditions:
+                    self._undescribed.add(index)
+                continue
+            self._undescribed.add(index)
+            uuid = self._backend.uuid_of(index)
+            if index in stalled:
+                jobs[index].future.add_done_callback(partial(self._late_description, index))
+                if uuid:
+                    detail = f"discovery did not finish: {stalled[index]}"
+                    gpus.append(_placeholder(index, uuid, Condition(UNRESPONSIVE, detail)))
+        return gpus
+
+    def _describe_and_register(self, index: int, events: bool) -> Gpu:
+        """On GPU ``index``'s worker: describe it, then register it for health events."""
+        gpu = self._backend.describe(index)
+        if events and gpu.uuid and not _has(gpu, LOST):
+            problem = self._backend.register_events(index)
+            if problem is not None:
+                log.error("no health events for this gpu; relying on probes", gpu=index,
+                          error=problem)  # fmt: skip
+        return gpu
+
+    async def _read_topology(self, gpus: Sequence[Gpu], deadline: float, budget: float) -> Any:
+        """Each described GPU walks its links and reads its pairs on its own worker, at once."""
+        described = tuple(g for g in gpus if g.index not in self._undescribed)
+        await self._job(
+            self._control,
+            "topology",
+            partial(self._backend.begin_topology, described),
+            self._clock(),
+        )
+        jobs = {
+            g.index: _Pending(
+                self._workers[g.index],
+                self._workers[g.index].submit(partial(self._topology_part, g.index)),
+                f"gpu{g.index} topology",
+            )
+            for g in described
+            if not self._workers[g.index].busy
+        }
+        done, stalled = await self._gather(jobs, deadline, budget, "reading topology")
+        walks: dict[int, GpuLinks | None] = {}
+        levels: dict[tuple[int, int], P2PLevel | None] = {}
+        for index, (walk, pairs) in done.items():
+            walks[index] = walk
+            levels.update(pairs)
+        if stalled:
+            self._spawn_refresh_after(stalled, jobs)
+        return self._backend.end_topology(walks, levels)
+
+    def _topology_part(
+        self, index: int
+    ) -> tuple[GpuLinks | None, list[tuple[tuple[int, int], P2PLevel | None]]]:
+        return self._backend.walk_links(index), self._backend.ancestors(index)
+
+    async def _job(self, worker: Worker, key: str, fn: Callable[[], T], started: float) -> T:
+        """``fn`` on ``worker``, or the same job again if an earlier one has not returned.
+
+        Raises :class:`Stalled` when one of its NVML calls runs past the per-call limit.
+        """
+        pending = self._jobs.get(key)
+        if pending is None or pending.future.done():
+            pending = _Pending(worker, worker.submit(self._timed(key, fn)), key)
+            self._jobs[key] = pending
+        done, stalled = await self._gather({0: pending}, None, None, key)
+        if 0 in stalled:
+            raise Stalled(stalled[0])
+        self._jobs.pop(key, None)
+        result: T = done[0]
+        return result
+
+    async def _gather(
+        self,
+        jobs: Mapping[int, _Pending],
+        deadline: float | None,
+        budget: float | None,
+        phase: str,
+    ) -> tuple[dict[int, Any], dict[int, str]]:
+        """Wait for ``jobs``: ``(results, {key: what it stalled in})``.
+
+        A job stalls when its current NVML call has run past the per-call limit, or when the
+        start-up budget (``deadline``) runs out. Exceptions from a job are raised, except for
+        per-GPU jobs (keys >= 0 with a deadline), whose failure is logged and left out.
+        """
+        results: dict[int, Any] = {}
+        stalled: dict[int, str] = {}
+        waiting = dict(jobs)
+        last_log = self._clock()
+        while waiting:
+            await asyncio.wait(
+                [p.future for p in waiting.values()],
+                timeout=STARTUP_TICK_S,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            now = self._clock()
+            for key, pending in list(waiting.items()):
+                if pending.future.done():
+                    del waiting[key]
+                    exc = pending.future.exception()
+                    if exc is None:
+                        results[key] = pending.future.result()
+                    elif deadline is None:
+                        raise exc
+                    else:
+                        log.error("start-up job failed", job=pending.what, error=repr(exc))
+                    continue
+                stuck = self._stuck(pending.worker, now)
+                if stuck is not None:
+                    log.error(
+                        "nvml call did not return within its limit; moving on without it",
+                        job=pending.what,
+                        call=stuck,
+                        limit_s=self._call_timeout,
+                    )
+                    stalled[key] = stuck
+                    del waiting[key]
+            if waiting and deadline is not None and now >= deadline:
+                detail = self._waiting_text(waiting, now)
+                log.error(
+                    "nvml start-up exceeded --nvml-timeout; going on without what is missing",
+                    nvml_timeout_s=budget,
+                    still_waiting_for=detail,
+                )
+                for key, pending in waiting.items():
+                    stalled[key] = f"{pending.what} past --nvml-timeout ({budget:g}s)"
+                break
+            if waiting:
+                text = self._waiting_text(waiting, now)
+                self._publish_waiting(f"{phase}: {text}")
+                if now - last_log >= STARTUP_LOG_EVERY_S:
+                    last_log = now
+                    log.info("nvml start-up in progress", phase=phase, waiting_for=text)
+        return results, stalled
+
+    def _stuck(self, worker: Worker, now: float) -> str | None:
+        """The call ``worker`` has been in for longer than the per-call limit, if any."""
+        for call in self._backend.calls.in_flight(worker.ident):
+            if now - call.started > self._call_timeout:
+                return f"{call.name} for {now - call.started:.1f}s"
+        return None
+
+    def _waiting_text(self, waiting: Mapping[int, _Pending], now: float) -> str:
+        parts = []
+        for pending in waiting.values():
+            calls = self._backend.calls.in_flight(pending.worker.ident)
+            inside = "".join(f" in {c.name} for {now - c.started:.1f}s" for c in calls)
+            parts.append(pending.what + inside)
+        return "; ".join(parts)
+
+    def _publish_waiting(self, text: str) -> None:
+        self._store.update(
+            lambda s: (
+                s
+                if s.driver.waiting == text
+                else replace(s, driver=replace(s.driver, waiting=text))
+            )
+        )
+
     def _unavailable(self, exc: Exception) -> DriverUnavailable:
         error = str(exc) or "nvml did not answer"
+        if isinstance(exc, Stalled):
+            error = f"nvml did not answer: {exc.detail}"
         self._store.update(lambda s: replace(s, driver=DriverState(up=False, error=error)))
         return DriverUnavailable(error)
 
+    def _late_description(self, index: int, future: asyncio.Future[Any]) -> None:
+        """A stalled discovery finished after all: take the GPU in (or keep it unresponsive)."""
+        if future.cancelled() or future.exception() is not None:
+            return
+        gpu = future.result()
+        if isinstance(gpu, Gpu) and gpu.uuid:
+            log.info("gpu discovery finished late", gpu=index, uuid=gpu.uuid)
+            self._take_description(gpu)
+
+    def _take_description(self, gpu: Gpu) -> None:
+        """Put a (re-)described GPU in the store, keeping what events recorded meanwhile."""
+        index = gpu.index
+        described = not _has(gpu, DISCOVERY) and not _has(gpu, LOST)
+        if described:
+            self._undescribed.discard(index)
+
+        def change(snapshot: Snapshot) -> Snapshot:
+            before = snapshot.gpu(index)
+            if before is None:
+                gpus = tuple(sorted((*snapshot.gpus, gpu), key=lambda g: g.index))
+                return replace(snapshot, gpus=gpus)
+            kept = tuple(
+                c for c in before.health.conditions if c.kind not in (DISCOVERY, UNRESPONSIVE)
+            )
+            merged = replace(
+                gpu,
+                health=GpuHealth(_union(kept, gpu.health.conditions)),
+                xid_counts=before.xid_counts,
+                last_xid=before.last_xid,
+                telemetry=before.telemetry,
+            )
+            return _map_gpu(snapshot, index, lambda _: merged)
+
+        self._store.update(change)
+        if described:
+            self._spawn_refresh()
+
+    # ----- running -----------------------------------------------------------------------------
     async def run(self) -> None:
         """Keep the store current until cancelled; retries driver initialisation until it works."""
         while not self._started:
@@ -152,9 +458,11 @@ class GpuMonitor:
             if thread.is_alive():
                 log.warning("nvml event wait did not return in time")
                 return
-        if self._started:
+        if self._initialised:
             try:
-                await self._call(self._control, self._nvml.shutdown)
+                await asyncio.wait_for(
+                    self._control.submit(self._backend.shutdown), self._call_timeout
+                )
             except TimeoutError:
                 log.warning("nvml shutdown did not return in time")
         self._control.close()
@@ -162,58 +470,143 @@ class GpuMonitor:
             worker.close()
 
     async def poll_once(self) -> None:
-        """Probe every GPU whose worker is free, concurrently, and apply the results."""
+        """Probe every GPU whose worker is free, concurrently, and apply the results.
+
+        A GPU that still needs describing is described instead; one whose worker has not
+        returned from an earlier call counts a failed liveness check.
+        """
         pending: dict[int, asyncio.Future[Probe]] = {}
+        describing: dict[int, asyncio.Future[Gpu]] = {}
         started: dict[int, int] = {}
+        now = self._clock()
         for index, worker in self._workers.items():
             if worker.busy:
-                self.apply(index, ProbeFailed("an earlier nvml call has not returned"))
+                calls = self._backend.calls.in_flight(worker.ident)
+                inside = "".join(f" ({c.name} for {now - c.started:.1f}s)" for c in calls)
+                self.apply(index, LivenessFailed(f"an earlier nvml call has not returned{inside}"))
+                continue
+            if index in self._undescribed:
+                describe = partial(self._describe_and_register, index, True)
+                describing[index] = worker.submit(self._timed("discover", describe))
                 continue
             started[index] = self._event_counts.get(index, 0)
-            probe = partial(self._nvml.probe, index)
-            pending[index] = worker.submit(partial(self._timed, "probe", probe))
-        if not pending:
+            probe = partial(self._backend.probe, index)
+            pending[index] = worker.submit(self._timed("probe", probe))
+        everything: list[asyncio.Future[Any]] = [*pending.values(), *describing.values()]
+        if not everything:
             return
-        done, _ = await asyncio.wait(pending.values(), timeout=self._call_timeout)
+        done, _ = await asyncio.wait(everything, timeout=self._call_timeout)
         for index, future in pending.items():
             if future not in done:
-                self.apply(index, ProbeFailed(f"nvml call did not return in {self._call_timeout}s"))
+                self.apply(index, LivenessFailed(f"no answer within {self._call_timeout:g}s"))
                 continue
             exc = future.exception()
             if exc is not None:
                 log.error("probe failed unexpectedly", gpu=index, error=repr(exc))
-                self.apply(index, ProbeFailed(repr(exc)))
                 continue
             stale = self._event_counts.get(index, 0) != started[index]
             self._apply_probe(index, future.result(), stale=stale)
+        for index, job in describing.items():
+            if job in done and job.exception() is not None:
+                log.error(
+                    "gpu discovery failed unexpectedly", gpu=index, error=repr(job.exception())
+                )
+            elif job in done:
+                self._redescribed(index, job.result())
+            else:
+                self.apply(index, LivenessFailed(f"no answer within {self._call_timeout:g}s"))
+
+    def _redescribed(self, index: int, gpu: Gpu) -> None:
+        """A GPU described again by a poll: take it in when it now answers."""
+        if not gpu.uuid:
+            return
+        if _has(gpu, LOST):
+            self.apply(index, GpuLost())
+            return
+        if _has(gpu, DISCOVERY):
+            return  # still not describable; the next poll asks again
+        self._take_description(gpu)
+        self.apply(index, Responding())
+        self._reregister_events()
 
     def apply(self, index: int, event: HealthEvent) -> None:
-        """Apply one health event to one GPU, logging a change of health."""
+        """Apply one health event to one GPU, logging a change of health.
+
+        A GPU found lost keeps no readings: they are from before it fell off the bus.
+        """
         before = self._store.snapshot.gpu(index)
-        snapshot = self._store.update(lambda s: _map_gpu(s, index, self._record(event)))
+        record = self._record(event)
+
+        def change(gpu: Gpu) -> Gpu:
+            after = record(gpu)
+            if _has(after, LOST) and (after.telemetry != Telemetry() or after.processes):
+                return replace(after, telemetry=Telemetry(), processes=None)
+            return after
+
+        snapshot = self._store.update(lambda s: _map_gpu(s, index, change))
         after = snapshot.gpu(index)
-        if before is not None and after is not None and before.health != after.health:
-            emit = log.info if after.health.healthy else log.warning
+        if before is None or after is None:
+            return
+        old, new = before.overall_health, after.overall_health
+        if old.conditions != new.conditions:
+            emit = log.info if new.healthy else log.warning
             emit(
                 "gpu health changed",
                 gpu=index,
                 uuid=after.uuid,
-                health=after.health.kubelet_health,
-                reason=after.health.reason,
+                health=new.kubelet_health,
+                reason=new.reason,
                 cause=type(event).__name__,
             )
-        if before is not None and after is not None and _lost(before) and not _lost(after):
-            # A GPU that fell off the bus and answers again may sit elsewhere: re-read topology.
+        was_lost, is_lost = _has(before, LOST), _has(after, LOST)
+        if was_lost and not is_lost:
+            # A GPU that fell off the bus and answers again may sit elsewhere: re-read topology,
+            # and register its events again.
             self._spawn_refresh()
+            self._reregister_events()
+        elif is_lost and not was_lost:
+            self._reregister_events()  # a set holding a lost GPU fails every wait
+
+    def _reregister_events(self) -> None:
+        """Have the event thread rebuild its registrations: every GPU that answers."""
+        snapshot = self._store.snapshot
+        answering = tuple(
+            g.index
+            for g in snapshot.gpus
+            if not _has(g, LOST)
+            and g.index not in self._undescribed
+            and g.index in self._workers
+            and not self._workers[g.index].busy
+        )
+        with self._event_lock:
+            self._event_gpus = answering
 
     def _spawn_refresh(self) -> None:
         task = asyncio.get_running_loop().create_task(self._refresh_topology())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    def _spawn_refresh_after(
+        self, stalled: Mapping[int, str], jobs: Mapping[int, _Pending]
+    ) -> None:
+        """Read the topology again once the stalled GPUs' parts have returned."""
+        futures = [jobs[k].future for k in stalled]
+
+        async def later() -> None:
+            await asyncio.wait(futures)
+            await self._refresh_topology()
+
+        task = asyncio.get_running_loop().create_task(later())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     async def _refresh_topology(self) -> None:
+        if self._control.busy:
+            return  # an earlier refresh has not returned: it will do
         try:
-            topology = await self._call(self._control, self._nvml.refresh_topology)
+            topology = await asyncio.wait_for(
+                self._control.submit(self._backend.refresh_topology), self._call_timeout
+            )
         except Exception as exc:
             log.warning("topology refresh failed", error=repr(exc))
             return
@@ -225,21 +618,24 @@ class GpuMonitor:
         policy = self._store.plan.health
         return lambda gpu: record_event(gpu, event, policy)
 
-    def _on_event(self, index: int, event: HealthEvent) -> None:
+    def _on_event(self, received: DriverEvent) -> None:
+        index = received.index
         self._event_counts[index] = self._event_counts.get(index, 0) + 1
-        self.apply(index, event)
+        if isinstance(received.event, RecoveryActionChanged):
+            self._probed_actions[index] = received.event.action
+        self.apply(index, received.event)
 
     def _apply_probe(self, index: int, probe: Probe, *, stale: bool = False) -> None:
         telemetry, processes = probe.telemetry, probe.processes
+
+        def readings(gpu: Gpu) -> Gpu:
+            return replace(gpu, telemetry=telemetry, processes=processes)
+
         if stale:
             # A driver event arrived while this probe ran: its health readings may predate the
-            # event and must not overtake it. Keep the telemetry; the next probe decides.
+            # event and must not overtake it. Keep the readings; the next probe decides.
             if probe.events == (Responding(),):
-                self._store.update(
-                    lambda s: _map_gpu(
-                        s, index, lambda g: replace(g, telemetry=telemetry, processes=processes)
-                    )
-                )
+                self._store.update(lambda s: _map_gpu(s, index, readings))
             return
         for event in probe.events:
             self.apply(index, event)
@@ -250,6 +646,11 @@ class GpuMonitor:
             self._probed_actions[index] = probe.recovery_action
             if probe.recovery_action != previous:
                 self.apply(index, RecoveryActionChanged(probe.recovery_action))
+        dbe = telemetry.ecc_dbe_volatile
+        if dbe is not None:
+            if dbe < self._dbe_counts.get(index, 0):
+                self.apply(index, GpuReset())  # volatile counts restart at a reset
+            self._dbe_counts[index] = dbe
         if telemetry.row_remap_pending is not None or telemetry.row_remap_failure is not None:
             self.apply(
                 index,
@@ -258,50 +659,100 @@ class GpuMonitor:
                     failed=bool(telemetry.row_remap_failure),
                 ),
             )
-        self._store.update(
-            lambda s: _map_gpu(
-                s, index, lambda g: replace(g, telemetry=telemetry, processes=processes)
-            )
-        )
+        self._store.update(lambda s: _map_gpu(s, index, readings))
 
+    # ----- driver events -----------------------------------------------------------------------
     def _event_loop(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Runs on the ``nvml-events`` thread: blocks in the driver, posts events to the loop."""
+        """Runs on the ``nvml-events`` thread: blocks in the driver, posts events to the loop.
+
+        A failed wait (a lost GPU, an unknown error) makes the monitor probe every GPU to find
+        what happened, and the thread waits longer after each failure in a row (up to
+        ``event_backoff_max``) instead of spinning on a driver that answers every wait at once.
+        """
+        backoff = 0.0
         while not self._stop_events.is_set():
+            self._maybe_reregister()
             try:
-                received = self._nvml.wait_event(self._event_wait_ms)
+                received = self._backend.wait_event(self._event_wait_ms)
             except EventWaitError as exc:
-                log.warning("event wait failed; probing all gpus", error=str(exc), lost=exc.lost)
+                first = backoff == 0.0
+                backoff = min(max(backoff * 2, self._event_wait_ms / 1000), self._event_backoff_max)
+                (log.warning if first else log.debug)(
+                    "event wait failed; probing all gpus",
+                    error=str(exc),
+                    lost=exc.lost,
+                    retry_in_s=backoff,
+                )
                 if not _post(loop, self._poll_now.set):
                     return
-                self._stop_events.wait(self._event_wait_ms / 1000)
+                self._stop_events.wait(backoff)
                 continue
-            if received is not None and not _post(loop, self._on_event, *received):
+            if backoff:
+                log.info("event waits work again")
+                backoff = 0.0
+            if received is not None and not _post(loop, self._on_event, received):
                 return
 
-    async def _call(self, worker: Worker, fn: Callable[[], T]) -> T:
-        name = getattr(fn, "__name__", "call")
-        return await asyncio.wait_for(
-            worker.submit(partial(self._timed, name, fn)), self._call_timeout
-        )
+    def _maybe_reregister(self) -> None:
+        with self._event_lock:
+            gpus, self._event_gpus = self._event_gpus, None
+        if gpus is None:
+            return
+        failed = self._backend.rebuild_events(gpus)
+        for index, error in failed.items():
+            log.error("gpu event registration failed", gpu=index, error=error)
 
-    def _timed(self, name: str, fn: Callable[[], T]) -> T:
-        """Run ``fn`` on a worker thread, counting its duration and failure under ``name``."""
-        started = time.perf_counter()
-        failed = True
-        try:
-            result = fn()
-            failed = isinstance(result, Probe) and result.events != (Responding(),)
-            return result
-        finally:
-            self._store.counters.nvml_call(name, time.perf_counter() - started, failed=failed)
+    # ----- bookkeeping -------------------------------------------------------------------------
+    def _timed(self, name: str, fn: Callable[[], T]) -> Callable[[], T]:
+        """``fn`` counted under ``name`` (``probe``, ``discover``, ``init``, …) when it runs."""
+
+        def run() -> T:
+            began = time.monotonic()
+            failed = True
+            try:
+                result = fn()
+                failed = _failed(result)
+                return result
+            finally:
+                self._backend.calls.record(name, time.monotonic() - began, failed=failed)
+
+        return run
+
+    def call_totals(self) -> list[tuple[str, CallStats]]:
+        """NVML calls by name (each pynvml function, and ``init``/``discover``/``probe``)."""
+        return self._backend.calls.stats()
 
     @property
     def gpu_indexes(self) -> Sequence[int]:
         return tuple(self._workers)
 
 
-def _lost(gpu: Gpu) -> bool:
-    return any(c.kind == LOST for c in gpu.health.conditions)
+def _failed(result: object) -> bool:
+    if isinstance(result, Probe):
+        return result.events != (Responding(),)
+    if isinstance(result, Gpu):
+        return bool(result.health.conditions) or not result.uuid
+    return False
+
+
+def _has(gpu: Gpu, kind: str) -> bool:
+    return any(c.kind == kind for c in gpu.health.conditions)
+
+
+def _union(first: tuple[Condition, ...], second: tuple[Condition, ...]) -> tuple[Condition, ...]:
+    return first + tuple(c for c in second if c not in first)
+
+
+def _placeholder(index: int, uuid: str, condition: Condition) -> Gpu:
+    return Gpu(
+        index=index,
+        uuid=uuid,
+        minor=index,
+        name="",
+        memory_mib=0,
+        pci_bus_id="",
+        health=GpuHealth((condition,)),
+    )
 
 
 def _post(loop: asyncio.AbstractEventLoop, callback: Callable[..., None], *args: object) -> bool:

@@ -1,109 +1,124 @@
 """The NVML backend: every driver call the agent makes, through the real pynvml wrappers.
 
-This is the only module that imports :mod:`pynvml`. All methods block; the monitor runs them on
-worker threads. NVML exceptions never leave this module: callers see :class:`DriverUnavailable`,
-domain health events and ``None`` for values the GPU does not offer.
+This module, with :mod:`~gpuagent.gpu.telemetry`, :mod:`~gpuagent.gpu.topology`,
+:mod:`~gpuagent.gpu.mig` and :mod:`~gpuagent.gpu.calls`, is the only code that imports
+:mod:`pynvml`. All methods block; the monitor runs each GPU's work on that GPU's worker thread.
+NVML exceptions never leave it: callers see :class:`DriverUnavailable`, :class:`EventWaitError`,
+domain health events and ``None`` for values the GPU does not offer or failed to deliver.
+
+Health from evidence (docs/health.md): a probe's liveness check is one designated call,
+``nvmlDeviceGetPerformanceState`` — live GPU state that every data-centre GPU offers and that no
+metric reads, so a failing metric never stands in for a failing GPU. ``GPU_IS_LOST`` from any
+call is evidence too. Every other error only leaves a reading absent.
 """
 
 from __future__ import annotations
 
 import ctypes
 import threading
+import time
+from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pynvml
 import structlog
 
-from gpuagent.domain.devices import Condition, DriverState, Gpu, GpuHealth, Telemetry, Topology
+from gpuagent.domain import xids
+from gpuagent.domain.devices import (
+    Condition,
+    DriverState,
+    Gpu,
+    GpuHealth,
+    P2PLevel,
+    Telemetry,
+    Topology,
+)
 from gpuagent.domain.health import (
+    DISCOVERY,
     LOST,
     DoubleBitEccError,
     GpuLost,
     HealthEvent,
-    ProbeFailed,
+    LivenessFailed,
     RecoveryActionChanged,
     Responding,
     XidError,
 )
-from gpuagent.domain.usage import ProcessReading
-from gpuagent.gpu.mig import DEFAULT_MIG_MINORS, read_mig
+from gpuagent.gpu.backend import DriverEvent, DriverUnavailable, EventWaitError, Pair, Probe
+from gpuagent.gpu.calls import ABSENT, NO_GPU, NvmlCalls, describe
+from gpuagent.gpu.mig import DEFAULT_MIG_MINORS, read_mig_with_total
 from gpuagent.gpu.processes import ProcessReader
-from gpuagent.gpu.telemetry import TelemetryReader
-from gpuagent.gpu.topology import read_topology
+from gpuagent.gpu.telemetry import FIELDS, TelemetryReader, read_fields
+from gpuagent.gpu.topology import GpuLinks, TopologyReader, read_topology
 
 log = structlog.get_logger("gpuagent.nvml")
-T = TypeVar("T")
 
-# Values a GPU or driver may simply not offer: absent, logged once, never an error.
-_ABSENT = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+__all__ = ["HEALTH_EVENTS", "DriverUnavailable", "EventWaitError", "Nvml", "Probe", "describe"]
+
 HEALTH_EVENTS = (
     pynvml.nvmlEventTypeXidCriticalError
     | pynvml.nvmlEventTypeDoubleBitEccError
     | pynvml.nvmlEventTypeGpuRecoveryAction
 )
-
-
-class DriverUnavailable(Exception):
-    """NVML could not be initialised (no library, no driver, version mismatch, …)."""
-
-
-class EventWaitError(Exception):
-    """Waiting for driver events failed; ``lost`` when NVML reported a lost GPU."""
-
-    def __init__(self, message: str, *, lost: bool) -> None:
-        super().__init__(message)
-        self.lost = lost
-
-
-@dataclass(frozen=True, slots=True)
-class Probe:
-    """One liveness-and-telemetry reading of a GPU."""
-
-    events: tuple[HealthEvent, ...]
-    telemetry: Telemetry
-    recovery_action: int | None = None
-    # Per-process readings (gpu/processes.py); None when the driver offers none or they failed.
-    processes: ProcessReading | None = None
-
-
-def describe(error: pynvml.NVMLError) -> str:
-    """``"GPU is lost (NVML 15)"``: the driver's text and code, for logs and health reasons."""
-    return f"{error} (NVML {error.value})"
+#: ``gpuInstanceId``/``computeInstanceId`` of an event attributed to no MIG instance.
+NO_INSTANCE = 0xFFFF_FFFF
+MIB = 1024 * 1024
+_RECOVERY_FIELD = [f for f in FIELDS if f[0] == "recovery_action"]
 
 
 class Nvml:
-    """Blocking access to the driver. Safe to call from several threads (NVML is thread-safe)."""
+    """Blocking access to the driver. Safe to call from several threads (NVML is thread-safe).
+
+    ``clock`` (monotonic seconds) times NVML calls and spaces GPM samples.
+    """
 
     def __init__(
-        self, sysfs_root: Path = Path("/sys"), mig_minors: Path = DEFAULT_MIG_MINORS
+        self,
+        sysfs_root: Path = Path("/sys"),
+        mig_minors: Path = DEFAULT_MIG_MINORS,
+        *,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._sysfs_root = sysfs_root
         self._mig_minors = mig_minors
+        self._calls = NvmlCalls()
         self.topology = Topology()
+        self._lock = threading.Lock()
         self._handles: dict[int, Any] = {}
+        self._uuids: dict[int, str] = {}
+        self._gpus: dict[int, Gpu] = {}
         self._by_address: dict[int, int] = {}
+        self._by_uuid: dict[str, tuple[int, int | None, int | None]] = {}
         self._event_set: Any = None
-        self._absent_logged: set[tuple[int, str]] = set()
-        self._absent_lock = threading.Lock()
-        self._reader = TelemetryReader(self._optional)
-        self._processes = ProcessReader(self._optional)
+        self._drained: deque[DriverEvent] = deque()
+        self._topology: TopologyReader | None = None
+        self._reader = TelemetryReader(self._calls, clock)
+        self._processes = ProcessReader(self._calls)
+
+    @property
+    def calls(self) -> NvmlCalls:
+        return self._calls
 
     # ----- lifecycle ---------------------------------------------------------------------------
     def init(self) -> DriverState:
         """Initialise NVML; returns the driver as up, with its version and CUDA version."""
         try:
-            pynvml.nvmlInit()
+            self._calls.call(NO_GPU, pynvml.nvmlInit)
         except pynvml.NVMLError as exc:
             raise DriverUnavailable(describe(exc)) from exc
         try:
-            version = str(pynvml.nvmlSystemGetDriverVersion())
+            version = str(self._calls.call(NO_GPU, pynvml.nvmlSystemGetDriverVersion))
         except pynvml.NVMLError as exc:
             self.shutdown()
             raise DriverUnavailable(describe(exc)) from exc
-        cuda = self._optional(-1, "cuda_version", pynvml.nvmlSystemGetCudaDriverVersion)
+        try:
+            cuda = self._calls.optional(NO_GPU, pynvml.nvmlSystemGetCudaDriverVersion)
+        except pynvml.NVMLError as exc:
+            log.warning("cuda driver version unreadable", error=describe(exc))
+            cuda = None
         return DriverState(up=True, version=version, cuda_version=cuda_version(cuda))
 
     def shutdown(self) -> None:
@@ -112,102 +127,133 @@ class Nvml:
         event_set, self._event_set = self._event_set, None
         if event_set is not None:
             try:
-                pynvml.nvmlEventSetFree(event_set)
+                self._calls.call(NO_GPU, pynvml.nvmlEventSetFree, event_set)
             except pynvml.NVMLError as exc:
                 log.warning("freeing the nvml event set failed", error=describe(exc))
         try:
-            pynvml.nvmlShutdown()
+            self._calls.call(NO_GPU, pynvml.nvmlShutdown)
         except pynvml.NVMLError as exc:
             log.warning("nvml shutdown failed", error=describe(exc))
 
     # ----- discovery ---------------------------------------------------------------------------
-    def discover(self) -> list[Gpu]:
-        """Every GPU the driver lists. A GPU that cannot even name itself is left out (logged)."""
+    def count(self) -> int:
+        """How many GPUs the driver lists."""
         try:
-            count = int(pynvml.nvmlDeviceGetCount())
+            return int(self._calls.call(NO_GPU, pynvml.nvmlDeviceGetCount))
         except pynvml.NVMLError as exc:
             raise DriverUnavailable(describe(exc)) from exc
+
+    def discover(self) -> list[Gpu]:
+        """Every GPU the driver lists, and the topology, in turn (start-up runs it in parallel).
+
+        A GPU that cannot even name itself is left out (logged).
+        """
         gpus = []
-        for index in range(count):
-            gpu = self._discover_one(index)
-            if gpu is not None:
+        for index in range(self.count()):
+            gpu = self.describe(index)
+            if gpu.uuid:
                 gpus.append(gpu)
-        # Read once here, never per RPC; a lost GPU leaves its pairs unknown instead of failing.
-        self.topology = read_topology(self._handles)
+        self.topology = read_topology(
+            self._described_handles(), self._calls, {g.index: g.pci_bus_id for g in gpus}
+        )
         return gpus
 
-    def refresh_topology(self) -> Topology:
-        """Read the pairwise topology again (after a GPU came back); never raises."""
-        self.topology = read_topology(self._handles)
-        return self.topology
+    def uuid_of(self, index: int) -> str | None:
+        with self._lock:
+            return self._uuids.get(index)
 
-    def _discover_one(self, index: int) -> Gpu | None:
+    def describe(self, index: int) -> Gpu:
+        """GPU ``index`` as the driver describes it.
+
+        A GPU that cannot even be named comes back with an empty UUID (logged: not advertised); one
+        named but not describable carries a ``lost`` or ``discovery`` condition, so the kubelet
+        sees it, unhealthy, and the monitor asks again.
+        """
         try:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            uuid = str(pynvml.nvmlDeviceGetUUID(handle))
+            handle = self._calls.call(index, pynvml.nvmlDeviceGetHandleByIndex, index)
+            uuid = str(self._calls.call(index, pynvml.nvmlDeviceGetUUID, handle))
         except pynvml.NVMLError as exc:
             log.error("gpu cannot be identified; not advertised", gpu=index, error=describe(exc))
-            return None
-        self._handles[index] = handle
-        self._by_address[ctypes.addressof(handle.contents)] = index
+            return _unnamed(index)
+        with self._lock:
+            self._handles[index] = handle
+            self._uuids[index] = uuid
+            self._by_address[ctypes.addressof(handle.contents)] = index
+            self._by_uuid[uuid] = (index, None, None)
         try:
-            pci = pynvml.nvmlDeviceGetPciInfo(handle)
-            bus_id = _text(pci.busId)
-            memory = self._memory_total_mib(handle)
-            gpu = Gpu(
-                index=index,
-                uuid=uuid,
-                minor=int(pynvml.nvmlDeviceGetMinorNumber(handle)),
-                name=str(pynvml.nvmlDeviceGetName(handle)),
-                memory_mib=memory,
-                pci_bus_id=bus_id,
-                numa_node=self._numa_node(index, handle, bus_id),
-                architecture=architecture_name(
-                    self._optional(index, "architecture", pynvml.nvmlDeviceGetArchitecture, handle)
-                ),
-                compute_capability=compute_capability(
-                    self._optional(
-                        index,
-                        "compute_capability",
-                        pynvml.nvmlDeviceGetCudaComputeCapability,
-                        handle,
-                    )
-                ),
-            )
-            enabled, migs = read_mig(index, handle, gpu.minor, mig_minors=self._mig_minors)
-            gpu = replace(gpu, mig_enabled=enabled, mig_devices=migs)
+            gpu = self._describe(index, handle, uuid)
         except pynvml.NVMLError as exc:
             # Named but not describable: advertise it so the kubelet sees it, as unhealthy.
             log.error("gpu discovery failed", gpu=index, uuid=uuid, error=describe(exc))
-            kind = LOST if isinstance(exc, pynvml.NVMLError_GpuIsLost) else "discovery"
+            kind = LOST if exc.value == pynvml.NVML_ERROR_GPU_IS_LOST else DISCOVERY
             detail = "" if kind == LOST else describe(exc)
-            return Gpu(
-                index=index,
-                uuid=uuid,
-                minor=index,
-                name="",
-                memory_mib=0,
-                pci_bus_id="",
-                health=GpuHealth((Condition(kind, detail),)),
-            )
+            return placeholder(index, uuid, Condition(kind, detail))
+        with self._lock:
+            self._gpus[index] = gpu
+            for mig in gpu.mig_devices:
+                self._by_uuid[mig.uuid] = (index, mig.gpu_instance_id, mig.compute_instance_id)
         return gpu
 
-    def _memory_total_mib(self, handle: Any) -> int:
-        info = self._memory_info(handle)
-        return int(info.total) // (1024 * 1024)
+    def _describe(self, index: int, handle: Any, uuid: str) -> Gpu:
+        call, optional = self._calls.call, self._calls.optional
+        bus_id = _text(call(index, pynvml.nvmlDeviceGetPciInfo, handle).busId)
+        minor = int(call(index, pynvml.nvmlDeviceGetMinorNumber, handle))
+        name = str(call(index, pynvml.nvmlDeviceGetName, handle))
+        total, refused = self._memory_total(index, handle)
+        enabled, migs, mig_total = read_mig_with_total(
+            index,
+            handle,
+            minor,
+            calls=self._calls,
+            mig_minors=self._mig_minors,
+            total_memory_bytes=total,
+        )
+        if total is None:
+            if mig_total is None and refused is not None:
+                raise refused
+            total = mig_total or 0
+        return Gpu(
+            index=index,
+            uuid=uuid,
+            minor=minor,
+            name=name,
+            memory_mib=total // MIB,
+            pci_bus_id=bus_id,
+            numa_node=self._numa_node(index, handle, bus_id),
+            architecture=architecture_name(
+                optional(index, pynvml.nvmlDeviceGetArchitecture, handle)
+            ),
+            compute_capability=compute_capability(
+                optional(index, pynvml.nvmlDeviceGetCudaComputeCapability, handle)
+            ),
+            mig_enabled=enabled,
+            mig_devices=migs,
+        )
 
-    @staticmethod
-    def _memory_info(handle: Any) -> Any:
+    def _memory_total(self, index: int, handle: Any) -> tuple[int | None, pynvml.NVMLError | None]:
+        """The GPU's memory in bytes, or ``(None, error)`` when the read was refused (MIG)."""
         try:
-            return pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+            try:
+                info = self._calls.call(
+                    index,
+                    pynvml.nvmlDeviceGetMemoryInfo,
+                    handle,
+                    pynvml.nvmlMemory_v2,
+                    name="nvmlDeviceGetMemoryInfo_v2",
+                )
+            except pynvml.NVMLError as exc:
+                if exc.value not in ABSENT:
+                    raise
+                info = self._calls.call(index, pynvml.nvmlDeviceGetMemoryInfo, handle)
         except pynvml.NVMLError as exc:
-            if exc.value not in _ABSENT:
+            if exc.value != pynvml.NVML_ERROR_NO_PERMISSION:
                 raise
-            return pynvml.nvmlDeviceGetMemoryInfo(handle)
+            return None, exc
+        return int(info.total), None
 
     def _numa_node(self, index: int, handle: Any, bus_id: str) -> int | None:
         """NUMA node from NVML where the driver offers it, else from sysfs; ``None`` if unknown."""
-        node = self._optional(index, "numa_node", pynvml.nvmlDeviceGetNumaNodeId, handle)
+        node = self._calls.optional(index, pynvml.nvmlDeviceGetNumaNodeId, handle)
         if node is None:
             node = self._sysfs_numa_node(bus_id)
         return None if node is None or node < 0 else int(node)
@@ -221,110 +267,268 @@ class Nvml:
         except (OSError, ValueError):
             return None
 
-    # ----- events ------------------------------------------------------------------------------
-    def open_events(self, mask: int = HEALTH_EVENTS) -> dict[int, str]:
-        """Register every discovered GPU for health events; returns GPUs that could not be.
+    # ----- topology ----------------------------------------------------------------------------
+    def begin_topology(self, gpus: tuple[Gpu, ...]) -> None:
+        described = {g.index for g in gpus if g.pci_bus_id}
+        handles = {i: h for i, h in self._described_handles().items() if i in described}
+        buses = {g.index: g.pci_bus_id for g in gpus if g.index in described}
+        self._topology = TopologyReader(handles, self._calls, buses)
 
-        A GPU (or driver) without event support is logged and left to the liveness probe; any other
-        failure is returned as that GPU's error.
-        """
-        failed: dict[int, str] = {}
+    def walk_links(self, index: int) -> GpuLinks | None:
+        reader = self._topology
+        if reader is None or index not in reader.indexes:
+            return None
+        return reader.walk(index)
+
+    def ancestors(self, index: int) -> list[tuple[Pair, P2PLevel | None]]:
+        reader = self._topology
+        if reader is None or index not in reader.indexes:
+            return []
+        return reader.ancestors(index)
+
+    def end_topology(
+        self, walks: dict[int, GpuLinks | None], levels: dict[Pair, P2PLevel | None]
+    ) -> Topology:
+        reader, self._topology = self._topology, None
+        if reader is None:
+            return self.topology
+        self.topology = reader.assemble(walks, levels)
+        return self.topology
+
+    def refresh_topology(self) -> Topology:
+        """Read the pairwise topology again (after a GPU came back); never raises."""
+        with self._lock:
+            buses = {i: g.pci_bus_id for i, g in self._gpus.items()}
+        self.topology = read_topology(self._described_handles(), self._calls, buses)
+        return self.topology
+
+    def _described_handles(self) -> dict[int, Any]:
+        with self._lock:
+            return {i: h for i, h in self._handles.items() if i in self._gpus}
+
+    # ----- events ------------------------------------------------------------------------------
+    def create_event_set(self) -> str | None:
+        """Create the event set; the error when it cannot be (GPUs then rely on probes)."""
         try:
-            self._event_set = pynvml.nvmlEventSetCreate()
+            self._event_set = self._calls.call(NO_GPU, pynvml.nvmlEventSetCreate)
         except pynvml.NVMLError as exc:
             log.error("cannot create nvml event set", error=describe(exc))
-            return {index: describe(exc) for index in self._handles}
-        for index, handle in self._handles.items():
+            return describe(exc)
+        return None
+
+    def register_events(self, index: int, mask: int = HEALTH_EVENTS) -> str | None:
+        """Register GPU ``index`` for health events (again, after it was lost); the error if not.
+
+        A GPU (or driver) without event support is logged and left to the liveness check.
+        """
+        with self._lock:
+            handle = self._handles.get(index)
+        if self._event_set is None or handle is None:
+            return "no event set"
+        try:
+            supported = int(
+                self._calls.call(index, pynvml.nvmlDeviceGetSupportedEventTypes, handle)
+            )
+            self._calls.call(
+                index, pynvml.nvmlDeviceRegisterEvents, handle, mask & supported, self._event_set
+            )
+        except pynvml.NVMLError as exc:
+            if exc.value in ABSENT:
+                log.warning("gpu does not support health events", gpu=index)
+                return None
+            log.error("gpu event registration failed", gpu=index, error=describe(exc))
+            return describe(exc)
+        if not supported & pynvml.nvmlEventTypeGpuRecoveryAction:
+            log.info("no recovery-action event on this driver; the field is read by probes",
+                     gpu=index)  # fmt: skip
+        return None
+
+    def rebuild_events(self, indexes: tuple[int, ...]) -> dict[int, str]:
+        """A fresh event set holding only ``indexes`` (a set that holds a lost GPU fails every
+        wait); the old set is drained, then freed. Only between waits, from the waiting thread.
+
+        An event raised while the new set is being registered may be read from both sets (a
+        duplicate count); none is lost.
+        """
+        old = self._event_set
+        error = self.create_event_set()
+        if error is not None:
+            self._event_set = old
+            return dict.fromkeys(indexes, error)
+        failed = {}
+        for index in indexes:
+            problem = self.register_events(index)
+            if problem is not None:
+                failed[index] = problem
+        if old is not None:
+            self._drain(old)
             try:
-                supported = int(pynvml.nvmlDeviceGetSupportedEventTypes(handle))
-                pynvml.nvmlDeviceRegisterEvents(handle, mask & supported, self._event_set)
+                self._calls.call(NO_GPU, pynvml.nvmlEventSetFree, old)
             except pynvml.NVMLError as exc:
-                if exc.value in _ABSENT:
-                    log.warning("gpu does not support health events", gpu=index)
-                else:
-                    log.error("gpu event registration failed", gpu=index, error=describe(exc))
-                    failed[index] = describe(exc)
+                log.warning("freeing the old nvml event set failed", error=describe(exc))
+        log.info("health events registered again", gpus=list(indexes))
         return failed
 
-    def wait_event(self, timeout_ms: int) -> tuple[int, HealthEvent] | None:
-        """The next health event as ``(gpu index, event)``, or ``None`` after ``timeout_ms``."""
+    def _drain(self, event_set: Any) -> None:
+        """Keep the events still queued in a set about to be freed (for :meth:`wait_event`)."""
+        while True:
+            try:
+                data = self._calls.call(NO_GPU, pynvml.nvmlEventSetWait_v2, event_set, 0)
+            except pynvml.NVMLError:
+                return  # empty (TIMEOUT), or it holds a lost GPU: nothing more to read
+            event = self._decode(data)
+            if event is not None:
+                self._drained.append(event)
+
+    def open_events(self) -> dict[int, str]:
+        """:meth:`create_event_set` and :meth:`register_events` for every described GPU, in turn."""
+        error = self.create_event_set()
+        indexes = list(self._described_handles())
+        if error is not None:
+            return dict.fromkeys(indexes, error)
+        failed = {}
+        for index in indexes:
+            problem = self.register_events(index)
+            if problem is not None:
+                failed[index] = problem
+        return failed
+
+    def wait_event(self, timeout_ms: int) -> DriverEvent | None:
+        """The next health event, or ``None`` after ``timeout_ms`` or for an event to skip.
+
+        The recovery-action event is acted on by reading the recovery-action field at once (the
+        event's ``eventData`` is 0 by nvml.h); an XID value outside the XID range is refused.
+        """
+        if self._drained:
+            return self._drained.popleft()
         if self._event_set is None:
             raise EventWaitError("no event set", lost=False)
         try:
-            data = pynvml.nvmlEventSetWait_v2(self._event_set, timeout_ms)
+            data = self._calls.call(NO_GPU, pynvml.nvmlEventSetWait_v2, self._event_set, timeout_ms)
         except pynvml.NVMLError as exc:
             if exc.value == pynvml.NVML_ERROR_TIMEOUT:
                 return None
             lost = exc.value == pynvml.NVML_ERROR_GPU_IS_LOST
             raise EventWaitError(describe(exc), lost=lost) from exc
-        index = None
-        if data.device:
-            index = self._by_address.get(ctypes.addressof(data.device.contents))
-        if index is None:
+        return self._decode(data)
+
+    def _decode(self, data: Any) -> DriverEvent | None:
+        found = self._event_gpu(data)
+        if found is None:
             log.warning("event for an unknown device", event_type=hex(int(data.eventType)))
             return None
-        event = _health_event(int(data.eventType), int(data.eventData))
-        if event is None:
+        index, gi, ci = found
+        event = self._health_event(index, data, gi, ci)
+        return None if event is None else DriverEvent(index, event)
+
+    def _event_gpu(self, data: Any) -> tuple[int, int | None, int | None] | None:
+        """``(GPU index, GPU instance, compute instance)`` the event names: handle, then UUID."""
+        if not data.device:
             return None
-        return index, event
+        with self._lock:
+            index = self._by_address.get(ctypes.addressof(data.device.contents))
+        if index is not None:
+            return index, _instance(data.gpuInstanceId), _instance(data.computeInstanceId)
+        try:
+            uuid = str(self._calls.call(NO_GPU, pynvml.nvmlDeviceGetUUID, data.device))
+        except pynvml.NVMLError as exc:
+            log.warning("event device cannot be named", error=describe(exc))
+            return None
+        with self._lock:
+            found = self._by_uuid.get(uuid)
+        if found is None:
+            return None
+        index, gi, ci = found
+        if gi is None:  # the GPU itself: the event's own instance IDs apply
+            return index, _instance(data.gpuInstanceId), _instance(data.computeInstanceId)
+        return index, gi, ci  # a MIG device handle: that instance
+
+    def _health_event(
+        self, index: int, data: Any, gi: int | None, ci: int | None
+    ) -> HealthEvent | None:
+        event_type = int(data.eventType)
+        if event_type & pynvml.nvmlEventTypeXidCriticalError:
+            xid = int(data.eventData)
+            if not xids.is_valid(xid):
+                self._calls.refused(index, "nvmlEventSetWait_v2", f"xid {xid} out of range")
+                return None
+            return XidError(xid, gi, ci)
+        if event_type & pynvml.nvmlEventTypeDoubleBitEccError:
+            return DoubleBitEccError()
+        if event_type & pynvml.nvmlEventTypeGpuRecoveryAction:
+            return self._recovery_action(index)
+        return None
+
+    def _recovery_action(self, index: int) -> HealthEvent | None:
+        """The recovery-action field of GPU ``index`` read now, as an event (``GpuLost`` if the
+        GPU is lost); ``None`` when it cannot be read (the next probe reads it)."""
+        with self._lock:
+            handle = self._handles.get(index)
+        if handle is None:
+            return None
+        try:
+            values = read_fields(self._calls, index, handle, _RECOVERY_FIELD)
+        except pynvml.NVMLError_GpuIsLost:
+            return GpuLost()
+        value = values.get("recovery_action")
+        return None if value is None else RecoveryActionChanged(int(value))
 
     # ----- liveness and telemetry --------------------------------------------------------------
     def probe(self, index: int) -> Probe:
-        """Read the GPU's telemetry; a lost or failing GPU shows up as a health event."""
-        handle = self._handles[index]
+        """The liveness check and every reading of GPU ``index``.
+
+        A lost GPU (``GPU_IS_LOST`` from any call) is ``GpuLost`` with no telemetry; otherwise the
+        liveness check decides ``Responding`` or ``LivenessFailed``, and the readings that worked
+        are kept either way.
+        """
+        with self._lock:
+            handle = self._handles[index]
         try:
-            telemetry = self._telemetry(index, handle)
-            action = self._recovery_action(handle)
+            alive = self._liveness(index, handle)
+            reading = self._reader.read(index, handle)
             processes = self._processes.read(index, handle)
         except pynvml.NVMLError_GpuIsLost:
             return Probe(events=(GpuLost(),), telemetry=Telemetry())
-        except pynvml.NVMLError as exc:
-            return Probe(events=(ProbeFailed(describe(exc)),), telemetry=Telemetry())
         return Probe(
-            events=(Responding(),),
-            telemetry=telemetry,
-            recovery_action=action,
+            events=(alive,),
+            telemetry=reading.telemetry,
+            recovery_action=reading.recovery_action,
             processes=processes,
         )
 
-    def _telemetry(self, index: int, handle: Any) -> Telemetry:
-        return self._reader.read(index, handle)
-
-    def _recovery_action(self, handle: Any) -> int | None:
+    def _liveness(self, index: int, handle: Any) -> HealthEvent:
         try:
-            (value,) = pynvml.nvmlDeviceGetFieldValues(
-                handle, [pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION]
-            )
+            self._calls.call(index, pynvml.nvmlDeviceGetPerformanceState, handle)
         except pynvml.NVMLError as exc:
-            if exc.value in _ABSENT:
-                return None
-            raise
-        if value.nvmlReturn != pynvml.NVML_SUCCESS:
-            return None
-        return int(value.value.uiVal)
-
-    def _optional(self, index: int, what: str, fn: Callable[..., T], *args: Any) -> T | None:
-        """``fn(*args)``, or ``None`` when the GPU or driver does not offer it (logged once)."""
-        try:
-            return fn(*args)
-        except pynvml.NVMLError as exc:
-            if exc.value not in _ABSENT:
+            if exc.value == pynvml.NVML_ERROR_GPU_IS_LOST:
                 raise
-            with self._absent_lock:
-                first = (index, what) not in self._absent_logged
-                self._absent_logged.add((index, what))
-            if first:
-                log.info(
-                    "value not offered by this gpu or driver",
-                    gpu=index,
-                    value=what,
-                    error=describe(exc),
-                )
-            return None
+            if exc.value in ABSENT:  # no liveness check on this GPU: hangs still count
+                self._calls.absent(index, "nvmlDeviceGetPerformanceState", exc.value)
+                return Responding()
+            return LivenessFailed(describe(exc))
+        return Responding()
 
     @property
     def indexes(self) -> Iterable[int]:
-        return tuple(self._handles)
+        with self._lock:
+            return tuple(self._handles)
+
+
+def placeholder(index: int, uuid: str, condition: Condition) -> Gpu:
+    """A GPU known by index and UUID only, unhealthy for ``condition`` (until described)."""
+    return Gpu(
+        index=index,
+        uuid=uuid,
+        minor=index,
+        name="",
+        memory_mib=0,
+        pci_bus_id="",
+        health=GpuHealth((condition,)),
+    )
+
+
+def _unnamed(index: int) -> Gpu:
+    return replace(placeholder(index, "", Condition(DISCOVERY)), uuid="")
 
 
 #: NVML_DEVICE_ARCH_* → the family name NVIDIA's GPU feature discovery uses (``gpu.family``).
@@ -359,14 +563,10 @@ def cuda_version(value: int | None) -> tuple[int, int] | None:
     return value // 1000, (value % 1000) // 10
 
 
-def _health_event(event_type: int, data: int) -> HealthEvent | None:
-    if event_type & pynvml.nvmlEventTypeXidCriticalError:
-        return XidError(data)
-    if event_type & pynvml.nvmlEventTypeDoubleBitEccError:
-        return DoubleBitEccError()
-    if event_type & pynvml.nvmlEventTypeGpuRecoveryAction:
-        return RecoveryActionChanged(data)
-    return None
+def _instance(value: int) -> int | None:
+    """An event's GPU/compute instance ID; ``None`` for 0xFFFFFFFF (the whole GPU)."""
+    value = int(value)
+    return None if value == NO_INSTANCE else value
 
 
 def _text(value: bytes | str) -> str:

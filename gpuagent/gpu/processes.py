@@ -30,13 +30,13 @@ import pynvml
 import structlog
 
 from gpuagent.domain.usage import GpuProcess, ProcessReading, ProcessSample
-from gpuagent.gpu.telemetry import OptionalCall
+from gpuagent.gpu.calls import ABSENT, NvmlCalls
 
 log = structlog.get_logger("gpuagent.nvml")
 T = TypeVar("T")
 
 NO_INSTANCE = 0xFFFF_FFFF
-_ABSENT = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+_ABSENT = ABSENT
 # A driver that knows the detail list but not mode ALL answers INVALID_ARGUMENT.
 _NO_DETAIL_LIST = (*_ABSENT, pynvml.NVML_ERROR_INVALID_ARGUMENT)
 _LISTS: tuple[tuple[str, Callable[[Any], list[Any]]], ...] = (
@@ -50,8 +50,8 @@ class ProcessReader:
     """Reads :class:`ProcessReading` for GPUs; remembers per GPU what the driver offers and the
     last utilisation sample seen. Safe for concurrent reads of different GPUs."""
 
-    def __init__(self, optional: OptionalCall) -> None:
-        self._optional = optional
+    def __init__(self, calls: NvmlCalls) -> None:
+        self._calls = calls
         self._lock = threading.Lock()
         self._lists_only: set[int] = set()  # GPUs without the detail list
         self._old_utilization: set[int] = set()  # GPUs with only nvmlDeviceGetProcessUtilization
@@ -70,8 +70,12 @@ class ProcessReader:
     def _processes(self, index: int, handle: Any) -> tuple[GpuProcess, ...] | None:
         if index not in self._lists_only:
             try:
-                found = pynvml.nvmlDeviceGetRunningProcessDetailList(
-                    handle, pynvml.nvmlProcessDetailList_v1, pynvml.NVML_PROCESS_MODE_ALL
+                found = self._calls.call(
+                    index,
+                    pynvml.nvmlDeviceGetRunningProcessDetailList,
+                    handle,
+                    pynvml.nvmlProcessDetailList_v1,
+                    pynvml.NVML_PROCESS_MODE_ALL,
                 )
             except pynvml.NVMLError as exc:
                 if exc.value not in _NO_DETAIL_LIST:
@@ -89,9 +93,9 @@ class ProcessReader:
                 return _merged(found)
         lists: list[Any] = []
         offered = False
-        for what, fn in _LISTS:
+        for _name, fn in _LISTS:
             try:
-                found = self._optional(index, what, fn, handle)
+                found = self._calls.optional(index, fn, handle)
             except pynvml.NVMLError as exc:
                 self._failed(index, "processes", exc)
                 return None
@@ -116,7 +120,7 @@ class ProcessReader:
                 with self._lock:
                     self._no_samples.add(index)
                 # Logged once: NVML has no per-process utilisation on MIG-enabled GPUs.
-                self._optional(index, "process_utilization", _raise, exc)
+                self._calls.absent(index, "nvmlDeviceGetProcessesUtilizationInfo", exc.value)
                 return None
             self._failed(index, "process_utilization", exc)
             return None
@@ -138,13 +142,19 @@ class ProcessReader:
     def _utilization(self, index: int, handle: Any, last_seen: int) -> list[Any]:
         if index not in self._old_utilization:
             try:
-                return list(pynvml.nvmlDeviceGetProcessesUtilizationInfo(handle, last_seen))
+                return list(
+                    self._calls.call(
+                        index, pynvml.nvmlDeviceGetProcessesUtilizationInfo, handle, last_seen
+                    )
+                )
             except pynvml.NVMLError as exc:
                 if exc.value != pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
                     raise
                 with self._lock:
                     self._old_utilization.add(index)
-        return list(pynvml.nvmlDeviceGetProcessUtilization(handle, last_seen))
+        return list(
+            self._calls.call(index, pynvml.nvmlDeviceGetProcessUtilization, handle, last_seen)
+        )
 
     # ----- errors ------------------------------------------------------------------------------
     def _failed(self, index: int, what: str, exc: pynvml.NVMLError) -> None:
@@ -165,10 +175,6 @@ class ProcessReader:
         if self._errors:
             with self._lock:
                 self._errors.pop((index, what), None)
-
-
-def _raise(exc: pynvml.NVMLError) -> None:
-    raise exc
 
 
 def _merged(found: Iterable[Any]) -> tuple[GpuProcess, ...]:

@@ -1,12 +1,14 @@
-"""One GPU's telemetry through NVML, in dcgm-exporter's units (the backend's ``_telemetry``).
+"""One GPU's telemetry through NVML, in dcgm-exporter's units (the backend's probe reads it).
 
 Per GPU and poll cycle (on a GPU that offers everything, after the first cycle) this makes 12 NVML
 calls: ``nvmlDeviceGetTemperature``, ``nvmlDeviceGetPowerUsage``,
 ``nvmlDeviceGetTotalEnergyConsumption``, ``nvmlDeviceGetClockInfo`` (SM, memory),
 ``nvmlDeviceGetUtilizationRates``, ``nvmlDeviceGetEncoderUtilization``,
 ``nvmlDeviceGetDecoderUtilization``, ``nvmlDeviceGetMemoryInfo_v2`` (v1 where v2 is missing),
-ONE ``nvmlDeviceGetFieldValues`` for every field-based value (:data:`FIELDS`), and on Hopper and
-newer ``nvmlGpmSampleGet`` + ``nvmlGpmMetricsGet``.
+ONE ``nvmlDeviceGetFieldValues`` for every field-based value (:data:`FIELDS`, the driver's
+recovery action included), and on Hopper and newer ``nvmlGpmSampleGet`` + ``nvmlGpmMetricsGet``.
+Where the driver does not offer the row-remapping fields, ``nvmlDeviceGetRemappedRows`` reads
+them instead, so a failed remap never goes unseen.
 
 Units:
 
@@ -18,31 +20,31 @@ Units:
   (NVML's ``NVLINK_THROUGHPUT_DATA_TX``/``_RX`` with ``scopeId = UINT_MAX`` count KiB; we add them
   and divide by 1024). Take ``rate()`` of it for MiB/s.
 - GPM ratios 0..1 (NVML: percent, divided by 100); ``pcie_tx_bytes``/``pcie_rx_bytes`` in
-  **bytes/s** (NVML reports MiB/s; times 1048576); each is the mean over the interval since the
-  previous probe.
+  **bytes/s** (NVML reports MiB/s; times 1048576); each is the mean over the interval between two
+  samples at least :data:`GPM_MIN_INTERVAL_S` apart.
 
-What a GPU or driver does not offer (NOT_SUPPORTED, FUNCTION_NOT_FOUND — for a whole call or one
-field slot) is ``None`` and logged once through the backend's ``optional`` hook. Any other NVML
-error from a call raises out of :meth:`TelemetryReader.read` (the probe turns it into ``GpuLost``
-or ``ProbeFailed``); a field slot reporting a lost GPU raises too, while a slot with another error
-is absent and logged when its error first appears.
+Errors never make a GPU unhealthy here: a value that a call or a field slot fails to deliver is
+``None`` (absent from /metrics), counted and logged once per GPU and call by
+:class:`~gpuagent.gpu.calls.NvmlCalls`. Only a lost GPU (``GPU_IS_LOST``, from a call or a slot)
+raises, as :class:`pynvml.NVMLError_GpuIsLost`, for the probe to report.
 """
 
 from __future__ import annotations
 
 import math
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NoReturn, Protocol, TypeVar
+from typing import Any
 
 import pynvml
 import structlog
 
 from gpuagent.domain.devices import Telemetry
+from gpuagent.gpu.calls import ABSENT, NvmlCalls, describe
 
 log = structlog.get_logger("gpuagent.nvml")
-T = TypeVar("T")
 
 MIB = 1024 * 1024
 KIB_PER_MIB = 1024
@@ -52,8 +54,8 @@ MAX_TEMPERATURE_C = 200
 ALL_LINKS = 0xFFFF_FFFF
 #: How long ``close()`` waits for a probe that is using a GPU's GPM samples.
 CLOSE_WAIT_S = 0.5
-
-_ABSENT = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+#: The least time between the two GPM samples of a pair (the driver needs 100 ms; margin added).
+GPM_MIN_INTERVAL_S = 0.110
 
 #: Field-based values, read in one ``nvmlDeviceGetFieldValues`` call: (key, field id, scope id).
 FIELDS: tuple[tuple[str, int, int], ...] = (
@@ -67,6 +69,7 @@ FIELDS: tuple[tuple[str, int, int], ...] = (
     ("row_remap_failure", pynvml.NVML_FI_DEV_REMAPPED_FAILURE, 0),
     ("ecc_sbe_volatile", pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL, 0),
     ("ecc_dbe_volatile", pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL, 0),
+    ("recovery_action", pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, 0),
     *(
         (key, field_id, 0)
         for key, field_id in (
@@ -87,6 +90,12 @@ PLAIN_FIELDS = (
     "nvlink_crc_data_errors",
     "nvlink_replay_errors",
     "nvlink_recovery_errors",
+)
+_REMAP_KEYS = (
+    "remapped_rows_correctable",
+    "remapped_rows_uncorrectable",
+    "row_remap_pending",
+    "row_remap_failure",
 )
 
 #: GPM metrics: (NVML metric id, Telemetry field, factor from NVML's unit to ours).
@@ -111,22 +120,46 @@ _VALUE_MEMBER = {
 }
 
 
-class OptionalCall(Protocol):
-    """The backend's log-once hook: ``fn(*args)``, or ``None`` (logged once per GPU and ``what``)
-    when NVML answers NOT_SUPPORTED or FUNCTION_NOT_FOUND; other NVML errors raise."""
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """One probe's readings of a GPU: its telemetry and the driver's recovery action.
 
-    def __call__(self, index: int, what: str, fn: Callable[..., T], *args: Any) -> T | None: ...
+    ``recovery_action`` is ``None`` when the driver has no such field (before R565) or it could
+    not be read.
+    """
 
-
-def _fail(code: int) -> NoReturn:
-    """Raise the NVML error ``code`` (to route a field slot's code through ``OptionalCall``)."""
-    raise pynvml.NVMLError(code)
+    telemetry: Telemetry
+    recovery_action: int | None = None
 
 
 def field_value(slot: Any) -> float:
     """The number in one ``nvmlFieldValue_t`` slot, by its value type."""
     member = _VALUE_MEMBER.get(int(slot.valueType), "ullVal")
     return float(getattr(slot.value, member))
+
+
+def read_fields(
+    calls: NvmlCalls, index: int, handle: Any, fields: Sequence[tuple[str, int, int]]
+) -> dict[str, float]:
+    """``fields`` in one ``nvmlDeviceGetFieldValues`` call: key -> value for the slots that read.
+
+    A slot the driver does not offer or fails to read is left out (logged once, failures
+    counted); a slot reporting a lost GPU raises :class:`pynvml.NVMLError_GpuIsLost`.
+    """
+    ids = [(field_id, scope) for _, field_id, scope in fields]
+    slots = calls.reading(index, pynvml.nvmlDeviceGetFieldValues, handle, ids)
+    if slots is None:
+        return {}
+    values: dict[str, float] = {}
+    for (key, _, _), slot in zip(fields, slots, strict=True):
+        code = int(slot.nvmlReturn)
+        if code == pynvml.NVML_SUCCESS:
+            values[key] = field_value(slot)
+        elif code == pynvml.NVML_ERROR_GPU_IS_LOST:
+            raise pynvml.NVMLError(code)
+        else:
+            calls.slot(index, key, code)
+    return values
 
 
 def _temperature(value: float | None) -> float | None:
@@ -137,42 +170,35 @@ class TelemetryReader:
     """Reads :class:`Telemetry` for GPUs through pynvml; keeps each GPU's last GPM sample.
 
     Safe for concurrent ``read`` calls on different GPUs (the backend probes each GPU on its own
-    thread); ``close`` frees the GPM samples and must run before ``nvmlShutdown``.
+    thread); ``close`` frees the GPM samples and must run before ``nvmlShutdown``. ``clock``
+    spaces GPM samples (the driver's clock: monotonic seconds).
     """
 
-    def __init__(self, optional: OptionalCall) -> None:
-        self._optional = optional
-        self._gpm = GpmSampler(optional)
+    def __init__(self, calls: NvmlCalls, clock: Callable[[], float] = time.monotonic) -> None:
+        self._calls = calls
+        self._gpm = GpmSampler(calls, clock)
         self._lock = threading.Lock()
         self._memory_v1_only: set[int] = set()
-        self._slot_errors: dict[tuple[int, str], int] = {}
 
-    def read(self, index: int, handle: Any) -> Telemetry:
+    def read(self, index: int, handle: Any) -> Reading:
         """Every value NVML offers for GPU ``index`` now."""
-        opt = self._optional
-        temperature = opt(
-            index,
-            "temperature",
-            pynvml.nvmlDeviceGetTemperature,
-            handle,
-            pynvml.NVML_TEMPERATURE_GPU,
-        )
-        power = opt(index, "power", pynvml.nvmlDeviceGetPowerUsage, handle)
-        energy = opt(index, "energy", pynvml.nvmlDeviceGetTotalEnergyConsumption, handle)
-        sm_clock = opt(
-            index, "sm_clock", pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_SM
-        )
-        mem_clock = opt(
-            index, "mem_clock", pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_MEM
-        )
-        util = opt(index, "utilization", pynvml.nvmlDeviceGetUtilizationRates, handle)
-        enc = opt(index, "encoder_utilization", pynvml.nvmlDeviceGetEncoderUtilization, handle)
-        dec = opt(index, "decoder_utilization", pynvml.nvmlDeviceGetDecoderUtilization, handle)
+        r = self._calls.reading
+        temperature = r(index, pynvml.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU)
+        power = r(index, pynvml.nvmlDeviceGetPowerUsage, handle)
+        energy = r(index, pynvml.nvmlDeviceGetTotalEnergyConsumption, handle)
+        sm_clock = r(index, pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_SM)
+        mem_clock = r(index, pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_MEM)
+        util = r(index, pynvml.nvmlDeviceGetUtilizationRates, handle)
+        enc = r(index, pynvml.nvmlDeviceGetEncoderUtilization, handle)
+        dec = r(index, pynvml.nvmlDeviceGetDecoderUtilization, handle)
         used, free, reserved = self._memory(index, handle)
-        fields = self._fields(index, handle)
+        fields = read_fields(self._calls, index, handle, FIELDS)
+        if any(key not in fields for key in _REMAP_KEYS):
+            fields.update(self._remapped_rows(index, handle))
         gpm = self._gpm.read(index, handle)
         tx, rx = fields.get("nvlink_tx"), fields.get("nvlink_rx")
-        return Telemetry(
+        action = fields.get("recovery_action")
+        telemetry = Telemetry(
             temperature_c=_temperature(temperature),
             memory_temperature_c=_temperature(fields.get("memory_temperature")),
             power_w=None if power is None else power / 1000.0,
@@ -197,6 +223,7 @@ class TelemetryReader:
             **{key: fields.get(key) for key in PLAIN_FIELDS},
             **gpm,
         )
+        return Reading(telemetry, None if action is None else int(action))
 
     def close(self) -> None:
         """Free every GPM sample (errors are logged); later reads start afresh."""
@@ -207,56 +234,35 @@ class TelemetryReader:
         """``(used, free, reserved)`` MiB: v2 where the driver has it, else v1 (no reserved)."""
         if index not in self._memory_v1_only:
             try:
-                info = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+                info = self._calls.call(
+                    index,
+                    pynvml.nvmlDeviceGetMemoryInfo,
+                    handle,
+                    pynvml.nvmlMemory_v2,
+                    name="nvmlDeviceGetMemoryInfo_v2",
+                )
             except pynvml.NVMLError as exc:
-                if exc.value not in _ABSENT:
+                if exc.value == pynvml.NVML_ERROR_GPU_IS_LOST:
                     raise
+                if exc.value not in ABSENT:
+                    self._calls.failed(index, "nvmlDeviceGetMemoryInfo_v2", exc.value)
+                    return None, None, None
+                self._calls.absent(index, "nvmlDeviceGetMemoryInfo_v2", exc.value)
                 with self._lock:
                     self._memory_v1_only.add(index)
             else:
                 return info.used / MIB, info.free / MIB, info.reserved / MIB
-        info = self._optional(index, "memory", pynvml.nvmlDeviceGetMemoryInfo, handle)
+        info = self._calls.reading(index, pynvml.nvmlDeviceGetMemoryInfo, handle)
         if info is None:
             return None, None, None
         return info.used / MIB, info.free / MIB, None
 
-    # ----- field values ------------------------------------------------------------------------
-    def _fields(self, index: int, handle: Any) -> dict[str, float | None]:
-        """Every :data:`FIELDS` value in one call; a missing call or slot leaves its key absent."""
-        ids = [(field_id, scope) for _, field_id, scope in FIELDS]
-        slots = self._optional(index, "field_values", pynvml.nvmlDeviceGetFieldValues, handle, ids)
-        if slots is None:
+    def _remapped_rows(self, index: int, handle: Any) -> dict[str, float]:
+        """The row-remapping state from ``nvmlDeviceGetRemappedRows`` (no field values for it)."""
+        rows = self._calls.reading(index, pynvml.nvmlDeviceGetRemappedRows, handle)
+        if rows is None:
             return {}
-        values: dict[str, float | None] = {}
-        for (key, _, _), slot in zip(FIELDS, slots, strict=True):
-            code = int(slot.nvmlReturn)
-            if code == pynvml.NVML_SUCCESS:
-                self._slot_recovered(index, key)
-                values[key] = field_value(slot)
-            elif code in _ABSENT:
-                values[key] = self._optional(index, key, _fail, code)
-            elif code == pynvml.NVML_ERROR_GPU_IS_LOST:
-                _fail(code)
-            else:
-                self._slot_failed(index, key, code)
-        return values
-
-    def _slot_failed(self, index: int, key: str, code: int) -> None:
-        with self._lock:
-            changed = self._slot_errors.get((index, key)) != code
-            self._slot_errors[(index, key)] = code
-        if changed:
-            log.warning(
-                "nvml field value unreadable; left out",
-                gpu=index,
-                value=key,
-                error=f"{pynvml.NVMLError(code)} (NVML {code})",
-            )
-
-    def _slot_recovered(self, index: int, key: str) -> None:
-        if self._slot_errors:
-            with self._lock:
-                self._slot_errors.pop((index, key), None)
+        return dict(zip(_REMAP_KEYS, (float(v) for v in rows), strict=True))
 
 
 @dataclass(eq=False)
@@ -266,6 +272,8 @@ class _GpuSamples:
     lock: threading.Lock = field(default_factory=threading.Lock)
     buffers: list[Any] = field(default_factory=list)
     previous: int | None = None
+    taken_at: float = 0.0
+    values: dict[str, float] = field(default_factory=dict)
     closed: bool = False
 
 
@@ -273,18 +281,20 @@ class GpmSampler:
     """GPM metrics (Hopper and newer) from the previous and the current sample of each GPU.
 
     The first read of a GPU only takes a sample (values absent); each later read takes a new one
-    and reports every metric as its mean over the interval between the two. A GPU without GPM
-    (``nvmlGpmQueryDeviceSupport`` missing, failing as not supported, or saying no) is asked once
-    and logged once. NaN and per-metric errors leave that value absent.
+    and reports every metric as its mean over the interval between the two. A read sooner than
+    :data:`GPM_MIN_INTERVAL_S` after the last sample takes none and repeats the last values (the
+    driver's pairs need 100 ms; back-to-back polls happen). A GPU without GPM is asked once and
+    logged once. NaN and per-metric errors leave that value absent.
     """
 
-    def __init__(self, optional: OptionalCall) -> None:
-        self._optional = optional
+    def __init__(self, calls: NvmlCalls, clock: Callable[[], float] = time.monotonic) -> None:
+        self._calls = calls
+        self._clock = clock
         self._lock = threading.Lock()
         self._supported: dict[int, bool] = {}
         self._gpus: dict[int, _GpuSamples] = {}
 
-    def read(self, index: int, handle: Any) -> dict[str, float | None]:
+    def read(self, index: int, handle: Any) -> dict[str, float]:
         """Telemetry field -> value for the GPM metrics; empty when there is no pair yet."""
         if not self._is_supported(index, handle):
             return {}
@@ -299,27 +309,34 @@ class GpmSampler:
         known = self._supported.get(index)
         if known is not None:
             return known
-        support = self._optional(index, "gpm", pynvml.nvmlGpmQueryDeviceSupport, handle)
+        support = self._calls.reading(index, pynvml.nvmlGpmQueryDeviceSupport, handle)
         supported = support is not None and bool(support.isSupportedDevice)
         if support is not None and not supported:
-            self._optional(index, "gpm", _fail, pynvml.NVML_ERROR_NOT_SUPPORTED)
+            self._calls.absent(index, "nvmlGpmQueryDeviceSupport", pynvml.NVML_ERROR_NOT_SUPPORTED)
         with self._lock:
             self._supported[index] = supported
         return supported
 
-    def _read_locked(self, index: int, handle: Any, gpu: _GpuSamples) -> dict[str, float | None]:
+    def _read_locked(self, index: int, handle: Any, gpu: _GpuSamples) -> dict[str, float]:
+        now = self._clock()
+        if gpu.previous is not None and now - gpu.taken_at < GPM_MIN_INTERVAL_S:
+            return dict(gpu.values)
         if not gpu.buffers and not self._allocate(index, gpu):
             return {}
         current = 0 if gpu.previous is None else 1 - gpu.previous
         try:
-            pynvml.nvmlGpmSampleGet(handle, gpu.buffers[current])
+            self._calls.call(index, pynvml.nvmlGpmSampleGet, handle, gpu.buffers[current])
         except pynvml.NVMLError as exc:
             gpu.previous = None  # a later sample must not pair with one from before a failure
-            if exc.value not in _ABSENT:
+            gpu.values = {}
+            if exc.value == pynvml.NVML_ERROR_GPU_IS_LOST:
                 raise
-            self._optional(index, "gpm", _fail, exc.value)
+            if exc.value in ABSENT:
+                self._calls.absent(index, "nvmlGpmSampleGet", exc.value)
+            else:
+                self._calls.failed(index, "nvmlGpmSampleGet", exc.value)
             return {}
-        previous, gpu.previous = gpu.previous, current
+        previous, gpu.previous, gpu.taken_at = gpu.previous, current, now
         if previous is None:
             return {}
         request = pynvml.c_nvmlGpmMetricsGet_t()
@@ -329,18 +346,19 @@ class GpmSampler:
         request.sample2 = gpu.buffers[current]
         for i, (metric_id, _, _) in enumerate(GPM_METRICS):
             request.metrics[i].metricId = metric_id
-        if self._optional(index, "gpm", pynvml.nvmlGpmMetricsGet, request) is None:
+        if self._calls.reading(index, pynvml.nvmlGpmMetricsGet, request) is None:
+            gpu.values = {}
             return {}
-        return self._values(index, request.metrics)
+        gpu.values = self._values(index, request.metrics)
+        return dict(gpu.values)
 
-    def _values(self, index: int, metrics: Sequence[Any]) -> dict[str, float | None]:
-        values: dict[str, float | None] = {}
+    def _values(self, index: int, metrics: Sequence[Any]) -> dict[str, float]:
+        values: dict[str, float] = {}
         for i, (_, name, factor) in enumerate(GPM_METRICS):
             metric = metrics[i]
             code = int(metric.nvmlReturn)
             if code != pynvml.NVML_SUCCESS:
-                if code in _ABSENT:
-                    self._optional(index, f"gpm_{name}", _fail, code)
+                self._calls.slot(index, name, code, call="nvmlGpmMetricsGet")
                 continue
             value = float(metric.value)
             if math.isfinite(value):
@@ -351,7 +369,7 @@ class GpmSampler:
         buffers: list[Any] = []
         try:
             for _ in range(2):
-                sample = self._optional(index, "gpm", pynvml.nvmlGpmSampleAlloc)
+                sample = self._calls.reading(index, pynvml.nvmlGpmSampleAlloc)
                 if sample is None:
                     break
                 buffers.append(sample)
@@ -386,4 +404,4 @@ def _free_all(index: int, samples: Sequence[Any]) -> None:
         try:
             pynvml.nvmlGpmSampleFree(sample)
         except pynvml.NVMLError as exc:
-            log.warning("freeing a gpm sample failed", gpu=index, error=f"{exc} (NVML {exc.value})")
+            log.warning("freeing a gpm sample failed", gpu=index, error=describe(exc))

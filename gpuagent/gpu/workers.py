@@ -26,18 +26,31 @@ class Worker:
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
         self._busy: Future[Any] | None = None
+        self.name = name
 
     @property
     def busy(self) -> bool:
         """Whether a submitted call has not returned yet (a hung driver call stays busy)."""
         return self._busy is not None and not self._busy.done()
 
+    @property
+    def ident(self) -> int | None:
+        """The worker thread's identifier (to find the NVML call it is in)."""
+        return self._thread.ident
+
     def submit(self, fn: Callable[[], T]) -> asyncio.Future[T]:
-        """Run ``fn`` on this worker; await the returned future from the event loop."""
+        """Run ``fn`` on this worker; await the returned future from the event loop.
+
+        Callers submit to a busy worker only knowingly: the job waits behind one that has not
+        returned. The returned future's exception is always retrieved, even when nobody awaits it
+        any more (a probe given up on), so none is reported as never retrieved.
+        """
         future: Future[T] = Future()
         self._busy = future
         self._jobs.put((future, fn))
-        return asyncio.wrap_future(future)
+        wrapped = asyncio.wrap_future(future)
+        wrapped.add_done_callback(_retrieve)
+        return wrapped
 
     def close(self) -> None:
         """Let the thread exit after the call it is running, if any."""
@@ -52,3 +65,9 @@ class Worker:
                 future.set_result(fn())
             except BaseException as exc:  # delivered to the awaiting coroutine
                 future.set_exception(exc)
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Mark a finished future's exception as seen (its owner may have stopped waiting)."""
+    if not future.cancelled():
+        future.exception()

@@ -69,6 +69,10 @@ class SimulatorControl(SimulatedProcesses, Protocol):
         *,
         seconds: object = None,
         symbol: object = None,
+        error: object = None,
+        action: object = None,
+        gpu_instance: object = None,
+        compute_instance: object = None,
     ) -> dict[str, object]: ...
 
 
@@ -145,15 +149,13 @@ def _add_simulation_routes(app: web.Application, simulator: SimulatorControl) ->
             return _error(400, "'gpu' must be an integer GPU index")
         if not isinstance(fault, str):
             return _error(400, "'fault' must be a string naming the fault")
-        unknown = set(body) - {"gpu", "fault", "xid", "seconds", "symbol"}
+        unknown = set(body) - {"gpu", "fault", "xid", *_FAULT_PARAMETERS}
         if unknown:
             return _error(400, f"unknown keys: {', '.join(sorted(map(str, unknown)))}")
         if xid is not None and (not isinstance(xid, int) or isinstance(xid, bool)):
             return _error(400, "'xid' must be an integer")
         try:
-            state = simulator.inject(
-                gpu, fault, xid, seconds=body.get("seconds"), symbol=body.get("symbol")
-            )
+            state = simulator.inject(gpu, fault, xid, **{k: body.get(k) for k in _FAULT_PARAMETERS})
         except LookupError:
             return _error(404, f"no simulated GPU with index {gpu}")
         except ValueError as exc:
@@ -164,6 +166,10 @@ def _add_simulation_routes(app: web.Application, simulator: SimulatorControl) ->
     app.router.add_get("/sim/gpus", gpus)
     app.router.add_post("/sim/faults", faults)
     add_process_routes(app, simulator)
+
+
+# Parameters of /sim/faults beside gpu, fault and xid (the simulator checks their values).
+_FAULT_PARAMETERS = ("seconds", "symbol", "error", "action", "gpu_instance", "compute_instance")
 
 
 def _error(status: int, message: str) -> web.Response:

@@ -8,17 +8,18 @@ from pathlib import Path
 import pytest
 
 from gpuagent.domain import xids
-from gpuagent.domain.devices import Condition, Gpu, GpuHealth
+from gpuagent.domain.devices import Condition, Gpu, GpuHealth, MigDevice
 from gpuagent.domain.health import (
     DEFAULT_IGNORED_XIDS,
     NVIDIA_PLUGIN_IGNORED_XIDS,
     USABLE_ACTIONS,
     DoubleBitEccError,
     GpuLost,
+    GpuReset,
     HealthCheckSpecError,
     HealthEvent,
     HealthPolicy,
-    ProbeFailed,
+    LivenessFailed,
     RecoveryActionChanged,
     Responding,
     RowRemapState,
@@ -99,8 +100,12 @@ def _run(events: list[HealthEvent], policy: HealthPolicy | None = None) -> GpuHe
         pytest.param([XidError(79), XidError(48)], (Condition("xid", "48"),), id="latest-xid"),
         pytest.param([DoubleBitEccError()], (Condition("ecc_dbe"),), id="dbe"),
         pytest.param([GpuLost()], (Condition("lost"),), id="lost"),
-        pytest.param([ProbeFailed("Unknown Error")], (Condition("nvml_error", "Unknown Error"),),
-                     id="probe-failed"),
+        pytest.param([LivenessFailed("e")] * 2, (), id="two-failed-liveness-checks-are-no-verdict"),
+        pytest.param([LivenessFailed("e1"), LivenessFailed("e2"), LivenessFailed("e3")],
+                     (Condition("unresponsive", "e3"),), id="three-in-a-row-are"),
+        pytest.param([LivenessFailed("e"), LivenessFailed("e"), Responding(), LivenessFailed("e"),
+                      LivenessFailed("e")], (), id="a-success-resets-the-count"),
+        pytest.param([LivenessFailed("e")] * 3 + [Responding()], (), id="answering-clears"),
         pytest.param([RecoveryActionChanged(1)], (Condition("recovery_action", "gpu_reset"),),
                      id="driver-asks-for-reset"),
         pytest.param([XidError(79), RecoveryActionChanged(1), RecoveryActionChanged(0)], (),
@@ -111,6 +116,13 @@ def _run(events: list[HealthEvent], policy: HealthPolicy | None = None) -> GpuHe
         pytest.param([GpuLost(), Responding()], (), id="answering-again-clears-lost"),
         pytest.param([XidError(79), Responding()], (Condition("xid", "79"),),
                      id="answering-does-not-clear-xid"),
+        pytest.param([XidError(79), GpuLost(), Responding()], (), id="back-from-lost-is-a-reset"),
+        pytest.param([DoubleBitEccError(), GpuReset()], (), id="reset-clears-ecc"),
+        pytest.param([XidError(48), RecoveryActionChanged(1), GpuReset()],
+                     (Condition("recovery_action", "gpu_reset"),),
+                     id="reset-leaves-what-the-driver-still-asks"),
+        pytest.param([XidError(0)], (), id="xid-0-is-no-evidence"),
+        pytest.param([XidError(2**32)], (), id="junk-xid-is-no-evidence"),
         pytest.param([XidError(79), GpuLost()], (Condition("xid", "79"), Condition("lost")),
                      id="conditions-accumulate"),
         pytest.param([RecoveryActionChanged(42)], (Condition("recovery_action", "42"),),
@@ -133,7 +145,8 @@ def test_state_machine(events: list[HealthEvent], conditions: tuple[Condition, .
 
 def test_disable_all_ignores_device_checks_too() -> None:
     policy = HealthPolicy.from_env_values("all", "")
-    assert _run([GpuLost(), DoubleBitEccError(), XidError(79)], policy).healthy
+    events: list[HealthEvent] = [GpuLost(), DoubleBitEccError(), XidError(79)]
+    assert _run([*events, *[LivenessFailed("e")] * 3], policy).healthy
 
 
 def test_reason_is_readable() -> None:
@@ -156,6 +169,64 @@ def test_record_event_counts_every_xid_even_ignored_ones() -> None:
 def test_record_event_returns_same_gpu_when_nothing_changes() -> None:
     gpu = Gpu(index=0, uuid="GPU-a", minor=0, name="x", memory_mib=1, pci_bus_id="b")
     assert record_event(gpu, Responding(), HealthPolicy()) is gpu
+
+
+def _mig_gpu() -> Gpu:
+    migs = tuple(
+        MigDevice(
+            uuid=f"MIG-{gi}-{ci}",
+            parent_index=0,
+            gpu_instance_id=gi,
+            compute_instance_id=ci,
+            profile="1g.10gb",
+            memory_mib=9984,
+        )
+        for gi, ci in ((1, 0), (2, 0), (2, 1))
+    )
+    return Gpu(
+        index=0, uuid="GPU-a", minor=0, name="x", memory_mib=1, pci_bus_id="b", mig_devices=migs
+    )
+
+
+def _unhealthy(gpu: Gpu) -> list[str]:
+    return [m.uuid for m in gpu.mig_devices if not gpu.health_of(m).healthy]
+
+
+@pytest.mark.parametrize(
+    ("gi", "ci", "marked", "whole"),
+    [
+        pytest.param(1, None, ["MIG-1-0"], False, id="one-gpu-instance"),
+        pytest.param(2, None, ["MIG-2-0", "MIG-2-1"], False, id="every-ci-of-the-gi"),
+        pytest.param(2, 1, ["MIG-2-1"], False, id="one-compute-instance"),
+        pytest.param(None, None, ["MIG-1-0", "MIG-2-0", "MIG-2-1"], True, id="no-instance"),
+        pytest.param(7, None, ["MIG-1-0", "MIG-2-0", "MIG-2-1"], True, id="unknown-instance"),
+    ],
+)
+def test_mig_xid_marks_its_instance(
+    gi: int | None, ci: int | None, marked: list[str], whole: bool
+) -> None:
+    """An XID with instance IDs marks only those MIG devices; without, the whole GPU."""
+    gpu = record_event(_mig_gpu(), XidError(48, gi, ci), HealthPolicy())
+    assert _unhealthy(gpu) == marked
+    assert gpu.health.healthy is not whole
+    assert not gpu.overall_health.healthy
+    assert dict(gpu.xid_counts) == {48: 1}
+
+
+def test_mig_instance_recovers_with_the_gpu() -> None:
+    """The driver's "no action needed" and a reset clear instance conditions too."""
+    policy = HealthPolicy()
+    for clearing in (RecoveryActionChanged(0), GpuReset()):
+        gpu = record_event(_mig_gpu(), XidError(48, 2, None), policy)
+        gpu = record_event(gpu, clearing, policy)
+        assert _unhealthy(gpu) == []
+        assert gpu.overall_health.healthy
+
+
+def test_ignored_xid_on_an_instance_changes_nothing_but_the_count() -> None:
+    gpu = record_event(_mig_gpu(), XidError(13, 1, 0), HealthPolicy())
+    assert _unhealthy(gpu) == []
+    assert dict(gpu.xid_counts) == {13: 1}
 
 
 def test_unchanged_remap_state_keeps_the_same_health_object() -> None:

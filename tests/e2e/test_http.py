@@ -211,7 +211,7 @@ async def test_nvml_call_timings_are_exported(device_plugin_dir: Path) -> None:
             await asyncio.sleep(0.01)
         counts = samples(text, "gpuagent_nvml_call_duration_seconds_count")
         assert counts[(("call", "init"),)] == 1
-        assert counts[(("call", "discover"),)] == 1
+        assert counts[(("call", "discover"),)] == 2  # one per GPU, each on its own worker
         assert counts[(("call", "probe"),)] >= 2
         errors = samples(text, "gpuagent_nvml_call_errors_total")
         assert errors[(("call", "probe"),)] == 0

@@ -57,7 +57,8 @@ def run() -> Iterator[Run]:
 
 @pytest.fixture
 def node() -> SimNode:
-    return node_from_mapping(LAYOUTS)
+    """The layouts, read with CAP_SYS_ADMIN (see TestWithoutCapSysAdmin for the default)."""
+    return node_from_mapping({**LAYOUTS, "cap_sys_admin": True})
 
 
 @pytest.fixture
@@ -447,3 +448,32 @@ def test_minors_file_covers_high_minors() -> None:
     big = node_from_mapping({"version": "v1", "gpus": [{}] * 40})
     parsed = parse_mig_minors(mig_minors_text(big))
     assert parsed["gpu39/gi14/ci7/access"] == 3 + 40 * 135 - 1
+
+
+class TestWithoutCapSysAdmin:
+    """The base manifest drops every capability: the parent GPU's memory read is refused."""
+
+    def test_parent_memory_is_refused(self, run: Run) -> None:
+        run(node_from_mapping(LAYOUTS))
+        handle = pynvml.nvmlDeviceGetHandleByIndex(1)
+        with pytest.raises(pynvml.NVMLError_NoPermission):
+            pynvml.nvmlDeviceGetMemoryInfo(handle)
+        with pytest.raises(pynvml.NVMLError_NoPermission):
+            pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+        mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, 0)
+        assert pynvml.nvmlDeviceGetMemoryInfo(mig).total > 0  # per instance: allowed
+        plain = pynvml.nvmlDeviceGetHandleByIndex(3)
+        assert pynvml.nvmlDeviceGetMemoryInfo(plain).total == H100_MIB * MIB  # no MIG: allowed
+
+    def test_same_devices_as_with_it(self, run: Run, minors: Path) -> None:
+        """Profile names from the largest GPU-instance profile match the privileged read."""
+        with ExitStack() as stack:
+            stack.enter_context(installed(SimDriver(node_from_mapping(LAYOUTS))))
+            pynvml.nvmlInit()
+            with structlog.testing.capture_logs() as logs:
+                refused = [read(i, minors) for i in range(4)]
+            pynvml.nvmlShutdown()
+        run(node_from_mapping({**LAYOUTS, "cap_sys_admin": True}))
+        privileged = [read(i, minors) for i in range(4)]
+        assert refused == privileged
+        assert [e["gpu"] for e in logs if "CAP_SYS_ADMIN" in e["event"]] == [0, 1, 2]

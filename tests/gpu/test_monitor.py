@@ -4,22 +4,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import pynvml
 import pytest
+import structlog.testing
+from support.backends import Delegating
 
 from gpuagent.domain.devices import Condition, DriverState, Gpu, Snapshot, Telemetry
 from gpuagent.domain.health import HealthPolicy
 from gpuagent.domain.plan import Plan
 from gpuagent.domain.store import DeviceStore
+from gpuagent.gpu.backend import Backend, DriverUnavailable, Probe
 from gpuagent.gpu.monitor import GpuMonitor
-from gpuagent.gpu.nvml import DriverUnavailable, Nvml, Probe
+from gpuagent.gpu.nvml import Nvml
 from gpuagent.gpu.sim import SimDriver, installed, node_from_count
 
 GPUS = 4
@@ -43,7 +48,7 @@ def store() -> DeviceStore:
 
 def monitor_for(
     store: DeviceStore,
-    nvml: Nvml,
+    nvml: Backend,
     policy: HealthPolicy | None = None,
     *,
     poll_interval: float = POLL,
@@ -149,39 +154,33 @@ async def test_start_with_driver_down(
         await asyncio.wait_for(monitor.close(), WAIT_S)
 
 
-class HangingInit(Nvml):
-    """A driver whose init does not answer until released, and then fails without touching NVML.
+async def test_start_with_hung_init(store: DeviceStore, tmp_path: Path) -> None:
+    """An init call that does not return within the per-call limit: the driver is unavailable.
 
-    (A late real init would land on whichever simulated driver the next test installed.)
+    The retry does not queue a second init behind the first: it waits for the same one.
     """
-
-    def __init__(self, sysfs_root: Path) -> None:
-        super().__init__(sysfs_root)
-        self.release = threading.Event()
-        self.returned = threading.Event()
-
-    def init(self) -> DriverState:
+    node = node_from_count(GPUS)
+    slow = replace(node, latency=replace(node.latency, calls={"nvmlInitWithFlags": 0.6}))
+    with installed(SimDriver(slow)) as driver:
+        monitor = monitor_for(store, Nvml(tmp_path), call_timeout=0.1)
         try:
-            self.release.wait(WAIT_S)
-            raise DriverUnavailable("released")
+            with pytest.raises(DriverUnavailable, match="nvml did not answer: nvmlInit for"):
+                await monitor.start()
+            assert store.snapshot.driver.error.startswith("nvml did not answer: nvmlInit for")
+            assert not store.snapshot.driver.up
+            # Retried while the first init still runs: no second init behind it, and once it has
+            # returned, its result.
+            async with asyncio.timeout(WAIT_S):
+                while True:
+                    try:
+                        await monitor.start()
+                        break
+                    except DriverUnavailable:
+                        await asyncio.sleep(0.05)
+            assert driver.calls["nvmlInitWithFlags"] == 1
+            assert store.snapshot.discovered
         finally:
-            self.returned.set()
-
-
-async def test_start_with_hung_init(store: DeviceStore, driver: SimDriver, tmp_path: Path) -> None:
-    """An init that does not return within call_timeout counts as the driver being unavailable."""
-    nvml = HangingInit(tmp_path)
-    monitor = monitor_for(store, nvml, call_timeout=0.1)
-    try:
-        started = time.monotonic()
-        with pytest.raises(DriverUnavailable, match="nvml did not answer"):
-            await monitor.start()
-        assert time.monotonic() - started < 2.0
-        assert store.snapshot.driver == DriverState(up=False, error="nvml did not answer")
-    finally:
-        nvml.release.set()
-        assert await asyncio.to_thread(nvml.returned.wait, WAIT_S)
-        await asyncio.wait_for(monitor.close(), WAIT_S)
+            await asyncio.wait_for(monitor.close(), WAIT_S)
 
 
 @pytest.mark.parametrize(
@@ -305,22 +304,22 @@ async def test_event_wait_failure_probes_at_once(
 
 
 # ----- isolation ---------------------------------------------------------------------------------
-class HangingProbe(Nvml):
+class HangingProbe(Delegating):
     """Probing GPU ``hang`` blocks in the "driver" until ``release`` is set."""
 
     def __init__(self, sysfs_root: Path, hang: int) -> None:
-        super().__init__(sysfs_root)
+        super().__init__(Nvml(sysfs_root))
         self.hang = hang
         self.release = threading.Event()
-        self.calls: Counter[int] = Counter()
+        self.probes: Counter[int] = Counter()
         self._lock = threading.Lock()
 
     def probe(self, index: int) -> Probe:
         with self._lock:
-            self.calls[index] += 1
+            self.probes[index] += 1
         if index == self.hang:
             self.release.wait(WAIT_S * 2)
-        return super().probe(index)
+        return self.inner.probe(index)
 
 
 async def test_hung_probe_stalls_only_its_gpu(
@@ -347,7 +346,7 @@ async def test_hung_probe_stalls_only_its_gpu(
                 store,
                 lambda s: (
                     len(s.gpus) == GPUS
-                    and [c.kind for c in gpu(s, 1).health.conditions] == ["nvml_error"]
+                    and [c.kind for c in gpu(s, 1).health.conditions] == ["unresponsive"]
                 ),
             )
             # GPU 0 keeps getting fresh readings and stays healthy while GPU 1 is stuck.
@@ -359,7 +358,7 @@ async def test_hung_probe_stalls_only_its_gpu(
                     assert gpu(snapshot, 0).health.healthy
                     assert healthy_except(snapshot, 1)
                     (condition,) = gpu(snapshot, 1).health.conditions
-                    assert condition.kind == "nvml_error"
+                    assert condition.kind == "unresponsive"
                     reasons.add(condition.detail)
                     assert gpu(snapshot, 1).telemetry == Telemetry()
                     energy = gpu(snapshot, 0).telemetry.energy_mj
@@ -368,8 +367,8 @@ async def test_hung_probe_stalls_only_its_gpu(
             assert energies == sorted(energies)
             # The hung call is not piled on: later polls skip GPU 1 and say why.
             assert reasons == {"an earlier nvml call has not returned"}
-            assert nvml.calls[1] == 1
-            assert nvml.calls[0] >= 4
+            assert nvml.probes[1] == 1
+            assert nvml.probes[0] >= 4
 
             # Once the driver answers again, so does GPU 1's health.
             nvml.release.set()
@@ -431,21 +430,21 @@ async def test_close_after_failed_start(
 
 
 # ----- ordering of probe readings and driver events ----------------------------------------------
-class StaleProbe(Nvml):
+class StaleProbe(Delegating):
     """Probing GPU 1 can be held after it has read the GPU, so its reading arrives late."""
 
     def __init__(self, sysfs_root: Path) -> None:
-        super().__init__(sysfs_root)
+        super().__init__(Nvml(sysfs_root))
         self.armed = threading.Event()
         self.read = threading.Event()
         self.release = threading.Event()
-        self.calls: Counter[int] = Counter()
+        self.probes: Counter[int] = Counter()
         self._lock = threading.Lock()
 
     def probe(self, index: int) -> Probe:
-        result = super().probe(index)
+        result = self.inner.probe(index)
         with self._lock:
-            self.calls[index] += 1
+            self.probes[index] += 1
         if index == 1 and self.armed.is_set():
             self.armed.clear()
             self.read.set()
@@ -474,10 +473,114 @@ async def test_stale_probe_does_not_clear_xid(
                     == (Condition("xid", "79"), Condition("recovery_action", "gpu_reset"))
                 ),
             )
-            stale = nvml.calls[1]
+            stale = nvml.probes[1]
             nvml.release.set()
             # Two more probes of GPU 1 started: the stale one and the next have been applied.
-            snapshot = await until(store, lambda s: nvml.calls[1] >= stale + 2)
+            snapshot = await until(store, lambda s: nvml.probes[1] >= stale + 2)
             assert Condition("xid", "79") in gpu(snapshot, 1).health.conditions
     finally:
         nvml.release.set()
+
+
+# ----- the event loop on a driver that misbehaves ------------------------------------------------
+async def test_lost_gpu_leaves_the_event_set_and_comes_back(
+    store: DeviceStore, driver: SimDriver, tmp_path: Path
+) -> None:
+    """A set holding a lost GPU fails every wait: it is rebuilt without it, and with it again
+    once it answers, so XIDs keep arriving for every GPU that can have them."""
+    nvml = Nvml(tmp_path)
+    monitor = monitor_for(store, nvml)
+    async with running(monitor):
+        await until(store, probed)
+        driver.inject(2, "lost")
+        await until(store, lambda s: Condition("lost") in gpu(s, 2).health.conditions)
+        # Registered: 4 at start, then 3 on a fresh set without the lost GPU.
+        await until(store, lambda s: driver.calls["nvmlDeviceRegisterEvents"] >= 4 + 3)
+        failed = dict(nvml.calls.stats())["nvmlEventSetWait_v2"].errors
+        driver.inject(0, "xid", 48)  # only events carry XIDs
+        await until(store, lambda s: Condition("xid", "48") in gpu(s, 0).health.conditions)
+        assert dict(nvml.calls.stats())["nvmlEventSetWait_v2"].errors == failed
+        driver.inject(2, "recover")
+        await until(store, lambda s: Condition("lost") not in gpu(s, 2).health.conditions)
+        # Registered: 4 at start, 3 without the lost GPU, 4 again once it answers.
+        await until(store, lambda s: driver.calls["nvmlDeviceRegisterEvents"] >= 4 + 3 + 4)
+        driver.inject(2, "xid", 48)
+        await until(store, lambda s: Condition("xid", "48") in gpu(s, 2).health.conditions)
+
+
+async def test_failing_waits_back_off(
+    store: DeviceStore, driver: SimDriver, tmp_path: Path
+) -> None:
+    """Waits that keep failing are retried after 50 ms, 100 ms, 200 ms …, up to the cap; all
+    GPUs are probed each time; once a wait works the pause is over."""
+    monitor = GpuMonitor(
+        store,
+        Nvml(tmp_path),
+        poll_interval=30.0,
+        call_timeout=2.0,
+        event_wait_ms=EVENT_WAIT_MS,
+        event_backoff_max=0.2,
+    )
+    with structlog.testing.capture_logs() as logs:
+        async with running(monitor):
+            await until(store, probed)
+            driver.inject(1, "call_error", symbol="nvmlEventSetWait_v2", error="unknown")
+            probes = dict(monitor.call_totals())["probe"].count
+            for _ in range(5 * 100):
+                if sum(e["event"] == "event wait failed; probing all gpus" for e in logs) >= 5:
+                    break
+                await asyncio.sleep(0.01)
+            assert dict(monitor.call_totals())["probe"].count >= probes + 4 * GPUS
+            driver.inject(1, "recover")
+            for _ in range(5 * 100):
+                if any(e["event"] == "event waits work again" for e in logs):
+                    break
+                await asyncio.sleep(0.01)
+    pauses = [e["retry_in_s"] for e in logs if e["event"] == "event wait failed; probing all gpus"]
+    assert pauses[:5] == [0.05, 0.1, 0.2, 0.2, 0.2]
+    assert any(e["event"] == "event waits work again" for e in logs)
+
+
+class FailsAfterTheTimeout(Delegating):
+    """GPU 1's probe outlives the poll's time limit, then raises."""
+
+    def __init__(self, sysfs_root: Path) -> None:
+        super().__init__(Nvml(sysfs_root))
+        self.release = threading.Event()
+        self.raised = threading.Event()
+
+    def probe(self, index: int) -> Probe:
+        if index == 1:
+            self.release.wait(WAIT_S)
+            self.raised.set()
+            raise RuntimeError("driver blew up late")
+        return self.inner.probe(index)
+
+
+async def test_abandoned_probe_exception_is_retrieved(
+    store: DeviceStore, driver: SimDriver, tmp_path: Path
+) -> None:
+    """A probe given up on at the time limit that later fails leaves no unretrieved exception."""
+    loop = asyncio.get_running_loop()
+    reported: list[str] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _, context: reported.append(str(context.get("message"))))
+    backend = FailsAfterTheTimeout(tmp_path)
+    monitor = monitor_for(store, backend, call_timeout=0.05)
+    try:
+        await monitor.start()
+        await monitor.poll_once()  # GPU 1's probe is given up on
+        backend.release.set()
+        assert await asyncio.to_thread(backend.raised.wait, WAIT_S)
+        async with asyncio.timeout(WAIT_S):
+            while monitor._workers[1].busy:  # noqa: ASYNC110 (the late exception reaches the future …
+                await asyncio.sleep(0.01)
+        for _ in range(3):
+            await asyncio.sleep(0)  # … and its callbacks run on the loop)
+        await monitor.poll_once()  # the worker's next job lets go of the abandoned future
+        gc.collect()
+        assert not [m for m in reported if "never retrieved" in m]
+    finally:
+        backend.release.set()
+        loop.set_exception_handler(previous)
+        await asyncio.wait_for(monitor.close(), WAIT_S)

@@ -16,11 +16,13 @@ from gpuagent.domain.devices import Condition, DriverState, GpuHealth, Telemetry
 from gpuagent.domain.health import (
     DoubleBitEccError,
     GpuLost,
-    ProbeFailed,
+    HealthEvent,
+    LivenessFailed,
     RecoveryActionChanged,
     Responding,
     XidError,
 )
+from gpuagent.gpu.backend import DriverEvent
 from gpuagent.gpu.nvml import (
     DriverUnavailable,
     EventWaitError,
@@ -384,14 +386,15 @@ class TestDiscover:
 # ----- events ------------------------------------------------------------------------------------
 class TestEvents:
     @pytest.mark.parametrize(
-        ("gpu", "fault", "xid", "expected"),
+        ("gpu", "fault", "params", "expected"),
         [
-            (1, "xid", 13, [XidError(13)]),
-            (3, "xid", 31, [XidError(31)]),
-            (2, "xid", 79, [XidError(79), RecoveryActionChanged(GPU_RESET)]),
-            (0, "ecc_dbe", None, [DoubleBitEccError(), RecoveryActionChanged(GPU_RESET)]),
-            (3, "recover", None, [RecoveryActionChanged(ACTION_NONE)]),
-            (1, "lost", None, [XidError(79), RecoveryActionChanged(GPU_RESET)]),
+            (1, "xid", {"xid": 13}, [XidError(13)]),
+            (3, "xid", {"xid": 31}, [XidError(31)]),
+            (2, "xid", {"xid": 79}, [XidError(79), RecoveryActionChanged(GPU_RESET)]),
+            (0, "ecc_dbe", {}, [DoubleBitEccError(), RecoveryActionChanged(GPU_RESET)]),
+            (3, "recover", {}, [RecoveryActionChanged(ACTION_NONE)]),
+            (2, "recovery_action", {"action": "node_reboot"}, [RecoveryActionChanged(2)]),
+            (2, "recovery_action", {"action": "drain_and_reset"}, [RecoveryActionChanged(4)]),
         ],
     )
     def test_events_name_the_gpu(
@@ -400,14 +403,108 @@ class TestEvents:
         driver: SimDriver,
         gpu: int,
         fault: str,
-        xid: int | None,
-        expected: list[object],
+        params: dict[str, object],
+        expected: list[HealthEvent],
     ) -> None:
-        """Driver events become domain health events on the right GPU, in order."""
-        driver.inject(gpu, fault, xid)
+        """Driver events become domain health events on the right GPU, in order.
+
+        The recovery action is read from its field when its event arrives: the event's data is 0.
+        """
+        driver.inject(gpu, fault, **params)  # type: ignore[arg-type]
         received = [ready.wait_event(1000) for _ in expected]
-        assert received == [(gpu, event) for event in expected]
+        assert received == [DriverEvent(gpu, event) for event in expected]
         assert ready.wait_event(0) is None
+
+    def test_lost_gpu_events_then_lost_waits(self, ready: Nvml, driver: SimDriver) -> None:
+        """A lost GPU's events come first; then every wait reports the lost GPU.
+
+        The recovery-action event's field cannot be read from a lost GPU: that says it is lost.
+        """
+        driver.inject(1, "lost")
+        assert ready.wait_event(1000) == DriverEvent(1, XidError(79))
+        assert ready.wait_event(1000) == DriverEvent(1, GpuLost())
+        with pytest.raises(EventWaitError) as caught:
+            ready.wait_event(1000)
+        assert caught.value.lost
+
+    def test_rebuilt_set_leaves_out_the_lost_gpu(self, ready: Nvml, driver: SimDriver) -> None:
+        """A set registered again without the lost GPU waits normally; with it back, it hears it."""
+        driver.inject(1, "lost")
+        while True:
+            try:
+                ready.wait_event(0)
+            except EventWaitError:
+                break
+        assert ready.rebuild_events((0, 2, 3)) == {}
+        driver.inject(2, "xid", 13)
+        assert ready.wait_event(1000) == DriverEvent(2, XidError(13))
+        assert ready.wait_event(0) is None
+        driver.inject(1, "recover")
+        assert ready.rebuild_events((0, 1, 2, 3)) == {}
+        driver.inject(1, "xid", 13)
+        assert ready.wait_event(1000) == DriverEvent(1, XidError(13))
+        assert driver.calls["nvmlEventSetFree"] == 2
+
+    @pytest.mark.parametrize("xid", [0, 1000, 2**32, 2**64 - 1])
+    def test_xid_out_of_range_is_refused(self, ready: Nvml, driver: SimDriver, xid: int) -> None:
+        """An XID value that cannot be one is no event; it is counted and logged once."""
+        with structlog.testing.capture_logs() as logs:
+            for _ in range(2):
+                driver.inject(0, "xid", xid)
+                assert ready.wait_event(1000) is None
+        assert dict(ready.calls.stats())["nvmlEventSetWait_v2:refused"].errors == 2
+        assert [e["event"] for e in logs] == ["nvml value refused"]
+
+    def test_event_matched_by_uuid_when_the_handle_is_new(
+        self, ready: Nvml, driver: SimDriver
+    ) -> None:
+        """An event whose device handle the backend has not seen is matched by its UUID."""
+        ready._by_address.clear()  # as if the driver handed out a new handle for the GPU
+        driver.inject(3, "xid", 48)
+        assert ready.wait_event(1000) == DriverEvent(3, XidError(48))
+
+    def test_mig_instance_ids(self, tmp_path: Path) -> None:
+        """An XID on a MIG instance carries its GPU and compute instance IDs; others none."""
+        node = node_from_mapping({"version": "v1", "gpus": [{"mig": ["3g.40gb", "3g.40gb"]}]})
+        drv = SimDriver(node)
+        install(drv)
+        backend = Nvml(sysfs_root=tmp_path)
+        try:
+            backend.init()
+            (gpu,) = backend.discover()
+            assert backend.open_events() == {}
+            gis = sorted(m.gpu_instance_id for m in gpu.mig_devices)
+            drv.inject(0, "xid", 31, gpu_instance=gis[1], compute_instance=0)
+            drv.inject(0, "xid", 43, gpu_instance=gis[0])
+            drv.inject(0, "xid", 79 - 1)
+            assert [backend.wait_event(1000) for _ in range(3)] == [
+                DriverEvent(0, XidError(31, gis[1], 0)),
+                DriverEvent(0, XidError(43, gis[0], None)),
+                DriverEvent(0, XidError(78, None, None)),
+            ]
+        finally:
+            backend.shutdown()
+            uninstall()
+
+    def test_driver_before_r565(self, tmp_path: Path) -> None:
+        """R560: no recovery-action event or field; XIDs still arrive, probes read no action."""
+        node = dataclasses.replace(node_from_count(2), driver_version="560.35.03")
+        drv = SimDriver(node)
+        install(drv)
+        backend = Nvml(sysfs_root=tmp_path)
+        try:
+            backend.init()
+            backend.discover()
+            assert backend.open_events() == {}
+            drv.inject(1, "xid", 79)
+            assert backend.wait_event(1000) == DriverEvent(1, XidError(79))
+            assert backend.wait_event(0) is None
+            probe = backend.probe(0)
+            assert probe.recovery_action is None
+            assert probe.events == (Responding(),)
+        finally:
+            backend.shutdown()
+            uninstall()
 
     def test_timeout_is_none(self, ready: Nvml) -> None:
         """A wait that sees no event within the timeout returns None."""
@@ -447,7 +544,7 @@ class TestEvents:
         assert nvml.open_events() == {}
         driver.inject(1, "xid", 13)
         driver.inject(2, "xid", 13)
-        assert nvml.wait_event(1000) == (2, XidError(13))
+        assert nvml.wait_event(1000) == DriverEvent(2, XidError(13))
         assert nvml.wait_event(0) is None
 
     def test_registration_error_is_returned_for_that_gpu(
@@ -459,7 +556,7 @@ class TestEvents:
         nvml.discover()
         assert nvml.open_events() == {2: "Unknown Error (NVML 999)"}
         driver.inject(0, "xid", 13)
-        assert nvml.wait_event(1000) == (0, XidError(13))
+        assert nvml.wait_event(1000) == DriverEvent(0, XidError(13))
 
     def test_supported_types_not_supported_is_no_failure(
         self, nvml: Nvml, driver: SimDriver
@@ -562,7 +659,7 @@ class TestProbe:
         assert missing(probe.telemetry) == baseline | absent
 
     def test_absent_value_logged_once(self, ready: Nvml, driver: SimDriver) -> None:
-        """A missing value is logged once per GPU, however often it is probed."""
+        """A missing value is logged once per GPU and call, however often it is probed."""
         driver.fail("nvmlDeviceGetTemperature", NOT_SUPPORTED)
         driver.remove("nvmlDeviceGetTotalEnergyConsumption")
         with structlog.testing.capture_logs() as logs:
@@ -570,9 +667,14 @@ class TestProbe:
                 ready.probe(0)
                 ready.probe(1)
         absent = sorted(
-            (entry["gpu"], entry["value"]) for entry in logs if entry["event"] == ABSENT_LOG
+            (entry["gpu"], entry["call"]) for entry in logs if entry["event"] == ABSENT_LOG
         )
-        assert absent == [(0, "energy"), (0, "temperature"), (1, "energy"), (1, "temperature")]
+        assert absent == [
+            (0, "nvmlDeviceGetTemperature"),
+            (0, "nvmlDeviceGetTotalEnergyConsumption"),
+            (1, "nvmlDeviceGetTemperature"),
+            (1, "nvmlDeviceGetTotalEnergyConsumption"),
+        ]
 
     def test_lost_gpu(self, ready: Nvml, driver: SimDriver) -> None:
         """A lost GPU probes as GpuLost with no telemetry; its neighbours are unaffected."""
@@ -584,24 +686,67 @@ class TestProbe:
         assert ready.probe(2).events == (Responding(),)
 
     @pytest.mark.parametrize(
-        ("symbol", "code", "error"),
+        ("symbol", "code", "call", "absent"),
         [
-            ("nvmlDeviceGetPowerUsage", UNKNOWN, "Unknown Error (NVML 999)"),
-            ("nvmlDeviceGetTemperature", UNKNOWN, "Unknown Error (NVML 999)"),
-            ("nvmlDeviceGetTemperature", pynvml.NVML_ERROR_TIMEOUT, "Timeout (NVML 10)"),
-            ("nvmlDeviceGetMemoryInfo_v2", pynvml.NVML_ERROR_TIMEOUT, "Timeout (NVML 10)"),
-            ("nvmlDeviceGetFieldValues", UNKNOWN, "Unknown Error (NVML 999)"),
+            ("nvmlDeviceGetPowerUsage", UNKNOWN, "nvmlDeviceGetPowerUsage", {"power_w"}),
+            ("nvmlDeviceGetTemperature", UNKNOWN, "nvmlDeviceGetTemperature", {"temperature_c"}),
+            (
+                "nvmlDeviceGetTemperature",
+                pynvml.NVML_ERROR_TIMEOUT,
+                "nvmlDeviceGetTemperature",
+                {"temperature_c"},
+            ),
+            (
+                "nvmlDeviceGetMemoryInfo_v2",
+                pynvml.NVML_ERROR_NO_PERMISSION,
+                "nvmlDeviceGetMemoryInfo_v2",
+                {"fb_used_mib", "fb_free_mib", "fb_reserved_mib"},
+            ),
+            (
+                "nvmlDeviceGetFieldValues",
+                UNKNOWN,
+                "nvmlDeviceGetFieldValues",
+                {"pcie_replays", "ecc_dbe_volatile", "memory_temperature_c"},
+            ),
         ],
     )
-    def test_failing_call_is_probe_failed(
-        self, ready: Nvml, driver: SimDriver, symbol: str, code: int, error: str
+    def test_failing_reading_is_absent_not_evidence(
+        self, ready: Nvml, driver: SimDriver, symbol: str, code: int, call: str, absent: set[str]
     ) -> None:
-        """An NVML error other than "not offered" or "lost" is a ProbeFailed naming it."""
+        """A telemetry call that fails leaves its values absent, counts the error, logs it once.
+
+        The GPU still answers its liveness check: a metric is not evidence about the GPU.
+        """
         driver.fail(symbol, code, gpu=0)
-        probe = ready.probe(0)
-        assert probe.events == (ProbeFailed(error),)
-        assert probe.telemetry == Telemetry()
+        with structlog.testing.capture_logs() as logs:
+            probes = [ready.probe(0) for _ in range(3)]
+        assert all(p.events == (Responding(),) for p in probes)
+        for name in absent:
+            assert getattr(probes[-1].telemetry, name) is None, name
+        assert probes[-1].telemetry.sm_clock_mhz is not None
+        assert dict(ready.calls.stats())[call].errors == 3
+        failed = [e for e in logs if e["event"] == "nvml call failed; value left out"]
+        assert [(e["gpu"], e["call"]) for e in failed] == [(0, call)]
         assert ready.probe(1).events == (Responding(),)
+
+    @pytest.mark.parametrize(
+        ("code", "events"),
+        [
+            (UNKNOWN, (LivenessFailed("Unknown Error (NVML 999)"),)),
+            (pynvml.NVML_ERROR_TIMEOUT, (LivenessFailed("Timeout (NVML 10)"),)),
+            (NOT_SUPPORTED, (Responding(),)),  # no liveness check to fail; hangs still count
+            (GPU_IS_LOST, (GpuLost(),)),
+        ],
+    )
+    def test_liveness_check(
+        self, ready: Nvml, driver: SimDriver, code: int, events: tuple[object, ...]
+    ) -> None:
+        """The designated liveness call decides; its failure is one strike, not a verdict."""
+        driver.fail("nvmlDeviceGetPerformanceState", code, gpu=2)
+        probe = ready.probe(2)
+        assert probe.events == events
+        if code != GPU_IS_LOST:
+            assert probe.telemetry.power_w is not None  # readings are kept either way
 
     def test_recovery_action_from_field(self, ready: Nvml, driver: SimDriver) -> None:
         """The driver's recovery action (field 230) is read with each probe."""

@@ -46,7 +46,7 @@ def driver(clock: FakeClock, tmp_path: Path) -> Iterator[tuple[SimDriver, Proces
     try:
         nvml.init()
         nvml.discover()
-        yield drv, ProcessReader(nvml._optional)
+        yield drv, ProcessReader(nvml.calls)
     finally:
         nvml.shutdown()
         uninstall()
@@ -201,7 +201,7 @@ def test_mig_processes_carry_instances_and_have_no_samples(
         (501, gis[1], 0),
     ]
     assert reading.samples is None
-    assert any(e.get("value") == "process_utilization" for e in logs)
+    assert any(e.get("call") == "nvmlDeviceGetProcessesUtilizationInfo" for e in logs)
     before = sim.calls["nvmlDeviceGetProcessesUtilizationInfo"]
     reader.read(H100_MIG, handle(H100_MIG))
     assert sim.calls["nvmlDeviceGetProcessesUtilizationInfo"] == before  # not asked again

@@ -58,6 +58,26 @@ def drain(event_set: Any) -> list[tuple[int, int, int]]:
         seen.append((gpu, int(data.eventType), int(data.eventData)))
 
 
+def drain_until_lost(event_set: Any) -> list[tuple[int, int, int]]:
+    """Every queued event until the wait answers GPU_IS_LOST (a set holding a lost GPU)."""
+    addresses = {ctypes.addressof(handle(i).contents): i for i in range(4)}
+    seen: list[tuple[int, int, int]] = []
+    while True:
+        try:
+            data = pynvml.nvmlEventSetWait_v2(event_set, 1000)
+        except pynvml.NVMLError_GpuIsLost:
+            return seen
+        gpu = addresses[ctypes.addressof(data.device.contents)]
+        seen.append((gpu, int(data.eventType), int(data.eventData)))
+
+
+def volatile_dbe(index: int) -> int:
+    (count,) = pynvml.nvmlDeviceGetFieldValues(
+        handle(index), [pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL]
+    )
+    return int(count.value.ullVal)
+
+
 def recovery_action(index: int) -> int:
     (value,) = pynvml.nvmlDeviceGetFieldValues(
         handle(index), [pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION]
@@ -78,7 +98,9 @@ class TestXid:
     def test_reset_xid(self, driver: SimDriver, events: Any, xid: int) -> None:
         """An XID that needs a GPU reset also sets and announces recovery action GPU_RESET."""
         state = driver.inject(2, "xid", xid)
-        assert drain(events) == [(2, XID, xid), (2, RECOVERY, GPU_RESET)]
+        # eventData is the XID for an XID event and 0 for every other type (nvml.h): the action
+        # itself is read from the recovery-action field.
+        assert drain(events) == [(2, XID, xid), (2, RECOVERY, 0)]
         assert recovery_action(2) == GPU_RESET
         assert state["recovery_action"] == "gpu_reset"
         assert recovery_action(1) == NONE
@@ -124,8 +146,23 @@ class TestLost:
     def test_event_and_state(self, driver: SimDriver, events: Any) -> None:
         """Losing a GPU raises XID 79 (which needs a reset) and shows it lost."""
         state = driver.inject(3, "lost")
-        assert drain(events) == [(3, XID, 79), (3, RECOVERY, GPU_RESET)]
+        assert drain_until_lost(events) == [(3, XID, 79), (3, RECOVERY, 0)]
         assert (state["state"], state["last_xid"]) == ("lost", 79)
+
+    def test_waits_keep_answering_lost(self, driver: SimDriver, events: Any) -> None:
+        """After its events, a set holding a lost GPU answers every wait with GPU_IS_LOST at once.
+
+        As a real driver does: a caller that retries at once spins.
+        """
+        driver.inject(3, "lost")
+        drain_until_lost(events)
+        for _ in range(3):
+            started = time.monotonic()
+            with pytest.raises(pynvml.NVMLError_GpuIsLost):
+                pynvml.nvmlEventSetWait_v2(events, 10_000)
+            assert time.monotonic() - started < 5.0
+        driver.inject(3, "recover")
+        drain(events)  # times out again: the GPU answers
 
     def test_lookups_and_others_still_answer(self, driver: SimDriver) -> None:
         """Handles can still be looked up, other GPUs are unaffected."""
@@ -140,11 +177,11 @@ class TestLost:
     def test_recover(self, driver: SimDriver, events: Any) -> None:
         """Recovering answers again, clears the recovery action and announces NONE."""
         driver.inject(3, "lost")
-        drain(events)
+        drain_until_lost(events)
         state = driver.inject(3, "recover")
         assert pynvml.nvmlDeviceGetUUID(handle(3)) == driver.node.gpus[3].uuid
         assert recovery_action(3) == NONE
-        assert drain(events) == [(3, RECOVERY, NONE)]
+        assert drain(events) == [(3, RECOVERY, 0)]
         assert (state["state"], state["recovery_action"]) == ("ok", "none")
 
 
@@ -152,13 +189,19 @@ class TestEcc:
     def test_double_bit(self, driver: SimDriver, events: Any) -> None:
         """A DBE is an ECC event, counted, and asks for a GPU reset."""
         state = driver.inject(0, "ecc_dbe")
-        assert drain(events) == [(0, DBE, 0), (0, RECOVERY, GPU_RESET)]
+        assert drain(events) == [(0, DBE, 0), (0, RECOVERY, 0)]
         assert recovery_action(0) == GPU_RESET
-        (count,) = pynvml.nvmlDeviceGetFieldValues(
-            handle(0), [pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL]
-        )
-        assert count.value.ullVal == 1
+        assert volatile_dbe(0) == 1
         assert (state["ecc_dbe_count"], state["recovery_action"]) == (1, "gpu_reset")
+
+    def test_reset_zeroes_the_volatile_count(self, driver: SimDriver) -> None:
+        """Volatile ECC counts start again from zero after a reset ("recover")."""
+        driver.inject(0, "ecc_dbe")
+        driver.inject(0, "ecc_dbe")
+        assert volatile_dbe(0) == 2
+        state = driver.inject(0, "recover")
+        assert volatile_dbe(0) == 0
+        assert state["ecc_dbe_count"] == 0
 
 
 class TestEventSets:
@@ -188,9 +231,9 @@ class TestEventSets:
         assert drain(xid_only) == [(0, XID, 79)]
         assert drain(everything) == [
             (0, XID, 79),
-            (0, RECOVERY, GPU_RESET),
+            (0, RECOVERY, 0),
             (1, DBE, 0),
-            (1, RECOVERY, GPU_RESET),
+            (1, RECOVERY, 0),
         ]
 
     def test_wait_times_out(self, driver: SimDriver, events: Any) -> None:
@@ -377,6 +420,7 @@ class TestControlPlane:
             "pci_bus_id": spec.pci_bus_id,
             "numa_node": 0,
             "mig": [],
+            "mig_devices": [],
             "state": "ok",
             "recovery_action": "none",
             "last_xid": None,
@@ -384,6 +428,7 @@ class TestControlPlane:
             "ecc_dbe_count": 0,
             "hang_s": 0.0,
             "not_supported": [],
+            "call_errors": [],
             "function_not_found": [],
         }
 
@@ -394,8 +439,8 @@ class TestControlPlane:
             (-1, "recover", None, LookupError),
             (0, "melt", None, ValueError),
             (0, "xid", None, ValueError),
-            (0, "xid", 0, ValueError),
             (0, "xid", -5, ValueError),
+            (0, "xid", 2**64, ValueError),
             (0, "xid", True, ValueError),
             (0, "xid", "79", ValueError),
             (0, "lost", 79, ValueError),

@@ -189,11 +189,19 @@ class TestMetrics:
         assert got.metrics[1].nvmlReturn == pynvml.NVML_SUCCESS
         assert got.metrics[1].metricInfo.unit == b"%"
 
-    def test_same_instant_is_nan(self, driver: SimDriver, clock: FakeClock) -> None:
-        """Two samples of one instant span no time: every value is NaN."""
-        first, second = sample_pair(1, clock, 0.0)
+    @pytest.mark.parametrize("apart", [0.0, 0.05, 0.099])
+    def test_samples_closer_than_100_ms_are_refused(
+        self, driver: SimDriver, clock: FakeClock, apart: float
+    ) -> None:
+        """The driver needs 100 ms between two samples; the simulator refuses a closer pair."""
+        first, second = sample_pair(1, clock, apart)
+        with pytest.raises(pynvml.NVMLError_InvalidArgument):
+            metrics(first, second, [pynvml.NVML_GPM_METRIC_SM_UTIL])
+
+    def test_samples_100_ms_apart_are_accepted(self, driver: SimDriver, clock: FakeClock) -> None:
+        first, second = sample_pair(1, clock, 0.1)
         value = metrics(first, second, [pynvml.NVML_GPM_METRIC_SM_UTIL]).metrics[0].value
-        assert math.isnan(value)
+        assert math.isfinite(value)
 
     def test_lost_gpu(self, driver: SimDriver) -> None:
         """Sampling a lost GPU is GPU_IS_LOST."""

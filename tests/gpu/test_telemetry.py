@@ -17,7 +17,7 @@ import structlog.testing
 from support.clock import FakeClock
 
 from gpuagent.domain.devices import Telemetry
-from gpuagent.domain.health import GpuLost, ProbeFailed, Responding
+from gpuagent.domain.health import GpuLost, Responding
 from gpuagent.gpu.nvml import Nvml
 from gpuagent.gpu.sim import (
     SimDriver,
@@ -34,7 +34,8 @@ MIB = 1024 * 1024
 GPUS = 4
 START = 1000.0
 ABSENT_LOG = "value not offered by this gpu or driver"
-SLOT_LOG = "nvml field value unreadable; left out"
+SLOT_LOG = "nvml value unreadable; left out"
+FAILED_LOG = "nvml call failed; value left out"
 NOT_SUPPORTED = int(pynvml.NVML_ERROR_NOT_SUPPORTED)
 FUNCTION_NOT_FOUND = int(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
 GPU_IS_LOST = int(pynvml.NVML_ERROR_GPU_IS_LOST)
@@ -42,16 +43,13 @@ UNKNOWN = int(pynvml.NVML_ERROR_UNKNOWN)
 
 GPM_FIELDS = frozenset(name for _, name, _ in GPM_METRICS)
 ALL_FIELDS = frozenset(f.name for f in dataclasses.fields(Telemetry))
-# The values the one nvmlDeviceGetFieldValues call carries.
+# The values the one nvmlDeviceGetFieldValues call carries, less the row-remapping ones, which
+# nvmlDeviceGetRemappedRows reads where the fields are not offered.
 FIELD_BASED = frozenset(
     {
         "memory_temperature_c",
         "pcie_replays",
         "nvlink_bandwidth_total",
-        "remapped_rows_correctable",
-        "remapped_rows_uncorrectable",
-        "row_remap_pending",
-        "row_remap_failure",
         "ecc_sbe_volatile",
         "ecc_dbe_volatile",
         "power_violation_ns",
@@ -74,7 +72,7 @@ def ready(node: Any, clock: FakeClock, tmp_path: Path) -> Iterator[tuple[SimDriv
     """``node``'s simulated driver installed and a backend that has discovered its GPUs."""
     drv = SimDriver(node, clock=clock)
     install(drv)
-    backend = Nvml(sysfs_root=tmp_path)
+    backend = Nvml(sysfs_root=tmp_path, clock=clock)
     try:
         backend.init()
         backend.discover()
@@ -156,7 +154,7 @@ def missing(telemetry: Telemetry) -> set[str]:
 
 
 def absent_logs(logs: Sequence[Mapping[str, Any]]) -> list[tuple[int, str]]:
-    return sorted((e["gpu"], e["value"]) for e in logs if e["event"] == ABSENT_LOG)
+    return sorted((e["gpu"], e["call"]) for e in logs if e["event"] == ABSENT_LOG)
 
 
 def two_probes(nvml: Nvml, clock: FakeClock, index: int, step: float = 30.0) -> Telemetry:
@@ -330,11 +328,12 @@ class TestAbsent:
     @pytest.mark.parametrize(
         ("field_id", "absent"),
         [
-            (pynvml.NVML_FI_DEV_MEMORY_TEMP, "memory_temperature_c"),
-            (pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER, "pcie_replays"),
-            (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, "nvlink_bandwidth_total"),
-            (pynvml.NVML_FI_DEV_REMAPPED_PENDING, "row_remap_pending"),
-            (pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL, "ecc_sbe_volatile"),
+            (pynvml.NVML_FI_DEV_MEMORY_TEMP, {"memory_temperature_c"}),
+            (pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER, {"pcie_replays"}),
+            (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, {"nvlink_bandwidth_total"}),
+            (pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL, {"ecc_sbe_volatile"}),
+            # Read through nvmlDeviceGetRemappedRows instead: a failed remap never goes unseen.
+            (pynvml.NVML_FI_DEV_REMAPPED_PENDING, set()),
         ],
     )
     def test_field_slot_not_supported(
@@ -343,7 +342,7 @@ class TestAbsent:
         clock: FakeClock,
         monkeypatch: pytest.MonkeyPatch,
         field_id: int,
-        absent: str,
+        absent: set[str],
     ) -> None:
         """A field whose slot says NOT_SUPPORTED is absent on that GPU only, logged once."""
         real = _api_device._field
@@ -359,10 +358,10 @@ class TestAbsent:
                 clock.now += 10.0
                 probes = [nvml.probe(i) for i in range(GPUS)]
         assert all(p.events == (Responding(),) for p in probes)
-        assert missing(probes[2].telemetry) == {absent}
+        assert missing(probes[2].telemetry) == absent
         assert all(missing(p.telemetry) == set() for i, p in enumerate(probes) if i != 2)
         key = next(k for k, fid, _ in FIELDS if fid == field_id)
-        assert absent_logs(logs) == [(2, key)]
+        assert absent_logs(logs) == [(2, f"nvmlDeviceGetFieldValues:{key}")]
 
     def test_field_slot_other_error(
         self, nvml: Nvml, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
@@ -371,7 +370,7 @@ class TestAbsent:
         real = _api_device._field
 
         def failing(st: Any, gpu: Any, fid: int, *rest: Any) -> Any:
-            if fid == pynvml.NVML_FI_DEV_REMAPPED_UNC:
+            if fid == pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER:
                 return UNKNOWN
             return real(st, gpu, fid, *rest)
 
@@ -382,9 +381,11 @@ class TestAbsent:
                 clock.now += 10.0
                 probe = nvml.probe(0)
                 assert probe.events == (Responding(),)
-                assert missing(probe.telemetry) == {"remapped_rows_uncorrectable"}
-        warnings = [(e["gpu"], e["value"]) for e in logs if e["event"] == SLOT_LOG]
-        assert warnings == [(0, "remapped_rows_uncorrectable")]
+                assert missing(probe.telemetry) == {"pcie_replays"}
+        warnings = [(e["gpu"], e["call"]) for e in logs if e["event"] == SLOT_LOG]
+        assert warnings == [(0, "nvmlDeviceGetFieldValues:pcie_replays")]
+        errors = dict(nvml.calls.stats())["nvmlDeviceGetFieldValues:pcie_replays"].errors
+        assert errors == 4
 
     def test_field_slot_lost_gpu_is_lost(self, nvml: Nvml, monkeypatch: pytest.MonkeyPatch) -> None:
         """A slot reporting a lost GPU makes the probe report the GPU lost."""
@@ -397,10 +398,14 @@ class TestAbsent:
         assert nvml.probe(3).events == (GpuLost(),)
         assert nvml.probe(2).events == (Responding(),)
 
-    def test_field_values_failing_is_probe_failed(self, nvml: Nvml, driver: SimDriver) -> None:
-        """The batch failing for another reason fails the probe, as any whole-GPU call does."""
+    def test_field_values_failing_leaves_them_absent(self, nvml: Nvml, driver: SimDriver) -> None:
+        """The batch failing for another reason leaves its values absent; the GPU answers."""
         driver.fail("nvmlDeviceGetFieldValues", UNKNOWN, gpu=1)
-        assert nvml.probe(1).events == (ProbeFailed("Unknown Error (NVML 999)"),)
+        probe = nvml.probe(1)
+        assert probe.events == (Responding(),)
+        assert probe.recovery_action is None
+        assert missing(probe.telemetry) >= FIELD_BASED
+        assert probe.telemetry.row_remap_failure == 0  # through nvmlDeviceGetRemappedRows
         assert nvml.probe(0).events == (Responding(),)
 
     @pytest.mark.parametrize("how", ["removed", "not_supported"])
@@ -446,12 +451,23 @@ class TestGpm:
         assert got.sm_active == pytest.approx(want.sm_active, rel=1e-12)
         assert got.sm_active != pytest.approx(model(driver, 1, 30.0, 10.0).sm_active, rel=1e-6)
 
-    def test_nan_is_absent(self, nvml: Nvml, clock: FakeClock) -> None:
-        """Two samples of one instant give NaN metrics: absent, not NaN."""
+    def test_no_sample_closer_than_110_ms(
+        self, nvml: Nvml, driver: SimDriver, clock: FakeClock
+    ) -> None:
+        """A probe sooner than 110 ms after the last sample takes none and repeats the values."""
         nvml.probe(0)
-        assert missing(nvml.probe(0).telemetry) == set(GPM_FIELDS)
-        clock.now += 1.0
-        assert missing(nvml.probe(0).telemetry) == set()
+        samples = driver.calls["nvmlGpmSampleGet"]
+        clock.now += 0.05
+        assert missing(nvml.probe(0).telemetry) == set(GPM_FIELDS)  # no pair yet
+        assert driver.calls["nvmlGpmSampleGet"] == samples
+        clock.now += 0.07
+        paired = nvml.probe(0).telemetry
+        assert missing(paired) == set()
+        clock.now += 0.1
+        again = nvml.probe(0).telemetry
+        assert driver.calls["nvmlGpmSampleGet"] == samples + 1
+        assert again.sm_active == paired.sm_active
+        assert dict(nvml.calls.stats())["nvmlGpmMetricsGet"].errors == 0
 
     def test_absent_on_a100(self, clock: FakeClock, tmp_path: Path) -> None:
         """Pre-Hopper GPUs have no GPM: absent, no sample taken, logged once; Hopper+ have it."""
@@ -471,7 +487,7 @@ class TestGpm:
                 assert missing(probe.telemetry) == set()
             assert drv.calls["nvmlGpmQueryDeviceSupport"] == 4  # asked once per GPU
             assert drv.calls["nvmlGpmSampleGet"] == 3 * 3  # never on the A100
-            assert absent_logs(logs) == [(0, "gpm")]
+            assert absent_logs(logs) == [(0, "nvmlGpmQueryDeviceSupport")]
 
     def test_metric_not_supported(
         self, nvml: Nvml, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
@@ -485,7 +501,7 @@ class TestGpm:
                 clock.now += 5.0
                 t = nvml.probe(2).telemetry
         assert missing(t) == {"sm_occupancy"}
-        assert absent_logs(logs) == [(2, "gpm_sm_occupancy")]
+        assert absent_logs(logs) == [(2, "nvmlGpmMetricsGet:sm_occupancy")]
 
     def test_lost_gpu_and_no_pair_across_it(
         self, nvml: Nvml, driver: SimDriver, clock: FakeClock
@@ -501,14 +517,17 @@ class TestGpm:
         assert missing(nvml.probe(3).telemetry) == set()
 
     @pytest.mark.parametrize("symbol", ["nvmlGpmSampleGet", "nvmlGpmMetricsGet"])
-    def test_other_error_fails_the_probe(
+    def test_other_error_leaves_gpm_absent(
         self, nvml: Nvml, driver: SimDriver, clock: FakeClock, symbol: str
     ) -> None:
-        """Any other GPM error is an NVML error like the rest: ProbeFailed; then it recovers."""
+        """Any other GPM error leaves the values absent, counted; then a fresh pair brings them."""
         nvml.probe(0)
         driver.fail(symbol, UNKNOWN, count=1)
         clock.now += 5.0
-        assert nvml.probe(0).events == (ProbeFailed("Unknown Error (NVML 999)"),)
+        failed = nvml.probe(0)
+        assert failed.events == (Responding(),)
+        assert missing(failed.telemetry) >= GPM_FIELDS
+        assert dict(nvml.calls.stats())[symbol].errors == 1
         for _ in range(2):
             clock.now += 5.0
             probe = nvml.probe(0)
@@ -538,18 +557,21 @@ class TestGpm:
 
 # ----- NVML calls per cycle ----------------------------------------------------------------------
 class TestCalls:
-    def test_one_field_values_call_per_gpu(self, nvml: Nvml, driver: SimDriver) -> None:
+    def test_one_field_values_call_per_gpu(
+        self, nvml: Nvml, driver: SimDriver, clock: FakeClock
+    ) -> None:
         """Reading telemetry makes one nvmlDeviceGetFieldValues call per GPU, whatever the
         number of field-based values, and twelve NVML calls in all once GPM has a pair."""
-        reader = TelemetryReader(nvml._optional)
+        reader = TelemetryReader(nvml.calls, clock)
         handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(GPUS)]
         try:
             for index, handle in enumerate(handles):
                 reader.read(index, handle)
             for _ in range(3):
                 before = Counter(driver.calls)
+                clock.now += 1.0
                 for index, handle in enumerate(handles):
-                    t = reader.read(index, handle)
+                    t = reader.read(index, handle).telemetry
                     assert t.nvlink_bandwidth_total is not None
                 calls = Counter(driver.calls)
                 calls.subtract(before)
@@ -560,7 +582,7 @@ class TestCalls:
             reader.close()
 
     def test_probe_reads_fields_in_one_batch(self, nvml: Nvml, driver: SimDriver) -> None:
-        """A whole probe: the telemetry batch plus the recovery-action read (field 230)."""
+        """A whole probe: one batch of fields, the recovery action (field 230) among them."""
         calls: list[list[int]] = []
         real = pynvml.nvmlDeviceGetFieldValues
 
@@ -571,15 +593,15 @@ class TestCalls:
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(pynvml, "nvmlDeviceGetFieldValues", spy)
             nvml.probe(0)
-        telemetry_batches = [ids for ids in calls if ids != [230]]
-        assert telemetry_batches == [[fid for _, fid, _ in FIELDS]]
+        assert calls == [[fid for _, fid, _ in FIELDS]]
+        assert pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION in calls[0]
 
 
 def test_reader_close_is_idempotent(nvml: Nvml, driver: SimDriver, clock: FakeClock) -> None:
     """Closing twice frees each sample once; a read after close allocates afresh."""
-    reader = TelemetryReader(nvml._optional)
+    reader = TelemetryReader(nvml.calls, clock)
     handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-    read: Callable[[], Telemetry] = lambda: reader.read(0, handle)  # noqa: E731
+    read: Callable[[], Telemetry] = lambda: reader.read(0, handle).telemetry  # noqa: E731
     read()
     reader.close()
     reader.close()

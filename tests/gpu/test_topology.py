@@ -12,7 +12,13 @@ import pytest
 import structlog.testing
 
 from gpuagent.domain.devices import Link, P2PLevel, Topology
-from gpuagent.gpu.sim import SimDriver, installed, node_from_count, node_from_mapping
+from gpuagent.gpu.sim import (
+    SimDriver,
+    installed,
+    node_from_count,
+    node_from_mapping,
+    uninstall,
+)
 from gpuagent.gpu.sim.spec import SimNode, node_with_nvswitches, switch_bus_id
 from gpuagent.gpu.topology import bus_key, p2p_level, read_topology
 
@@ -170,6 +176,52 @@ class TestNvSwitch:
         ]
 
 
+class TestCalls:
+    """How many calls a read takes: link states in one call, remote types only for non-GPUs."""
+
+    def test_eight_gpus_all_linked(self, run: Run) -> None:
+        driver = run(node_from_count(8))
+        given = handles(driver)
+        before = dict(driver.calls)
+        read_topology(given)
+        made = {k: v - before.get(k, 0) for k, v in driver.calls.items() if v != before.get(k, 0)}
+        assert made == {
+            "nvmlDeviceGetPciInfo_v3": 8,  # bus IDs (discovery hands them over instead)
+            "nvmlDeviceGetFieldValues": 8,  # link count and every link's state, per GPU
+            "nvmlDeviceGetNvLinkRemotePciInfo_v2": 8 * 14,  # 2 links to each of 7 peers
+            "nvmlDeviceGetTopologyCommonAncestor": 28,  # one per pair
+        }
+
+    def test_bus_ids_given(self, run: Run) -> None:
+        """With the bus IDs from discovery, no PCI info is read again."""
+        driver = run(node_from_count(4))
+        buses = {g.index: g.pci_bus_id for g in driver.node.gpus}
+        before = driver.calls["nvmlDeviceGetPciInfo_v3"]
+        with_buses = read_topology(handles(driver), buses=buses)
+        assert driver.calls["nvmlDeviceGetPciInfo_v3"] == before
+        assert with_buses == read_topology(handles(driver))
+
+    def test_switches_need_the_remote_type(self, run: Run) -> None:
+        driver = run(node_with_nvswitches(2))
+        given = handles(driver)
+        before = driver.calls["nvmlDeviceGetNvLinkRemoteDeviceType"]
+        read_topology(given)
+        assert driver.calls["nvmlDeviceGetNvLinkRemoteDeviceType"] - before == 2 * 18
+
+    def test_driver_without_link_state_fields(self, run: Run) -> None:
+        """Without the NVLink state field, each link's state is asked for; same topology."""
+        node = node_from_mapping(ASYMMETRIC)
+        expected = pairs(read_topology(handles(run(node))))
+        pynvml.nvmlShutdown()
+        uninstall()
+        old = dataclasses.replace(
+            node, absent_fields=frozenset({pynvml.NVML_FI_DEV_NVLINK_GET_STATE})
+        )
+        driver = run(old)
+        assert pairs(read_topology(handles(driver))) == expected
+        assert driver.calls["nvmlDeviceGetNvLinkState"] > 0
+
+
 class TestFailures:
     def test_lost_gpu(self, run: Run) -> None:
         """A lost GPU's pairs are unknown; every other pair reads as before; no exception."""
@@ -189,23 +241,24 @@ class TestFailures:
     def test_lost_after_pci_info(self, run: Run) -> None:
         """A GPU lost only once its links are walked still leaves just its own pairs unknown."""
         driver = run(node_from_mapping(ASYMMETRIC))
-        driver.fail("nvmlDeviceGetNvLinkState", int(pynvml.NVML_ERROR_GPU_IS_LOST), gpu=1)
+        driver.fail("nvmlDeviceGetFieldValues", int(pynvml.NVML_ERROR_GPU_IS_LOST), gpu=1)
         got = pairs(read_topology(handles(driver)))
         assert all(got[p] == (None, 0) for p in got if 1 in p)
         assert got[(0, 2)] == (SYSTEM, 2)
         assert got[(3, 4)] == (SYSTEM, 12)
 
     @pytest.mark.parametrize(
-        "symbol",
+        "symbols",
         [
-            "nvmlDeviceGetNvLinkState",
-            "nvmlDeviceGetNvLinkRemotePciInfo_v2",
+            ["nvmlDeviceGetNvLinkState", "nvmlDeviceGetFieldValues"],
+            ["nvmlDeviceGetNvLinkRemotePciInfo_v2"],
         ],
     )
-    def test_nvlink_functions_removed(self, run: Run, symbol: str) -> None:
+    def test_nvlink_functions_removed(self, run: Run, symbols: list[str]) -> None:
         """An older driver without the NVLink calls: no links anywhere, P2P intact, logged once."""
         driver = run(node_from_count(4))
-        driver.remove(symbol)
+        for symbol in symbols:
+            driver.remove(symbol)
         with structlog.testing.capture_logs() as logs:
             topology = read_topology(handles(driver))
         assert [link.nvlinks for link in topology.links] == [0] * 6
@@ -226,6 +279,7 @@ class TestFailures:
     def test_nvlink_not_supported_on_one_gpu(self, run: Run) -> None:
         """A GPU without NVLink support has no links; its NVLink peers then have none with it."""
         driver = run(node_from_mapping(ASYMMETRIC))
+        driver.fail("nvmlDeviceGetFieldValues", NOT_SUPPORTED, gpu=0)
         driver.fail("nvmlDeviceGetNvLinkState", NOT_SUPPORTED, gpu=0)
         with structlog.testing.capture_logs() as logs:
             got = pairs(read_topology(handles(driver)))

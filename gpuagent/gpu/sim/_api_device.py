@@ -1,4 +1,10 @@
-"""Per-device query entry points of the simulated ``libnvidia-ml`` (identity and telemetry)."""
+"""Per-device query entry points of the simulated ``libnvidia-ml`` (identity and telemetry).
+
+Strict where nvml.h is: on a MIG-enabled GPU, aggregate memory reads of the parent
+(``nvmlDeviceGetMemoryInfo``/``_v2``) answer NO_PERMISSION unless the node grants CAP_SYS_ADMIN
+(``cap_sys_admin`` in ``--sim-config``); per-instance memory comes from the MIG device handles. A
+driver before R565 has no recovery-action field (230): its slot answers NOT_SUPPORTED.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +20,7 @@ from gpuagent.gpu.sim.state import DriverState, GpuState
 SUCCESS = int(pynvml.NVML_SUCCESS)
 INVALID_ARGUMENT = int(pynvml.NVML_ERROR_INVALID_ARGUMENT)
 NOT_SUPPORTED = int(pynvml.NVML_ERROR_NOT_SUPPORTED)
+NO_PERMISSION = int(pynvml.NVML_ERROR_NO_PERMISSION)
 _UINT = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
 _ULL = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
 #: ``nvmlFieldValue_t.scopeId`` asking for the sum over every NVLink (NVML's UINT_MAX).
@@ -70,7 +77,14 @@ def _pci_info(st: DriverState, gpu: GpuState, ref: object) -> int:
     return SUCCESS
 
 
+def _aggregate_refused(st: DriverState, gpu: GpuState) -> bool:
+    """A parent GPU's memory under MIG needs privileges the agent may not have."""
+    return gpu.mig_enabled and not st.node.cap_sys_admin
+
+
 def _memory(st: DriverState, gpu: GpuState, ref: object) -> int:
+    if _aggregate_refused(st, gpu):
+        return NO_PERMISSION
     s = st.sample(gpu)
     memory = out(ref)
     memory.total = s.fb_total_bytes
@@ -83,6 +97,8 @@ def _memory_v2(st: DriverState, gpu: GpuState, ref: object) -> int:
     memory = out(ref)
     if memory.version != pynvml.nvmlMemory_v2:
         return int(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+    if _aggregate_refused(st, gpu):
+        return NO_PERMISSION
     s = st.sample(gpu)
     memory.total = s.fb_total_bytes
     memory.reserved = s.fb_reserved_bytes
@@ -160,6 +176,11 @@ def _decoder(st: DriverState, gpu: GpuState, util: object, period: object) -> in
     return SUCCESS
 
 
+def _performance_state(st: DriverState, gpu: GpuState, ref: object) -> int:
+    out(ref).value = pynvml.NVML_PSTATE_0  # busy GPUs run in P0
+    return SUCCESS
+
+
 def _pcie_replays(st: DriverState, gpu: GpuState, ref: object) -> int:
     out(ref).value = st.sample(gpu).pcie_replays
     return SUCCESS
@@ -202,13 +223,29 @@ def _nvlink(st: DriverState, gpu: GpuState, field_id: int, scope: int) -> tuple[
     return _ULL, total if scope == ALL_LINKS else total // active
 
 
+def _link_state(gpu: GpuState, link: int) -> tuple[int, int] | int:
+    """NVLink ``link``'s state (NVML_FEATURE_ENABLED for an active link), or an error code."""
+    if gpu.mig is not None or not gpu.links:
+        return NOT_SUPPORTED
+    if not 0 <= link < len(gpu.links):
+        return INVALID_ARGUMENT
+    active = gpu.links[link] is not None
+    return _UINT, pynvml.NVML_FEATURE_ENABLED if active else pynvml.NVML_FEATURE_DISABLED
+
+
 def _field(
     st: DriverState, gpu: GpuState, field_id: int, scope: int = 0
 ) -> tuple[int, int] | int | None:
     """``(value type, value)`` of one field, an error code for its slot, or None if unknown."""
     f = pynvml
+    if field_id in st.node.absent_fields:
+        return NOT_SUPPORTED
     if field_id == f.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION:
+        if not st.node.has_recovery_action:
+            return None
         return _UINT, gpu.recovery_action
+    if field_id == f.NVML_FI_DEV_NVLINK_GET_STATE:
+        return _link_state(gpu, scope)
     if field_id in (f.NVML_FI_DEV_ECC_DBE_VOL_TOTAL, f.NVML_FI_DEV_ECC_DBE_AGG_TOTAL):
         return _ULL, gpu.ecc_dbe_count
     if field_id in (f.NVML_FI_DEV_ECC_SBE_VOL_TOTAL, f.NVML_FI_DEV_ECC_SBE_AGG_TOTAL):
@@ -289,6 +326,7 @@ SYMBOLS: dict[str, Symbol] = {
     "nvmlDeviceGetEncoderUtilization": device(_encoder),
     "nvmlDeviceGetDecoderUtilization": device(_decoder),
     "nvmlDeviceGetPcieReplayCounter": device(_pcie_replays),
+    "nvmlDeviceGetPerformanceState": device(_performance_state),
     "nvmlDeviceGetRemappedRows": device(_remapped_rows),
     "nvmlDeviceGetMigMode": device(_mig_mode),
     "nvmlDeviceGetFieldValues": device(_field_values),

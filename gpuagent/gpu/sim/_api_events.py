@@ -1,5 +1,12 @@
 """Event entry points of the simulated ``libnvidia-ml`` (topology and NVLink: ``_api_topology``).
 
+As nvml.h says: ``eventData`` is the XID for XID events and 0 for every other type;
+``gpuInstanceId`` and ``computeInstanceId`` name the MIG instance an event is attributed to,
+``0xFFFFFFFF`` when none.
+A driver before R565 has no recovery-action event (0x8000). A wait on a set that holds a lost GPU
+returns ``NVML_ERROR_GPU_IS_LOST`` once its queued events are delivered, every time, until the GPU
+answers again — a real driver does, so a caller must not spin on it.
+
 A freed event set stays known to the driver: waiting on it, registering on it or freeing it
 again returns ``NVML_ERROR_INVALID_ARGUMENT`` (a real driver would read freed memory), and a
 thread blocked in ``nvmlEventSetWait_v2`` when its set is freed wakes with that code. A final
@@ -11,7 +18,7 @@ from __future__ import annotations
 import pynvml
 
 from gpuagent.gpu.sim._abi import Symbol, as_int, device, out
-from gpuagent.gpu.sim.state import NO_INSTANCE, SUPPORTED_EVENTS, DriverState, EventSet, GpuState
+from gpuagent.gpu.sim.state import DriverState, EventSet, GpuState
 
 SUCCESS = int(pynvml.NVML_SUCCESS)
 INVALID_ARGUMENT = int(pynvml.NVML_ERROR_INVALID_ARGUMENT)
@@ -29,7 +36,7 @@ def _live_set(st: DriverState, handle: object) -> EventSet | None:
 
 
 def _supported(st: DriverState, gpu: GpuState, ref: object) -> int:
-    out(ref).value = SUPPORTED_EVENTS
+    out(ref).value = st.supported_events
     return SUCCESS
 
 
@@ -38,7 +45,7 @@ def _register(st: DriverState, gpu: GpuState, mask: object, handle: object) -> i
     if event_set is None:
         return INVALID_ARGUMENT
     bits = as_int(mask)
-    if bits & ~SUPPORTED_EVENTS:
+    if bits & ~st.supported_events:
         return NOT_SUPPORTED
     event_set.masks[gpu.index] = event_set.masks.get(gpu.index, 0) | bits
     return SUCCESS
@@ -50,21 +57,26 @@ def _wait(st: DriverState, handle: object, ref: object, timeout_ms: object) -> i
         return INVALID_ARGUMENT
     data = out(ref)
     timeout = as_int(timeout_ms) / 1000.0
+
+    def lost() -> bool:
+        return any(st.gpus[index].lost for index in event_set.masks)
+
     st.cond.wait_for(
-        lambda: bool(event_set.queue) or event_set.freed or st.init_count == 0, timeout
+        lambda: bool(event_set.queue) or event_set.freed or st.init_count == 0 or lost(),
+        timeout,
     )
     if event_set.freed:
         return INVALID_ARGUMENT
     if st.init_count == 0:
         return int(pynvml.NVML_ERROR_UNINITIALIZED)
     if not event_set.queue:
-        return int(pynvml.NVML_ERROR_TIMEOUT)
+        return int(pynvml.NVML_ERROR_GPU_IS_LOST if lost() else pynvml.NVML_ERROR_TIMEOUT)
     event = event_set.queue.popleft()
     data.device = pynvml.c_nvmlDevice_t(st.gpus[event.gpu].handle)
     data.eventType = event.event_type
     data.eventData = event.data
-    data.gpuInstanceId = NO_INSTANCE
-    data.computeInstanceId = NO_INSTANCE
+    data.gpuInstanceId = event.gpu_instance
+    data.computeInstanceId = event.compute_instance
     return SUCCESS
 
 

@@ -5,8 +5,11 @@ GPM is Hopper and newer: older GPUs answer ``nvmlGpmQueryDeviceSupport`` with
 A sample (``nvmlGpmSample_t``) is an opaque handle from ``nvmlGpmSampleAlloc``; ``nvmlGpmSampleGet``
 records the GPU's telemetry at that instant into it, and ``nvmlGpmMetricsGet`` derives each
 metric from two samples of one GPU as the mean over the interval between them
-(:func:`gpuagent.gpu.sim.telemetry.gpm_value`; NaN for two samples of one instant). Using a freed,
-unknown or not yet filled sample, or samples of two GPUs, is INVALID_ARGUMENT.
+(:func:`gpuagent.gpu.sim.telemetry.gpm_value`). Using a freed, unknown or not yet filled sample,
+or samples of two GPUs, is INVALID_ARGUMENT; so is a pair taken less than
+:data:`MIN_SAMPLE_INTERVAL_S` apart (by the driver's clock): the driver needs 100 ms between two
+samples, and what it answers for a closer pair is undefined — the simulator makes it an error, the
+loudest choice.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ SUCCESS = int(pynvml.NVML_SUCCESS)
 INVALID_ARGUMENT = int(pynvml.NVML_ERROR_INVALID_ARGUMENT)
 NOT_SUPPORTED = int(pynvml.NVML_ERROR_NOT_SUPPORTED)
 VERSION_MISMATCH = int(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+#: The least time between two GPM samples that ``nvmlGpmMetricsGet`` accepts.
+MIN_SAMPLE_INTERVAL_S = 0.1
 
 # (shortName, longName, unit) as nvmlGpmMetricsGet fills metricInfo; kept alive at module level.
 _PERCENT = b"%"
@@ -159,6 +164,8 @@ def _metrics_get(st: DriverState, ref: object) -> int:
     if first is None or second is None or first.reading is None or second.reading is None:
         return INVALID_ARGUMENT
     if first.gpu != second.gpu:
+        return INVALID_ARGUMENT
+    if abs(second.reading.t_s - first.reading.t_s) < MIN_SAMPLE_INTERVAL_S:
         return INVALID_ARGUMENT
     nvlink = first.nvlink and second.nvlink
     for i in range(count):

@@ -34,6 +34,7 @@ def _init_with_flags(st: DriverState, flags: object) -> int:
 def _shutdown(st: DriverState) -> int:
     st.init_count -= 1
     if st.init_count == 0:
+        st.warm.clear()  # without persistence mode, GPUs go cold when the last client leaves
         st.cond.notify_all()
     return SUCCESS
 

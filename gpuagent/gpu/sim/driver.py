@@ -25,10 +25,16 @@ from gpuagent.gpu.sim.processes import new_process
 from gpuagent.gpu.sim.spec import SimNode
 from gpuagent.gpu.sim.state import FAULTS, DriverState, GpuState
 
-CALL_FAULTS = ("hang", "not_supported", "function_not_found")
+CALL_FAULTS = ("hang", "not_supported", "function_not_found", "call_error")
 # Every fault ``inject`` knows, for its error message and for /sim/faults'.
 FAULT_KINDS = (*FAULTS, *CALL_FAULTS)
 MAX_HANG_S = 3600.0
+#: The errors ``call_error`` can inject, by the names the fault takes.
+CALL_ERRORS = {
+    "unknown": int(pynvml.NVML_ERROR_UNKNOWN),
+    "no_permission": int(pynvml.NVML_ERROR_NO_PERMISSION),
+    "timeout": int(pynvml.NVML_ERROR_TIMEOUT),
+}
 
 SYMBOLS: dict[str, Symbol] = {
     **_api_system.SYMBOLS,
@@ -87,9 +93,14 @@ class SimDriver:
         self._state = DriverState(node, clock)
         self.calls = Counter()
         self._rules: dict[tuple[str, int | None], _Rule] = {}
+        # Driver-wide call errors injected "on" a GPU, cleared when that GPU recovers.
+        self._owned: dict[int, set[str]] = {}
         self._removed: set[str] = set()
         self._hangs: dict[int, float] = {}  # gpu index -> monotonic time the hang ends
         self._hang_released = threading.Event()
+        # Cold GPUs: each is brought up by the first call that touches it after nvmlInit.
+        self._warm_lock = threading.Lock()
+        self._warming: dict[int, threading.Lock] = {}
         self._entries = {name: _Entry(self, name, symbol) for name, symbol in SYMBOLS.items()}
         for name, entry in self._entries.items():
             setattr(self, name, entry)
@@ -104,6 +115,7 @@ class SimDriver:
         st = self._state
         if self._hangs:
             self._hang_if_needed(symbol, args)
+        self._spend_time(name, symbol, args)
         with st.cond:
             self.calls[name] += 1
             if name in self._removed:
@@ -113,6 +125,8 @@ class SimDriver:
                 return injected
             if symbol.needs_init and st.init_count == 0:
                 return int(pynvml.NVML_ERROR_UNINITIALIZED)
+            if name in st.node.absent_calls:
+                return int(pynvml.NVML_ERROR_NOT_SUPPORTED)
             gpus: list[GpuState] = []
             for handle in args[: symbol.handles]:
                 gpu = st.gpu_of(handle)
@@ -125,6 +139,29 @@ class SimDriver:
                 return symbol.impl(st, *gpus, *args[symbol.handles :])
             except BadArgument:
                 return int(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+
+    def _spend_time(self, name: str, symbol: Symbol, args: tuple[object, ...]) -> None:
+        """Take as long as the call takes on this driver (outside the lock, like a real one)."""
+        latency = self._state.node.latency
+        if latency.cold_start_s > 0 and symbol.target != "none":
+            with self._state.cond:
+                target = self._target(symbol, args) if self._state.init_count else None
+            if target is not None and target not in self._state.warm:
+                self._bring_up(target, latency.cold_start_s)
+        seconds = latency.of(name)
+        if seconds > 0:
+            time.sleep(seconds)
+
+    def _bring_up(self, gpu: int, seconds: float) -> None:
+        """The first call on a cold GPU brings it up; others on that GPU wait for it."""
+        with self._warm_lock:
+            lock = self._warming.setdefault(gpu, threading.Lock())
+        with lock:
+            if gpu in self._state.warm:
+                return
+            time.sleep(seconds)
+            with self._state.cond:
+                self._state.warm.add(gpu)
 
     def _hang_if_needed(self, symbol: Symbol, args: tuple[object, ...]) -> None:
         """Block (outside the lock, like a driver call stuck in the kernel) on a hung GPU."""
@@ -186,16 +223,26 @@ class SimDriver:
         *,
         seconds: object = None,
         symbol: object = None,
+        error: object = None,
+        action: object = None,
+        gpu_instance: object = None,
+        compute_instance: object = None,
     ) -> dict[str, object]:
         """Apply a fault to GPU ``gpu`` and return its new description.
 
-        Driver-state faults: ``"xid"`` (needs a positive ``xid``; XIDs that need a reset also set
-        the recovery action to GPU_RESET), ``"lost"`` (XID 79, then every call on the GPU returns
-        GPU_IS_LOST), ``"ecc_dbe"`` (a double-bit ECC event, recovery action GPU_RESET) and
-        ``"recover"`` (answers again, recovery action NONE, and the call faults below cleared).
+        Driver-state faults: ``"xid"`` (needs ``xid``; with ``gpu_instance`` and optionally
+        ``compute_instance`` the event names that MIG instance; XIDs that need a reset also set the
+        recovery action to GPU_RESET), ``"lost"`` (XID 79, then every call on the GPU returns
+        GPU_IS_LOST and event waits do too), ``"ecc_dbe"`` (a double-bit ECC event, recovery
+        action GPU_RESET), ``"recovery_action"`` (``action``: none, gpu_reset, node_reboot,
+        drain_p2p, drain_and_reset; sets the field and delivers its event with ``eventData`` 0 —
+        nothing on a driver before R565) and ``"recover"`` (a GPU reset: answers again, recovery
+        action NONE, volatile ECC counts back to 0, and the call faults below cleared).
         Call faults: ``"hang"`` (every call on the GPU blocks for ``seconds``, then answers),
-        ``"not_supported"`` (``symbol`` returns NOT_SUPPORTED on this GPU) and
-        ``"function_not_found"`` (``symbol`` disappears driver-wide, as in an older driver).
+        ``"not_supported"`` (``symbol`` returns NOT_SUPPORTED on this GPU),
+        ``"function_not_found"`` (``symbol`` disappears driver-wide, as in an older driver) and
+        ``"call_error"`` (``symbol`` fails with ``error`` — unknown, no_permission or timeout — on
+        this GPU, or driver-wide for a call that names no GPU, until the GPU recovers).
 
         Raises ``ValueError`` for an unknown fault or a bad or misplaced parameter, and
         ``LookupError`` for a GPU index that does not exist.
@@ -203,16 +250,25 @@ class SimDriver:
         if fault not in FAULT_KINDS:
             raise ValueError(f"unknown fault {fault!r} (known: {', '.join(FAULT_KINDS)})")
         if fault in CALL_FAULTS:
-            return self._call_fault(gpu, fault, xid, seconds, symbol)
-        if seconds is not None or symbol is not None:
-            raise ValueError(f"fault {fault!r} takes no seconds or symbol")
-        self._state.inject(gpu, fault, xid)
+            if any(v is not None for v in (action, gpu_instance, compute_instance)):
+                raise ValueError(f"fault {fault!r} takes no action or instance")
+            return self._call_fault(gpu, fault, xid, seconds, symbol, error)
+        if seconds is not None or symbol is not None or error is not None:
+            raise ValueError(f"fault {fault!r} takes no seconds, symbol or error")
+        self._state.inject(
+            gpu,
+            fault,
+            xid,
+            gpu_instance=gpu_instance,
+            compute_instance=compute_instance,
+            action=action,
+        )
         if fault == "recover":
             self._clear_call_faults(gpu)
         return self._describe(gpu)
 
-    def _call_fault(
-        self, gpu: int, fault: str, xid: int | None, seconds: object, symbol: object
+    def _call_fault(  # noqa: PLR0917 (one argument per fault parameter)
+        self, gpu: int, fault: str, xid: int | None, seconds: object, symbol: object, error: object
     ) -> dict[str, object]:
         if xid is not None:
             raise ValueError(f"fault {fault!r} takes no xid")
@@ -220,6 +276,8 @@ class SimDriver:
             raise ValueError(f"gpu must be an integer index, got {gpu!r}")  # noqa: TRY004
         if not 0 <= gpu < len(self._state.gpus):
             raise LookupError(f"no simulated GPU {gpu} (there are {len(self._state.gpus)})")
+        if fault != "call_error" and error is not None:
+            raise ValueError(f"fault {fault!r} takes no error")
         if fault == "hang":
             if symbol is not None:
                 raise ValueError("fault 'hang' takes no symbol")
@@ -232,15 +290,25 @@ class SimDriver:
             with self._state.cond:
                 self._hang_released.clear()
                 self._hangs[gpu] = time.monotonic() + float(seconds)
-        else:
-            if seconds is not None:
-                raise ValueError(f"fault {fault!r} takes no seconds")
-            if not isinstance(symbol, str) or symbol not in SYMBOLS:
-                raise ValueError(f"fault {fault!r} needs an NVML symbol name, got {symbol!r}")
-            if fault == "not_supported":
-                self.fail(symbol, int(pynvml.NVML_ERROR_NOT_SUPPORTED), gpu=gpu)
+            return self._describe(gpu)
+        if seconds is not None:
+            raise ValueError(f"fault {fault!r} takes no seconds")
+        if not isinstance(symbol, str) or symbol not in SYMBOLS:
+            raise ValueError(f"fault {fault!r} needs an NVML symbol name, got {symbol!r}")
+        if fault == "not_supported":
+            self.fail(symbol, int(pynvml.NVML_ERROR_NOT_SUPPORTED), gpu=gpu)
+        elif fault == "call_error":
+            if not isinstance(error, str) or error not in CALL_ERRORS:
+                known = ", ".join(CALL_ERRORS)
+                raise ValueError(f"fault 'call_error' needs an error ({known}), got {error!r}")
+            if SYMBOLS[symbol].target == "none":
+                self.fail(symbol, CALL_ERRORS[error])
+                with self._state.cond:
+                    self._owned.setdefault(gpu, set()).add(symbol)
             else:
-                self.remove(symbol)
+                self.fail(symbol, CALL_ERRORS[error], gpu=gpu)
+        else:
+            self.remove(symbol)
         return self._describe(gpu)
 
     def _clear_call_faults(self, gpu: int) -> None:
@@ -249,13 +317,25 @@ class SimDriver:
                 self._hang_released.set()
             for key in [k for k in self._rules if k[1] == gpu]:
                 del self._rules[key]
+            for name in self._owned.pop(gpu, set()):
+                self._rules.pop((name, None), None)
 
     def _describe(self, gpu: int) -> dict[str, object]:
         described = self._state.describe()[gpu]
         with self._state.cond:
             until = self._hangs.get(gpu)
             described["hang_s"] = max(0.0, until - time.monotonic()) if until else 0.0
-            described["not_supported"] = sorted(n for n, g in self._rules if g == gpu)
+            described["not_supported"] = sorted(
+                n
+                for (n, g), rule in self._rules.items()
+                if g == gpu and rule.code == pynvml.NVML_ERROR_NOT_SUPPORTED
+            )
+            described["call_errors"] = sorted(
+                n
+                for (n, g), rule in self._rules.items()
+                if rule.code != pynvml.NVML_ERROR_NOT_SUPPORTED
+                and (g == gpu or (g is None and n in self._owned.get(gpu, ())))
+            )
             described["function_not_found"] = sorted(self._removed)
         return described
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 
 import yaml
 
@@ -35,10 +37,34 @@ CAPS_COMPUTE_INSTANCES = 8
 CAPS_GPUS = 32
 DRIVER_VERSION = "580.95.05"
 CUDA_DRIVER_VERSION = 13000
+#: The first driver branch with the recovery-action field (230) and its event (0x8000).
+RECOVERY_ACTION_BRANCH = 565
+MAX_LATENCY_MS = 60_000.0
+MAX_COLD_START_MS = 600_000.0
+
+#: How long a call takes in the simulated driver when nothing else is configured: plausible
+#: figures for a warm driver (persistence mode on), not measurements. A capture of a real node
+#: (``capture:`` in ``--sim-config``) replaces them with what that node answered.
+DEFAULT_LATENCY_S = 0.000_05
+DEFAULT_CALL_LATENCY_S: Mapping[str, float] = MappingProxyType(
+    {
+        "nvmlInitWithFlags": 0.002,
+        "nvmlShutdown": 0.001,
+        "nvmlErrorString": 0.0,
+        "nvmlEventSetWait_v2": 0.0,  # the wait has a timeout of its own
+        "nvmlDeviceGetFieldValues": 0.000_2,
+        "nvmlGpmSampleGet": 0.000_5,
+        "nvmlGpmMigSampleGet": 0.000_5,
+        "nvmlGpmMetricsGet": 0.000_1,
+    }
+)
 
 _UUID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://gpuagent.invalid/sim")
 _GPU_KEYS = frozenset({"name", "memory_mib", "numa_node", "mig"})
-_TOP_KEYS = frozenset({"version", "gpus", "nvlinks"})
+_TOP_KEYS = frozenset(
+    {"version", "gpus", "nvlinks", "driver_version", "cap_sys_admin", "latency", "capture"}
+)
+_LATENCY_KEYS = frozenset({"default_ms", "calls", "cold_start_ms"})
 
 
 class SimConfigError(SettingError):
@@ -102,12 +128,38 @@ class SimGpuSpec:
 
 
 @dataclass(frozen=True)
+class SimLatency:
+    """How long the simulated driver takes: per call (seconds) and once per GPU when it is cold.
+
+    ``cold_start_s`` is spent by the first call that touches a GPU after ``nvmlInit``, as a GPU
+    without persistence mode is brought up (seconds on a Hopper board); other calls on that GPU
+    wait for it. Latencies are wall-clock sleeps outside the driver's lock, so calls on different
+    GPUs overlap, as they do on a real driver.
+    """
+
+    default_s: float = DEFAULT_LATENCY_S
+    calls: Mapping[str, float] = field(default_factory=lambda: DEFAULT_CALL_LATENCY_S)
+    cold_start_s: float = 0.0
+
+    def of(self, symbol: str) -> float:
+        """Seconds one call of C symbol ``symbol`` takes."""
+        return self.calls.get(symbol, self.default_s)
+
+
+@dataclass(frozen=True)
 class SimNode:
     """A simulated node: its GPUs, NVLink wiring and driver.
 
     ``nvlinks`` are direct GPU-to-GPU links ``(gpu_a, gpu_b, link_count)``; ``nvswitch_links`` are
     links from a GPU to an NVSwitch ``(gpu, switch, link_count)`` (see :func:`node_with_nvswitches`;
     not offered by ``--sim-config``). A GPU's links are numbered in that order: direct ones first.
+
+    ``cap_sys_admin``: whether the simulated agent runs with CAP_SYS_ADMIN, which a real driver
+    requires for aggregate (parent GPU) memory reads under MIG. The default is the base manifest's
+    privileges: without it, those reads answer NO_PERMISSION.
+    ``absent_calls``/``absent_fields``: C symbols and field IDs this driver answers with
+    NOT_SUPPORTED (from a capture). ``supported_events``: the event mask the GPUs report, ``None``
+    for what the driver version offers.
     """
 
     gpus: tuple[SimGpuSpec, ...]
@@ -115,6 +167,22 @@ class SimNode:
     driver_version: str = DRIVER_VERSION
     cuda_driver_version: int = CUDA_DRIVER_VERSION
     nvswitch_links: tuple[tuple[int, int, int], ...] = ()
+    cap_sys_admin: bool = False
+    latency: SimLatency = field(default_factory=SimLatency)
+    absent_calls: frozenset[str] = frozenset()
+    absent_fields: frozenset[int] = frozenset()
+    supported_events: int | None = None
+
+    @property
+    def driver_branch(self) -> int:
+        """The driver's major version (``580`` for ``580.95.05``; 0 if unreadable)."""
+        head = self.driver_version.split(".", 1)[0]
+        return int(head) if head.isdigit() else 0
+
+    @property
+    def has_recovery_action(self) -> bool:
+        """Whether this driver has the recovery-action field (230) and event (0x8000): R565+."""
+        return self.driver_branch >= RECOVERY_ACTION_BRANCH
 
     @property
     def nvswitches(self) -> int:
@@ -304,10 +372,10 @@ def _gpu_from(item: object, index: int, count: int) -> SimGpuSpec:
         item = {}
     if not isinstance(item, Mapping):
         raise SimConfigError(key, "must be a mapping of name, memory_mib, numa_node, mig")
-    for field in item:
-        if field not in _GPU_KEYS:
+    for given in item:
+        if given not in _GPU_KEYS:
             raise SimConfigError(
-                f"{key}.{field}", "unknown key (known: memory_mib, mig, name, numa_node)"
+                f"{key}.{given}", "unknown key (known: memory_mib, mig, name, numa_node)"
             )
     name: str | None = None
     profile = DEFAULT_PROFILE
@@ -363,25 +431,98 @@ def _nvlinks(value: object, gpus: Sequence[SimGpuSpec]) -> tuple[tuple[int, int,
     return tuple(links)
 
 
-def node_from_mapping(data: object) -> SimNode:
-    """Parse a loaded ``--sim-config`` document (``version: v1``, ``gpus:``, ``nvlinks:``).
+def node_from_mapping(data: object, *, base: Path | None = None) -> SimNode:
+    """Parse a loaded ``--sim-config`` document.
 
-    Raises :class:`SimConfigError` naming the dotted key of the first invalid value.
+    Keys: ``version: v1``, ``gpus:``, ``nvlinks:``, and for the driver ``driver_version:``
+    (a version before 565 has no recovery-action field or event), ``cap_sys_admin:`` (default
+    false), ``latency: {default_ms, calls: {symbol: ms}, cold_start_ms}`` and ``capture: FILE``
+    (a capture by ``scripts/nvml-capture``, relative to ``base``, whose driver, GPUs and latencies
+    are the defaults of the other keys). Raises :class:`SimConfigError` naming the dotted key of
+    the first invalid value.
     """
     if not isinstance(data, Mapping):
         raise SimConfigError("sim-config", "must be a mapping with version, gpus and nvlinks")
     for key in data:
         if key not in _TOP_KEYS:
-            raise SimConfigError(str(key), "unknown key (known: gpus, nvlinks, version)")
+            known = ", ".join(sorted(_TOP_KEYS))
+            raise SimConfigError(str(key), f"unknown key (known: {known})")
     if data.get("version") != "v1":
         raise SimConfigError("version", f"must be v1, got {data.get('version')!r}")
-    items = data.get("gpus")
-    if not isinstance(items, list | tuple) or not items:
-        raise SimConfigError("gpus", "must be a non-empty list of GPUs")
-    if len(items) > MAX_GPUS:
-        raise SimConfigError("gpus", f"at most {MAX_GPUS} GPUs, got {len(items)}")
-    gpus = tuple(_gpu_from(item, i, len(items)) for i, item in enumerate(items))
-    return SimNode(gpus=gpus, nvlinks=_nvlinks(data.get("nvlinks"), gpus))
+    node = None
+    if "capture" in data:
+        from gpuagent.gpu.sim.capture import load_capture  # noqa: PLC0415 (imports this module)
+
+        raw = data["capture"]
+        if not isinstance(raw, str) or not raw:
+            raise SimConfigError("capture", f"must be a file name, got {raw!r}")
+        path = Path(raw) if base is None or Path(raw).is_absolute() else base / raw
+        node = load_capture(path)
+    if node is not None and "gpus" not in data:
+        gpus = node.gpus
+    else:
+        items = data.get("gpus")
+        if not isinstance(items, list | tuple) or not items:
+            raise SimConfigError("gpus", "must be a non-empty list of GPUs")
+        if len(items) > MAX_GPUS:
+            raise SimConfigError("gpus", f"at most {MAX_GPUS} GPUs, got {len(items)}")
+        gpus = tuple(_gpu_from(item, i, len(items)) for i, item in enumerate(items))
+    driver = data.get("driver_version", node.driver_version if node else DRIVER_VERSION)
+    if not isinstance(driver, str) or not driver.split(".", 1)[0].isdigit():
+        raise SimConfigError("driver_version", f"must be a version such as 580.95.05: {driver!r}")
+    cap = data.get("cap_sys_admin", False)
+    if not isinstance(cap, bool):
+        raise SimConfigError("cap_sys_admin", f"must be true or false, got {cap!r}")
+    latency = node.latency if node is not None else SimLatency()
+    if "latency" in data:
+        latency = _latency(data["latency"], latency)
+    return SimNode(
+        gpus=gpus,
+        nvlinks=_nvlinks(data.get("nvlinks"), gpus),
+        driver_version=driver,
+        cuda_driver_version=node.cuda_driver_version if node else CUDA_DRIVER_VERSION,
+        cap_sys_admin=cap,
+        latency=latency,
+        absent_calls=node.absent_calls if node else frozenset(),
+        absent_fields=node.absent_fields if node else frozenset(),
+        supported_events=node.supported_events if node else None,
+    )
+
+
+def _milliseconds(value: object, key: str, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise SimConfigError(key, f"must be a number of milliseconds, got {value!r}")
+    if not 0 <= value <= high:
+        raise SimConfigError(key, f"must be from 0 to {high:g} ms, got {value}")
+    return float(value) / 1000.0
+
+
+def _latency(value: object, base: SimLatency) -> SimLatency:
+    """``latency: {default_ms, calls: {symbol: ms}, cold_start_ms}`` over ``base``."""
+    from gpuagent.gpu.sim.driver import SYMBOLS  # noqa: PLC0415 (the driver imports this module)
+
+    if not isinstance(value, Mapping):
+        raise SimConfigError("latency", "must be a mapping of default_ms, calls, cold_start_ms")
+    for key in value:
+        if key not in _LATENCY_KEYS:
+            known = ", ".join(sorted(_LATENCY_KEYS))
+            raise SimConfigError(f"latency.{key}", f"unknown key (known: {known})")
+    default = base.default_s
+    if "default_ms" in value:
+        default = _milliseconds(value["default_ms"], "latency.default_ms", MAX_LATENCY_MS)
+    calls = dict(base.calls)
+    raw_calls = value.get("calls", {})
+    if not isinstance(raw_calls, Mapping):
+        raise SimConfigError("latency.calls", "must map NVML symbols to milliseconds")
+    for symbol, ms in raw_calls.items():
+        key = f"latency.calls.{symbol}"
+        if symbol not in SYMBOLS:
+            raise SimConfigError(key, "not a C symbol of the simulated driver")
+        calls[symbol] = _milliseconds(ms, key, MAX_LATENCY_MS)
+    cold = base.cold_start_s
+    if "cold_start_ms" in value:
+        cold = _milliseconds(value["cold_start_ms"], "latency.cold_start_ms", MAX_COLD_START_MS)
+    return SimLatency(default_s=default, calls=MappingProxyType(calls), cold_start_s=cold)
 
 
 def load_sim_config(path: Path) -> SimNode:
@@ -391,4 +532,4 @@ def load_sim_config(path: Path) -> SimNode:
         data = yaml.safe_load(text)
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise SimConfigError("sim-config", f"cannot read {path}: {exc}") from exc
-    return node_from_mapping(data)
+    return node_from_mapping(data, base=path.parent)

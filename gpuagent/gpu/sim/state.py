@@ -31,9 +31,11 @@ T = TypeVar("T")
 #: XIDs after which NVIDIA's XID catalog asks for a GPU reset.
 RESET_XIDS = frozenset({48, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120})
 LOST_XID = 79
-FAULTS = ("xid", "lost", "ecc_dbe", "recover")
+FAULTS = ("xid", "lost", "ecc_dbe", "recover", "recovery_action")
 MAX_QUEUED_EVENTS = 4096
-MAX_XID = 0xFFFF_FFFF
+#: ``eventData`` is 64 bits wide: the simulator delivers any such value, to test what a driver
+#: might send (real XIDs are small positive numbers).
+MAX_XID = 2**64 - 1
 NO_INSTANCE = 0xFFFF_FFFF
 
 SUPPORTED_EVENTS = (
@@ -45,6 +47,8 @@ SUPPORTED_EVENTS = (
     | pynvml.nvmlEventMigConfigChange
     | pynvml.nvmlEventTypeGpuRecoveryAction
 )
+#: What a driver before R565 offers: no recovery-action event.
+SUPPORTED_EVENTS_BEFORE_R565 = SUPPORTED_EVENTS & ~pynvml.nvmlEventTypeGpuRecoveryAction
 
 RECOVERY_ACTION_NAMES = {
     pynvml.NVML_GPU_RECOVERY_ACTION_NONE: "none",
@@ -53,6 +57,7 @@ RECOVERY_ACTION_NAMES = {
     pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_P2P: "drain_p2p",
     pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET: "drain_and_reset",
 }
+RECOVERY_ACTIONS_BY_NAME = {name: code for code, name in RECOVERY_ACTION_NAMES.items()}
 
 
 @dataclass(frozen=True)
@@ -110,11 +115,13 @@ class MigState:
 
 @dataclass(frozen=True)
 class Event:
-    """One queued NVML event."""
+    """One queued NVML event: ``data`` is the XID for XID events and 0 for every other type."""
 
     gpu: int
     event_type: int
     data: int
+    gpu_instance: int = NO_INSTANCE
+    compute_instance: int = NO_INSTANCE
 
 
 @dataclass
@@ -169,6 +176,8 @@ class DriverState:
             gpu.migs = tuple(self._new_mig(gpu, m) for m in gpu.spec.mig_devices)
         self.event_sets: dict[int, EventSet] = {}
         self.processes = ProcessTable()
+        # GPUs brought up since the driver was initialised (see SimLatency.cold_start_s).
+        self.warm: set[int] = set()
 
     def _new_mig(self, parent: GpuState, spec: SimMigSpec) -> MigState:
         device = GpuState(
@@ -242,23 +251,63 @@ class DriverState:
         self.event_sets[ctypes.addressof(event_set.handle)] = event_set
         return event_set
 
+    @property
+    def supported_events(self) -> int:
+        """The event types every GPU of this driver reports as supported."""
+        if self.node.supported_events is not None:
+            return self.node.supported_events
+        return int(
+            SUPPORTED_EVENTS if self.node.has_recovery_action else SUPPORTED_EVENTS_BEFORE_R565
+        )
+
     # ----- faults ------------------------------------------------------------------------------
-    def _emit(self, gpu: GpuState, event_type: int, data: int) -> None:
+    def _emit(self, gpu: GpuState, event: Event) -> None:
         for event_set in self.event_sets.values():
-            if not event_set.freed and event_set.masks.get(gpu.index, 0) & event_type:
-                event_set.queue.append(Event(gpu.index, event_type, data))
+            if not event_set.freed and event_set.masks.get(gpu.index, 0) & event.event_type:
+                event_set.queue.append(event)
         self.cond.notify_all()
 
     def _set_recovery(self, gpu: GpuState, action: int) -> None:
+        """Set the recovery action and deliver its event (``eventData`` 0, as nvml.h says)."""
         gpu.recovery_action = action
-        self._emit(gpu, pynvml.nvmlEventTypeGpuRecoveryAction, action)
+        if self.node.has_recovery_action:
+            self._emit(gpu, Event(gpu.index, pynvml.nvmlEventTypeGpuRecoveryAction, 0))
 
-    def _xid(self, gpu: GpuState, xid: int) -> None:
+    def _xid(
+        self, gpu: GpuState, xid: int, instance: tuple[int, int] = (NO_INSTANCE, NO_INSTANCE)
+    ) -> None:
         gpu.last_xid = xid
         gpu.xid_count += 1
-        self._emit(gpu, pynvml.nvmlEventTypeXidCriticalError, xid)
+        event = Event(gpu.index, pynvml.nvmlEventTypeXidCriticalError, xid, *instance)
+        self._emit(gpu, event)
         if xid in RESET_XIDS:
             self._set_recovery(gpu, pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET)
+
+    @staticmethod
+    def _instance(gpu: GpuState, gi: object, ci: object) -> tuple[int, int]:
+        """The (GPU instance, compute instance) IDs an XID names, checked against ``gpu``."""
+        ids: list[int] = []
+        for name, value in (("gpu_instance", gi), ("compute_instance", ci)):
+            if value is None:
+                ids.append(NO_INSTANCE)
+            elif isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{name} must be an instance ID, got {value!r}")
+            elif not 0 <= value <= NO_INSTANCE:
+                raise ValueError(f"{name} must be from 0 to {NO_INSTANCE}, got {value}")
+            else:
+                ids.append(value)
+        gi_id, ci_id = ids
+        if gi_id == NO_INSTANCE:
+            if ci_id != NO_INSTANCE:
+                raise ValueError("compute_instance needs a gpu_instance")
+            return gi_id, ci_id
+        found = [m for m in gpu.migs if m.spec.gpu_instance_id == gi_id]
+        if not found:
+            known = sorted(m.spec.gpu_instance_id for m in gpu.migs)
+            raise ValueError(f"GPU {gpu.index} has no GPU instance {gi_id} (it has {known})")
+        if ci_id != NO_INSTANCE and not any(m.spec.compute_instance_id == ci_id for m in found):
+            raise ValueError(f"GPU instance {gi_id} has no compute instance {ci_id}")
+        return gi_id, ci_id
 
     @staticmethod
     def _set_lost(gpu: GpuState, *, lost: bool) -> None:
@@ -267,17 +316,34 @@ class DriverState:
         for mig in gpu.migs:
             mig.device.lost = lost
 
-    def inject(self, gpu: int, fault: str, xid: int | None = None) -> dict[str, object]:
+    def inject(
+        self,
+        gpu: int,
+        fault: str,
+        xid: int | None = None,
+        *,
+        gpu_instance: object = None,
+        compute_instance: object = None,
+        action: object = None,
+    ) -> dict[str, object]:
         """Apply a fault (see ``SimDriver.inject``) and return the GPU's new description."""
         if fault not in FAULTS:
             raise ValueError(f"unknown fault {fault!r} (known: {', '.join(FAULTS)})")
         code = 0
         if fault == "xid":
-            if isinstance(xid, bool) or not isinstance(xid, int) or not 0 < xid <= MAX_XID:
-                raise ValueError(f"fault 'xid' needs a positive integer xid, got {xid!r}")
+            if isinstance(xid, bool) or not isinstance(xid, int) or not 0 <= xid <= MAX_XID:
+                raise ValueError(f"fault 'xid' needs an xid from 0 to {MAX_XID}, got {xid!r}")
             code = xid
         elif xid is not None:
             raise ValueError(f"fault {fault!r} takes no xid")
+        if fault != "xid" and (gpu_instance is not None or compute_instance is not None):
+            raise ValueError(f"fault {fault!r} takes no gpu_instance or compute_instance")
+        if fault == "recovery_action":
+            if action not in RECOVERY_ACTIONS_BY_NAME:
+                known = ", ".join(RECOVERY_ACTIONS_BY_NAME)
+                raise ValueError(f"fault 'recovery_action' needs an action ({known}): {action!r}")
+        elif action is not None:
+            raise ValueError(f"fault {fault!r} takes no action")
         if isinstance(gpu, bool) or not isinstance(gpu, int):
             raise ValueError(f"gpu must be an integer index, got {gpu!r}")  # noqa: TRY004
         with self.cond:
@@ -285,16 +351,21 @@ class DriverState:
                 raise LookupError(f"no simulated GPU {gpu} (there are {len(self.gpus)})")
             state = self.gpus[gpu]
             if fault == "xid":
-                self._xid(state, code)
+                self._xid(state, code, self._instance(state, gpu_instance, compute_instance))
             elif fault == "lost":
                 self._set_lost(state, lost=True)
                 self._xid(state, LOST_XID)
             elif fault == "ecc_dbe":
                 state.ecc_dbe_count += 1
-                self._emit(state, pynvml.nvmlEventTypeDoubleBitEccError, 0)
+                self._emit(state, Event(state.index, pynvml.nvmlEventTypeDoubleBitEccError, 0))
                 self._set_recovery(state, pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET)
+            elif fault == "recovery_action":
+                self._set_recovery(state, RECOVERY_ACTIONS_BY_NAME[str(action)])
             else:
+                # A GPU reset: the GPU answers again, nothing is asked of anyone, and the volatile
+                # ECC counters start again from zero.
                 self._set_lost(state, lost=False)
+                state.ecc_dbe_count = 0
                 self._set_recovery(state, pynvml.NVML_GPU_RECOVERY_ACTION_NONE)
             return self._describe(state)
 
@@ -310,6 +381,15 @@ class DriverState:
             "pci_bus_id": spec.pci_bus_id,
             "numa_node": spec.numa_node,
             "mig": list(spec.mig),
+            "mig_devices": [
+                {
+                    "uuid": m.spec.uuid,
+                    "profile": m.spec.name,
+                    "gpu_instance": m.spec.gpu_instance_id,
+                    "compute_instance": m.spec.compute_instance_id,
+                }
+                for m in gpu.migs
+            ],
             "state": "lost" if gpu.lost else "ok",
             "recovery_action": RECOVERY_ACTION_NAMES.get(
                 gpu.recovery_action, str(gpu.recovery_action)

@@ -1,0 +1,183 @@
+"""A capture of a real (or simulated) node, taken by ``scripts/nvml-capture``, as a simulated node.
+
+``capture: FILE`` in ``--sim-config`` loads one: the driver's version, the GPUs (model, memory,
+NUMA node, MIG layout), how long each call took once warm, what the first call on each GPU cost
+while it was cold, which calls and field values the driver did not offer, and which event types
+the GPUs supported. A capture from a real machine so becomes a CI fixture: where the built-in
+profile differs from it, tests say so.
+
+The format (``"format": "gpuagent-nvml-capture/1"``) is written by ``scripts/nvml-capture``;
+see that script for every key. Only what maps onto the simulator's model is read here.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import pynvml
+
+from gpuagent.gpu.sim.spec import (
+    CUDA_DRIVER_VERSION,
+    DEFAULT_CALL_LATENCY_S,
+    DEFAULT_LATENCY_S,
+    SimConfigError,
+    SimLatency,
+    SimNode,
+    node_from_mapping,
+)
+
+FORMAT = "gpuagent-nvml-capture/1"
+_ABSENT = (int(pynvml.NVML_ERROR_NOT_SUPPORTED), int(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND))
+
+
+def load_capture(path: Path) -> SimNode:
+    """The simulated node a capture file describes; :class:`SimConfigError` (key ``capture``)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise SimConfigError("capture", f"cannot read {path}: {exc}") from exc
+    return node_from_capture(data)
+
+
+def node_from_capture(data: object) -> SimNode:
+    """The simulated node a loaded capture describes."""
+    if not isinstance(data, Mapping) or data.get("format") != FORMAT:
+        raise SimConfigError("capture", f"not a capture (format {FORMAT!r} expected)")
+    driver = _mapping(data.get("driver"), "capture.driver")
+    gpus = data.get("gpus")
+    if not isinstance(gpus, list) or not gpus:
+        raise SimConfigError("capture.gpus", "must list the captured GPUs")
+    layout = [_gpu_config(_mapping(g, f"capture.gpus[{i}]")) for i, g in enumerate(gpus)]
+    base = node_from_mapping(
+        {
+            "version": "v1",
+            "gpus": layout,
+            "driver_version": str(driver.get("version", "")),
+        }
+    )
+    cuda = driver.get("cuda_version")
+    symbols = _symbols()
+    calls = [c for g in gpus for c in _records(g)] + _records(data.get("system", {}))
+    return SimNode(
+        gpus=base.gpus,
+        driver_version=base.driver_version,
+        cuda_driver_version=int(cuda)
+        if isinstance(cuda, int) and cuda > 0
+        else CUDA_DRIVER_VERSION,
+        latency=_latency(calls, symbols),
+        absent_calls=frozenset(
+            symbol
+            for name in _always_absent(calls)
+            if (symbol := _symbol(name, symbols)) is not None
+        ),
+        absent_fields=_absent_fields(gpus),
+        supported_events=_events(gpus),
+    )
+
+
+def _mapping(value: object, key: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise SimConfigError(key, "must be a mapping")
+    return value
+
+
+def _gpu_config(gpu: Mapping[str, Any]) -> dict[str, object]:
+    config: dict[str, object] = {}
+    if isinstance(gpu.get("name"), str) and gpu["name"]:
+        config["name"] = gpu["name"]
+    memory = gpu.get("memory_mib")
+    if isinstance(memory, int) and memory > 0:
+        config["memory_mib"] = memory
+    if isinstance(gpu.get("numa_node"), int) and gpu["numa_node"] >= 0:
+        config["numa_node"] = gpu["numa_node"]
+    mig = gpu.get("mig")
+    devices = mig.get("devices") if isinstance(mig, Mapping) else None
+    if isinstance(devices, list) and devices and isinstance(memory, int) and memory > 0:
+        config["mig"] = [_profile(d, memory) for d in devices if isinstance(d, Mapping)]
+    return config
+
+
+def _profile(device: Mapping[str, Any], gpu_memory_mib: int) -> str:
+    """NVIDIA's name of a captured MIG device's profile (the agent's naming rule)."""
+    from gpuagent.gpu.mig import mig_profile_name  # noqa: PLC0415 (pynvml-free use)
+
+    return mig_profile_name(
+        int(device.get("gpu_slices") or 0),
+        int(device.get("compute_slices") or 0),
+        int(device.get("memory_mib") or 0),
+        gpu_memory_mib * 1024 * 1024,
+    )
+
+
+def _records(holder: object) -> list[Mapping[str, Any]]:
+    if not isinstance(holder, Mapping):
+        return []
+    calls = holder.get("calls")
+    return [c for c in calls if isinstance(c, Mapping)] if isinstance(calls, list) else []
+
+
+def _symbols() -> frozenset[str]:
+    from gpuagent.gpu.sim.driver import SYMBOLS  # noqa: PLC0415 (the driver imports spec)
+
+    return frozenset(SYMBOLS)
+
+
+def _symbol(name: str, symbols: frozenset[str]) -> str | None:
+    """The simulated C symbol behind a pynvml function name (``…_v2``, ``…_v3`` tried)."""
+    for candidate in (name, f"{name}_v2", f"{name}_v3"):
+        if candidate in symbols:
+            return candidate
+    return None
+
+
+def _latency(calls: Sequence[Mapping[str, Any]], symbols: frozenset[str]) -> SimLatency:
+    warm: dict[str, list[float]] = {}
+    cold_extra = 0.0
+    for record in calls:
+        name = record.get("call")
+        symbol = _symbol(name, symbols) if isinstance(name, str) else None
+        warm_ms, cold_ms = record.get("warm_ms"), record.get("cold_ms")
+        if symbol is None or not isinstance(warm_ms, int | float):
+            continue
+        warm.setdefault(symbol, []).append(float(warm_ms) / 1000.0)
+        if name == "nvmlDeviceGetHandleByIndex" and isinstance(cold_ms, int | float):
+            cold_extra = max(cold_extra, (float(cold_ms) - float(warm_ms)) / 1000.0)
+    per_call = dict(DEFAULT_CALL_LATENCY_S)
+    per_call.update({symbol: statistics.median(values) for symbol, values in warm.items()})
+    default = statistics.median(per_call.values()) if warm else DEFAULT_LATENCY_S
+    return SimLatency(
+        default_s=default, calls=MappingProxyType(per_call), cold_start_s=max(0.0, cold_extra)
+    )
+
+
+def _always_absent(calls: Sequence[Mapping[str, Any]]) -> set[str]:
+    """Calls that answered NOT_SUPPORTED or FUNCTION_NOT_FOUND every time they were made."""
+    outcomes: dict[str, set[bool]] = {}
+    for record in calls:
+        name, code = record.get("call"), record.get("return")
+        if isinstance(name, str) and isinstance(code, int):
+            outcomes.setdefault(name, set()).add(code in _ABSENT)
+    return {name for name, seen in outcomes.items() if seen == {True}}
+
+
+def _absent_fields(gpus: Sequence[object]) -> frozenset[int]:
+    seen: dict[int, set[bool]] = {}
+    for gpu in gpus:
+        fields = gpu.get("fields") if isinstance(gpu, Mapping) else None
+        for slot in fields if isinstance(fields, list) else []:
+            if isinstance(slot, Mapping) and isinstance(slot.get("field"), int):
+                code = slot.get("return")
+                seen.setdefault(slot["field"], set()).add(code in _ABSENT)
+    return frozenset(field for field, absent in seen.items() if absent == {True})
+
+
+def _events(gpus: Sequence[object]) -> int | None:
+    first = gpus[0] if gpus else None
+    events = first.get("events") if isinstance(first, Mapping) else None
+    supported = events.get("supported") if isinstance(events, Mapping) else None
+    return supported if isinstance(supported, int) and supported >= 0 else None

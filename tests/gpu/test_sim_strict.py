@@ -1,0 +1,309 @@
+"""The simulator as strict as nvml.h: what a real driver answers that the agent must cope with.
+
+Event data, MIG instance IDs, privileges under MIG, drivers before R565, injected call errors,
+call latency and cold GPUs — each through the real pynvml wrappers.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pynvml
+import pytest
+
+from gpuagent.gpu.sim import SimDriver, installed, node_from_count, node_from_mapping
+from gpuagent.gpu.sim.spec import SimConfigError, SimLatency, SimNode, load_sim_config
+
+XID = pynvml.nvmlEventTypeXidCriticalError
+DBE = pynvml.nvmlEventTypeDoubleBitEccError
+RECOVERY = pynvml.nvmlEventTypeGpuRecoveryAction
+NO_INSTANCE = 0xFFFF_FFFF
+
+
+def handle(index: int) -> Any:
+    return pynvml.nvmlDeviceGetHandleByIndex(index)
+
+
+def recovery_field(index: int) -> tuple[int, int]:
+    """``(nvmlReturn, value)`` of the recovery-action field."""
+    (slot,) = pynvml.nvmlDeviceGetFieldValues(
+        handle(index), [pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION]
+    )
+    return int(slot.nvmlReturn), int(slot.value.uiVal)
+
+
+@pytest.fixture
+def run() -> Iterator[Any]:
+    """``run(node)``: install a driver for ``node`` and initialise NVML."""
+    drivers: list[Any] = []
+
+    def start(node: SimNode) -> SimDriver:
+        context = installed(SimDriver(node))
+        driver = context.__enter__()
+        drivers.append(context)
+        pynvml.nvmlInit()
+        return driver
+
+    yield start
+    for context in drivers:
+        context.__exit__(None, None, None)
+
+
+def events(driver: SimDriver, mask: int, gpus: range) -> Any:
+    event_set = pynvml.nvmlEventSetCreate()
+    for index in gpus:
+        pynvml.nvmlDeviceRegisterEvents(handle(index), mask, event_set)
+    return event_set
+
+
+def drain(event_set: Any) -> list[tuple[int, int, int, int]]:
+    """``(type, data, gpu instance, compute instance)`` of every queued event."""
+    seen: list[tuple[int, int, int, int]] = []
+    while True:
+        try:
+            data = pynvml.nvmlEventSetWait_v2(event_set, 0)
+        except pynvml.NVMLError_Timeout:
+            return seen
+        seen.append(
+            (
+                int(data.eventType),
+                int(data.eventData),
+                int(data.gpuInstanceId),
+                int(data.computeInstanceId),
+            )
+        )
+
+
+class TestRecoveryAction:
+    @pytest.mark.parametrize(
+        ("action", "value"),
+        [
+            ("none", 0),
+            ("gpu_reset", 1),
+            ("node_reboot", 2),
+            ("drain_p2p", 3),
+            ("drain_and_reset", 4),
+        ],
+    )
+    def test_sets_the_field_and_announces_it_with_data_0(
+        self, run: Any, action: str, value: int
+    ) -> None:
+        driver = run(node_from_count(2))
+        event_set = events(driver, XID | DBE | RECOVERY, range(2))
+        state = driver.inject(1, "recovery_action", action=action)
+        assert state["recovery_action"] == action
+        assert recovery_field(1) == (pynvml.NVML_SUCCESS, value)
+        assert drain(event_set) == [(RECOVERY, 0, NO_INSTANCE, NO_INSTANCE)]
+
+    def test_driver_before_r565(self, run: Any) -> None:
+        """R560: no recovery-action event type, no field; an XID still arrives."""
+        driver = run(replace(node_from_count(2), driver_version="560.35.03"))
+        supported = pynvml.nvmlDeviceGetSupportedEventTypes(handle(0))
+        assert not supported & RECOVERY
+        assert supported & (XID | DBE) == XID | DBE
+        with pytest.raises(pynvml.NVMLError_NotSupported):
+            pynvml.nvmlDeviceRegisterEvents(handle(0), XID | RECOVERY, pynvml.nvmlEventSetCreate())
+        assert recovery_field(0)[0] == pynvml.NVML_ERROR_NOT_SUPPORTED
+        event_set = events(driver, XID | DBE, range(2))
+        driver.inject(0, "xid", 79)
+        driver.inject(0, "recovery_action", action="gpu_reset")  # nothing to show on this driver
+        assert drain(event_set) == [(XID, 79, NO_INSTANCE, NO_INSTANCE)]
+
+
+MIG_NODE = {"version": "v1", "gpus": [{"mig": ["3g.40gb", "2g.20gb", "1g.10gb"]}, {}]}
+
+
+class TestMigEvents:
+    def test_instance_ids_on_the_event(self, run: Any) -> None:
+        driver = run(node_from_mapping(MIG_NODE))
+        event_set = events(driver, XID, range(2))
+        gis = [m["gpu_instance"] for m in driver.describe()[0]["mig_devices"]]
+        driver.inject(0, "xid", 31, gpu_instance=gis[1], compute_instance=0)
+        driver.inject(0, "xid", 43, gpu_instance=gis[2])
+        driver.inject(0, "xid", 13)
+        assert drain(event_set) == [
+            (XID, 31, gis[1], 0),
+            (XID, 43, gis[2], NO_INSTANCE),
+            (XID, 13, NO_INSTANCE, NO_INSTANCE),
+        ]
+
+    @pytest.mark.parametrize(
+        ("gpu", "params", "message"),
+        [
+            (1, {"gpu_instance": 1}, "has no GPU instance"),
+            (0, {"gpu_instance": 5}, "has no GPU instance"),
+            (0, {"gpu_instance": "1"}, "must be an instance ID"),
+            (0, {"compute_instance": 0}, "needs a gpu_instance"),
+            (0, {"gpu_instance": -1}, "must be from 0"),
+        ],
+    )
+    def test_instances_that_do_not_exist(
+        self, run: Any, gpu: int, params: dict[str, object], message: str
+    ) -> None:
+        driver = run(node_from_mapping(MIG_NODE))
+        with pytest.raises(ValueError, match=message):
+            driver.inject(gpu, "xid", 31, **params)
+
+    def test_describe_names_instance_ids(self, run: Any) -> None:
+        driver = run(node_from_mapping(MIG_NODE))
+        devices = driver.describe()[0]["mig_devices"]
+        assert sorted(d["profile"] for d in devices) == ["1g.10gb", "2g.20gb", "3g.40gb"]
+        for device in devices:
+            mig = pynvml.nvmlDeviceGetHandleByUUID(device["uuid"])
+            assert pynvml.nvmlDeviceGetGpuInstanceId(mig) == device["gpu_instance"]
+            assert pynvml.nvmlDeviceGetComputeInstanceId(mig) == device["compute_instance"]
+
+
+class TestCallErrors:
+    @pytest.mark.parametrize(
+        ("error", "raised"),
+        [
+            ("unknown", pynvml.NVMLError_Unknown),
+            ("no_permission", pynvml.NVMLError_NoPermission),
+            ("timeout", pynvml.NVMLError_Timeout),
+        ],
+    )
+    def test_on_one_gpu_until_recover(self, run: Any, error: str, raised: type) -> None:
+        driver = run(node_from_count(2))
+        state = driver.inject(1, "call_error", symbol="nvmlDeviceGetPowerUsage", error=error)
+        assert state["call_errors"] == ["nvmlDeviceGetPowerUsage"]
+        for _ in range(3):
+            with pytest.raises(raised):
+                pynvml.nvmlDeviceGetPowerUsage(handle(1))
+        assert pynvml.nvmlDeviceGetPowerUsage(handle(0)) > 0
+        driver.inject(1, "recover")
+        assert pynvml.nvmlDeviceGetPowerUsage(handle(1)) > 0
+        assert driver.describe()[1]["call_errors"] == []
+
+    def test_a_call_for_no_gpu_fails_driver_wide(self, run: Any) -> None:
+        """An event wait names no GPU: its error applies to every wait, until that GPU recovers."""
+        driver = run(node_from_count(2))
+        event_set = events(driver, XID, range(2))
+        driver.inject(0, "call_error", symbol="nvmlEventSetWait_v2", error="unknown")
+        assert driver.describe()[0]["call_errors"] == ["nvmlEventSetWait_v2"]
+        with pytest.raises(pynvml.NVMLError_Unknown):
+            pynvml.nvmlEventSetWait_v2(event_set, 0)
+        driver.inject(1, "recover")  # another GPU's recovery does not end it
+        with pytest.raises(pynvml.NVMLError_Unknown):
+            pynvml.nvmlEventSetWait_v2(event_set, 0)
+        driver.inject(0, "recover")
+        with pytest.raises(pynvml.NVMLError_Timeout):
+            pynvml.nvmlEventSetWait_v2(event_set, 0)
+
+
+class TestPrivileges:
+    def test_default_is_the_base_manifests(self) -> None:
+        assert node_from_count(1).cap_sys_admin is False
+
+    def test_liveness_call(self, run: Any) -> None:
+        run(node_from_count(1))
+        assert pynvml.nvmlDeviceGetPerformanceState(handle(0)) == pynvml.NVML_PSTATE_0
+
+
+class TestLatency:
+    def test_each_call_takes_its_time(self, run: Any) -> None:
+        node = node_from_count(1)
+        run(replace(node, latency=SimLatency(calls={"nvmlDeviceGetPowerUsage": 0.05})))
+        h = handle(0)
+        started = time.monotonic()
+        pynvml.nvmlDeviceGetPowerUsage(h)
+        assert time.monotonic() - started >= 0.05
+
+    def test_a_cold_gpu_is_brought_up_by_its_first_call(self, run: Any) -> None:
+        """The first call on each GPU pays the bring-up; other calls on it wait for it."""
+        node = node_from_count(2)
+        run(replace(node, latency=SimLatency(default_s=0.0, calls={}, cold_start_s=0.2)))
+        started = time.monotonic()
+        first = handle(0)
+        assert time.monotonic() - started >= 0.2
+        started = time.monotonic()
+        pynvml.nvmlDeviceGetPowerUsage(first)
+        assert time.monotonic() - started < 0.2
+        waited: list[float] = []
+
+        def bring_up_gpu1() -> None:
+            began = time.monotonic()
+            handle(1)
+            waited.append(time.monotonic() - began)
+
+        threads = [threading.Thread(target=bring_up_gpu1) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(5)
+        assert len(waited) == 2
+        assert all(w >= 0.15 for w in waited)  # both waited for the one bring-up
+
+    def test_cold_again_after_the_last_client_leaves(self, run: Any) -> None:
+        node = node_from_count(1)
+        driver = run(replace(node, latency=SimLatency(default_s=0.0, calls={}, cold_start_s=0.1)))
+        handle(0)
+        pynvml.nvmlShutdown()
+        pynvml.nvmlInit()
+        started = time.monotonic()
+        handle(0)
+        assert time.monotonic() - started >= 0.1
+        assert driver.calls["nvmlDeviceGetHandleByIndex_v2"] == 2
+
+
+class TestSimConfig:
+    def write(self, tmp_path: Path, text: str) -> Path:
+        path = tmp_path / "node.yaml"
+        path.write_text(text)
+        return path
+
+    def test_driver_privileges_and_latency(self, tmp_path: Path) -> None:
+        node = load_sim_config(
+            self.write(
+                tmp_path,
+                "version: v1\ngpus: [{}]\ndriver_version: 560.35.03\ncap_sys_admin: true\n"
+                "latency: {default_ms: 0.5, calls: {nvmlDeviceGetFieldValues: 2},"
+                " cold_start_ms: 1500}\n",
+            )
+        )
+        assert node.driver_version == "560.35.03"
+        assert not node.has_recovery_action
+        assert node.cap_sys_admin
+        assert node.latency.of("nvmlDeviceGetPowerUsage") == pytest.approx(0.0005)
+        assert node.latency.of("nvmlDeviceGetFieldValues") == pytest.approx(0.002)
+        assert node.latency.cold_start_s == pytest.approx(1.5)
+
+    @pytest.mark.parametrize(
+        ("text", "key"),
+        [
+            ("driver_version: latest", "driver_version"),
+            ("cap_sys_admin: yes please", "cap_sys_admin"),
+            ("latency: 3", "latency"),
+            ("latency: {slow: 1}", "latency.slow"),
+            ("latency: {default_ms: -1}", "latency.default_ms"),
+            ("latency: {default_ms: .nan}", "latency.default_ms"),
+            ("latency: {calls: {nvmlMadeUp: 1}}", "latency.calls.nvmlMadeUp"),
+            ("latency: {cold_start_ms: true}", "latency.cold_start_ms"),
+            ("capture: 7", "capture"),
+            ("capture: missing.json", "capture"),
+        ],
+    )
+    def test_errors_name_the_key(self, tmp_path: Path, text: str, key: str) -> None:
+        with pytest.raises(SimConfigError) as caught:
+            load_sim_config(self.write(tmp_path, f"version: v1\ngpus: [{{}}]\n{text}\n"))
+        assert caught.value.key == key
+
+
+def test_handles_stay_put() -> None:
+    """A GPU's handle is the same object for every lookup (events are matched by it first)."""
+    with installed(SimDriver(node_from_count(2))):
+        pynvml.nvmlInit()
+        try:
+            a = ctypes.addressof(handle(1).contents)
+            b = ctypes.addressof(
+                pynvml.nvmlDeviceGetHandleByUUID(pynvml.nvmlDeviceGetUUID(handle(1))).contents
+            )
+            assert a == b
+        finally:
+            pynvml.nvmlShutdown()

@@ -1,0 +1,229 @@
+"""Start-up that survives a slow driver: per-call limits, a budget, nothing queued behind a hang.
+
+Each case runs the monitor's start-up against the strict simulator with per-call latency, a
+cold-start cost, or a GPU whose discovery call does not return.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from types import MappingProxyType
+
+import pytest
+import structlog.testing
+from support.backends import Delegating
+
+from gpuagent.domain.devices import Gpu, Snapshot
+from gpuagent.domain.store import DeviceStore
+from gpuagent.gpu.calls import NO_GPU, NvmlCalls
+from gpuagent.gpu.monitor import GpuMonitor, startup_budget
+from gpuagent.gpu.nvml import Nvml
+from gpuagent.gpu.sim import SimDriver, installed, node_from_count
+from gpuagent.gpu.sim.spec import SimLatency, SimNode
+
+WAIT_S = 30.0
+
+
+def slow(gpus: int, per_call_s: float, cold_s: float = 0.0) -> SimNode:
+    """``gpus`` simulated GPUs where every call takes ``per_call_s`` (event waits excepted)."""
+    latency = SimLatency(
+        default_s=per_call_s,
+        calls=MappingProxyType({"nvmlEventSetWait_v2": 0.0, "nvmlErrorString": 0.0}),
+        cold_start_s=cold_s,
+    )
+    return replace(node_from_count(gpus), latency=latency)
+
+
+def monitor(
+    store: DeviceStore, backend: Nvml | Delegating, *, call_timeout: float = 10.0, **kw: float
+) -> GpuMonitor:
+    return GpuMonitor(
+        store,
+        backend,
+        poll_interval=60.0,
+        call_timeout=call_timeout,
+        event_wait_ms=50,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+@pytest.fixture
+def store() -> DeviceStore:
+    return DeviceStore()
+
+
+def test_budget_scales_with_the_gpu_count() -> None:
+    assert startup_budget(1) == 15.0
+    assert startup_budget(8) == 50.0
+    assert startup_budget(8, nvml_timeout=12.0) == 12.0
+
+
+@pytest.mark.asyncio(loop_factories=["uvloop"])
+async def test_eight_gpus_at_100_ms_per_call(store: DeviceStore, tmp_path: Path) -> None:
+    """A driver answering every call in 100 ms: all 8 GPUs are discovered, GPU by GPU at once.
+
+    In turn that would be about 180 calls, 18 s, past the 10 s a single job once had; and while
+    it runs the store says what start-up waits for.
+    """
+    seen: list[str] = []
+    with installed(SimDriver(slow(8, 0.1))) as driver:
+        mon = monitor(store, Nvml(tmp_path))
+
+        async def watch() -> None:
+            version = -1
+            while True:
+                snapshot = await store.wait_newer(version)
+                version = snapshot.version
+                if snapshot.driver.waiting:
+                    seen.append(snapshot.driver.waiting)
+
+        watcher = asyncio.create_task(watch())
+        try:
+            await asyncio.wait_for(mon.start(), WAIT_S)
+        finally:
+            watcher.cancel()
+            await asyncio.wait_for(mon.close(), WAIT_S)
+        snapshot = store.snapshot
+        assert snapshot.discovered
+        assert len(snapshot.gpus) == 8
+        assert all(g.health.healthy and g.name for g in snapshot.gpus)
+        assert sum(1 for link in snapshot.topology.links if link.nvlinks) == 28
+        assert snapshot.driver.waiting == ""
+        calls = sum(driver.calls.values())
+        assert calls > 150  # the work was there; it ran on eight workers at once
+    assert any(w.startswith("discovering gpus: gpu") for w in seen)
+    assert any("nvmlDevice" in w for w in seen)  # names the call it is in
+
+
+class HangsInDiscovery(Delegating):
+    """GPU ``gpu``'s discovery names the GPU, then blocks in a driver call until released."""
+
+    def __init__(self, inner: Nvml, gpu: int) -> None:
+        super().__init__(inner)
+        self.gpu = gpu
+        self.release = threading.Event()
+        self.described: list[int] = []
+
+    def describe(self, index: int) -> Gpu:
+        self.described.append(index)
+        gpu = self.inner.describe(index)
+        if index == self.gpu:
+            self.calls.call(index, self.release.wait, WAIT_S, name="nvmlDeviceGetName")
+        return gpu
+
+
+async def until(store: DeviceStore, test: Callable[[Snapshot], bool]) -> Snapshot:
+    snapshot = store.snapshot
+    async with asyncio.timeout(WAIT_S):
+        while not test(snapshot):
+            snapshot = await store.wait_newer(snapshot.version)
+    return snapshot
+
+
+def described_and_healthy(snapshot: Snapshot, index: int) -> bool:
+    gpu = snapshot.gpu(index)
+    return gpu is not None and bool(gpu.name) and gpu.health.healthy
+
+
+async def test_hung_gpu_is_advertised_unresponsive_then_taken_in(
+    store: DeviceStore, tmp_path: Path
+) -> None:
+    """A GPU stuck past the per-call limit in discovery does not hold up the others.
+
+    It is advertised unhealthy (``unresponsive``, naming the call), no job is queued behind the
+    stuck one, and once the call returns the GPU is described and healthy.
+    """
+    with installed(SimDriver(node_from_count(4))):
+        backend = HangsInDiscovery(Nvml(tmp_path), gpu=2)
+        mon = monitor(store, backend, call_timeout=0.3)
+        task = None
+        try:
+            with structlog.testing.capture_logs() as logs:
+                await asyncio.wait_for(mon.start(), WAIT_S)
+            snapshot = store.snapshot
+            assert snapshot.discovered
+            stuck = snapshot.gpu(2)
+            assert stuck is not None
+            assert [c.kind for c in stuck.health.conditions] == ["unresponsive"]
+            assert "nvmlDeviceGetName" in stuck.health.reason
+            assert all(g.health.healthy for g in snapshot.gpus if g.index != 2)
+            assert any(e["event"].startswith("nvml call did not return") for e in logs)
+            task = asyncio.create_task(mon.run())
+            for _ in range(3):
+                await mon.poll_once()
+            assert backend.described.count(2) == 1  # nothing queued behind the stuck call
+            backend.release.set()
+            snapshot = await until(store, lambda s: described_and_healthy(s, 2))
+            late, first = snapshot.gpu(2), snapshot.gpu(0)
+            assert late is not None
+            assert first is not None
+            assert (late.name, late.memory_mib) == (first.name, first.memory_mib)
+        finally:
+            backend.release.set()
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+            await asyncio.wait_for(mon.close(), WAIT_S)
+
+
+async def test_budget_exceeded_names_the_setting(store: DeviceStore, tmp_path: Path) -> None:
+    """Past ``--nvml-timeout`` start-up goes on with what it has and says so, naming the option;
+    what was missing is taken in when it arrives."""
+    with installed(SimDriver(slow(4, 0.05))):
+        mon = monitor(store, Nvml(tmp_path), nvml_timeout=0.3)
+        try:
+            with structlog.testing.capture_logs() as logs:
+                await asyncio.wait_for(mon.start(), WAIT_S)
+            exceeded = [e for e in logs if "--nvml-timeout" in e["event"]]
+            assert len(exceeded) == 1
+            assert exceeded[0]["nvml_timeout_s"] == 0.3
+            assert "gpu" in exceeded[0]["still_waiting_for"]
+            assert store.snapshot.discovered
+            snapshot = await until(
+                store, lambda s: len(s.gpus) == 4 and all(g.name for g in s.gpus)
+            )
+            assert all(g.health.healthy for g in snapshot.gpus)
+        finally:
+            await asyncio.wait_for(mon.close(), WAIT_S)
+
+
+@pytest.mark.asyncio(loop_factories=["uvloop"])
+async def test_cold_node(store: DeviceStore, tmp_path: Path) -> None:
+    """Cold GPUs (no persistence mode) are brought up at once, not one after another."""
+    with installed(SimDriver(slow(8, 0.0, cold_s=0.5))):
+        mon = monitor(store, Nvml(tmp_path))
+        try:
+            began = asyncio.get_running_loop().time()
+            await asyncio.wait_for(mon.start(), WAIT_S)
+            took = asyncio.get_running_loop().time() - began
+        finally:
+            await asyncio.wait_for(mon.close(), WAIT_S)
+    assert len(store.snapshot.gpus) == 8
+    assert took >= 0.5  # the bring-up happened (how much less than 8 x 0.5 s: scripts/bench)
+
+
+def test_calls_in_flight_name_the_call() -> None:
+    """The call helper says which call each thread is in, and since when."""
+    calls = NvmlCalls()
+    inside = threading.Event()
+    release = threading.Event()
+
+    def block() -> None:
+        inside.set()
+        release.wait(WAIT_S)
+
+    thread = threading.Thread(target=calls.call, args=(NO_GPU, block), kwargs={"name": "nvmlX"})
+    thread.start()
+    try:
+        assert inside.wait(WAIT_S)
+        (flight,) = calls.in_flight(thread.ident)
+        assert (flight.gpu, flight.name) == (NO_GPU, "nvmlX")
+    finally:
+        release.set()
+        thread.join(WAIT_S)
+    assert calls.in_flight() == []
+    assert dict(calls.stats())["nvmlX"].count == 1
