@@ -142,7 +142,8 @@ def fake_sys(root: Path, bus_ids: list[str], product: str) -> Path:
 
 async def labels_file(node: Mapping[str, Any], strategy: MigStrategy, product: str,
                       tmp_path: Path) -> dict[str, str]:  # fmt: skip
-    sim = SimDriver(node_from_mapping({"version": "v1", **node}))
+    # With CAP_SYS_ADMIN, as GFD runs: a MIG GPU's total memory is readable (docs/health.md).
+    sim = SimDriver(node_from_mapping({"version": "v1", "cap_sys_admin": True, **node}))
     minors = tmp_path / "mig-minors"
     minors.write_text(mig_minors_text(sim.node))
     sysfs = fake_sys(tmp_path / "sys", [g.pci_bus_id for g in sim.node.gpus], product)
