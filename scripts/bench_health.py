@@ -28,7 +28,7 @@ from gpuagent.gpu.nvml import Nvml
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
-    add("--poll-cycles", type=int, default=200, help="probe cycles for the poll-cost row")
+    add("--health-poll-cycles", type=int, default=200, help="probe cycles for the poll-cost row")
     add("--cold-start-ms", type=float, default=1500.0, help="bring-up time of a cold GPU")
     add("--slow-call-ms", type=float, default=100.0, help="per-call latency of the slow driver")
 
@@ -94,7 +94,7 @@ def rows(
     row: Callable[..., Any],
 ) -> list[Any]:
     out = []
-    took, calls = poll_cost(args.gpus, args.poll_cycles)
+    took, calls = poll_cost(args.gpus, args.health_poll_cycles)
     p50, p99 = statistics.median(took), sorted(took)[int(0.99 * (len(took) - 1))]
     out.append(row(f"poll cycle per GPU (probe), {args.gpus} GPUs, default sim latencies p50",
                    f"{p50 * 1000:.2f} ms, {calls:.0f} NVML calls", "", None))  # fmt: skip

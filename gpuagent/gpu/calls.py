@@ -72,6 +72,7 @@ class NvmlCalls:
         self._lock = threading.Lock()
         self._stats: dict[str, CallStats] = {}
         self._logged: set[tuple[int, str, str]] = set()
+        self._noted: set[tuple[object, ...]] = set()
         self._in_flight: dict[int, InFlight] = {}
         self._sink: Callable[..., None] | None = None
 
@@ -167,6 +168,17 @@ class NvmlCalls:
     def failed(self, gpu: int, name: str, code: int) -> None:
         """Log once per GPU and call that ``name`` failed (already counted by :meth:`call`)."""
         self._once(gpu, name, "failed", "nvml call failed; value left out", code)
+
+    def note(
+        self, key: tuple[object, ...], event: str, *, level: str = "warning", **fields: Any
+    ) -> None:
+        """Log ``event`` the first time ``key`` is noted (topology and MIG findings, which are
+        not one call's outcome)."""
+        with self._lock:
+            first = key not in self._noted
+            self._noted.add(key)
+        if first:
+            getattr(log, level)(event, **fields)
 
     def _once(self, gpu: int, name: str, kind: str, event: str, code: int) -> None:
         with self._lock:

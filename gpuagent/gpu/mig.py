@@ -237,7 +237,6 @@ class _Reader:
         self._minors_loaded = False
         self._profiles: dict[int, tuple[int, Any]] | None = None  # profile ID -> (index, info)
         self._info_version = 2
-        self._logged: set[str] = set()
 
     def total_memory_bytes(self) -> int:
         """The GPU's memory: the aggregate read, else its largest GPU-instance profile's."""
@@ -379,7 +378,6 @@ class _Reader:
         return nodes
 
     def _once(self, what: str, event: str, exc: pynvml.NVMLError) -> None:
-        if what in self._logged:
-            return
-        self._logged.add(what)
-        log.info(event, gpu=self._index, error=describe(exc))
+        self._calls.note(
+            ("mig", self._index, what), event, level="info", gpu=self._index, error=describe(exc)
+        )

@@ -126,7 +126,6 @@ class TopologyReader:
         self._calls = calls
         self._lock = threading.Lock()
         self._unreadable: set[int] = set()  # lost or unidentifiable GPUs: all pairs unknown
-        self._logged: set[tuple[str, object]] = set()
         self._no_nvlink_api = False
         self._no_state_fields = False
         self._no_remote_type = False
@@ -383,12 +382,8 @@ class TopologyReader:
     def _once(
         self, kind: str, key: object, event: str, *, level: str = "warning", **fields: Any
     ) -> None:
-        """Log ``event`` unless this read already logged ``(kind, key)``."""
-        with self._lock:
-            if (kind, key) in self._logged:
-                return
-            self._logged.add((kind, key))
-        getattr(log, level)(event, **fields)
+        """Log ``event`` unless ``(kind, key)`` was logged already (once per backend)."""
+        self._calls.note(("topology", kind, key), event, level=level, **fields)
 
 
 def _nvlinks(a: int, b: int, walks: Mapping[int, GpuLinks | None]) -> int:
