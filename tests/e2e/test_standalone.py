@@ -30,6 +30,10 @@ async def test_without_kubernetes_ready_once_discovered(
         # No kubelet, so no registration state (an alert on "not registered" must not fire).
         assert "gpuagent_kubelet_registered" not in text
         assert "gpuagent_pod_resources_up" not in text
+        # Readings come with the first poll, which follows discovery (ready) by one probe.
+        await eventually(lambda: run.agent.store.snapshot.gpus[0].telemetry.temperature_c,
+                         what="the first poll's readings")  # fmt: skip
+        _, text = await run.get("/metrics")
         assert "DCGM_FI_DEV_GPU_TEMP" in text
         await eventually(labels.exists, what="the node-label file")
         assert "nvidia.com/gpu.count=2\n" in labels.read_text()
