@@ -182,6 +182,8 @@ async def test_time_sliced_containers_get_their_own_share(
         uuid = await gpu_uuid(run, 0)
         await start(run, 0, TRAINER.pid, 10_000, 30)
         await start(run, 0, NOTEBOOK.pid, 6_000, 45)
+        # A probe reads memory, then the processes: one that straddled a start reads them apart.
+        await polls(run, 2)
 
         def shared(text: str) -> bool:
             sm = by_pod(text, SM)
