@@ -181,6 +181,25 @@ def _performance_state(st: DriverState, gpu: GpuState, ref: object) -> int:
     return SUCCESS
 
 
+def _total_ecc(st: DriverState, gpu: GpuState, kind: object, counter: object, ref: object) -> int:
+    """Volatile or aggregate ECC totals: corrected (SBE) none, uncorrected (DBE) as injected."""
+    if as_int(kind) not in (0, 1) or as_int(counter) not in (0, 1):
+        return INVALID_ARGUMENT
+    uncorrected = as_int(kind) == pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+    out(ref).value = gpu.ecc_dbe_count if uncorrected else 0
+    return SUCCESS
+
+
+def _violation(st: DriverState, gpu: GpuState, policy: object, ref: object) -> int:
+    """Time clocks were held down by a policy: never, on the simulated GPUs."""
+    if not 0 <= as_int(policy) <= pynvml.NVML_PERF_POLICY_TOTAL_BASE_CLOCKS:
+        return INVALID_ARGUMENT
+    time_ = out(ref)
+    time_.referenceTime = int(st.clock() * 1_000_000)
+    time_.violationTime = 0
+    return SUCCESS
+
+
 def _pcie_replays(st: DriverState, gpu: GpuState, ref: object) -> int:
     out(ref).value = st.sample(gpu).pcie_replays
     return SUCCESS
@@ -326,6 +345,8 @@ SYMBOLS: dict[str, Symbol] = {
     "nvmlDeviceGetEncoderUtilization": device(_encoder),
     "nvmlDeviceGetDecoderUtilization": device(_decoder),
     "nvmlDeviceGetPcieReplayCounter": device(_pcie_replays),
+    "nvmlDeviceGetTotalEccErrors": device(_total_ecc),
+    "nvmlDeviceGetViolationStatus": device(_violation),
     "nvmlDeviceGetPerformanceState": device(_performance_state),
     "nvmlDeviceGetRemappedRows": device(_remapped_rows),
     "nvmlDeviceGetMigMode": device(_mig_mode),

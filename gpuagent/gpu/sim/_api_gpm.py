@@ -72,6 +72,7 @@ class GpmSample:
 
     handle: pynvml.struct_c_nvmlGpmSample_t
     gpu: int | None = None
+    instance: int | None = None  # the GPU instance of a MIG sample (nvmlGpmMigSampleGet)
     nvlink: bool = False
     reading: telemetry.Sample | None = None
 
@@ -147,8 +148,33 @@ def _sample_get(st: DriverState, gpu: GpuState, handle: object) -> int:
     if sample is None:
         return INVALID_ARGUMENT
     sample.gpu = gpu.index
+    sample.instance = None
     sample.nvlink = any(end is not None for end in gpu.links)
     sample.reading = st.sample(gpu)
+    return SUCCESS
+
+
+def _mig_sample_get(st: DriverState, gpu: GpuState, gi_id: object, handle: object) -> int:
+    """A sample of one GPU instance of a MIG-enabled GPU (the parent's handle, the GI's ID).
+
+    The instance's activity follows its own wave (its GPU-instance ID shifts the phase), so each
+    instance reads differently from its parent and its neighbours.
+    """
+    if not gpm_supported(gpu):
+        return NOT_SUPPORTED
+    if not gpu.mig_enabled:
+        return NOT_SUPPORTED
+    wanted = as_int(gi_id)
+    mig = next((m for m in gpu.migs if m.spec.gpu_instance_id == wanted), None)
+    if mig is None:
+        return int(pynvml.NVML_ERROR_NOT_FOUND)
+    sample = _sample_of(st, handle)
+    if sample is None:
+        return INVALID_ARGUMENT
+    sample.gpu = gpu.index
+    sample.instance = wanted
+    sample.nvlink = False
+    sample.reading = st.sample_instance(mig.device, wanted)
     return SUCCESS
 
 
@@ -163,7 +189,7 @@ def _metrics_get(st: DriverState, ref: object) -> int:
     second = _sample_of(st, request.sample2)
     if first is None or second is None or first.reading is None or second.reading is None:
         return INVALID_ARGUMENT
-    if first.gpu != second.gpu:
+    if first.gpu != second.gpu or first.instance != second.instance:
         return INVALID_ARGUMENT
     if abs(second.reading.t_s - first.reading.t_s) < MIN_SAMPLE_INTERVAL_S:
         return INVALID_ARGUMENT
@@ -191,5 +217,6 @@ SYMBOLS: dict[str, Symbol] = {
     "nvmlGpmSampleAlloc": Symbol(_sample_alloc),
     "nvmlGpmSampleFree": Symbol(_sample_free),
     "nvmlGpmSampleGet": device(_sample_get),
+    "nvmlGpmMigSampleGet": device(_mig_sample_get),
     "nvmlGpmMetricsGet": Symbol(_metrics_get),
 }

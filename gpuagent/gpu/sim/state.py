@@ -245,6 +245,13 @@ class DriverState:
         sample = telemetry.sample(gpu.spec.profile, gpu.index, gpu.spec.memory_mib, t)
         return self.processes.apply(gpu, sample)
 
+    def sample_instance(self, device: GpuState, gpu_instance: int) -> telemetry.Sample:
+        """A MIG device's telemetry now: its own memory, a wave of its own (phase by instance)."""
+        t = self.clock() - self.started
+        phase_index = device.index * 31 + gpu_instance
+        sample = telemetry.sample(device.spec.profile, phase_index, device.spec.memory_mib, t)
+        return self.processes.apply(device, sample)
+
     def new_event_set(self) -> EventSet:
         """Create and remember an event set."""
         event_set = EventSet(handle=pynvml.struct_c_nvmlEventSet_t())
