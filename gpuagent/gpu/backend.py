@@ -7,7 +7,9 @@ is called from a worker thread, one GPU's work on that GPU's own worker.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Protocol
 
 from gpuagent.domain.devices import DriverState, Gpu, P2PLevel, Telemetry, Topology
@@ -45,6 +47,11 @@ class Probe:
     recovery_action: int | None = None
     # Per-process readings (gpu/processes.py); None when the driver offers none or they failed.
     processes: ProcessReading | None = None
+    # Each MIG device's own readings (framebuffer, its GPU instance's profiling ratios), by UUID.
+    mig_telemetry: Mapping[str, Telemetry] = field(default_factory=lambda: MappingProxyType({}))
+    # The NVLink data counter (KiB, TX + RX, all links) and when it was read: the poller's rate.
+    nvlink_kib: float | None = None
+    taken_at: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

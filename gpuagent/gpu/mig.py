@@ -110,8 +110,13 @@ def read_mig_with_total(
     calls: NvmlCalls,
     mig_minors: Path = DEFAULT_MIG_MINORS,
     total_memory_bytes: int | None = None,
+    handles: dict[str, Any] | None = None,
 ) -> tuple[bool, tuple[MigDevice, ...], int | None]:
-    """:func:`read_mig`, and the GPU's memory in bytes as the names took it (None: not MIG)."""
+    """:func:`read_mig`, and the GPU's memory in bytes as the names took it (None: not MIG).
+
+    ``handles``, when given, receives each MIG device's NVML handle by its UUID (for its own
+    telemetry).
+    """
     try:
         current, _pending = calls.call(index, pynvml.nvmlDeviceGetMigMode, handle)
     except pynvml.NVMLError as exc:
@@ -122,7 +127,10 @@ def read_mig_with_total(
         return False, (), None
     reader = _Reader(index, handle, minor, mig_minors, calls)
     total = total_memory_bytes or reader.total_memory_bytes()
-    return True, reader.devices(total), total
+    devices = reader.devices(total)
+    if handles is not None:
+        handles.update(reader.handles)
+    return True, devices, total
 
 
 def mig_memory_gb(memory_mib: int, total_memory_bytes: int) -> int:
@@ -229,6 +237,7 @@ class _Reader:
         self, index: int, handle: Any, minor: int, mig_minors: Path, calls: NvmlCalls
     ) -> None:
         self._calls = calls
+        self.handles: dict[str, Any] = {}
         self._index = index
         self._handle = handle
         self._minor = minor
@@ -276,7 +285,9 @@ class _Reader:
                 if exc.value in _NO_DEVICE_AT_INDEX:
                     continue  # indexes may be sparse
                 raise
-            devices.append(self._device(mig, total))
+            device = self._device(mig, total)
+            self.handles[device.uuid] = mig
+            devices.append(device)
         return tuple(devices)
 
     def _device(self, mig: Any, total: int) -> MigDevice:

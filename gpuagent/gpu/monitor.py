@@ -64,6 +64,8 @@ STARTUP_PER_GPU_S = 5.0
 STARTUP_TICK_S = 0.1
 #: How often start-up logs what it is still waiting for.
 STARTUP_LOG_EVERY_S = 5.0
+#: NVLink counters count KiB; DCGM's bandwidth is in MB (1024 KiB) per second.
+KIB_PER_MB = 1024.0
 #: Longest pause between event waits while they keep failing.
 EVENT_BACKOFF_MAX_S = 30.0
 
@@ -134,6 +136,8 @@ class GpuMonitor:
         self._probed_actions: dict[int, int] = {}
         # Each GPU's volatile double-bit ECC count as last read (a drop is evidence of a reset).
         self._dbe_counts: dict[int, float] = {}
+        # Each GPU's NVLink data counter as last read: (KiB, when), for the bandwidth rate.
+        self._nvlink: dict[int, tuple[float, float]] = {}
         self._background: set[asyncio.Task[None]] = set()
         # Driver events applied per GPU; a probe that started before the latest event is stale.
         self._event_counts: dict[int, int] = {}
@@ -540,7 +544,8 @@ class GpuMonitor:
         def change(gpu: Gpu) -> Gpu:
             after = record(gpu)
             if _has(after, LOST) and (after.telemetry != Telemetry() or after.processes):
-                return replace(after, telemetry=Telemetry(), processes=None)
+                migs = tuple(replace(m, telemetry=Telemetry()) for m in after.mig_devices)
+                return replace(after, telemetry=Telemetry(), processes=None, mig_devices=migs)
             return after
 
         snapshot = self._store.update(lambda s: _map_gpu(s, index, change))
@@ -626,10 +631,17 @@ class GpuMonitor:
         self.apply(index, received.event)
 
     def _apply_probe(self, index: int, probe: Probe, *, stale: bool = False) -> None:
-        telemetry, processes = probe.telemetry, probe.processes
+        telemetry = replace(probe.telemetry, nvlink_bandwidth_total=self._nvlink_rate(index, probe))
+        processes, instances = probe.processes, probe.mig_telemetry
 
         def readings(gpu: Gpu) -> Gpu:
-            return replace(gpu, telemetry=telemetry, processes=processes)
+            migs = gpu.mig_devices
+            if instances:
+                migs = tuple(
+                    replace(m, telemetry=instances[m.uuid]) if m.uuid in instances else m
+                    for m in migs
+                )
+            return replace(gpu, telemetry=telemetry, processes=processes, mig_devices=migs)
 
         if stale:
             # A driver event arrived while this probe ran: its health readings may predate the
@@ -660,6 +672,26 @@ class GpuMonitor:
                 ),
             )
         self._store.update(lambda s: _map_gpu(s, index, readings))
+
+    def _nvlink_rate(self, index: int, probe: Probe) -> float | None:
+        """NVLink bandwidth as DCGM reports it: MB/s over all links since the GPU's last reading.
+
+        From the NVLink data counter (KiB, TX + RX) of two readings: its growth over the time
+        between them, in units of 1024 KiB. Absent for the first reading, after a counter that
+        went back (a driver reload), or without the counter.
+        """
+        kib = probe.nvlink_kib
+        if kib is None:
+            self._nvlink.pop(index, None)
+            return None
+        previous = self._nvlink.get(index)
+        self._nvlink[index] = (kib, probe.taken_at)
+        if previous is None:
+            return None
+        seconds = probe.taken_at - previous[1]
+        if seconds <= 0 or kib < previous[0]:
+            return None
+        return (kib - previous[0]) / KIB_PER_MB / seconds
 
     # ----- driver events -----------------------------------------------------------------------
     def _event_loop(self, loop: asyncio.AbstractEventLoop) -> None:

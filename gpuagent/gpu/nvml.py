@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import pynvml
@@ -90,6 +91,8 @@ class Nvml:
         self._handles: dict[int, Any] = {}
         self._uuids: dict[int, str] = {}
         self._gpus: dict[int, Gpu] = {}
+        # Each MIG-enabled GPU's devices: (UUID, GPU-instance ID, handle), for their telemetry.
+        self._migs: dict[int, tuple[tuple[str, int, Any], ...]] = {}
         self._by_address: dict[int, int] = {}
         self._by_uuid: dict[str, tuple[int, int | None, int | None]] = {}
         self._event_set: Any = None
@@ -200,6 +203,7 @@ class Nvml:
         minor = int(call(index, pynvml.nvmlDeviceGetMinorNumber, handle))
         name = str(call(index, pynvml.nvmlDeviceGetName, handle))
         total, refused = self._memory_total(index, handle)
+        mig_handles: dict[str, Any] = {}
         enabled, migs, mig_total = read_mig_with_total(
             index,
             handle,
@@ -207,7 +211,14 @@ class Nvml:
             calls=self._calls,
             mig_minors=self._mig_minors,
             total_memory_bytes=total,
+            handles=mig_handles,
         )
+        with self._lock:
+            self._migs[index] = tuple(
+                (m.uuid, m.gpu_instance_id, mig_handles[m.uuid])
+                for m in migs
+                if m.uuid in mig_handles
+            )
         if total is None:
             if mig_total is None and refused is not None:
                 raise refused
@@ -483,9 +494,11 @@ class Nvml:
         """
         with self._lock:
             handle = self._handles[index]
+            migs = self._migs.get(index, ())
         try:
             alive = self._liveness(index, handle)
             reading = self._reader.read(index, handle)
+            instances = self._reader.read_instances(index, handle, migs) if migs else {}
             processes = self._processes.read(index, handle)
         except pynvml.NVMLError_GpuIsLost:
             return Probe(events=(GpuLost(),), telemetry=Telemetry())
@@ -494,6 +507,9 @@ class Nvml:
             telemetry=reading.telemetry,
             recovery_action=reading.recovery_action,
             processes=processes,
+            mig_telemetry=MappingProxyType(instances),
+            nvlink_kib=reading.nvlink_kib,
+            taken_at=reading.taken_at,
         )
 
     def _liveness(self, index: int, handle: Any) -> HealthEvent:

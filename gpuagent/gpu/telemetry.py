@@ -7,18 +7,22 @@ calls: ``nvmlDeviceGetTemperature``, ``nvmlDeviceGetPowerUsage``,
 ``nvmlDeviceGetDecoderUtilization``, ``nvmlDeviceGetMemoryInfo_v2`` (v1 where v2 is missing),
 ONE ``nvmlDeviceGetFieldValues`` for every field-based value (:data:`FIELDS`, the driver's
 recovery action included), and on Hopper and newer ``nvmlGpmSampleGet`` + ``nvmlGpmMetricsGet``.
-Where the driver does not offer the row-remapping fields, ``nvmlDeviceGetRemappedRows`` reads
-them instead, so a failed remap never goes unseen.
+Where the driver does not offer a field value that has a call of its own, that call reads it
+instead (:data:`FALLBACKS`: row remapping through ``nvmlDeviceGetRemappedRows``, PCIe replays,
+volatile ECC totals, clock-violation times), so e.g. a failed remap never goes unseen. On a
+MIG-enabled GPU each MIG device's framebuffer is read through its own handle, and GPM per GPU
+instance (``nvmlGpmMigSampleGet``), as DCGM serves them (:meth:`TelemetryReader.read_instances`).
 
 Units:
 
 - temperatures °C (readings above :data:`MAX_TEMPERATURE_C` are sensor errors and dropped, as DCGM
   does); power W (NVML: mW); energy mJ since the driver loaded; clocks MHz; ``*_util_pct`` percent;
-  framebuffer MiB (``fb_used_mib`` excludes the driver's reservation when v2 reports it separately;
-  with v1 it includes it and ``fb_reserved_mib`` is absent).
-- ``nvlink_bandwidth_total``: a counter of **MiB** moved over all NVLinks, TX + RX data payload
-  (NVML's ``NVLINK_THROUGHPUT_DATA_TX``/``_RX`` with ``scopeId = UINT_MAX`` count KiB; we add them
-  and divide by 1024). Take ``rate()`` of it for MiB/s.
+  framebuffer in **whole** MiB, rounded down, as DCGM reports it (``fb_used_mib`` excludes the
+  driver's reservation when v2 reports it separately; with v1 it includes it and
+  ``fb_reserved_mib`` is absent).
+- NVLink: the reading carries the raw counter, KiB moved over all NVLinks, TX + RX data payload
+  (NVML's ``NVLINK_THROUGHPUT_DATA_TX``/``_RX`` with ``scopeId = UINT_MAX``: :attr:`Reading.
+  nvlink_kib`); the poller turns two readings into ``nvlink_bandwidth_total``, DCGM's rate.
 - GPM ratios 0..1 (NVML: percent, divided by 100); ``pcie_tx_bytes``/``pcie_rx_bytes`` in
   **bytes/s** (NVML reports MiB/s; times 1048576); each is the mean over the interval between two
   samples at least :data:`GPM_MIN_INTERVAL_S` apart.
@@ -34,7 +38,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,6 +102,32 @@ _REMAP_KEYS = (
     "row_remap_failure",
 )
 
+
+def _ecc_total(kind: int) -> Callable[[Any], float]:
+    def read(handle: Any) -> float:
+        return float(pynvml.nvmlDeviceGetTotalEccErrors(handle, kind, pynvml.NVML_VOLATILE_ECC))
+
+    read.__name__ = "nvmlDeviceGetTotalEccErrors"
+    return read
+
+
+def _violation_ns(policy: int) -> Callable[[Any], float]:
+    def read(handle: Any) -> float:
+        return float(pynvml.nvmlDeviceGetViolationStatus(handle, policy).violationTime)
+
+    read.__name__ = "nvmlDeviceGetViolationStatus"
+    return read
+
+
+#: Field values with a call of their own, read by it where the field value is missing.
+FALLBACKS: tuple[tuple[str, Callable[[Any], float]], ...] = (
+    ("pcie_replays", pynvml.nvmlDeviceGetPcieReplayCounter),
+    ("ecc_sbe_volatile", _ecc_total(pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED)),
+    ("ecc_dbe_volatile", _ecc_total(pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED)),
+    ("power_violation_ns", _violation_ns(pynvml.NVML_PERF_POLICY_POWER)),
+    ("thermal_violation_ns", _violation_ns(pynvml.NVML_PERF_POLICY_THERMAL)),
+)
+
 #: GPM metrics: (NVML metric id, Telemetry field, factor from NVML's unit to ours).
 GPM_METRICS: tuple[tuple[int, str, float], ...] = (
     (pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL, "gr_engine_active", 0.01),
@@ -125,11 +155,14 @@ class Reading:
     """One probe's readings of a GPU: its telemetry and the driver's recovery action.
 
     ``recovery_action`` is ``None`` when the driver has no such field (before R565) or it could
-    not be read.
+    not be read. ``nvlink_kib`` is the NVLink data counter (TX + RX, all links, KiB since the
+    driver loaded) and ``taken_at`` when it was read (the reader's clock), for the poller's rate.
     """
 
     telemetry: Telemetry
     recovery_action: int | None = None
+    nvlink_kib: float | None = None
+    taken_at: float = 0.0
 
 
 def field_value(slot: Any) -> float:
@@ -162,6 +195,11 @@ def read_fields(
     return values
 
 
+def _mib(value: int) -> float:
+    """Bytes as whole MiB, rounded down (DCGM's framebuffer figures)."""
+    return float(int(value) // MIB)
+
+
 def _temperature(value: float | None) -> float | None:
     return None if value is None or value > MAX_TEMPERATURE_C else float(value)
 
@@ -176,6 +214,7 @@ class TelemetryReader:
 
     def __init__(self, calls: NvmlCalls, clock: Callable[[], float] = time.monotonic) -> None:
         self._calls = calls
+        self._clock = clock
         self._gpm = GpmSampler(calls, clock)
         self._lock = threading.Lock()
         self._memory_v1_only: set[int] = set()
@@ -195,6 +234,12 @@ class TelemetryReader:
         fields = read_fields(self._calls, index, handle, FIELDS)
         if any(key not in fields for key in _REMAP_KEYS):
             fields.update(self._remapped_rows(index, handle))
+        for key, call in FALLBACKS:
+            if key not in fields:
+                value = self._calls.reading(index, call, handle)
+                if value is not None:
+                    fields[key] = float(value)
+        taken_at = self._clock()
         gpm = self._gpm.read(index, handle)
         tx, rx = fields.get("nvlink_tx"), fields.get("nvlink_rx")
         action = fields.get("recovery_action")
@@ -213,7 +258,6 @@ class TelemetryReader:
             fb_free_mib=free,
             fb_reserved_mib=reserved,
             pcie_replays=fields.get("pcie_replays"),
-            nvlink_bandwidth_total=None if tx is None or rx is None else (tx + rx) / KIB_PER_MIB,
             remapped_rows_correctable=fields.get("remapped_rows_correctable"),
             remapped_rows_uncorrectable=fields.get("remapped_rows_uncorrectable"),
             row_remap_pending=fields.get("row_remap_pending"),
@@ -223,39 +267,71 @@ class TelemetryReader:
             **{key: fields.get(key) for key in PLAIN_FIELDS},
             **gpm,
         )
-        return Reading(telemetry, None if action is None else int(action))
+        return Reading(
+            telemetry,
+            None if action is None else int(action),
+            nvlink_kib=None if tx is None or rx is None else tx + rx,
+            taken_at=taken_at,
+        )
+
+    def read_instances(
+        self, index: int, handle: Any, migs: Sequence[tuple[str, int, Any]]
+    ) -> dict[str, Telemetry]:
+        """Each MIG device's own readings (``migs``: UUID, GPU-instance ID, handle).
+
+        Its framebuffer through its own handle, and the profiling ratios of its GPU instance
+        (``nvmlGpmMigSampleGet`` on the parent's handle; compute instances of one GPU instance
+        share them). Errors leave values absent, as for a GPU; a lost GPU raises.
+        """
+        gpm: dict[int, Mapping[str, float]] = {}
+        found = {}
+        for uuid, gi, mig in migs:
+            if gi not in gpm:
+                gpm[gi] = self._gpm.read(index, handle, instance=gi)
+            used, free, reserved = self._memory(index, mig, name_suffix=":mig")
+            found[uuid] = Telemetry(
+                fb_used_mib=used, fb_free_mib=free, fb_reserved_mib=reserved, **gpm[gi]
+            )
+        return found
 
     def close(self) -> None:
         """Free every GPM sample (errors are logged); later reads start afresh."""
         self._gpm.close()
 
     # ----- framebuffer -------------------------------------------------------------------------
-    def _memory(self, index: int, handle: Any) -> tuple[float | None, float | None, float | None]:
-        """``(used, free, reserved)`` MiB: v2 where the driver has it, else v1 (no reserved)."""
+    def _memory(
+        self, index: int, handle: Any, *, name_suffix: str = ""
+    ) -> tuple[float | None, float | None, float | None]:
+        """``(used, free, reserved)`` whole MiB: v2 where the driver has it, else v1 (no reserved).
+
+        ``name_suffix`` tells a MIG device's reads from the GPU's in counts and logs.
+        """
+        v2 = f"nvmlDeviceGetMemoryInfo_v2{name_suffix}"
         if index not in self._memory_v1_only:
             try:
                 info = self._calls.call(
-                    index,
-                    pynvml.nvmlDeviceGetMemoryInfo,
-                    handle,
-                    pynvml.nvmlMemory_v2,
-                    name="nvmlDeviceGetMemoryInfo_v2",
+                    index, pynvml.nvmlDeviceGetMemoryInfo, handle, pynvml.nvmlMemory_v2, name=v2
                 )
             except pynvml.NVMLError as exc:
                 if exc.value == pynvml.NVML_ERROR_GPU_IS_LOST:
                     raise
                 if exc.value not in ABSENT:
-                    self._calls.failed(index, "nvmlDeviceGetMemoryInfo_v2", exc.value)
+                    self._calls.failed(index, v2, exc.value)
                     return None, None, None
-                self._calls.absent(index, "nvmlDeviceGetMemoryInfo_v2", exc.value)
+                self._calls.absent(index, v2, exc.value)
                 with self._lock:
                     self._memory_v1_only.add(index)
             else:
-                return info.used / MIB, info.free / MIB, info.reserved / MIB
-        info = self._calls.reading(index, pynvml.nvmlDeviceGetMemoryInfo, handle)
+                return _mib(info.used), _mib(info.free), _mib(info.reserved)
+        info = self._calls.reading(
+            index,
+            pynvml.nvmlDeviceGetMemoryInfo,
+            handle,
+            name=f"nvmlDeviceGetMemoryInfo{name_suffix}",
+        )
         if info is None:
             return None, None, None
-        return info.used / MIB, info.free / MIB, None
+        return _mib(info.used), _mib(info.free), None
 
     def _remapped_rows(self, index: int, handle: Any) -> dict[str, float]:
         """The row-remapping state from ``nvmlDeviceGetRemappedRows`` (no field values for it)."""
@@ -292,18 +368,22 @@ class GpmSampler:
         self._clock = clock
         self._lock = threading.Lock()
         self._supported: dict[int, bool] = {}
-        self._gpus: dict[int, _GpuSamples] = {}
+        self._gpus: dict[tuple[int, int | None], _GpuSamples] = {}
 
-    def read(self, index: int, handle: Any) -> dict[str, float]:
-        """Telemetry field -> value for the GPM metrics; empty when there is no pair yet."""
+    def read(self, index: int, handle: Any, instance: int | None = None) -> dict[str, float]:
+        """Telemetry field -> value for the GPM metrics; empty when there is no pair yet.
+
+        ``instance``: a GPU instance of the (MIG-enabled) GPU ``handle`` names, sampled with
+        ``nvmlGpmMigSampleGet``; its samples pair with each other only.
+        """
         if not self._is_supported(index, handle):
             return {}
         with self._lock:
-            gpu = self._gpus.setdefault(index, _GpuSamples())
+            gpu = self._gpus.setdefault((index, instance), _GpuSamples())
         with gpu.lock:
             if gpu.closed:
                 return {}
-            return self._read_locked(index, handle, gpu)
+            return self._read_locked(index, handle, gpu, instance)
 
     def _is_supported(self, index: int, handle: Any) -> bool:
         known = self._supported.get(index)
@@ -317,24 +397,30 @@ class GpmSampler:
             self._supported[index] = supported
         return supported
 
-    def _read_locked(self, index: int, handle: Any, gpu: _GpuSamples) -> dict[str, float]:
+    def _read_locked(
+        self, index: int, handle: Any, gpu: _GpuSamples, instance: int | None
+    ) -> dict[str, float]:
         now = self._clock()
         if gpu.previous is not None and now - gpu.taken_at < GPM_MIN_INTERVAL_S:
             return dict(gpu.values)
         if not gpu.buffers and not self._allocate(index, gpu):
             return {}
         current = 0 if gpu.previous is None else 1 - gpu.previous
+        sample: tuple[Any, ...] = (handle, gpu.buffers[current])
+        call: Callable[..., Any] = pynvml.nvmlGpmSampleGet
+        if instance is not None:
+            sample, call = (handle, instance, gpu.buffers[current]), pynvml.nvmlGpmMigSampleGet
         try:
-            self._calls.call(index, pynvml.nvmlGpmSampleGet, handle, gpu.buffers[current])
+            self._calls.call(index, call, *sample)
         except pynvml.NVMLError as exc:
             gpu.previous = None  # a later sample must not pair with one from before a failure
             gpu.values = {}
             if exc.value == pynvml.NVML_ERROR_GPU_IS_LOST:
                 raise
             if exc.value in ABSENT:
-                self._calls.absent(index, "nvmlGpmSampleGet", exc.value)
+                self._calls.absent(index, call.__name__, exc.value)
             else:
-                self._calls.failed(index, "nvmlGpmSampleGet", exc.value)
+                self._calls.failed(index, call.__name__, exc.value)
             return {}
         previous, gpu.previous, gpu.taken_at = gpu.previous, current, now
         if previous is None:
@@ -387,7 +473,7 @@ class GpmSampler:
         with self._lock:
             gpus, self._gpus = self._gpus, {}
             self._supported = {}
-        for index, gpu in gpus.items():
+        for (index, _), gpu in gpus.items():
             if not gpu.lock.acquire(timeout=CLOSE_WAIT_S):
                 log.warning("gpm samples still in use; not freed", gpu=index)
                 continue

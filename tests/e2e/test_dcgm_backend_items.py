@@ -7,8 +7,7 @@
   of their own (``nvmlDeviceGetRemappedRows``, ``nvmlDeviceGetPcieReplayCounter``) are still
   exported, so e.g. ``DCGM_FI_DEV_ROW_REMAP_FAILURE`` and its alert do not vanish silently.
 
-Items the backend does not meet yet are strict expected failures: each fails the suite as soon
-as the backend meets it, so the marker is removed with the change that brings it.
+(These were strict expected failures until the NVML backend brought them: issue 12.)
 """
 
 from __future__ import annotations
@@ -31,15 +30,15 @@ gpus:
 """
 # The simulated H100's instance sizes (MiB), as nvidia-smi mig -lgip shows them.
 INSTANCE_MIB = {"3g.40gb": 40448, "2g.20gb": 20096, "1g.10gb": 9984}
-NOT_YET = "the NVML backend's part (issue 12)"
 
 
 def series(text: str, name: str) -> list[tuple[dict[str, str], float]]:
+    # The parser names a counter's samples <name>_total (dcgm-exporter's counters have none).
     return [
         (dict(s.labels), s.value)
         for f in text_string_to_metric_families(text)
         for s in f.samples
-        if s.name == name
+        if s.name in (name, f"{name}_total")
     ]
 
 
@@ -62,7 +61,6 @@ async def mig_metrics(device_plugin_dir: Path, short_tmp_path: Path) -> str:
 
 
 @pytest.mark.asyncio(loop_factories=["asyncio"])
-@pytest.mark.xfail(reason=f"per-MIG-instance framebuffer: {NOT_YET}", strict=True)
 async def test_each_mig_instance_has_its_own_framebuffer(
     device_plugin_dir: Path, short_tmp_path: Path
 ) -> None:
@@ -79,7 +77,6 @@ async def test_each_mig_instance_has_its_own_framebuffer(
 
 
 @pytest.mark.asyncio(loop_factories=["asyncio"])
-@pytest.mark.xfail(reason=f"GPM per MIG instance (nvmlGpmMigSampleGet): {NOT_YET}", strict=True)
 async def test_each_mig_instance_has_its_own_profiling_ratios(
     device_plugin_dir: Path, short_tmp_path: Path
 ) -> None:
@@ -105,7 +102,6 @@ async def test_a_full_gpu_beside_mig_ones_keeps_every_family(
 
 
 @pytest.mark.asyncio(loop_factories=["asyncio"])
-@pytest.mark.xfail(reason=f"per-call fallbacks for field values: {NOT_YET}", strict=True)
 async def test_values_with_a_call_of_their_own_survive_without_field_values(
     device_plugin_dir: Path,
 ) -> None:

@@ -54,13 +54,8 @@ UNITS: dict[str, tuple[float, float, bool]] = {
 }
 # Unit items the NVML backend does not meet yet (issue 12 brings them): their checks are strict
 # expected failures, which fail as soon as the backend meets them (then move them out of here).
-NOT_YET = {
-    "DCGM_FI_DEV_FB_FREE": "whole MiB",
-    "DCGM_FI_DEV_FB_USED": "whole MiB",
-}
-NOT_YET_RANGE = {
-    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": "DCGM's rate (MB/s), not a running MiB total",
-}
+NOT_YET: dict[str, str] = {}
+NOT_YET_RANGE: dict[str, str] = {}  # (DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL's rate: met, issue 12)
 
 
 @dataclass(frozen=True)
@@ -149,11 +144,3 @@ def gap(name: str, table: dict[str, str]) -> object:
 async def test_whole_number_units(name: str, device_plugin_dir: Path) -> None:
     family = (await scrape(device_plugin_dir))[name]
     assert all(v == int(v) for v in family.values), (name, family.values)
-
-
-@pytest.mark.asyncio(loop_factories=["asyncio"])
-@pytest.mark.parametrize("name", [gap(n, NOT_YET_RANGE) for n in sorted(NOT_YET_RANGE)])
-async def test_units_the_backend_does_not_meet_yet(name: str, device_plugin_dir: Path) -> None:
-    family = (await scrape(device_plugin_dir))[name]
-    low, high, _ = UNITS[name]
-    assert all(low <= v <= high for v in family.values), (name, family.values)

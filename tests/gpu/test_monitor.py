@@ -17,6 +17,7 @@ import pynvml
 import pytest
 import structlog.testing
 from support.backends import Delegating
+from support.clock import FakeClock
 
 from gpuagent.domain.devices import Condition, DriverState, Gpu, Snapshot, Telemetry
 from gpuagent.domain.health import HealthPolicy
@@ -584,3 +585,38 @@ async def test_abandoned_probe_exception_is_retrieved(
         backend.release.set()
         loop.set_exception_handler(previous)
         await asyncio.wait_for(monitor.close(), WAIT_S)
+
+
+# ----- NVLink bandwidth: DCGM's rate from the counter -------------------------------------------
+async def test_nvlink_bandwidth_is_a_rate(store: DeviceStore, tmp_path: Path) -> None:
+    """The poller turns the NVLink data counter into MB/s since the GPU's last reading."""
+    clock = FakeClock()
+    with installed(SimDriver(node_from_count(2), clock=clock)) as driver:
+        monitor = monitor_for(store, Nvml(tmp_path, clock=clock), poll_interval=60.0)
+        try:
+            await monitor.start()
+            await monitor.poll_once()
+            assert gpu(store.snapshot, 0).telemetry.nvlink_bandwidth_total is None  # one reading
+            handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+            before = nvlink_kib(handle)
+            clock.now += 5.0
+            after = nvlink_kib(handle)
+            await monitor.poll_once()
+            rate = gpu(store.snapshot, 0).telemetry.nvlink_bandwidth_total
+            assert rate is not None
+            assert rate == pytest.approx((after - before) / 1024 / 5.0)
+            assert 1_000 < rate < 1e6  # tens of GB/s, in MB/s
+            del driver
+        finally:
+            await asyncio.wait_for(monitor.close(), WAIT_S)
+
+
+def nvlink_kib(handle: object) -> float:
+    tx, rx = pynvml.nvmlDeviceGetFieldValues(
+        handle,
+        [
+            (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 0xFFFF_FFFF),
+            (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, 0xFFFF_FFFF),
+        ],
+    )
+    return float(tx.value.ullVal + rx.value.ullVal)

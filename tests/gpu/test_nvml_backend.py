@@ -594,8 +594,8 @@ class TestProbe:
             "mem_clock_mhz": want.mem_clock_mhz,
             "gpu_util_pct": want.gpu_util_pct,
             "mem_util_pct": want.mem_util_pct,
-            "fb_used_mib": want.fb_used_bytes / MIB,
-            "fb_free_mib": want.fb_free_bytes / MIB,
+            "fb_used_mib": want.fb_used_bytes // MIB,
+            "fb_free_mib": want.fb_free_bytes // MIB,
             "energy_mj": want.energy_mj,
         }
         # The other fields are checked against the simulated model in test_telemetry.py.
@@ -706,7 +706,7 @@ class TestProbe:
                 "nvmlDeviceGetFieldValues",
                 UNKNOWN,
                 "nvmlDeviceGetFieldValues",
-                {"pcie_replays", "ecc_dbe_volatile", "memory_temperature_c"},
+                {"memory_temperature_c", "nvlink_crc_flit_errors"},
             ),
         ],
     )
@@ -795,3 +795,39 @@ class TestShutdown:
         assert driver.calls["nvmlShutdown"] == 1
         with pytest.raises(pynvml.NVMLError_Uninitialized):
             pynvml.nvmlDeviceGetCount()
+
+
+# ----- per MIG instance --------------------------------------------------------------------------
+def test_each_mig_device_has_its_own_readings(tmp_path: Path) -> None:
+    """A MIG-enabled GPU's probe reads each MIG device's framebuffer through its own handle and
+    its GPU instance's profiling ratios (nvmlGpmMigSampleGet), as DCGM serves them."""
+    clock = FakeClock()
+    node = node_from_mapping(
+        {"version": "v1", "gpus": [{"mig": ["3g.40gb", "2g.20gb", "1g.10gb"]}]}
+    )
+    drv = SimDriver(node, clock=clock)
+    install(drv)
+    backend = Nvml(sysfs_root=tmp_path, clock=clock)
+    try:
+        backend.init()
+        (gpu,) = backend.discover()
+        first = backend.probe(0)
+        clock.now += 5.0
+        second = backend.probe(0)
+    finally:
+        backend.shutdown()
+        uninstall()
+    assert first.events == second.events == (Responding(),)
+    sizes = {m.uuid: m.memory_mib for m in gpu.mig_devices}
+    assert set(second.mig_telemetry) == set(sizes)
+    for uuid, t in second.mig_telemetry.items():
+        assert t.fb_used_mib is not None
+        assert t.fb_free_mib is not None
+        assert t.fb_reserved_mib is not None
+        assert sizes[uuid] - 3 <= t.fb_used_mib + t.fb_free_mib + t.fb_reserved_mib <= sizes[uuid]
+        assert t.gr_engine_active is not None
+        assert 0 < t.gr_engine_active < 1
+    # No pair yet at the first probe; each instance's own wave at the second.
+    assert all(t.gr_engine_active is None for t in first.mig_telemetry.values())
+    assert len({t.sm_active for t in second.mig_telemetry.values()}) == 3
+    assert drv.calls["nvmlGpmMigSampleGet"] == 6

@@ -42,18 +42,13 @@ GPU_IS_LOST = int(pynvml.NVML_ERROR_GPU_IS_LOST)
 UNKNOWN = int(pynvml.NVML_ERROR_UNKNOWN)
 
 GPM_FIELDS = frozenset(name for _, name, _ in GPM_METRICS)
-ALL_FIELDS = frozenset(f.name for f in dataclasses.fields(Telemetry))
-# The values the one nvmlDeviceGetFieldValues call carries, less the row-remapping ones, which
-# nvmlDeviceGetRemappedRows reads where the fields are not offered.
+# Every field a probe reads (the NVLink bandwidth is the poller's rate from two probes).
+ALL_FIELDS = frozenset(f.name for f in dataclasses.fields(Telemetry)) - {"nvlink_bandwidth_total"}
+# The values only the one nvmlDeviceGetFieldValues call carries (the others have a call of their
+# own, read where the field value is missing: row remapping, PCIe replays, ECC, violations).
 FIELD_BASED = frozenset(
     {
         "memory_temperature_c",
-        "pcie_replays",
-        "nvlink_bandwidth_total",
-        "ecc_sbe_volatile",
-        "ecc_dbe_volatile",
-        "power_violation_ns",
-        "thermal_violation_ns",
         "nvlink_crc_flit_errors",
         "nvlink_crc_data_errors",
         "nvlink_replay_errors",
@@ -127,11 +122,10 @@ def model(driver: SimDriver, index: int, t: float, previous: float | None) -> Te
         mem_util_pct=s.mem_util_pct,
         enc_util_pct=s.enc_util_pct,
         dec_util_pct=s.dec_util_pct,
-        fb_used_mib=s.fb_used_bytes / MIB,
-        fb_free_mib=s.fb_free_bytes / MIB,
-        fb_reserved_mib=s.fb_reserved_bytes / MIB,
+        fb_used_mib=s.fb_used_bytes // MIB,  # whole MiB, as DCGM reports them
+        fb_free_mib=s.fb_free_bytes // MIB,
+        fb_reserved_mib=s.fb_reserved_bytes // MIB,
         pcie_replays=s.pcie_replays,
-        nvlink_bandwidth_total=(s.nvlink_tx_kib + s.nvlink_rx_kib) / 1024,
         remapped_rows_correctable=0,
         remapped_rows_uncorrectable=0,
         row_remap_pending=0,
@@ -180,7 +174,9 @@ class TestValues:
         second = nvml.probe(index).telemetry
         assert missing(second) == set()
         want = model(driver, index, 72.0, 42.0)
-        assert dataclasses.asdict(second) == pytest.approx(dataclasses.asdict(want), rel=1e-12)
+        got, expected = dataclasses.asdict(second), dataclasses.asdict(want)
+        assert got.pop("nvlink_bandwidth_total") is expected.pop("nvlink_bandwidth_total") is None
+        assert got == pytest.approx(expected, rel=1e-12)
 
     def test_units(self, nvml: Nvml, driver: SimDriver, clock: FakeClock) -> None:
         """W not mW, MiB not bytes, ratios in 0..1, PCIe in bytes/s, NVLink in MiB."""
@@ -196,7 +192,9 @@ class TestValues:
             assert t.fb_free_mib is not None
             assert t.fb_reserved_mib is not None
             total = t.fb_used_mib + t.fb_free_mib + t.fb_reserved_mib
-            assert total == pytest.approx(driver.node.gpus[index].memory_mib, abs=1e-6)
+            memory = driver.node.gpus[index].memory_mib
+            assert memory - 3 <= total <= memory  # three values, each rounded down
+            assert all(float(v).is_integer() for v in (t.fb_used_mib, t.fb_free_mib))
             for name in ("gpu_util_pct", "mem_util_pct", "enc_util_pct", "dec_util_pct"):
                 value = getattr(t, name)
                 assert value is not None
@@ -216,8 +214,8 @@ class TestValues:
             assert t.memory_temperature_c is not None
             assert 20 <= t.temperature_c < t.memory_temperature_c <= 110
 
-    def test_nvlink_total_is_all_links_in_mib(self, nvml: Nvml, driver: SimDriver) -> None:
-        """The NVLink total is TX + RX over every link (scopeId UINT_MAX), KiB → MiB."""
+    def test_nvlink_counter_is_all_links(self, nvml: Nvml, driver: SimDriver) -> None:
+        """The NVLink counter is TX + RX over every link (scopeId UINT_MAX), in KiB."""
         handle = pynvml.nvmlDeviceGetHandleByIndex(1)
         all_links = 0xFFFF_FFFF
         tx, rx = pynvml.nvmlDeviceGetFieldValues(
@@ -231,22 +229,24 @@ class TestValues:
             handle, [pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX]
         )
         assert link0.value.ullVal < tx.value.ullVal  # scope 0 is one link, not the total
-        total = nvml.probe(1).telemetry.nvlink_bandwidth_total
-        assert total == (tx.value.ullVal + rx.value.ullVal) / 1024
+        probe = nvml.probe(1)
+        assert probe.nvlink_kib == tx.value.ullVal + rx.value.ullVal
+        assert probe.telemetry.nvlink_bandwidth_total is None  # the poller's rate
 
     def test_counters_only_grow(self, nvml: Nvml, clock: FakeClock) -> None:
         """Energy and NVLink traffic grow with every probe; PCIe replays never fall."""
         readings = []
+        links = []
         for _ in range(40):
             clock.now += 50.0
-            readings.append(nvml.probe(3).telemetry)
+            probe = nvml.probe(3)
+            readings.append(probe.telemetry)
+            links.append(probe.nvlink_kib)
+        assert all(a is not None and b is not None and a < b for a, b in itertools.pairwise(links))
         for before, after in itertools.pairwise(readings):
             assert before.energy_mj is not None
             assert after.energy_mj is not None
             assert before.energy_mj < after.energy_mj
-            assert before.nvlink_bandwidth_total is not None
-            assert after.nvlink_bandwidth_total is not None
-            assert before.nvlink_bandwidth_total < after.nvlink_bandwidth_total
             assert before.pcie_replays is not None
             assert after.pcie_replays is not None
             assert before.pcie_replays <= after.pcie_replays
@@ -329,10 +329,12 @@ class TestAbsent:
         ("field_id", "absent"),
         [
             (pynvml.NVML_FI_DEV_MEMORY_TEMP, {"memory_temperature_c"}),
-            (pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER, {"pcie_replays"}),
-            (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, {"nvlink_bandwidth_total"}),
-            (pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL, {"ecc_sbe_volatile"}),
-            # Read through nvmlDeviceGetRemappedRows instead: a failed remap never goes unseen.
+            (pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL, {"nvlink_crc_flit_errors"}),
+            # Read by a call of its own instead: never absent for want of a field value.
+            (pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER, set()),
+            (pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL, set()),
+            (pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL, set()),
+            (pynvml.NVML_FI_DEV_PERF_POLICY_THERMAL, set()),
             (pynvml.NVML_FI_DEV_REMAPPED_PENDING, set()),
         ],
     )
@@ -370,7 +372,7 @@ class TestAbsent:
         real = _api_device._field
 
         def failing(st: Any, gpu: Any, fid: int, *rest: Any) -> Any:
-            if fid == pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER:
+            if fid == pynvml.NVML_FI_DEV_MEMORY_TEMP:
                 return UNKNOWN
             return real(st, gpu, fid, *rest)
 
@@ -381,10 +383,10 @@ class TestAbsent:
                 clock.now += 10.0
                 probe = nvml.probe(0)
                 assert probe.events == (Responding(),)
-                assert missing(probe.telemetry) == {"pcie_replays"}
+                assert missing(probe.telemetry) == {"memory_temperature_c"}
         warnings = [(e["gpu"], e["call"]) for e in logs if e["event"] == SLOT_LOG]
-        assert warnings == [(0, "nvmlDeviceGetFieldValues:pcie_replays")]
-        errors = dict(nvml.calls.stats())["nvmlDeviceGetFieldValues:pcie_replays"].errors
+        assert warnings == [(0, "nvmlDeviceGetFieldValues:memory_temperature")]
+        errors = dict(nvml.calls.stats())["nvmlDeviceGetFieldValues:memory_temperature"].errors
         assert errors == 4
 
     def test_field_slot_lost_gpu_is_lost(self, nvml: Nvml, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -424,8 +426,8 @@ class TestAbsent:
         spec = driver.node.gpus[0]
         s = sim_telemetry.sample(spec.profile, 0, spec.memory_mib, clock.now - START)
         assert t.fb_reserved_mib is None
-        assert t.fb_used_mib == (s.fb_used_bytes + s.fb_reserved_bytes) / MIB
-        assert t.fb_free_mib == s.fb_free_bytes / MIB
+        assert t.fb_used_mib == (s.fb_used_bytes + s.fb_reserved_bytes) // MIB
+        assert t.fb_free_mib == s.fb_free_bytes // MIB
 
 
 # ----- GPM ---------------------------------------------------------------------------------------
@@ -572,7 +574,7 @@ class TestCalls:
                 clock.now += 1.0
                 for index, handle in enumerate(handles):
                     t = reader.read(index, handle).telemetry
-                    assert t.nvlink_bandwidth_total is not None
+                    assert t.temperature_c is not None
                 calls = Counter(driver.calls)
                 calls.subtract(before)
                 assert calls["nvmlDeviceGetFieldValues"] == GPUS
