@@ -25,7 +25,6 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,7 +78,7 @@ def _write_cgroups(root: Path) -> Path:
 # ----- poll cost, in process ---------------------------------------------------------------------
 def bench_poll_cost(cycles: int) -> dict[str, float]:
     from gpuagent.domain.accounting import Ledger, account  # noqa: PLC0415
-    from gpuagent.domain.devices import Attribution, PodRef, Snapshot  # noqa: PLC0415
+    from gpuagent.domain.devices import Allocated, Attribution, PodRef, Snapshot  # noqa: PLC0415
     from gpuagent.gpu.nvml import Nvml  # noqa: PLC0415
     from gpuagent.gpu.sim import SimDriver, install, node_from_count, uninstall  # noqa: PLC0415
     from gpuagent.gpu.sim.processes import SAMPLE_PERIOD_US  # noqa: PLC0415
@@ -142,12 +141,10 @@ def bench_poll_cost(cycles: int) -> dict[str, float]:
         assert all(u.pod for u in usage.containers)
         # A new snapshot version's device part (the first scrape after a poll): every GPU
         # time-sliced among its 50 containers, so each dcgm-exporter family has 400 series too.
-        held = MappingProxyType(
-            {
-                f"{g.uuid}::{n}": (PodRef("bench", f"pod-{g.index}-{n}", "main"),)
-                for g in snapshot.gpus
-                for n in range(PER_GPU)
-            }
+        held = tuple(
+            Allocated("bench", f"pod-{g.index}-{n}", "main", "nvidia.com/gpu", (f"{g.uuid}::{n}",))
+            for g in snapshot.gpus
+            for n in range(PER_GPU)
         )
         shown = replace(snapshot, usage=usage, pods=Attribution(held, refreshed_at=1.0))
         renderer = MetricsRenderer("bench-node", "bench")

@@ -1,8 +1,11 @@
 """Serving the plugin socket and staying registered with the kubelet, across kubelet restarts.
 
-The cycle, forever: wait (with backoff) for ``kubelet.sock`` → serve on our own socket →
-``Register`` → watch both sockets. A restarting kubelet deletes every socket in the directory and
-recreates its own; either change ends the watch, and the cycle serves and registers again.
+The cycle, forever: wait for ``kubelet.sock`` → serve on our own socket → ``Register`` → watch
+both sockets. A restarting kubelet deletes every socket in the directory and recreates its own;
+either change ends the watch, and the cycle serves and registers again. The directories are
+watched with inotify (:class:`~gpuagent.dirwatch.DirectoryWatch`), so a restart is seen when it
+happens; where inotify cannot be had they are polled (``Timing.watch_interval``, and a backoff
+while the kubelet socket is absent).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from grpclib.protocol import H2Protocol
 from grpclib.server import Server
 
 from gpuagent._proto import v1beta1 as pb
+from gpuagent.dirwatch import DirectoryWatch
 from gpuagent.domain.devices import Registration
 from gpuagent.domain.store import DeviceStore
 from gpuagent.kubelet.plugin import DevicePluginService
@@ -38,6 +42,7 @@ MAX_REASON = 300  # characters of a registration error kept for /readyz
 class Timing:
     """Intervals of the registration cycle, injectable so tests never wait on wall time."""
 
+    # Polling, where inotify is unavailable: how often both sockets are looked at.
     watch_interval: float = 0.1
     # Longer than the kubelet's own 10 s blocking dial of our socket inside Register.
     register_timeout: float = 12.0
@@ -47,6 +52,8 @@ class Timing:
     close_timeout: float = 1.0
     # How long the kubelet socket may be absent before a warning names the setting to check.
     kubelet_grace: float = 30.0
+    # Watch the socket directories with inotify when the kernel allows it (False: poll only).
+    inotify: bool = True
 
 
 class _PluginServer(Server):
@@ -101,12 +108,17 @@ class PluginEndpoint:
         self._timing = timing
         self._server: _PluginServer | None = None
         self._own_id: SocketId | None = None
+        self._kubelet_id: SocketId | None = None  # the kubelet socket of the current cycle
         self._logged = ""  # the failure last logged at error level
+        self._changes: DirectoryWatch | None = None
         self.registrations = 0
 
     async def run(self) -> None:
         """Serve and stay registered until cancelled."""
         retry = self._timing.backoff_initial
+        self._changes = DirectoryWatch(
+            (self._socket_path.parent, self._kubelet_socket.parent), inotify=self._timing.inotify
+        )
         try:
             while True:
                 try:
@@ -127,11 +139,13 @@ class PluginEndpoint:
                 if registered:
                     retry = self._timing.backoff_initial
                 else:
-                    await asyncio.sleep(retry)
+                    await self._back_off(retry)
                     retry = min(retry * 2, self._timing.register_retry_max)
         finally:
             self._publish(False, "stopped")
             await self._close_server()
+            self._changes.close()
+            self._changes = None
 
     def _publish(self, registered: bool, error: str = "") -> None:
         self._store.set_registration(self._resource_name, Registration(registered, _short(error)))
@@ -147,7 +161,7 @@ class PluginEndpoint:
 
     async def _cycle(self) -> bool:
         """Serve, register and watch once; ``True`` if registered until the kubelet restarted."""
-        kubelet_id = await self._wait_for_kubelet()
+        self._kubelet_id = kubelet_id = await self._wait_for_kubelet()
         own_id = await self._serve()
         if not await self._register():
             return False
@@ -157,6 +171,16 @@ class PluginEndpoint:
         self._publish(False, "the kubelet restarted; registering again")
         log.info("kubelet restart detected; serving and registering again")
         return True
+
+    async def _back_off(self, seconds: float) -> None:
+        """Wait ``seconds`` before trying again, unless the kubelet socket is replaced first: a
+        kubelet that restarted while we registered is tried again at once."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while (left := deadline - loop.time()) > 0:
+            if _socket_id(self._kubelet_socket) not in (self._kubelet_id, None):
+                return
+            await self._changed(left, left)
 
     async def _wait_for_kubelet(self) -> SocketId:
         delay = self._timing.backoff_initial
@@ -178,7 +202,7 @@ class PluginEndpoint:
                 log.warning(waiting, resource=self._resource_name)
                 warned = True
             self._publish(False, waiting)
-            await asyncio.sleep(delay)
+            await self._changed(delay, None if warned else max(0.0, warn_at - loop.time()))
             delay = min(delay * 2, self._timing.backoff_max)
         return identity
 
@@ -233,7 +257,7 @@ class PluginEndpoint:
                 return
             if _socket_id(self._kubelet_socket) != kubelet_id:
                 return
-            await asyncio.sleep(self._timing.watch_interval)
+            await self._changed(self._timing.watch_interval)
 
     async def _stand_by(self, kubelet_id: SocketId) -> None:
         """Another plugin (a rolling update's new agent) now serves our socket path and has
@@ -244,11 +268,17 @@ class PluginEndpoint:
         )
         self._publish(False, "another plugin serves this socket")
         await self._close_server()
-        while (  # noqa: ASYNC110 - the filesystem is polled; nothing in-process signals it
+        while (
             _socket_id(self._socket_path) is not None
             and _socket_id(self._kubelet_socket) == kubelet_id
         ):
-            await asyncio.sleep(self._timing.watch_interval)
+            await self._changed(self._timing.watch_interval)
+
+    async def _changed(self, poll: float, at_most: float | None = None) -> None:
+        """Until an entry of the socket directories changes (or ``poll`` s pass, where they are
+        polled), or ``at_most`` s."""
+        assert self._changes is not None
+        await self._changes.wait(poll, at_most)
 
     async def _close_server(self) -> None:
         server, self._server = self._server, None

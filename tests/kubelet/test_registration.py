@@ -6,10 +6,14 @@ import asyncio
 import socket
 from pathlib import Path
 
+import pytest
 from structlog.testing import capture_logs
+from support.fake_kubelet import FakeKubelet
+from support.grpcstubs import StubModules
 from support.nodes import gpu, node
 from support.waiting import eventually
 
+from gpuagent.domain.devices import Registration
 from gpuagent.domain.serving import ResourceView
 from gpuagent.domain.store import DeviceStore
 from gpuagent.kubelet.plugin import DevicePluginService
@@ -17,6 +21,7 @@ from gpuagent.kubelet.registration import MAX_REASON, PluginEndpoint, Timing
 
 GPU = "nvidia.com/gpu"
 FAST = Timing(backoff_initial=0.001, backoff_max=0.001, register_retry_max=0.001)
+T = 15.0
 
 
 def endpoint(
@@ -51,7 +56,7 @@ async def test_a_socket_dir_that_cannot_hold_sockets_is_named_once(short_tmp_pat
     assert str(not_a_dir / "nvidia-gpu.sock") in errors[0]["event"]
     assert "--socket-dir" in errors[0]["event"]
     assert "exc_info" not in errors[0] or not errors[0]["exc_info"]
-    assert store.snapshot.registrations[GPU].error == "stopped"
+    assert state(store).error == "stopped"
 
 
 async def test_an_absent_kubelet_socket_is_named_and_published(short_tmp_path: Path) -> None:
@@ -66,10 +71,62 @@ async def test_an_absent_kubelet_socket_is_named_and_published(short_tmp_path: P
             await eventually(
                 lambda: any(e["log_level"] == "warning" for e in logs), what="a warning"
             )
-            error = store.snapshot.registrations[GPU].error
+            error = state(store).error
         finally:
             task.cancel()
             await asyncio.wait({task})
     assert str(kubelet) in error
     assert "--kubelet-socket" in error
     assert len(error) <= MAX_REASON
+
+
+def state(store: DeviceStore) -> Registration:
+    return store.snapshot.registrations.get(GPU, Registration(error="not published"))
+
+
+# Inotify: every poll and backoff interval is an hour, so only a directory event can wake the
+# endpoint. Polling (where inotify cannot be had): short intervals, inotify off.
+HOUR = 3600.0
+ON_INOTIFY = Timing(watch_interval=HOUR, backoff_initial=HOUR, backoff_max=HOUR)
+POLLING = Timing(watch_interval=0.01, backoff_initial=0.01, backoff_max=0.01, inotify=False)
+
+
+@pytest.mark.parametrize("timing", [ON_INOTIFY, POLLING], ids=["inotify", "polling"])
+async def test_kubelet_start_restart_and_a_takeover_are_followed(
+    timing: Timing, device_plugin_dir: Path, grpc_stubs: StubModules
+) -> None:
+    await asyncio.to_thread(device_plugin_dir.mkdir)
+    store = DeviceStore(node(gpu(0)))
+    plugin = endpoint(
+        store, device_plugin_dir / "nvidia-gpu.sock", device_plugin_dir / "kubelet.sock", timing
+    )
+    task = asyncio.create_task(plugin.run())
+    try:
+        await eventually(lambda: "waiting for the kubelet" in state(store).error,
+                         what="waiting for the kubelet")  # fmt: skip
+        with FakeKubelet(device_plugin_dir, grpc_stubs) as kubelet:
+            await asyncio.to_thread(kubelet.wait_for_registrations, 1, T)  # the kubelet came
+            await asyncio.to_thread(kubelet.restart)
+            await asyncio.to_thread(kubelet.wait_for_registrations, 2, T)  # it restarted
+            await eventually(lambda: state(store).registered,
+                             what="registered")  # fmt: skip
+
+            # A rolling update's new agent serves our socket path: stand by, never take it back.
+            sock = device_plugin_dir / "nvidia-gpu.sock"
+            sock.unlink()
+            other = socket.socket(socket.AF_UNIX)
+            other.bind(str(sock))
+            await eventually(
+                lambda: state(store).error == "another plugin serves this socket",
+                what="standing by",
+            )
+            assert len(kubelet.attempts) == 2
+            # It goes away (its socket with it): serve and register again.
+            other.close()
+            sock.unlink()
+            await asyncio.to_thread(kubelet.wait_for_registrations, 3, T)
+            await eventually(lambda: state(store).registered,
+                             what="registered again")  # fmt: skip
+    finally:
+        task.cancel()
+        await asyncio.wait({task})
