@@ -1,9 +1,11 @@
 """Benchmark gpuagent as a separate process, driven by the grpcio kubelet stand-in.
 
-Measures, on simulated GPUs: start → registered; Allocate round trip p50/p99 (kubelet side, so an
-upper bound of the agent's own time); fault injected → Unhealthy seen on the ListAndWatch stream;
-kubelet restart → registered again; RSS; idle CPU. Prints a table with each target; exits 0 even
-when a target is missed (the numbers are for people, not a gate: shared machines are noisy).
+Measures, on simulated GPUs, the device-plugin figures of ``bench_plugin.py`` (start →
+registered, kubelet restart → registered again, Allocate round trip, RSS, idle CPU and wake-ups:
+the same for any plugin binary given with ``--compare``), then gpuagent's own: preferred
+allocation, fault injected → Unhealthy seen on the ListAndWatch stream, ``/metrics``, DRA and
+per-container accounting. Prints a table with each target; exits 0 even when a target is missed
+(the numbers are for people, not a gate: shared machines are noisy).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import bench_accounting  # noqa: E402
 import bench_dra  # noqa: E402
 import bench_health  # noqa: E402
 import bench_metrics  # noqa: E402
+import bench_plugin  # noqa: E402
 from bench_preferred import bench_preferred  # noqa: E402
 from support.fake_kubelet import FakeKubelet  # noqa: E402
 from support.grpcstubs import StubModules, generate  # noqa: E402
@@ -132,35 +135,12 @@ def shows(device_id: str, state: str) -> Callable[[Any], bool]:
     return lambda update: health(update)[device_id] == state
 
 
-def bench_startup(stubs: StubModules, runs: int, gpus: int) -> list[float]:
-    """Process start → Register received by the kubelet, with the kubelet already up."""
-    samples = []
-    for _ in range(runs):
-        with tempdir() as d, FakeKubelet(d, stubs) as kubelet, agent(d, gpus) as a:
-            (reg,) = kubelet.wait_for_registrations(1, 30)
-            samples.append(reg.received_at - a.started)
-    return samples
-
-
 def bench_running(stubs: StubModules, args: argparse.Namespace) -> list[Row]:
     rows: list[Row] = []
     with tempdir() as d, FakeKubelet(d, stubs) as kubelet, agent(d, args.gpus) as a:
         (reg,) = kubelet.wait_for_registrations(1, 30)
         first = reg.next_update(10)
         ids = [dev.ID for dev in first.devices]
-
-        # Allocate round trip, as the kubelet sees it.
-        for _ in range(50):
-            kubelet.allocate(ids[:1])
-        latencies = []
-        for i in range(args.allocations):
-            chosen = [ids[i % len(ids)], ids[(i + 1) % len(ids)]]
-            t0 = time.perf_counter()
-            kubelet.allocate(chosen)
-            latencies.append(time.perf_counter() - t0)
-        p50, p99 = percentile(latencies, 50), percentile(latencies, 99)
-        rows.append(Row("Allocate round trip p50", ms(p50), "", None))
-        rows.append(Row("Allocate round trip p99", ms(p99), "< 2 ms", p99 < 0.002))
 
         # GetPreferredAllocation round trip, as the kubelet sees it.
         latencies = []
@@ -194,35 +174,30 @@ def bench_running(stubs: StubModules, args: argparse.Namespace) -> list[Row]:
         rows.append(Row("recover → Healthy on stream p99", ms(percentile(to_healthy, 99)), "",
                         None))  # fmt: skip
 
-        # Kubelet restart → registered again.
-        rereg = []
-        for n in range(2, args.restarts + 2):
-            kubelet.restart()
-            regs = kubelet.wait_for_registrations(n, 10)
-            rereg.append(regs[-1].received_at - kubelet.restarts[-1])
-        reg = kubelet.latest()
-        p99 = percentile(rereg, 99)
-        rows.append(Row("kubelet restart → re-registered p50", ms(percentile(rereg, 50)), "",
-                        None))  # fmt: skip
-        rows.append(Row("kubelet restart → re-registered p99", ms(p99), "< 1 s", p99 < 1.0))
-
-        # Idle: registered, one stream open, nobody scraping.
-        time.sleep(1.0)
-        cpu0, t0 = a.cpu_seconds(), time.monotonic()
-        time.sleep(args.idle_seconds)
-        idle = (a.cpu_seconds() - cpu0) / (time.monotonic() - t0) * 100
-        rss, hwm = a.rss_mib()
-        rows.append(Row(f"idle CPU, {args.gpus} GPUs ({args.idle_seconds:.0f} s)",
-                        f"{idle:.2f} % of a core", "< 1 %", idle < 1.0))  # fmt: skip
-        rows.append(Row("RSS after the run (peak)", f"{rss:.1f} MiB ({hwm:.1f})", "< 60 MB",
-                        rss * 1.048576 < 60))  # fmt: skip
-
         # One scrape, for scale.
         t0 = time.perf_counter()
         size = len(a.get("/metrics"))
         rows.append(Row("GET /metrics", f"{ms(time.perf_counter() - t0)}, {size} bytes", "",
                         None))  # fmt: skip
     return rows
+
+
+def plugin_runs(
+    stubs: StubModules, plugins: list[bench_plugin.Plugin], args: argparse.Namespace
+) -> dict[str, list[bench_plugin.Figures]]:
+    """Each plugin's figures, ``--runs`` times, interleaved."""
+    runs: dict[str, list[bench_plugin.Figures]] = {p.name: [] for p in plugins}
+    for n in range(args.runs):
+        for plugin in plugins:
+            print(f"run {n + 1}/{args.runs}: {plugin.name}", file=sys.stderr, flush=True)
+            runs[plugin.name].append(
+                bench_plugin.measure(
+                    plugin, stubs, tempdir,
+                    startups=args.startups, allocations=args.allocations,
+                    restarts=args.restarts, idle_seconds=args.idle_seconds, log=args.plugin_log,
+                )
+            )  # fmt: skip
+    return runs
 
 
 def bench_preferred_search() -> list[Row]:
@@ -265,6 +240,16 @@ def main() -> int:
     parser.add_argument("--faults", type=int, default=100)
     parser.add_argument("--restarts", type=int, default=20)
     parser.add_argument("--idle-seconds", type=float, default=20.0)
+    parser.add_argument("--runs", type=int, default=1,
+                        help="runs of the device-plugin figures (median reported)")  # fmt: skip
+    parser.add_argument("--only-plugin", action="store_true",
+                        help="the device-plugin figures only (bench_plugin.py)")  # fmt: skip
+    parser.add_argument(
+        "--compare", action="append", default=[], metavar="NAME=COMMAND",
+        help="also measure this plugin's device-plugin figures, runs interleaved with gpuagent's; "
+        "{socket_dir}, {kubelet_socket} and {port} in COMMAND are filled in (repeatable)",
+    )  # fmt: skip
+    parser.add_argument("--plugin-log", type=Path, help="append the plugins' output here")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     bench_metrics.add_arguments(parser)
     bench_dra.add_arguments(parser)
@@ -286,19 +271,26 @@ def main() -> int:
             print(table(bench_accounting.rows(stubs, args, agent, tempdir, Row)))
             return 0
         if args.only_health:
-            startup = bench_startup(stubs, args.startups, args.gpus)
+            startup = bench_plugin.start_times(
+                bench_plugin.gpuagent(args.gpus), stubs, tempdir,
+                startups=args.startups,
+            )  # fmt: skip
             rows = [Row(f"start → registered p50 ({args.startups} runs, warm)",
                         ms(statistics.median(startup)), "", None)]  # fmt: skip
             rows += [r for r in bench_running(stubs, args) if "→" in r.what]
             rows += bench_health.rows(stubs, args, agent, tempdir, Row)
             print(table(rows))
             return 0
-        startup = bench_startup(stubs, args.startups, args.gpus)
-        rows = [
-            Row(f"start → registered p50 ({args.startups} runs)", ms(statistics.median(startup)),
-                "", None),
-            Row("start → registered max", ms(max(startup)), "< 1 s", max(startup) < 1.0),
-        ]  # fmt: skip
+        plugins = [bench_plugin.gpuagent(args.gpus)]
+        plugins += [bench_plugin.parse_compare(spec) for spec in args.compare]
+        runs = plugin_runs(stubs, plugins, args)
+        rows = bench_plugin.rows(runs, Row)
+        if args.compare or args.only_plugin:
+            print(table(rows))
+            if args.compare:
+                print()
+                print(bench_plugin.compare_table(runs))
+            return 0
         rows += bench_running(stubs, args)
         rows += bench_preferred_search()
         rows += bench_metrics.rows(stubs, args, agent, tempdir, Row)
