@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import os
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import replace
@@ -23,8 +24,6 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from gpuagent import __version__
-from gpuagent.cdi import DEFAULT_CDI_DIR
 from gpuagent.config import ConfigError, Settings
 from gpuagent.domain.devices import Snapshot
 from gpuagent.domain.errors import SettingError
@@ -32,14 +31,10 @@ from gpuagent.domain.plan import Plan
 from gpuagent.domain.readiness import readiness
 from gpuagent.domain.serving import ResourceView
 from gpuagent.domain.store import DeviceStore
-from gpuagent.gpu import sim
 from gpuagent.gpu.monitor import GpuMonitor
 from gpuagent.gpu.nvml import DriverUnavailable, Nvml
 from gpuagent.kubelet.endpoints import PluginEndpoints
-from gpuagent.kubelet.podresources import PodResourcesClient
 from gpuagent.kubelet.registration import Timing
-from gpuagent.labels import DEFAULT_FEATURES_FILE
-from gpuagent.nodefiles import CdiTarget, LabelTarget, NodeFiles, NodeSpecs
 from gpuagent.plan import (
     LIVE,
     driver_root_as_read,
@@ -48,14 +43,16 @@ from gpuagent.plan import (
     make_plan,
     restart_keys,
 )
-from gpuagent.runtime.accountant import Accountant
-from gpuagent.runtime.cri import CriClient
-from gpuagent.runtime.procfs import ProcReader
-from gpuagent.web.metrics import MetricsRenderer
-from gpuagent.web.server import HttpServer, build_app
+from gpuagent.web.listener import Listener
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the rest is imported once the kubelet has its device plugin (_start_rest)
     from gpuagent.draplugin import DraSide
+    from gpuagent.gpu import sim
+    from gpuagent.kubelet.podresources import PodResourcesClient
+    from gpuagent.nodefiles import CdiTarget, NodeFiles
+    from gpuagent.runtime.accountant import Accountant
+    from gpuagent.web.metrics import MetricsRenderer
+    from gpuagent.web.server import HttpServer
 
 log = structlog.get_logger("gpuagent")
 
@@ -63,6 +60,19 @@ SHUTDOWN_SECONDS = 4.0  # the whole shutdown; the DaemonSet's grace period is 10
 SHUTDOWN_STREAMS_SECONDS = 0.5
 SHUTDOWN_TASKS_SECONDS = 1.0
 SHUTDOWN_HTTP_SECONDS = 1.0
+# How long the rest waits for the kubelet's first answer before it starts anyway (a kubelet that
+# holds Register open must not keep /metrics and the probes down).
+FIRST_REGISTRATION_SECONDS = 2.0
+# Imported off the loop once the kubelet has its device plugin: what the kubelet does not need.
+_DEFERRED = (
+    "gpuagent.web.server",
+    "gpuagent.web.metrics",
+    "gpuagent.kubelet.podresources",
+    "gpuagent.runtime.accountant",
+    "gpuagent.runtime.cri",
+    "gpuagent.runtime.procfs",
+    "gpuagent.nodefiles",
+)
 
 
 class FatalError(Exception):
@@ -101,9 +111,6 @@ class Agent:
         self.pod_resources: PodResourcesClient | None = None
         self.endpoints: PluginEndpoints | None = None
         if settings.kubernetes:
-            self.pod_resources = PodResourcesClient(
-                self.store, settings.pod_resources_socket, interval=settings.pod_resources_interval
-            )
             self.endpoints = PluginEndpoints(
                 self.store,
                 self.view,
@@ -111,24 +118,22 @@ class Agent:
                 socket_dir=settings.socket_dir,
                 kubelet_socket=settings.kubelet_socket,
                 timing=registration_timing,
-                on_allocate=self.pod_resources.poke,
+                on_allocate=self._allocated,
             )
         self.dra = self._dra_side(dra_options or {}) if self.store.plan.dra.gpus.enabled else None
-        # Per-container GPU accounting: process -> cgroup -> container -> names (CRI).
-        self.cri = CriClient(settings.cri_socket)
-        self.accountant = Accountant(self.store, ProcReader(settings.proc_root), self.cri)
-        self.node_files = _node_files(
-            self.store, settings, sysfs_root=sysfs_root, simulated=simulator is not None
-        )
-        self.renderer = MetricsRenderer(
-            self.node_name,
-            __version__,
-            hostname_label=None if settings.no_hostname else settings.hostname_label,
-            container_shares=settings.dcgm_container_shares,
-            kubernetes=settings.kubernetes,
-        )
+        # Built by _start_rest, after the kubelet registration: the metrics renderer and HTTP
+        # server, the pod-resources client, per-container accounting (process -> cgroup ->
+        # container -> names, from the CRI), the node's files.
+        self.renderer: MetricsRenderer | None = None
+        self.accountant: Accountant | None = None
+        self.node_files: NodeFiles | None = None
         self.monitor: GpuMonitor | None = None
         self.http: HttpServer | None = None
+        self.listener = Listener(
+            settings.metrics_host,
+            settings.metrics_port,
+            ssl_context=self.web_config.ssl_context if self.web_config is not None else None,
+        )
         self.started = asyncio.Event()
         self._sysfs_root = sysfs_root
         self._nvml_call_timeout = nvml_call_timeout
@@ -136,6 +141,10 @@ class Agent:
         self._config_poll_interval = config_poll_interval
         self._reload_requested = asyncio.Event()
         self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    def _allocated(self) -> None:
+        if self.pod_resources is not None:
+            self.pod_resources.poke()
 
     # ----- probes ------------------------------------------------------------------------------
     def liveness(self) -> str | None:
@@ -153,6 +162,7 @@ class Agent:
     def _dra_side(self, options: Mapping[str, Any]) -> DraSide:
         """The DRA side (imported only when DRA is on: its API client costs memory)."""
         from gpuagent.draplugin import DraSide, KubeConfigError  # noqa: PLC0415
+        from gpuagent.nodefiles import NodeSpecs  # noqa: PLC0415
 
         specs = NodeSpecs(_cdi_target(self.settings))
         store = self.store
@@ -185,6 +195,8 @@ class Agent:
         setting keeps it from starting (the metrics address cannot be bound).
         """
         if self.simulator is not None:
+            from gpuagent.gpu import sim  # noqa: PLC0415
+
             sim.install(self.simulator)
         self.monitor = monitor = GpuMonitor(
             self.store,
@@ -193,39 +205,85 @@ class Agent:
             call_timeout=self._nvml_call_timeout,
             nvml_timeout=self.settings.nvml_timeout,
         )
-        app = build_app(self.store, self.renderer, self, self.simulator, web_config=self.web_config)
-        ssl = self.web_config.ssl_context if self.web_config is not None else None
-        self.http = HttpServer(
-            app,
-            self.settings.metrics_host,
-            self.settings.metrics_port,
-            ssl_context=ssl,
-            probes=self,
-        )
         try:
-            await self._listen(self.http)
+            # Register first: bind the metrics address (a taken one is a configuration error
+            # now), discover the GPUs (the device list must be true), serve the kubelet; then
+            # import and start what the kubelet does not need.
+            await self._listen()
             await self._start_driver(monitor)
-            self._spawn("nvml-poller", monitor.run())
             if self.endpoints is not None:
                 self._spawn("kubelet-registration", self.endpoints.run())
-            if self.pod_resources is not None:
-                self._spawn("pod-resources", self.pod_resources.run())
-            self._spawn("gpu-accounting", self.accountant.run())
-            if self.node_files.wanted:
-                self._spawn("node-files", self.node_files.run())
-            if self.dra is not None:
-                for name, task in self.dra.tasks().items():
-                    self._spawn(name, task())
-            if self._settings_source is not None:
-                self._spawn("config-reload", self._reload_when_asked())
+                if self.store.snapshot.discovered:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(FIRST_REGISTRATION_SECONDS):
+                            await self._first_answer()
+            self._spawn("nvml-poller", monitor.run())
+            await self._start_rest()
             self.started.set()
             await self._supervise(stop)
         finally:
             await self._shutdown(monitor)
 
-    async def _listen(self, http: HttpServer) -> None:
+    async def _first_answer(self) -> None:
+        """Until every endpoint has registered or said why not, or the registration task ended."""
+        assert self.endpoints is not None
+        settled = asyncio.create_task(self.endpoints.wait_settled(), name="registration-settled")
         try:
-            await http.start()
+            await asyncio.wait(
+                {settled, self._tasks["kubelet-registration"]},
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            settled.cancel()
+
+    async def _start_rest(self) -> None:
+        """Import (off the loop, which keeps serving the kubelet) and start the HTTP server, the
+        pod-resources client, accounting, the node's files, the DRA side and config reloads."""
+        await asyncio.to_thread(_import, _DEFERRED)
+        from gpuagent import __version__  # noqa: PLC0415
+        from gpuagent.kubelet.podresources import PodResourcesClient  # noqa: PLC0415
+        from gpuagent.runtime.accountant import Accountant  # noqa: PLC0415
+        from gpuagent.runtime.cri import CriClient  # noqa: PLC0415
+        from gpuagent.runtime.procfs import ProcReader  # noqa: PLC0415
+        from gpuagent.web.metrics import MetricsRenderer  # noqa: PLC0415
+        from gpuagent.web.server import HttpServer, build_app  # noqa: PLC0415
+
+        settings = self.settings
+        self.renderer = MetricsRenderer(
+            self.node_name,
+            __version__,
+            hostname_label=None if settings.no_hostname else settings.hostname_label,
+            container_shares=settings.dcgm_container_shares,
+            kubernetes=settings.kubernetes,
+        )
+        app = build_app(self.store, self.renderer, self, self.simulator, web_config=self.web_config)
+        self.http = HttpServer(
+            app, settings.metrics_host, settings.metrics_port, probes=self, listener=self.listener
+        )
+        await self.http.start()
+        if settings.kubernetes:
+            self.pod_resources = PodResourcesClient(
+                self.store, settings.pod_resources_socket, interval=settings.pod_resources_interval
+            )
+            self._spawn("pod-resources", self.pod_resources.run())
+        self.accountant = Accountant(
+            self.store, ProcReader(settings.proc_root), CriClient(settings.cri_socket)
+        )
+        self._spawn("gpu-accounting", self.accountant.run())
+        self.node_files = _node_files(
+            self.store, settings, sysfs_root=self._sysfs_root, simulated=self.simulator is not None
+        )
+        if self.node_files.wanted:
+            self._spawn("node-files", self.node_files.run())
+        if self.dra is not None:
+            for name, task in self.dra.tasks().items():
+                self._spawn(name, task())
+        if self._settings_source is not None:
+            self._spawn("config-reload", self._reload_when_asked())
+
+    async def _listen(self) -> None:
+        try:
+            await self.listener.bind()
         except OSError as exc:
             host = self.settings.metrics_host or "*"
             reason = exc.strerror or str(exc)
@@ -291,6 +349,8 @@ class Agent:
                     await self.http.close()
             except TimeoutError:
                 log.warning("http server did not close in time")
+        else:
+            self.listener.close()
         if self.dra is not None:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(budget(SHUTDOWN_HTTP_SECONDS)):
@@ -301,6 +361,8 @@ class Agent:
         except TimeoutError:
             log.warning("the driver did not release in time; exiting without nvmlShutdown")
         if self.simulator is not None:
+            from gpuagent.gpu import sim  # noqa: PLC0415
+
             sim.uninstall()
         log.info("stopped")
 
@@ -367,6 +429,8 @@ class Agent:
 
 def _cdi_target(settings: Settings) -> CdiTarget:
     """Where the CDI spec goes and how the driver's files are found (node spec and DRA claims)."""
+    from gpuagent.nodefiles import CdiTarget  # noqa: PLC0415
+
     return CdiTarget(
         spec_dir=settings.cdi_spec_dir,
         mode=settings.cdi_spec,
@@ -381,6 +445,10 @@ def _node_files(
 ) -> NodeFiles:
     """The node's files this agent may write: simulated GPUs must not reach the host's real CDI
     or node-feature-discovery directories by default."""
+    from gpuagent.cdi import DEFAULT_CDI_DIR  # noqa: PLC0415
+    from gpuagent.labels import DEFAULT_FEATURES_FILE  # noqa: PLC0415
+    from gpuagent.nodefiles import LabelTarget, NodeFiles  # noqa: PLC0415
+
     cdi: CdiTarget | None = _cdi_target(settings)
     labels: LabelTarget | None = LabelTarget(
         path=settings.node_labels_file,
@@ -394,6 +462,11 @@ def _node_files(
     if simulated and settings.cdi_spec_dir == DEFAULT_CDI_DIR:
         cdi = None
     return NodeFiles(store, cdi=cdi, labels=labels)
+
+
+def _import(modules: tuple[str, ...]) -> None:
+    for name in modules:
+        importlib.import_module(name)
 
 
 def _file_stamp(path: Path) -> tuple[int, ...] | None:

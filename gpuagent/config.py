@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import importlib.metadata
-import ipaddress
+import functools
 import math
 import re
 import socket
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Generic, TypeVar
-
-import yaml
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from gpuagent.domain.containers import DeviceListStrategy
 from gpuagent.domain.devices import IdStrategy
@@ -24,6 +22,9 @@ from gpuagent.domain.naming import resource_name
 from gpuagent.domain.preferred import SharedAllocationPolicy
 from gpuagent.domain.resources import MigStrategy
 from gpuagent.domain.timeslicing import ReplicaRule, TimeSlicing
+
+if TYPE_CHECKING:
+    import yaml
 
 __all__ = ["ConfigError", "Settings", "load_settings", "parse_sharing"]
 
@@ -39,7 +40,8 @@ MAX_POLL_INTERVAL = 3600.0
 MIN_NVML_TIMEOUT = 1.0
 MIN_POD_RESOURCES_INTERVAL = 1.0
 HOSTNAME_LABELS = ("Hostname", "hostname")
-CDI_SPECS = ("write", "toolkit")
+CDI_SPEC_TOOLKIT = "toolkit"
+CDI_SPECS = ("write", CDI_SPEC_TOOLKIT)
 
 _TRUE = frozenset({"true", "1", "yes"})
 _FALSE = frozenset({"false", "0", "no"})
@@ -219,6 +221,8 @@ def _parse_sharing(raw: object) -> TimeSlicing:
     """NVIDIA's ``sharing`` block: a mapping in the file, YAML/JSON text in a flag or env."""
     value = raw
     if isinstance(raw, str):
+        import yaml  # noqa: PLC0415 - only for sharing given as text
+
         try:
             value = yaml.safe_load(raw)
         except yaml.YAMLError as exc:
@@ -377,6 +381,8 @@ def _parse_metrics_address(raw: object) -> tuple[str, int]:
         raise _Invalid(f"expected HOST:PORT (e.g. ':9400'), got {text!r}")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
+        import ipaddress  # noqa: PLC0415 - only for a bracketed host
+
         try:
             ipaddress.IPv6Address(host)
         except ValueError:
@@ -790,11 +796,28 @@ class _StoreWithFlag(argparse.Action):
         setattr(namespace, self.dest, (option_string or self.option_strings[0], values))
 
 
-def _version() -> str:
-    try:
-        return importlib.metadata.version("gpuagent")
-    except importlib.metadata.PackageNotFoundError:
-        return "0+unknown"
+class _Version(argparse.Action):
+    """``--version``: the installed version, read only when asked for (importing
+    :mod:`importlib.metadata` would cost every start)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        import importlib.metadata  # noqa: PLC0415
+
+        try:
+            version = importlib.metadata.version("gpuagent")
+        except importlib.metadata.PackageNotFoundError:
+            version = "0+unknown"
+        sys.stdout.write(f"gpuagent {version}\n")
+        parser.exit()
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -807,7 +830,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "Boolean flags take --name or --name=true|false.",
         allow_abbrev=False,
     )
-    parser.add_argument("--version", action="version", version=f"gpuagent {_version()}")
+    parser.add_argument("--version", action=_Version, help="show program's version number and exit")
     for opt in OPTIONS:
         help_text = f"{opt.help} [env {', '.join(opt.env_names)}]"
         parser.add_argument(
@@ -835,26 +858,30 @@ def _normalize_bool_flags(argv: Sequence[str]) -> list[str]:
     return out
 
 
-class _SafeLoaderNoDuplicates(yaml.SafeLoader):
-    """A safe YAML loader that rejects duplicate mapping keys."""
+@functools.cache
+def _yaml_loader() -> type[yaml.SafeLoader]:
+    """A safe YAML loader that rejects duplicate mapping keys (built when a file is read)."""
+    import yaml  # noqa: PLC0415 - a config file is optional; the import costs start-up time
 
+    class SafeLoaderNoDuplicates(yaml.SafeLoader):
+        pass
 
-def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    mapping = loader.construct_mapping(node)
-    seen: set[object] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark
-            )
-        seen.add(key)
-    return mapping
+    def construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+        mapping = loader.construct_mapping(node)
+        seen: set[object] = set()
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark
+                )
+            seen.add(key)
+        return mapping
 
-
-_SafeLoaderNoDuplicates.add_constructor(
-    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping
-)
+    SafeLoaderNoDuplicates.add_constructor(
+        yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping
+    )
+    return SafeLoaderNoDuplicates
 
 
 def _read_config_file(path: Path) -> dict[str, object]:
@@ -864,8 +891,12 @@ def _read_config_file(path: Path) -> dict[str, object]:
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise ConfigError("config", f"cannot read {path}: {reason}") from None
+    import yaml  # noqa: PLC0415
+
+    loader = _yaml_loader()
+
     try:
-        document = yaml.load(text, Loader=_SafeLoaderNoDuplicates)
+        document = yaml.load(text, Loader=loader)
     except yaml.YAMLError as exc:
         raise ConfigError("config", f"invalid YAML in {path}: {exc}") from None
     if not isinstance(document, dict):

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from gpuagent.config import OPTIONS, ConfigError, Settings
+from gpuagent.config import CDI_SPEC_TOOLKIT, OPTIONS, ConfigError, Settings
 from gpuagent.domain.containers import CDI_KIND, CONTROL_NODES, TOOLKIT_CDI_KIND, ContainerSettings
 from gpuagent.domain.dra import DraGpus, DraPlan
 from gpuagent.domain.errors import SettingError
@@ -23,9 +24,10 @@ from gpuagent.domain.health import HealthCheckSpecError, HealthPolicy
 from gpuagent.domain.plan import Plan
 from gpuagent.domain.resources import ResourceSettings
 from gpuagent.domain.serving import ServingPolicy
-from gpuagent.gpu import sim
-from gpuagent.nodefiles import TOOLKIT
-from gpuagent.web.webconfig import WebConfigFile
+
+if TYPE_CHECKING:  # imported when used: neither is needed on most nodes
+    from gpuagent.gpu import sim
+    from gpuagent.web.webconfig import WebConfigFile
 
 __all__ = [
     "LIVE",
@@ -78,7 +80,7 @@ def make_plan(settings: Settings, *, control_nodes: tuple[str, ...] | None = Non
                 dev_root=str(root),
                 control_nodes=control_nodes,
                 cdi_annotation_prefix=settings.cdi_annotation_prefix,
-                cdi_kind=TOOLKIT_CDI_KIND if settings.cdi_spec == TOOLKIT else CDI_KIND,
+                cdi_kind=TOOLKIT_CDI_KIND if settings.cdi_spec == CDI_SPEC_TOOLKIT else CDI_KIND,
             ),
             shared_allocation=settings.shared_devices_allocation_policy,
             dra_gpus=DraGpus.parse(settings.dra_gpus),
@@ -129,6 +131,8 @@ def load_web_config(settings: Settings) -> WebConfigFile | None:
     """The ``--web-config-file``, checked (TLS files included); raises :class:`ConfigError`."""
     if settings.web_config_file is None:
         return None
+    from gpuagent.web.webconfig import WebConfigFile  # noqa: PLC0415
+
     try:
         return WebConfigFile(settings.web_config_file)
     except SettingError as exc:
@@ -137,6 +141,10 @@ def load_web_config(settings: Settings) -> WebConfigFile | None:
 
 def load_simulator(settings: Settings) -> sim.SimDriver | None:
     """The simulated driver described by the settings, or ``None`` on real hardware."""
+    if settings.simulate is None and settings.sim_config is None:
+        return None
+    from gpuagent.gpu import sim  # noqa: PLC0415
+
     try:
         if settings.simulate is not None:
             return sim.SimDriver(sim.node_from_count(settings.simulate))

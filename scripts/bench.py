@@ -250,6 +250,11 @@ def main() -> int:
         "{socket_dir}, {kubelet_socket} and {port} in COMMAND are filled in (repeatable)",
     )  # fmt: skip
     parser.add_argument("--plugin-log", type=Path, help="append the plugins' output here")
+    parser.add_argument(
+        "--agent-python", default=sys.executable,
+        help="the interpreter that runs gpuagent for the device-plugin figures (e.g. one of a "
+        "virtual environment with only `pip install .` in it, as shipped)",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the rows here")
     bench_metrics.add_arguments(parser)
     bench_dra.add_arguments(parser)
@@ -272,7 +277,7 @@ def main() -> int:
             return 0
         if args.only_health:
             startup = bench_plugin.start_times(
-                bench_plugin.gpuagent(args.gpus), stubs, tempdir,
+                bench_plugin.gpuagent(args.gpus, args.agent_python), stubs, tempdir,
                 startups=args.startups,
             )  # fmt: skip
             rows = [Row(f"start → registered p50 ({args.startups} runs, warm)",
@@ -281,7 +286,7 @@ def main() -> int:
             rows += bench_health.rows(stubs, args, agent, tempdir, Row)
             print(table(rows))
             return 0
-        plugins = [bench_plugin.gpuagent(args.gpus)]
+        plugins = [bench_plugin.gpuagent(args.gpus, args.agent_python)]
         plugins += [bench_plugin.parse_compare(spec) for spec in args.compare]
         runs = plugin_runs(stubs, plugins, args)
         rows = bench_plugin.rows(runs, Row)

@@ -9,7 +9,7 @@ and their registration entries leave the store — while the others keep their s
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +25,8 @@ from gpuagent.kubelet.registration import PluginEndpoint, Timing
 __all__ = ["PluginEndpoints"]
 
 log = structlog.get_logger("gpuagent.registration")
+
+STARTING = "starting"  # an endpoint's state until its first attempt says more
 
 
 @dataclass(slots=True)
@@ -88,6 +90,13 @@ class PluginEndpoints:
             for name in list(self._served):
                 await self._withdraw(name)
 
+    async def wait_settled(self) -> None:
+        """Until every advertised resource has registered or said why it has not (waiting for
+        the kubelet, refused, ...): the kubelet's first answer, whatever it was."""
+        snapshot = self._store.snapshot
+        while not _settled(snapshot.registrations):
+            snapshot = await self._store.wait_newer(snapshot.version)
+
     async def wait_drained(self) -> None:
         """Wait until every ListAndWatch stream has closed (once ``stopping`` is set, each ends
         with ``UNAVAILABLE``)."""
@@ -122,7 +131,7 @@ class PluginEndpoints:
                 timing=self._timing,
             )
             # Not registered until it says so: readiness waits for the new resource too.
-            self._store.set_registration(name, Registration(error="starting"))
+            self._store.set_registration(name, Registration(error=STARTING))
             task = group.create_task(endpoint.run(), name=f"kubelet-registration:{name}")
             self._served[name] = _Served(service, endpoint, task)
         if gone or new:
@@ -134,3 +143,9 @@ class PluginEndpoints:
         served.task.cancel()
         await asyncio.wait({served.task})
         self._store.set_registration(name, None)
+
+
+def _settled(registrations: Mapping[str, Registration]) -> bool:
+    return bool(registrations) and all(
+        r.registered or r.error != STARTING for r in registrations.values()
+    )

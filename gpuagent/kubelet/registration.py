@@ -17,6 +17,7 @@ import stat
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import structlog
 from grpclib import GRPCError
@@ -54,10 +55,60 @@ class Timing:
     kubelet_grace: float = 30.0
     # Watch the socket directories with inotify when the kernel allows it (False: poll only).
     inotify: bool = True
+    # How long our socket may be gone, the kubelet's staying, before we serve again: another
+    # plugin taking our path, or a restarting kubelet, shows within it.
+    settle: float = 0.5
+
+
+class _CorkedTransport(asyncio.Transport):
+    """A transport whose writes within one turn of the event loop leave as one.
+
+    grpclib writes a unary response's headers, message and trailers separately, so each call
+    cost three system calls and woke the kubelet three times; corked, they are one write at the
+    end of the turn. Only what grpclib's server uses is passed through.
+    """
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__()
+        self._transport = transport
+        self._loop = loop
+        self._pending: list[bytes] = []
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if not self._pending:
+            self._loop.call_soon(self._flush)
+        self._pending.append(bytes(data))
+
+    def _flush(self) -> None:
+        data = b"".join(self._pending)
+        self._pending.clear()
+        if data and not self._transport.is_closing():
+            self._transport.write(data)
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def abort(self) -> None:
+        self._pending.clear()
+        self._transport.abort()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._transport.get_extra_info(name, default)
+
+
+class _CorkedProtocol(H2Protocol):
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        super().connection_made(_CorkedTransport(transport, asyncio.get_running_loop()))
 
 
 class _PluginServer(Server):
-    """grpclib's server, plus a way to drop its client connections.
+    """grpclib's server, with corked writes (:class:`_CorkedTransport`), plus a way to drop its
+    client connections.
 
     ``Server.close()`` stops listening and cancels handlers but leaves HTTP/2 connections open
     (grpclib#107: a proper fix needs GOAWAY); a dead kubelet's connections, or ours at shutdown,
@@ -69,7 +120,8 @@ class _PluginServer(Server):
         self._protocols: weakref.WeakSet[H2Protocol] = weakref.WeakSet()
 
     def _protocol_factory(self) -> H2Protocol:
-        protocol = super()._protocol_factory()
+        plain = super()._protocol_factory()
+        protocol = _CorkedProtocol(plain.handler, plain.config, plain.h2_config)
         self._protocols.add(protocol)
         return protocol
 
@@ -248,15 +300,32 @@ class PluginEndpoint:
         return False
 
     async def _watch(self, kubelet_id: SocketId, own_id: SocketId | None) -> None:
-        """Return once either socket is gone or replaced (identities taken before ``Register``)."""
+        """Return once the kubelet socket is gone or replaced, or ours is (identities taken
+        before ``Register``).
+
+        Our socket gone while the kubelet's stays is not yet a restart: a restarting kubelet
+        deletes every socket in the directory in no set order, and a rolling update's new agent
+        removes ours just before it binds its own there. Either shows within
+        ``Timing.settle``; after that, with the path still empty, we serve again.
+        """
+        loop = asyncio.get_running_loop()
+        gone_at: float | None = None
         while True:
-            current = _socket_id(self._socket_path)
-            if current != own_id or own_id is None:
-                if current is not None and _socket_id(self._kubelet_socket) == kubelet_id:
-                    await self._stand_by(kubelet_id)
-                return
             if _socket_id(self._kubelet_socket) != kubelet_id:
                 return
+            current = _socket_id(self._socket_path)
+            if own_id is None:
+                return
+            if current is not None and current != own_id:
+                await self._stand_by(kubelet_id)
+                return
+            if current is None:
+                gone_at = loop.time() if gone_at is None else gone_at
+                left = gone_at + self._timing.settle - loop.time()
+                if left <= 0:
+                    return
+                await self._changed(min(left, self._timing.watch_interval), left)
+                continue
             await self._changed(self._timing.watch_interval)
 
     async def _stand_by(self, kubelet_id: SocketId) -> None:

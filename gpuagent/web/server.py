@@ -26,6 +26,7 @@ from aiohttp.typedefs import Handler, Middleware
 from gpuagent.domain.store import DeviceStore
 from gpuagent.web.connections import FirstBytes, ProbesOnly, evict_quietest
 from gpuagent.web.exposition import CONTENT_TYPE
+from gpuagent.web.listener import Listener
 from gpuagent.web.metrics import MetricsRenderer
 from gpuagent.web.simprocesses import SimulatedProcesses, add_process_routes
 from gpuagent.web.webconfig import AuthResult, WebConfigFile
@@ -262,7 +263,11 @@ def _accepts_gzip(accept_encoding: str) -> bool:
 
 
 class HttpServer:
-    """Runs an application on a TCP address; ``port`` is the bound port (useful with port 0)."""
+    """Runs an application on a TCP address; ``port`` is the bound port (useful with port 0).
+
+    ``listener``: the address already bound (:class:`~gpuagent.web.listener.Listener`); by
+    default :meth:`start` binds ``host`` and ``port``.
+    """
 
     def __init__(
         self,
@@ -273,6 +278,7 @@ class HttpServer:
         ssl_context: ssl.SSLContext | None = None,
         limits: HttpLimits = HttpLimits(),
         probes: Probes | None = None,
+        listener: Listener | None = None,
     ) -> None:
         self._runner = web.AppRunner(
             app,
@@ -284,21 +290,23 @@ class HttpServer:
             max_field_size=limits.max_field_size,
             max_headers=limits.max_headers,
         )
-        self._host = host or None
-        self._port = port
-        self._ssl = ssl_context
+        self._listener = listener or Listener(
+            host, port, ssl_context=ssl_context,
+            tls_handshake_timeout=limits.tls_handshake_timeout,
+        )  # fmt: skip
         self._limits = limits
         self._probes: dict[str, Callable[[], str | None]] = (
             {"/healthz": probes.liveness, "/readyz": probes.readiness} if probes else {}
         )
-        self._server: asyncio.Server | None = None
+        self._started = False
         self._live: set[FirstBytes] = set()
-        self.port = port
+        self.port = self._listener.port
         self.refused = 0
         self.evicted = 0
 
     async def start(self) -> None:
         await self._runner.setup()
+        self._started = True
         handler_factory = self._runner.server
         assert handler_factory is not None
 
@@ -321,25 +329,19 @@ class HttpServer:
             connection.on_lost = live.discard
             return connection
 
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            protocol,
-            self._host,
-            self._port,
-            ssl=self._ssl,
-            ssl_handshake_timeout=self._limits.tls_handshake_timeout if self._ssl else None,
-            reuse_address=True,
-        )
-        self.port = int(self._server.sockets[0].getsockname()[1])
+        await self._listener.serve(protocol)
+        self.port = self._listener.port
         log.info(
-            "http listening", host=self._host or "*", port=self.port, tls=self._ssl is not None
+            "http listening",
+            host=self._listener.host or "*",
+            port=self.port,
+            tls=self._listener.tls,
         )
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        await self._runner.cleanup()
-        if self._server is not None:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(1.0):  # not wait_for: it may swallow a cancellation
-                    await self._server.wait_closed()
+        self._listener.close()
+        if self._started:
+            await self._runner.cleanup()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(1.0):  # not wait_for: it may swallow a cancellation
+                await self._listener.wait_closed()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -130,3 +131,24 @@ async def test_kubelet_start_restart_and_a_takeover_are_followed(
     finally:
         task.cancel()
         await asyncio.wait({task})
+
+
+@pytest.mark.parametrize("timing", [ON_INOTIFY, POLLING], ids=["inotify", "polling"])
+async def test_a_socket_deleted_by_hand_is_served_again_after_the_settle_time(
+    timing: Timing, device_plugin_dir: Path, grpc_stubs: StubModules
+) -> None:
+    """Not another plugin (nothing binds the path), not a kubelet restart (its socket stays)."""
+    store = DeviceStore(node(gpu(0)))
+    with FakeKubelet(device_plugin_dir, grpc_stubs) as kubelet:
+        sock = device_plugin_dir / "nvidia-gpu.sock"
+        plugin = endpoint(store, sock, kubelet.kubelet_socket, replace(timing, settle=0.05))
+        task = asyncio.create_task(plugin.run())
+        try:
+            await asyncio.to_thread(kubelet.wait_for_registrations, 1, T)
+            await eventually(lambda: state(store).registered, what="registered")
+            await asyncio.to_thread(sock.unlink)
+            await asyncio.to_thread(kubelet.wait_for_registrations, 2, T)
+            await eventually(sock.exists, what="our socket again")
+        finally:
+            task.cancel()
+            await asyncio.wait({task})
