@@ -17,7 +17,7 @@ import stat
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import structlog
 from grpclib import GRPCError
@@ -47,7 +47,7 @@ class Timing:
     watch_interval: float = 0.1
     # Longer than the kubelet's own 10 s blocking dial of our socket inside Register.
     register_timeout: float = 12.0
-    backoff_initial: float = 0.05
+    backoff_initial: float = 0.01  # a kubelet socket bound but not listening yet: soon again
     backoff_max: float = 1.0
     register_retry_max: float = 30.0
     close_timeout: float = 1.0
@@ -102,8 +102,9 @@ class _CorkedTransport(asyncio.Transport):
 
 class _CorkedProtocol(H2Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        super().connection_made(_CorkedTransport(transport, asyncio.get_running_loop()))
+        # (uvloop's transports are not subclasses of asyncio.Transport, but behave as one.)
+        plain = cast(asyncio.Transport, transport)
+        super().connection_made(_CorkedTransport(plain, asyncio.get_running_loop()))
 
 
 class _PluginServer(Server):

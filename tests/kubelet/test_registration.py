@@ -85,10 +85,13 @@ def state(store: DeviceStore) -> Registration:
     return store.snapshot.registrations.get(GPU, Registration(error="not published"))
 
 
-# Inotify: every poll and backoff interval is an hour, so only a directory event can wake the
-# endpoint. Polling (where inotify cannot be had): short intervals, inotify off.
+# Inotify: the poll interval and the kubelet wait's backoff are an hour, so only a directory
+# event can wake the endpoint; a refused Register (a kubelet socket bound but not listening yet)
+# is retried soon. Polling (where inotify cannot be had): short intervals, inotify off.
 HOUR = 3600.0
-ON_INOTIFY = Timing(watch_interval=HOUR, backoff_initial=HOUR, backoff_max=HOUR)
+ON_INOTIFY = Timing(
+    watch_interval=HOUR, backoff_initial=0.001, backoff_max=HOUR, register_retry_max=0.01
+)
 POLLING = Timing(watch_interval=0.01, backoff_initial=0.01, backoff_max=0.01, inotify=False)
 
 
