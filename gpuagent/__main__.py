@@ -44,6 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             plan=plan,
             simulator=load_simulator(settings),
             settings_source=settings_source,
+            freeze_heap=True,
         )
     except SettingError as exc:
         print(f"gpuagent: configuration error: {exc}", file=sys.stderr)

@@ -9,6 +9,7 @@ from typing import Any
 import structlog
 from grpclib import GRPCError
 from grpclib.const import Status
+from grpclib.encoding.proto import ProtoCodec
 
 from gpuagent._proto import v1beta1 as pb
 from gpuagent.domain.allocation import (
@@ -17,9 +18,10 @@ from gpuagent.domain.allocation import (
     EmptyRequestError,
     UnhealthyDevicesError,
 )
-from gpuagent.domain.containers import allocate
+from gpuagent.domain.containers import ContainerSettings, allocate
 from gpuagent.domain.devices import Snapshot
 from gpuagent.domain.preferred import preferred_allocation
+from gpuagent.domain.resources import Resource
 from gpuagent.domain.serving import ResourceView
 from gpuagent.domain.store import DeviceStore
 
@@ -45,6 +47,7 @@ class DevicePluginService(pb.DevicePluginBase):
         self.resource_name = resource_name
         self._stopping = stopping
         self._on_allocate = on_allocate
+        self._responses = _Responses()
         self._streams = 0
         self._no_streams = asyncio.Event()
         self._no_streams.set()
@@ -124,12 +127,30 @@ class DevicePluginService(pb.DevicePluginBase):
         snapshot = self._store.snapshot
         resource = self._view.resources(snapshot).get(self.resource_name)
         containers = self._view.policy.containers
+        requested = tuple(tuple(r.devices_ids) for r in message.container_requests)
+        response = self._responses.get(resource, containers, requested)
+        if response is None:
+            response = self._allocate(resource, containers, requested)
+            self._responses.put(resource, containers, requested, response)
+        for ids in requested:
+            log.info("allocated", resource=self.resource_name, devices=list(ids))
+        self._store.counters.allocated()
+        if self._on_allocate is not None:
+            self._on_allocate()
+        return response
+
+    def _allocate(
+        self,
+        resource: Resource | None,
+        containers: ContainerSettings,
+        requested: tuple[tuple[str, ...], ...],
+    ) -> pb.AllocateResponse:
         responses = []
-        for request in message.container_requests:
+        for ids in requested:
             try:
                 if resource is None:
                     raise EmptyRequestError(f"{self.resource_name} has no devices on this node")
-                allocation = allocate(resource, request.devices_ids, containers)
+                allocation = allocate(resource, ids, containers)
             except UnhealthyDevicesError as exc:
                 reason = _bounded(str(exc))
                 log.warning("allocate refused", reason=reason)
@@ -139,11 +160,11 @@ class DevicePluginService(pb.DevicePluginBase):
                 log.warning("allocate refused", reason=reason)
                 raise GRPCError(Status.INVALID_ARGUMENT, reason) from exc
             responses.append(_container_response(allocation))
-            log.info("allocated", resource=self.resource_name, devices=list(request.devices_ids))
-        self._store.counters.allocated()
-        if self._on_allocate is not None:
-            self._on_allocate()
         return pb.AllocateResponse(container_responses=responses)
+
+    def encoded(self, message: object) -> bytes | None:
+        """The wire form of ``message`` if it is a cached response (see :class:`ResponseCodec`)."""
+        return self._responses.encoded(message)
 
     async def get_preferred_allocation(
         self, message: pb.PreferredAllocationRequest
@@ -177,6 +198,67 @@ class DevicePluginService(pb.DevicePluginBase):
 
 
 MAX_MESSAGE = 1024
+MAX_CACHED_RESPONSES = 256
+
+
+class _Responses:
+    """Allocate responses per requested device IDs, encoded once.
+
+    A response is a function of the resource (its devices' IDs, health and placement), the
+    plan's container settings and the request: the cache holds for one resource and one set of
+    container settings, compared on every call — by identity, then by value when a new snapshot
+    or plan brought new objects — and empties when either changes (a device turns unhealthy, a
+    reload). At most :data:`MAX_CACHED_RESPONSES` requests are kept.
+    """
+
+    def __init__(self) -> None:
+        self._resource: Resource | None = None
+        self._containers: ContainerSettings | None = None
+        self._responses: dict[tuple[tuple[str, ...], ...], pb.AllocateResponse] = {}
+        self._encoded: dict[int, bytes] = {}  # id of a response held above -> its wire form
+
+    def get(
+        self,
+        resource: Resource | None,
+        containers: ContainerSettings,
+        requested: tuple[tuple[str, ...], ...],
+    ) -> pb.AllocateResponse | None:
+        if resource is not self._resource or containers is not self._containers:
+            if resource != self._resource or containers != self._containers:
+                self._responses.clear()
+                self._encoded.clear()
+            self._resource, self._containers = resource, containers
+        return self._responses.get(requested)
+
+    def put(
+        self,
+        resource: Resource | None,
+        containers: ContainerSettings,
+        requested: tuple[tuple[str, ...], ...],
+        response: pb.AllocateResponse,
+    ) -> None:
+        if resource is not self._resource or containers is not self._containers:
+            return  # (get() for these was not the last call)
+        if len(self._responses) >= MAX_CACHED_RESPONSES:
+            self._responses.clear()
+            self._encoded.clear()
+        self._responses[requested] = response
+        self._encoded[id(response)] = bytes(response)
+
+    def encoded(self, message: object) -> bytes | None:
+        return self._encoded.get(id(message))
+
+
+class ResponseCodec(ProtoCodec):
+    """grpclib's protobuf codec, sending a cached response's wire form as it was encoded."""
+
+    def __init__(self, encoded: Callable[[object], bytes | None]) -> None:
+        self._encoded = encoded
+
+    def encode(self, message: Any, message_type: Any) -> bytes:
+        data = self._encoded(message)
+        return data if data is not None else super().encode(message, message_type)
+
 
 
 def _bounded(message: str) -> str:

@@ -30,7 +30,7 @@ from gpuagent._proto import v1beta1 as pb
 from gpuagent.dirwatch import DirectoryWatch
 from gpuagent.domain.devices import Registration
 from gpuagent.domain.store import DeviceStore
-from gpuagent.kubelet.plugin import DevicePluginService
+from gpuagent.kubelet.plugin import DevicePluginService, ResponseCodec
 
 log = structlog.get_logger("gpuagent.registration")
 
@@ -117,7 +117,7 @@ class _PluginServer(Server):
     """
 
     def __init__(self, service: DevicePluginService) -> None:
-        super().__init__([service])
+        super().__init__([service], codec=ResponseCodec(service.encoded))
         self._protocols: weakref.WeakSet[H2Protocol] = weakref.WeakSet()
 
     def _protocol_factory(self) -> H2Protocol:

@@ -1,19 +1,27 @@
-"""The DevicePlugin service's streams: nothing of a stream outlives it."""
+"""The DevicePlugin service: nothing of a stream outlives it; Allocate answers from a cache that
+follows health and the plan."""
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
+import pytest
+from grpclib import GRPCError
+from grpclib.const import Status
 from grpclib.server import Server
 from support.grpcstubs import StubModules
-from support.nodes import gpu, node
+from support.nodes import gpu, gpu_uuid, node
 from support.waiting import eventually
 
+from gpuagent._proto import v1beta1 as pb
+from gpuagent.domain.containers import ContainerSettings, DeviceListStrategy
+from gpuagent.domain.devices import Telemetry
 from gpuagent.domain.serving import ResourceView
 from gpuagent.domain.store import DeviceStore
-from gpuagent.kubelet.plugin import DevicePluginService
+from gpuagent.kubelet.plugin import MAX_CACHED_RESPONSES, DevicePluginService, ResponseCodec
 
 
 def _waiters() -> list[asyncio.Task[object]]:
@@ -61,3 +69,73 @@ async def test_the_streams_waiter_is_gone_right_after_the_client_leaves(
     finally:
         server.close()
         await server.wait_closed()
+
+
+# ----- Allocate responses, cached per request ----------------------------------------------------
+
+
+def _service(store: DeviceStore) -> DevicePluginService:
+    return DevicePluginService(store, ResourceView(store), "nvidia.com/gpu", asyncio.Event())
+
+
+def _request(*ids: str) -> pb.AllocateRequest:
+    return pb.AllocateRequest(
+        container_requests=[pb.ContainerAllocateRequest(devices_ids=list(ids))]
+    )
+
+
+def _envs(response: pb.AllocateResponse) -> dict[str, str]:
+    return dict(response.container_responses[0].envs)
+
+
+async def test_a_repeated_request_is_answered_from_its_encoded_response() -> None:
+    store = DeviceStore(node(gpu(0), gpu(1)))
+    service = _service(store)
+    codec = ResponseCodec(service.encoded)
+    first = await service.allocate(_request(gpu_uuid(0)))
+    again = await service.allocate(_request(gpu_uuid(0)))
+    assert again is first
+    assert codec.encode(again, pb.AllocateResponse) == bytes(first)
+    other = await service.allocate(_request(gpu_uuid(1)))
+    assert _envs(other)["NVIDIA_VISIBLE_DEVICES"] == gpu_uuid(1)
+    assert codec.encode(pb.AllocateResponse(), pb.AllocateResponse) == b""  # not cached: encoded
+    # Telemetry alone (every poll) changes no response.
+    store.update(lambda s: replace(s, gpus=tuple(replace(g, telemetry=Telemetry(temperature_c=70))
+                                                 for g in s.gpus)))  # fmt: skip
+    assert await service.allocate(_request(gpu_uuid(0))) is first
+    assert store.counters.read().allocations == 4
+
+
+async def test_a_device_turning_unhealthy_is_refused_though_its_answer_was_cached() -> None:
+    store = DeviceStore(node(gpu(0), gpu(1)))
+    service = _service(store)
+    await service.allocate(_request(gpu_uuid(0)))
+    store.update(lambda s: replace(s, gpus=(gpu(0, healthy=False), s.gpus[1])))
+    with pytest.raises(GRPCError) as refused:
+        await service.allocate(_request(gpu_uuid(0)))
+    assert refused.value.status == Status.FAILED_PRECONDITION
+
+
+async def test_a_reloaded_plan_changes_the_cached_answer() -> None:
+    store = DeviceStore(node(gpu(0)))
+    service = _service(store)
+    before = await service.allocate(_request(gpu_uuid(0)))
+    assert "NVIDIA_VISIBLE_DEVICES" in _envs(before)
+    plan = store.plan
+    containers = ContainerSettings(strategies=(DeviceListStrategy.VOLUME_MOUNTS,))
+    store.publish(replace(plan, serving=replace(plan.serving, containers=containers)))
+    after = await service.allocate(_request(gpu_uuid(0)))
+    assert after is not before
+    assert _envs(after)["NVIDIA_VISIBLE_DEVICES"] == "/var/run/nvidia-container-devices"
+
+
+async def test_the_cache_is_bounded() -> None:
+    store = DeviceStore(node(*(gpu(i) for i in range(9))))
+    service = _service(store)
+    ids = [gpu_uuid(i) for i in range(9)]
+    for size in range(1, 10):
+        for start in range(9):
+            for _ in range(2):
+                await service.allocate(_request(*(ids[(start + k) % 9] for k in range(size))))
+    assert len(service._responses._responses) <= MAX_CACHED_RESPONSES
+    assert len(service._responses._encoded) == len(service._responses._responses)
