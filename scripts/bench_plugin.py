@@ -10,8 +10,9 @@ run of one plugin:
   (``--startups`` starts, each a fresh process);
 * then one long-lived process: ``Allocate`` round trips as the kubelet sees them (two devices per
   request, from the first ListAndWatch update); kubelet restart → ``Register`` received again;
-  idle CPU and wake-ups (voluntary context switches of all its threads) while registered with one
-  ListAndWatch stream open and nothing else happening; RSS at the end.
+  idle CPU (every thread's scheduler time) and wake-ups (voluntary context switches of all its
+  threads) while registered with one ListAndWatch stream open and nothing else happening; RSS
+  at the end.
 
 ``--compare NAME=COMMAND`` (repeatable) measures other plugins beside gpuagent, runs interleaved
 (gpuagent, then each other, ``--runs`` times), and prints the median of the runs per figure.
@@ -19,7 +20,6 @@ run of one plugin:
 
 from __future__ import annotations
 
-import os
 import shlex
 import signal
 import socket
@@ -32,8 +32,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)
@@ -78,8 +76,15 @@ class Process:
     started: float
 
     def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime + stime
+        """CPU time of every thread, in nanoseconds as the scheduler counts it (schedstat):
+        clock ticks (``/proc/PID/stat``) are too coarse for an idle process's short bursts."""
+        total = 0
+        for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
+            try:
+                total += int((task / "schedstat").read_text().split()[0])
+            except (OSError, ValueError):
+                continue  # the thread ended
+        return total / 1e9
 
     def wakeups(self) -> int:
         """Voluntary context switches of every thread: each is a sleep ended by a wake-up."""
