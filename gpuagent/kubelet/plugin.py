@@ -260,7 +260,6 @@ class ResponseCodec(ProtoCodec):
         return data if data is not None else super().encode(message, message_type)
 
 
-
 def _bounded(message: str) -> str:
     """An error message short enough for a gRPC trailer, however many IDs a request named."""
     if len(message) <= MAX_MESSAGE:
