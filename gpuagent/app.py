@@ -61,9 +61,9 @@ SHUTDOWN_SECONDS = 4.0  # the whole shutdown; the DaemonSet's grace period is 10
 SHUTDOWN_STREAMS_SECONDS = 0.5
 SHUTDOWN_TASKS_SECONDS = 1.0
 SHUTDOWN_HTTP_SECONDS = 1.0
-# How long the rest waits for the kubelet's first answer before it starts anyway (a kubelet that
-# holds Register open must not keep /metrics and the probes down).
-FIRST_REGISTRATION_SECONDS = 2.0
+# How long the rest waits for GPU discovery and the kubelet's first answer before it starts anyway:
+# a slow driver, or a kubelet that holds Register open, must not keep /metrics and the probes down.
+REGISTER_FIRST_SECONDS = 2.0
 # Imported off the loop once the kubelet has its device plugin: what the kubelet does not need.
 _DEFERRED = (
     "gpuagent.web.server",
@@ -214,14 +214,17 @@ class Agent:
             # now), discover the GPUs (the device list must be true), serve the kubelet; then
             # import and start what the kubelet does not need.
             await self._listen()
-            await self._start_driver(monitor)
+            driver = asyncio.create_task(self._start_driver(monitor), name="driver-start")
             if self.endpoints is not None:
                 self._spawn("kubelet-registration", self.endpoints.run())
-                if self.store.snapshot.discovered:
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(FIRST_REGISTRATION_SECONDS):
-                            await self._first_answer()
-            self._spawn("nvml-poller", monitor.run())
+            self._spawn("nvml-poller", self._drive(driver, monitor))
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(REGISTER_FIRST_SECONDS):
+                    await asyncio.shield(driver)
+                    if self.endpoints is not None and self.store.snapshot.discovered:
+                        await self._first_answer()
+            if driver.done() and not driver.cancelled() and driver.exception() is not None:
+                await driver  # --fail-on-init-error: the agent cannot start
             await self._start_rest()
             if self._freeze_heap:
                 # What start-up built lives as long as the process: the cyclic collector need
@@ -232,6 +235,12 @@ class Agent:
             await self._supervise(stop)
         finally:
             await self._shutdown(monitor)
+
+    async def _drive(self, driver: asyncio.Task[None], monitor: GpuMonitor) -> None:
+        """The first driver start (a slow driver does not hold the rest up), then the poller,
+        which retries a start that failed."""
+        await driver
+        await monitor.run()
 
     async def _first_answer(self) -> None:
         """Until every endpoint has registered or said why not, or the registration task ended."""
@@ -328,6 +337,8 @@ class Agent:
         for task in done - {stopper}:
             # Root tasks run forever: one that ends has failed, and the agent cannot go on.
             error = task.exception() if not task.cancelled() else None
+            if isinstance(error, FatalError):
+                raise error  # (the driver's first start, with --fail-on-init-error)
             log.error("task ended unexpectedly", task=task.get_name(), error=repr(error))
             raise FatalError(f"task {task.get_name()} ended: {error!r}")
 

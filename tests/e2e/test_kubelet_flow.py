@@ -6,12 +6,16 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import grpc
 import pytest
 from structlog.testing import capture_logs
 from support.fake_kubelet import FakeKubelet
 
 from e2e.agentrun import running_agent
+from gpuagent.app import Agent
+from gpuagent.config import load_settings
+from gpuagent.plan import load_simulator
 
 T = 10.0  # generous bound for anything that should take milliseconds
 
@@ -293,3 +297,32 @@ async def test_restart_during_register_is_survived(
         assert len(first.devices) == 4
         assert not run.task.done()
         assert run.agent.liveness() is None
+
+
+async def test_a_slow_driver_holds_neither_the_probes_nor_the_rest_up(
+    fake_kubelet: FakeKubelet, device_plugin_dir: Path
+) -> None:
+    """Register first, but not at any price: a GPU that hangs in discovery leaves the HTTP
+    server (probes, metrics) and the other tasks to start; registration follows discovery."""
+    argv = ["--simulate", "2", "--socket-dir", str(device_plugin_dir),
+            "--metrics-address", "127.0.0.1:0", "--log-level", "warning"]  # fmt: skip
+    settings = load_settings(argv, {"NODE_NAME": "test-node"})
+    simulator = load_simulator(settings)
+    assert simulator is not None
+    simulator.inject(1, "hang", seconds=60)  # every call on GPU 1 blocks for a minute
+    agent = Agent(settings, simulator=simulator, nvml_call_timeout=120.0)
+    stop = asyncio.Event()
+    task = asyncio.create_task(agent.run(stop))
+    try:
+        await asyncio.wait_for(agent.started.wait(), T)
+        assert not agent.store.snapshot.discovered  # still waiting for GPU 1
+        assert agent.http is not None
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://127.0.0.1:{agent.http.port}/healthz") as response:
+                assert response.status == 200
+            async with http.get(f"http://127.0.0.1:{agent.http.port}/readyz") as response:
+                assert response.status == 503
+        assert fake_kubelet.registrations == []
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, T)
