@@ -318,12 +318,19 @@ class MetricsRenderer:
         healthy = Family(
             "gpuagent_gpu_healthy",
             "gauge",
-            "Whether the kubelet is told the GPU is Healthy (1) or Unhealthy (0).",
+            "Whether the GPU and every MIG device of it are Healthy (1) or not (0), as the "
+            "kubelet is told.",
         )
         condition = Family(
             "gpuagent_gpu_condition",
             "gauge",
-            "Active reasons a GPU is unhealthy (1 while active).",
+            "Active reasons a GPU is unhealthy (1 while active); gpu_instance and "
+            "compute_instance name a MIG device when the reason is that device's alone.",
+        )
+        mig_healthy = Family(
+            "gpuagent_mig_device_healthy",
+            "gauge",
+            "Whether the kubelet is told the MIG device is Healthy (1) or Unhealthy (0).",
         )
         xids = Family(
             "gpuagent_xid_errors_total",
@@ -333,9 +340,21 @@ class MetricsRenderer:
         )
         for gpu in snapshot.gpus:
             own = (("gpu", str(gpu.index)), ("uuid", gpu.uuid))
-            healthy.add(own, 1 if gpu.health.healthy else 0)
+            healthy.add(own, 1 if gpu.overall_health.healthy else 0)
             for c in gpu.health.conditions:
                 condition.add((*own, ("condition", c.kind), ("detail", c.detail)), 1)
+            for m in gpu.mig_devices:
+                instance = (
+                    ("gpu_instance", str(m.gpu_instance_id)),
+                    ("compute_instance", str(m.compute_instance_id)),
+                )
+                mig_healthy.add(
+                    (*own, ("mig_uuid", m.uuid), *instance), 1 if gpu.health_of(m).healthy else 0
+                )
+                for c in m.health.conditions:
+                    condition.add(
+                        (*own, ("condition", c.kind), ("detail", c.detail), *instance), 1
+                    )
             per_label: dict[str, tuple[int, str]] = {}
             for xid, count in gpu.xid_counts.items():
                 label = xid_label(xid)
@@ -345,7 +364,7 @@ class MetricsRenderer:
                 per_label.items(), key=lambda kv: _xid_order(kv[0])
             ):
                 xids.add((*own, ("xid", label), ("action", action)), count)
-        return render([healthy, condition, xids])
+        return render([healthy, condition, mig_healthy, xids])
 
     @staticmethod
     def _render_identity_families(

@@ -215,6 +215,35 @@ def test_mig_series_per_gpu_instance_with_parent_identity() -> None:
     assert_unique_series(text)
 
 
+def test_a_mig_device_of_its_own_unhealthy_shows_on_its_gpu_and_itself() -> None:
+    snapshot = synthetic_snapshot(2, mig=True, replicas=1)
+    gpu0 = snapshot.gpus[0]
+    sick = gpu0.mig_devices[2]
+    migs = tuple(
+        replace(m, health=GpuHealth((Condition("xid", "95"),))) if m is sick else m
+        for m in gpu0.mig_devices
+    )
+    snapshot = replace(snapshot, gpus=(replace(gpu0, mig_devices=migs), *snapshot.gpus[1:]))
+    text = renderer().render(snapshot, AgentCounters())
+    healthy = {labels["gpu"]: v for labels, v in samples(text, "gpuagent_gpu_healthy")}
+    assert healthy == {"0": 0, "1": 1}
+    per_device = {
+        labels["mig_uuid"]: v
+        for labels, v in samples(text, "gpuagent_mig_device_healthy")
+        if labels["gpu"] == "0"
+    }
+    assert per_device == {m.uuid: (0 if m.uuid == sick.uuid else 1) for m in migs}
+    (condition,) = samples(text, "gpuagent_gpu_condition")
+    assert condition == (
+        {
+            "gpu": "0", "uuid": gpu_uuid(0), "condition": "xid", "detail": "95",
+            "gpu_instance": str(sick.gpu_instance_id),
+            "compute_instance": str(sick.compute_instance_id),
+        },
+        1.0,
+    )  # fmt: skip
+
+
 def test_mig_compute_instances_of_one_gpu_instance_share_a_series() -> None:
     snapshot = synthetic_snapshot(1, mig=True)
     gpu = snapshot.gpus[0]
