@@ -352,9 +352,7 @@ class MetricsRenderer:
                     (*own, ("mig_uuid", m.uuid), *instance), 1 if gpu.health_of(m).healthy else 0
                 )
                 for c in m.health.conditions:
-                    condition.add(
-                        (*own, ("condition", c.kind), ("detail", c.detail), *instance), 1
-                    )
+                    condition.add((*own, ("condition", c.kind), ("detail", c.detail), *instance), 1)
             per_label: dict[str, tuple[int, str]] = {}
             for xid, count in gpu.xid_counts.items():
                 label = xid_label(xid)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import ssl
 import time
 from collections.abc import Callable
@@ -28,7 +27,7 @@ from gpuagent.web.connections import FirstBytes, ProbesOnly, evict_quietest
 from gpuagent.web.exposition import CONTENT_TYPE
 from gpuagent.web.listener import Listener
 from gpuagent.web.metrics import MetricsRenderer
-from gpuagent.web.simprocesses import SimulatedProcesses, add_process_routes
+from gpuagent.web.simulation import SimulatorControl, add_simulation_routes
 from gpuagent.web.webconfig import AuthResult, WebConfigFile
 
 log = structlog.get_logger("gpuagent.http")
@@ -54,27 +53,6 @@ class HttpLimits:
     max_field_size: int = 8190
     max_headers: int = 64
     chunk: int = 64 * 1024
-
-
-class SimulatorControl(SimulatedProcesses, Protocol):
-    """Fault injection into the simulated driver (only present under --simulate/--sim-config),
-    and its processes (``/sim/processes``, see :mod:`gpuagent.web.simprocesses`)."""
-
-    def describe(self) -> list[dict[str, object]]: ...
-
-    def inject(
-        self,
-        gpu: int,
-        fault: str,
-        xid: int | None = None,
-        *,
-        seconds: object = None,
-        symbol: object = None,
-        error: object = None,
-        action: object = None,
-        gpu_instance: object = None,
-        compute_instance: object = None,
-    ) -> dict[str, object]: ...
 
 
 class Probes(Protocol):
@@ -130,51 +108,8 @@ def build_app(
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     if simulator is not None:
-        _add_simulation_routes(app, simulator)
+        add_simulation_routes(app, simulator)
     return app
-
-
-def _add_simulation_routes(app: web.Application, simulator: SimulatorControl) -> None:
-    async def gpus(request: web.Request) -> web.Response:
-        return web.json_response(simulator.describe())
-
-    async def faults(request: web.Request) -> web.Response:
-        try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return _error(400, "body must be a JSON object")
-        if not isinstance(body, dict):
-            return _error(400, "body must be a JSON object")
-        gpu, fault, xid = body.get("gpu"), body.get("fault"), body.get("xid")
-        if not isinstance(gpu, int) or isinstance(gpu, bool):
-            return _error(400, "'gpu' must be an integer GPU index")
-        if not isinstance(fault, str):
-            return _error(400, "'fault' must be a string naming the fault")
-        unknown = set(body) - {"gpu", "fault", "xid", *_FAULT_PARAMETERS}
-        if unknown:
-            return _error(400, f"unknown keys: {', '.join(sorted(map(str, unknown)))}")
-        if xid is not None and (not isinstance(xid, int) or isinstance(xid, bool)):
-            return _error(400, "'xid' must be an integer")
-        try:
-            state = simulator.inject(gpu, fault, xid, **{k: body.get(k) for k in _FAULT_PARAMETERS})
-        except LookupError:
-            return _error(404, f"no simulated GPU with index {gpu}")
-        except ValueError as exc:
-            return _error(400, str(exc))
-        log.info("fault injected", gpu=gpu, fault=fault, xid=xid)
-        return web.json_response(state)
-
-    app.router.add_get("/sim/gpus", gpus)
-    app.router.add_post("/sim/faults", faults)
-    add_process_routes(app, simulator)
-
-
-# Parameters of /sim/faults beside gpu, fault and xid (the simulator checks their values).
-_FAULT_PARAMETERS = ("seconds", "symbol", "error", "action", "gpu_instance", "compute_instance")
-
-
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message}, status=status)
 
 
 def _auth_middleware(web_config: WebConfigFile | None) -> Middleware:

@@ -9,7 +9,7 @@ import pytest
 from aiohttp import web
 
 from gpuagent.gpu.sim import SimDriver, node_from_mapping
-from gpuagent.web.simprocesses import add_process_routes
+from gpuagent.web.simulation import add_simulation_routes
 
 
 @pytest.fixture
@@ -18,7 +18,7 @@ async def base_url() -> AsyncIterator[str]:
         {"version": "v1", "gpus": [{"name": "H100"}, {"name": "H100", "mig": ["3g.40gb"]}]}
     )
     app = web.Application()
-    add_process_routes(app, SimDriver(node))
+    add_simulation_routes(app, SimDriver(node))
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

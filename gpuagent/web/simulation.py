@@ -1,0 +1,160 @@
+"""``/sim/*``: the simulated driver's controls, served only in simulation.
+
+* ``GET /sim/gpus``: the simulated GPUs and their state (MIG instances' GPU and compute instance
+  IDs included).
+* ``POST /sim/faults`` ``{"gpu": i, "fault": kind, ...}``: a fault in the driver (the kinds and
+  their parameters in DESIGN.md and the README) → 200 with the GPU's new state; 404 for an unknown
+  GPU, 400 for a malformed body or an unknown kind (the error lists every kind).
+* ``POST /sim/processes`` ``{"gpu": i, "pid": p, "memory_mib": m, "sm_util": percent}``, optional
+  ``"gpu_instance"``, ``"compute_instance"`` (MIG) and ``"type"`` (``compute``, ``graphics``,
+  ``mps``): starts the process on that GPU (or updates it) → 200 with the process as JSON;
+  400 for a malformed body or value (too much memory included), 404 for an unknown GPU.
+* ``DELETE /sim/processes/<pid>``: the process exits, on every GPU → 200 with what was removed;
+  404 when no such process runs, 400 for a pid that is not a number.
+* ``GET /sim/processes``: every simulated process.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Protocol
+
+import structlog
+from aiohttp import web
+
+__all__ = ["SimulatorControl", "add_simulation_routes"]
+
+log = structlog.get_logger("gpuagent.http")
+
+_REQUIRED = ("gpu", "pid", "memory_mib", "sm_util")
+_OPTIONAL = ("gpu_instance", "compute_instance", "type")
+# Parameters of /sim/faults beside gpu, fault and xid (the simulator checks their values).
+_FAULT_PARAMETERS = ("seconds", "symbol", "error", "action", "gpu_instance", "compute_instance")
+
+
+class SimulatorControl(Protocol):
+    """The simulated driver's controls: its GPUs' state, fault injection, its process table."""
+
+    def describe(self) -> list[dict[str, object]]: ...
+
+    def inject(
+        self,
+        gpu: int,
+        fault: str,
+        xid: int | None = None,
+        *,
+        seconds: object = None,
+        symbol: object = None,
+        error: object = None,
+        action: object = None,
+        gpu_instance: object = None,
+        compute_instance: object = None,
+    ) -> dict[str, object]: ...
+
+    def add_process(
+        self,
+        gpu: object,
+        pid: object,
+        memory_mib: object,
+        sm_util: object,
+        *,
+        gpu_instance: object = None,
+        compute_instance: object = None,
+        kind: object = "compute",
+    ) -> dict[str, object]: ...
+
+    def remove_process(self, pid: int) -> list[dict[str, object]]: ...
+
+    def processes(self) -> list[dict[str, object]]: ...
+
+
+def add_simulation_routes(app: web.Application, simulator: SimulatorControl) -> None:
+    """Serve ``/sim/gpus``, ``/sim/faults`` and ``/sim/processes`` for ``simulator``."""
+
+    async def gpus(request: web.Request) -> web.Response:
+        return web.json_response(simulator.describe())
+
+    async def faults(request: web.Request) -> web.Response:
+        body = await _json_object(request)
+        if isinstance(body, web.Response):
+            return body
+        gpu, fault, xid = body.get("gpu"), body.get("fault"), body.get("xid")
+        if not isinstance(gpu, int) or isinstance(gpu, bool):
+            return _error(400, "'gpu' must be an integer GPU index")
+        if not isinstance(fault, str):
+            return _error(400, "'fault' must be a string naming the fault")
+        unknown = set(body) - {"gpu", "fault", "xid", *_FAULT_PARAMETERS}
+        if unknown:
+            return _error(400, f"unknown keys: {', '.join(sorted(map(str, unknown)))}")
+        if xid is not None and (not isinstance(xid, int) or isinstance(xid, bool)):
+            return _error(400, "'xid' must be an integer")
+        try:
+            state = simulator.inject(gpu, fault, xid, **{k: body.get(k) for k in _FAULT_PARAMETERS})
+        except LookupError:
+            return _error(404, f"no simulated GPU with index {gpu}")
+        except ValueError as exc:
+            return _error(400, str(exc))
+        log.info("fault injected", gpu=gpu, fault=fault, xid=xid)
+        return web.json_response(state)
+
+    async def listing(request: web.Request) -> web.Response:
+        return web.json_response(simulator.processes())
+
+    async def start(request: web.Request) -> web.Response:
+        body = await _json_object(request)
+        if isinstance(body, web.Response):
+            return body
+        missing = [k for k in _REQUIRED if k not in body]
+        if missing:
+            return _error(400, f"missing keys: {', '.join(missing)}")
+        unknown = set(body) - {*_REQUIRED, *_OPTIONAL}
+        if unknown:
+            return _error(400, f"unknown keys: {', '.join(sorted(map(str, unknown)))}")
+        try:
+            process = simulator.add_process(
+                body["gpu"],
+                body["pid"],
+                body["memory_mib"],
+                body["sm_util"],
+                gpu_instance=body.get("gpu_instance"),
+                compute_instance=body.get("compute_instance"),
+                kind=body.get("type", "compute"),
+            )
+        except LookupError as exc:
+            return _error(404, str(exc))
+        except ValueError as exc:
+            return _error(400, str(exc))
+        log.info("simulated process started", **{k: process[k] for k in ("gpu", "pid")})
+        return web.json_response(process)
+
+    async def stop(request: web.Request) -> web.Response:
+        text = request.match_info["pid"]
+        if not (text.isascii() and text.isdecimal()) or len(text) > 10:
+            return _error(400, f"pid must be a whole number, got {text[:32]!r}")
+        try:
+            removed = simulator.remove_process(int(text))
+        except LookupError as exc:
+            return _error(404, str(exc))
+        log.info("simulated process ended", pid=int(text))
+        return web.json_response(removed)
+
+    app.router.add_get("/sim/gpus", gpus)
+    app.router.add_post("/sim/faults", faults)
+    app.router.add_get("/sim/processes", listing)
+    app.router.add_post("/sim/processes", start)
+    app.router.add_delete("/sim/processes/{pid}", stop)
+
+
+async def _json_object(request: web.Request) -> dict[str, object] | web.Response:
+    """The request's JSON object body, or the 400 response that says it is not one."""
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return _error(400, "body must be a JSON object")
+    if not isinstance(body, dict):
+        return _error(400, "body must be a JSON object")
+    return body
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
