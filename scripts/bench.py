@@ -250,6 +250,9 @@ def main() -> int:
         "{socket_dir}, {kubelet_socket} and {port} in COMMAND are filled in (repeatable)",
     )  # fmt: skip
     parser.add_argument("--plugin-log", type=Path, help="append the plugins' output here")
+    parser.add_argument("--agent-arg", action="append", default=[], metavar="ARG",
+                        help="one more argument for gpuagent's device-plugin runs (repeatable), "
+                        "e.g. --agent-arg=--poll-interval=3600")  # fmt: skip
     parser.add_argument(
         "--agent-python", default=sys.executable,
         help="the interpreter that runs gpuagent for the device-plugin figures (e.g. one of a "
@@ -286,7 +289,7 @@ def main() -> int:
             rows += bench_health.rows(stubs, args, agent, tempdir, Row)
             print(table(rows))
             return 0
-        plugins = [bench_plugin.gpuagent(args.gpus, args.agent_python)]
+        plugins = [bench_plugin.gpuagent(args.gpus, args.agent_python, args.agent_arg)]
         plugins += [bench_plugin.parse_compare(spec) for spec in args.compare]
         runs = plugin_runs(stubs, plugins, args)
         rows = bench_plugin.rows(runs, Row)
