@@ -92,7 +92,8 @@ async def scrape(device_plugin_dir: Path) -> dict[str, Family]:
         text = ""
         for _ in range(400):
             _, text = await run.get("/metrics")
-            if "DCGM_FI_PROF_GR_ENGINE_ACTIVE{" in text:
+            # Every GPU's second GPM sample, not only the first GPU's.
+            if text.count("\nDCGM_FI_PROF_GR_ENGINE_ACTIVE{") >= GPUS:
                 break
             await asyncio.sleep(0.02)
     families = {}
