@@ -33,12 +33,21 @@ def _openssl(*args: str, cwd: Path) -> None:
 def make_pki(directory: Path) -> Pki:
     directory.mkdir(parents=True, exist_ok=True)
     ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    # Extensions as strict verifiers want them (Python >= 3.13 sets VERIFY_X509_STRICT by default):
+    # a CA with key usage, leaves with key usage and the authority's key identifier.
     _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "1",
-             "-subj", "/CN=gpuagent test CA", cwd=directory)  # fmt: skip
-    (directory / "server.ext").write_text(
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n"
+             "-subj", "/CN=gpuagent test CA",
+             "-addext", "basicConstraints=critical,CA:TRUE",
+             "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+             "-addext", "subjectKeyIdentifier=hash", cwd=directory)  # fmt: skip
+    leaf = (
+        "keyUsage=critical,digitalSignature\nsubjectKeyIdentifier=hash\n"
+        "authorityKeyIdentifier=keyid:always\n"
     )
-    (directory / "client.ext").write_text("extendedKeyUsage=clientAuth\n")
+    (directory / "server.ext").write_text(
+        leaf + "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n"
+    )
+    (directory / "client.ext").write_text(leaf + "extendedKeyUsage=clientAuth\n")
     for name in ("server", "client"):
         _openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr",
                  "-subj", f"/CN={name}", cwd=directory)  # fmt: skip
