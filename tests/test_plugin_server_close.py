@@ -2,7 +2,7 @@
 
 On CPython >= 3.12 ``asyncio.Server.wait_closed()`` waits for every client connection, and
 grpclib's ``Server.close()`` leaves idle HTTP/2 connections open, so without
-``_PluginServer.drop_connections`` the asyncio loop waits out ``close_timeout`` (uvloop does not).
+``GrpcServer.drop_connections`` the asyncio loop waits out ``close_timeout`` (uvloop does not).
 """
 
 from __future__ import annotations

@@ -14,17 +14,15 @@ import asyncio
 import contextlib
 import os
 import stat
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 from grpclib._typing import IServable
-from grpclib.protocol import H2Protocol
-from grpclib.server import Server
 
 from gpuagent._proto import pluginregistration as reg
+from gpuagent.grpcserver import GrpcServer
 
 log = structlog.get_logger("gpuagent.dra.endpoint")
 
@@ -67,25 +65,6 @@ class RegistrationService(reg.RegistrationBase):
         return reg.RegistrationStatusResponse()
 
 
-class _Server(Server):
-    """grpclib's server, plus closing of its client connections (grpclib#107)."""
-
-    def __init__(self, handlers: Sequence[IServable]) -> None:
-        super().__init__(list(handlers))
-        self._protocols: weakref.WeakSet[H2Protocol] = weakref.WeakSet()
-
-    def _protocol_factory(self) -> H2Protocol:
-        protocol = super()._protocol_factory()
-        self._protocols.add(protocol)
-        return protocol
-
-    def drop_connections(self) -> None:
-        for protocol in list(self._protocols):
-            connection = getattr(protocol, "connection", None)
-            if connection is not None:
-                connection.close()
-
-
 class DraEndpoint:
     """Serves ``dra.sock`` and ``<driver>-reg.sock`` until cancelled."""
 
@@ -107,7 +86,7 @@ class DraEndpoint:
         self._supported = tuple(supported)
         self._timing = timing
         self._on_state = on_state
-        self._servers: list[tuple[_Server, Path, SocketId | None]] = []
+        self._servers: list[tuple[GrpcServer, Path, SocketId | None]] = []
         self.registered = False
         self.registrations = 0
         self.last_error = ""
@@ -158,7 +137,7 @@ class DraEndpoint:
             path.parent.mkdir(parents=True, exist_ok=True)
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
-            server = _Server(handlers)
+            server = GrpcServer(handlers)
             await server.start(path=str(path))
             os.chmod(path, SOCKET_MODE)
             self._servers.append((server, path, _socket_id(path)))

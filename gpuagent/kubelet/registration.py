@@ -14,22 +14,19 @@ import asyncio
 import contextlib
 import os
 import stat
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
 
 import structlog
 from grpclib import GRPCError
 from grpclib.client import Channel
 from grpclib.exceptions import StreamTerminatedError
-from grpclib.protocol import H2Protocol
-from grpclib.server import Server
 
 from gpuagent._proto import v1beta1 as pb
 from gpuagent.dirwatch import DirectoryWatch
 from gpuagent.domain.devices import Registration
 from gpuagent.domain.store import DeviceStore
+from gpuagent.grpcserver import GrpcServer
 from gpuagent.kubelet.plugin import DevicePluginService, ResponseCodec
 
 log = structlog.get_logger("gpuagent.registration")
@@ -60,79 +57,6 @@ class Timing:
     settle: float = 0.5
 
 
-class _CorkedTransport(asyncio.Transport):
-    """A transport whose writes within one turn of the event loop leave as one.
-
-    grpclib writes a unary response's headers, message and trailers separately, so each call
-    cost three system calls and woke the kubelet three times; corked, they are one write at the
-    end of the turn. Only what grpclib's server uses is passed through.
-    """
-
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__()
-        self._transport = transport
-        self._loop = loop
-        self._pending: list[bytes] = []
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        if not self._pending:
-            self._loop.call_soon(self._flush)
-        self._pending.append(bytes(data))
-
-    def _flush(self) -> None:
-        data = b"".join(self._pending)
-        self._pending.clear()
-        if data and not self._transport.is_closing():
-            self._transport.write(data)
-
-    def close(self) -> None:
-        self._flush()
-        self._transport.close()
-
-    def abort(self) -> None:
-        self._pending.clear()
-        self._transport.abort()
-
-    def is_closing(self) -> bool:
-        return self._transport.is_closing()
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return self._transport.get_extra_info(name, default)
-
-
-class _CorkedProtocol(H2Protocol):
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # (uvloop's transports are not subclasses of asyncio.Transport, but behave as one.)
-        plain = cast(asyncio.Transport, transport)
-        super().connection_made(_CorkedTransport(plain, asyncio.get_running_loop()))
-
-
-class _PluginServer(Server):
-    """grpclib's server, with corked writes (:class:`_CorkedTransport`), plus a way to drop its
-    client connections.
-
-    ``Server.close()`` stops listening and cancels handlers but leaves HTTP/2 connections open
-    (grpclib#107: a proper fix needs GOAWAY); a dead kubelet's connections, or ours at shutdown,
-    would then linger. We keep the protocols and close their transports ourselves.
-    """
-
-    def __init__(self, service: DevicePluginService) -> None:
-        super().__init__([service], codec=ResponseCodec(service.encoded))
-        self._protocols: weakref.WeakSet[H2Protocol] = weakref.WeakSet()
-
-    def _protocol_factory(self) -> H2Protocol:
-        plain = super()._protocol_factory()
-        protocol = _CorkedProtocol(plain.handler, plain.config, plain.h2_config)
-        self._protocols.add(protocol)
-        return protocol
-
-    def drop_connections(self) -> None:
-        for protocol in list(self._protocols):
-            connection = getattr(protocol, "connection", None)
-            if connection is not None:
-                connection.close()
-
-
 class PluginEndpoint:
     """Owns one resource's plugin socket and its registration with the kubelet.
 
@@ -159,7 +83,7 @@ class PluginEndpoint:
         self._kubelet_socket = kubelet_socket
         self._resource_name = resource_name
         self._timing = timing
-        self._server: _PluginServer | None = None
+        self._server: GrpcServer | None = None
         self._own_id: SocketId | None = None
         self._kubelet_id: SocketId | None = None  # the kubelet socket of the current cycle
         self._logged = ""  # the failure last logged at error level
@@ -263,7 +187,7 @@ class PluginEndpoint:
         self._socket_path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             self._socket_path.unlink()  # a stale socket from an earlier run
-        server = _PluginServer(self._service)
+        server = GrpcServer([self._service], codec=ResponseCodec(self._service.encoded))
         await server.start(path=str(self._socket_path))
         # Only the kubelet (root) and the agent itself need the socket; never world-writable.
         os.chmod(self._socket_path, SOCKET_MODE)
