@@ -6,6 +6,8 @@ kubelet's plugin watcher finds the registration socket by itself (at start-up an
 appears), asks ``GetInfo`` and reports its verdict with ``NotifyRegistrationStatus``; there is
 nothing for the plugin to dial. If either socket file disappears (a kubelet that cleans its
 directories, a person), both are served again so the watcher sees a fresh registration socket.
+The two directories are watched with inotify (:class:`~gpuagent.dirwatch.DirectoryWatch`), and
+polled (``EndpointTiming.watch_interval``) only where inotify cannot be had.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import structlog
 from grpclib._typing import IServable
 
 from gpuagent._proto import pluginregistration as reg
+from gpuagent.dirwatch import DirectoryWatch
 from gpuagent.grpcserver import GrpcServer
 
 log = structlog.get_logger("gpuagent.dra.endpoint")
@@ -34,10 +37,13 @@ SOCKET_MODE = 0o660
 class EndpointTiming:
     """Intervals of the serve-and-watch cycle, injectable so tests never wait on wall time."""
 
+    # Polling, where inotify is unavailable: how often both sockets are looked at.
     watch_interval: float = 0.2
     retry_initial: float = 0.1
     retry_max: float = 10.0
     close_timeout: float = 1.0
+    # Watch the socket directories with inotify when the kernel allows it (False: poll only).
+    inotify: bool = True
 
 
 class RegistrationService(reg.RegistrationBase):
@@ -105,12 +111,17 @@ class DraEndpoint:
 
     async def run(self) -> None:
         retry = self._timing.retry_initial
+        # Created before the first serve: a socket removed right after it is bound is seen.
+        changes = DirectoryWatch(
+            (self.dra_socket.parent, self.registration_socket.parent),
+            inotify=self._timing.inotify,
+        )
         try:
             while True:
                 try:
                     await self._serve()
                     retry = self._timing.retry_initial
-                    await self._watch()
+                    await self._watch(changes)
                     log.info("a dra socket disappeared; serving again")
                 except OSError as exc:
                     self.last_error = f"cannot serve the DRA sockets: {exc}"
@@ -123,6 +134,7 @@ class DraEndpoint:
                         self._on_state()
                     await self._close()
         finally:
+            changes.close()
             await self._close()
 
     async def _serve(self) -> None:
@@ -143,9 +155,10 @@ class DraEndpoint:
             self._servers.append((server, path, _socket_id(path)))
             log.info("serving", socket=str(path))
 
-    async def _watch(self) -> None:
-        while all(_socket_id(path) == ident for _, path, ident in self._servers):  # noqa: ASYNC110
-            await asyncio.sleep(self._timing.watch_interval)
+    async def _watch(self, changes: DirectoryWatch) -> None:
+        """Return once either socket is gone or replaced."""
+        while all(_socket_id(path) == ident for _, path, ident in self._servers):
+            await changes.wait(self._timing.watch_interval)
 
     async def _close(self) -> None:
         servers, self._servers = self._servers, []

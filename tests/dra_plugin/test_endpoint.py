@@ -1,0 +1,100 @@
+"""The DRA endpoint's sockets: served again when one disappears, seen by inotify (or by polling
+where inotify cannot be had), and registered anew by the kubelet's plugin watcher (grpcio)."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import stat
+from collections.abc import Callable, MutableMapping
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog.testing
+from support.drastubs import DraStubs
+from support.drastubs import generate as generate_dra_stubs
+from support.fake_plugin_watcher import FakePluginWatcher
+from support.waiting import eventually
+
+from gpuagent.dra.endpoint import DraEndpoint, EndpointTiming
+
+DRIVER = "gpu.nvidia.com"
+# Inotify: the poll interval is an hour, so only a directory event can wake the endpoint.
+# Polling (where inotify cannot be had): a short interval, inotify off.
+HOUR = 3600.0
+ON_INOTIFY = EndpointTiming(watch_interval=HOUR, retry_initial=0.01, retry_max=0.05)
+POLLING = replace(ON_INOTIFY, watch_interval=0.01, inotify=False)
+SERVING_AGAIN = "a dra socket disappeared; serving again"
+
+
+def socket_id(path: Path) -> tuple[int, int] | None:
+    """Which socket file is at ``path`` (inode and change time), if one is."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_ctime_ns) if stat.S_ISSOCK(st.st_mode) else None
+
+
+def served_again(logs: list[MutableMapping[str, Any]], times: int) -> bool:
+    return len([e for e in logs if e["event"] == SERVING_AGAIN]) == times
+
+
+def new_socket(path: Path, before: tuple[int, int] | None) -> bool:
+    return socket_id(path) not in (None, before)
+
+
+@pytest.fixture(scope="module")
+def dra_stubs(tmp_path_factory: pytest.TempPathFactory) -> DraStubs:
+    return generate_dra_stubs(tmp_path_factory.mktemp("drastubs"))
+
+
+@pytest.mark.parametrize("timing", [ON_INOTIFY, POLLING], ids=["inotify", "polling"])
+async def test_a_socket_or_directory_removed_is_served_and_registered_again(
+    timing: EndpointTiming, short_tmp_path: Path, dra_stubs: DraStubs
+) -> None:
+    registry = short_tmp_path / "plugins_registry"
+    endpoint = DraEndpoint(
+        [],
+        driver=DRIVER,
+        supported=("v1.DRAPlugin",),
+        plugins_dir=short_tmp_path / "plugins",
+        registry_dir=registry,
+        timing=timing,
+    )
+    watcher = FakePluginWatcher(registry, dra_stubs)
+    steps: list[tuple[str, Callable[[], None]]] = [
+        ("start", lambda: None),
+        ("registration socket", endpoint.registration_socket.unlink),
+        ("service socket", endpoint.dra_socket.unlink),
+        ("registry directory", lambda: shutil.rmtree(registry)),
+    ]
+    with structlog.testing.capture_logs() as logs:
+        task = asyncio.create_task(endpoint.run())
+        try:
+            for served, (what, remove) in enumerate(steps):
+                before = socket_id(endpoint.registration_socket)
+                remove()
+                await eventually(
+                    partial(served_again, logs, served),
+                    what=f"served again after the {what} was removed",
+                )
+                # The service socket is served first, then a new registration socket.
+                await eventually(
+                    partial(new_socket, endpoint.registration_socket, before),
+                    what="a new registration socket",
+                )
+                socket = await asyncio.to_thread(watcher.find)
+                registration = await asyncio.to_thread(watcher.register, socket)
+                assert registration.error == ""
+                assert registration.endpoint == str(endpoint.dra_socket)
+                await eventually(lambda: endpoint.registered, what=f"registered after {what}")
+                assert endpoint.registrations == served + 1
+        finally:
+            task.cancel()
+            await asyncio.wait({task})
+    assert not endpoint.registration_socket.exists()
+    assert not endpoint.dra_socket.exists()
