@@ -290,6 +290,65 @@ class TestEventSets:
         with pytest.raises(pynvml.NVMLError_InvalidArgument):
             pynvml.nvmlEventSetFree(event_set)
 
+    @pytest.mark.parametrize("release", ["nvmlEventSetFree", "nvmlShutdown"])
+    def test_release_under_a_waiter_is_misuse(self, driver: SimDriver, release: str) -> None:
+        """nvml.h allows neither freeing a set nor shutting NVML down under a blocked wait: the
+        simulator records it (and wakes the waiter, so that a test fails rather than hangs)."""
+        event_set = pynvml.nvmlEventSetCreate()
+        pynvml.nvmlDeviceRegisterEvents(handle(0), XID, event_set)
+        errors: list[BaseException] = []
+
+        def wait() -> None:
+            try:
+                pynvml.nvmlEventSetWait_v2(event_set, 10_000)
+            except pynvml.NVMLError as exc:
+                errors.append(exc)
+
+        thread = threading.Thread(target=wait)
+        thread.start()
+        state = driver._state
+        deadline = time.monotonic() + 5
+        while not any(s.waiters for s in state.event_sets.values()):
+            assert time.monotonic() < deadline, "the wait never blocked"
+            time.sleep(0.001)
+        assert driver.misuse == []
+        if release == "nvmlEventSetFree":
+            pynvml.nvmlEventSetFree(event_set)
+            expected = "nvmlEventSetFree while a thread waits on the set"
+        else:
+            pynvml.nvmlShutdown()
+            expected = "nvmlShutdown while a thread waits on an event set"
+        thread.join(timeout=2)
+        assert not thread.is_alive()
+        assert len(errors) == 1
+        assert driver.misuse == [expected]
+
+    def test_an_interrupt_ends_a_blocked_wait_with_timeout(self, driver: SimDriver) -> None:
+        """nvml.h: a wait "can return before specified timeout passes (e.g. when interrupt
+        arrives)", with NVML_ERROR_TIMEOUT; interrupt_waits() is that interrupt. Not misuse."""
+        event_set = pynvml.nvmlEventSetCreate()
+        pynvml.nvmlDeviceRegisterEvents(handle(0), XID, event_set)
+        errors: list[BaseException] = []
+
+        def wait() -> None:
+            try:
+                pynvml.nvmlEventSetWait_v2(event_set, 600_000)
+            except pynvml.NVMLError as exc:
+                errors.append(exc)
+
+        thread = threading.Thread(target=wait)
+        thread.start()
+        deadline = time.monotonic() + 5
+        while not any(s.waiters for s in driver._state.event_sets.values()):
+            assert time.monotonic() < deadline, "the wait never blocked"
+            time.sleep(0.001)
+        driver.interrupt_waits()
+        thread.join(timeout=5)
+        assert not thread.is_alive(), "the interrupt did not end the wait"
+        assert [type(e) for e in errors] == [pynvml.NVMLError_Timeout]
+        pynvml.nvmlEventSetFree(event_set)
+        assert driver.misuse == []
+
     def test_concurrent_injects(self, driver: SimDriver, events: Any) -> None:
         """Injections from many threads while telemetry is read all arrive, none twice."""
 

@@ -8,9 +8,12 @@ returns ``NVML_ERROR_GPU_IS_LOST`` once its queued events are delivered, every t
 answers again — a real driver does, so a caller must not spin on it.
 
 A freed event set stays known to the driver: waiting on it, registering on it or freeing it
-again returns ``NVML_ERROR_INVALID_ARGUMENT`` (a real driver would read freed memory), and a
-thread blocked in ``nvmlEventSetWait_v2`` when its set is freed wakes with that code. A final
-``nvmlShutdown`` wakes blocked waiters with ``NVML_ERROR_UNINITIALIZED``.
+again returns ``NVML_ERROR_INVALID_ARGUMENT`` (a real driver would read freed memory). nvml.h
+promises nothing for a set freed, or NVML shut down, while another thread is blocked in a wait on
+it: the simulator records either in ``misuse`` (tests assert it stays empty), then wakes the
+waiter with ``INVALID_ARGUMENT`` or ``UNINITIALIZED`` so that a test fails instead of hanging.
+A wait may end early with ``NVML_ERROR_TIMEOUT`` "when an interrupt arrives" (nvml.h):
+``SimDriver.interrupt_waits`` does that to every blocked wait.
 """
 
 from __future__ import annotations
@@ -61,10 +64,21 @@ def _wait(st: DriverState, handle: object, ref: object, timeout_ms: object) -> i
     def lost() -> bool:
         return any(st.gpus[index].lost for index in event_set.masks)
 
-    st.cond.wait_for(
-        lambda: bool(event_set.queue) or event_set.freed or st.init_count == 0 or lost(),
-        timeout,
-    )
+    interrupts = st.interrupts
+    event_set.waiters += 1
+    try:
+        st.cond.wait_for(
+            lambda: (
+                bool(event_set.queue)
+                or event_set.freed
+                or st.init_count == 0
+                or lost()
+                or st.interrupts != interrupts
+            ),
+            timeout,
+        )
+    finally:
+        event_set.waiters -= 1
     if event_set.freed:
         return INVALID_ARGUMENT
     if st.init_count == 0:
@@ -84,6 +98,8 @@ def _set_free(st: DriverState, handle: object) -> int:
     event_set = _live_set(st, handle)
     if event_set is None:
         return INVALID_ARGUMENT
+    if event_set.waiters:
+        st.misuse.append("nvmlEventSetFree while a thread waits on the set")
     event_set.freed = True
     event_set.queue.clear()
     st.cond.notify_all()

@@ -34,6 +34,8 @@ def _init_with_flags(st: DriverState, flags: object) -> int:
 def _shutdown(st: DriverState) -> int:
     st.init_count -= 1
     if st.init_count == 0:
+        if any(s.waiters for s in st.event_sets.values()):
+            st.misuse.append("nvmlShutdown while a thread waits on an event set")
         st.warm.clear()  # without persistence mode, GPUs go cold when the last client leaves
         st.cond.notify_all()
     return SUCCESS

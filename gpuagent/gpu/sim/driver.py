@@ -110,6 +110,19 @@ class SimDriver:
         """The simulated node this driver was built from."""
         return self._state.node
 
+    def interrupt_waits(self) -> None:
+        """End every blocked ``nvmlEventSetWait_v2`` now with ``NVML_ERROR_TIMEOUT``, as nvml.h
+        says an interrupt may (the agent's shutdown uses it before the driver is uninstalled)."""
+        with self._state.cond:
+            self._state.interrupts += 1
+            self._state.cond.notify_all()
+
+    @property
+    def misuse(self) -> list[str]:
+        """Calls nvml.h does not allow that were made anyway (see ``_api_events``), in order."""
+        with self._state.cond:
+            return list(self._state.misuse)
+
     # ----- dispatch ----------------------------------------------------------------------------
     def _call(self, name: str, symbol: Symbol, args: tuple[object, ...]) -> int | bytes:
         st = self._state

@@ -132,6 +132,8 @@ class EventSet:
     masks: dict[int, int] = field(default_factory=dict)
     queue: deque[Event] = field(default_factory=lambda: deque(maxlen=MAX_QUEUED_EVENTS))
     freed: bool = False
+    # Threads blocked in nvmlEventSetWait_v2 on this set right now.
+    waiters: int = 0
 
 
 def _link_table(node: SimNode, gpu: SimGpuSpec) -> tuple[LinkEnd | None, ...]:
@@ -178,6 +180,11 @@ class DriverState:
         self.processes = ProcessTable()
         # GPUs brought up since the driver was initialised (see SimLatency.cold_start_s).
         self.warm: set[int] = set()
+        # Uses that nvml.h does not allow and a real driver would answer with undefined
+        # behaviour (a set freed, or NVML shut down, under a thread blocked in a wait on it).
+        self.misuse: list[str] = []
+        # Bumped to end every blocked event wait with TIMEOUT, as an interrupt does (nvml.h).
+        self.interrupts = 0
 
     def _new_mig(self, parent: GpuState, spec: SimMigSpec) -> MigState:
         device = GpuState(
