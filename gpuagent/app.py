@@ -6,9 +6,10 @@ the parts, runs them as tasks, reloads the plan, and shuts down:
 
 * a root task that ends has failed, and the agent stops (exit code 1);
 * shutdown ends ListAndWatch streams with ``UNAVAILABLE``, removes the plugin sockets, stops the
-  HTTP server and releases the driver, within :data:`SHUTDOWN_SECONDS` in all. A driver call that
-  has not returned by then (a hung driver) is abandoned: its thread is a daemon, and the process
-  exits without ``nvmlShutdown``.
+  HTTP server and releases the driver, within :data:`SHUTDOWN_SECONDS` in all. Nothing is
+  released under an NVML call still running: the event thread releases the driver when its wait
+  returns (up to 5 s later), and a call that has not returned (a hung driver) is abandoned: its
+  thread is a daemon, and the process exits without ``nvmlShutdown``.
 """
 
 from __future__ import annotations
@@ -383,6 +384,13 @@ class Agent:
         if self.simulator is not None:
             from gpuagent.gpu import sim  # noqa: PLC0415
 
+            # A real driver is released by the kernel when the process exits; the simulated one
+            # is uninstalled now, so its event wait is ended (as an interrupt ends a real one)
+            # and the event thread releases the driver first.
+            self.simulator.interrupt_waits()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(budget(SHUTDOWN_HTTP_SECONDS)):
+                    await monitor.wait_closed()
             sim.uninstall()
         log.info("stopped")
 

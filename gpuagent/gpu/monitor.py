@@ -1,16 +1,23 @@
 """The NVML poller: start-up, driver events and periodic probes feeding the device store.
 
 Start-up survives a slow driver: each GPU is described (and registered for events, and its part
-of the topology read) on its own worker thread, all GPUs at once; every NVML call has a time
+of the topology read) on a worker thread of its own, all GPUs at once; every NVML call has a time
 limit (``call_timeout``) and the whole start-up a budget (``--nvml-timeout``, by default scaled
 with the GPU count). A GPU whose call does not return in time is advertised unhealthy
 (``unresponsive``) and taken in once the call returns; no job is ever queued behind one that has
 not returned. Meanwhile the store says what the agent is waiting for (``/readyz`` shows it).
 
 Then two loops share the backend: a daemon thread blocks in the driver's event wait and hands
-each event to the event loop, and a probe cycle checks every GPU's liveness and reads its
-telemetry on its own worker at the poll interval. Each GPU's state changes only through its own
-events and probes.
+each event to the event loop, and at the poll interval a probe round checks every GPU's liveness
+and reads its telemetry, one GPU after the other on one worker thread (``nvml-poll``), and hands
+the results to the loop at once. A GPU whose probe runs past the per-call limit keeps that thread
+to itself until its call returns (so it stalls only itself); the GPUs after it move to a fresh
+thread. Each GPU's state changes only through its own events and probes.
+
+The event wait blocks up to ``event_wait_ms`` (5 s, as NVIDIA's plugin). nvml.h promises nothing
+for an event set freed, or NVML shut down, while another thread waits on it, so neither is done
+under a wait: :meth:`GpuMonitor.close` returns at once, and the event thread releases the driver
+when its wait returns (a process that exits first leaves that to the kernel).
 """
 
 from __future__ import annotations
@@ -66,7 +73,10 @@ STARTUP_TICK_S = 0.1
 STARTUP_LOG_EVERY_S = 5.0
 #: NVLink counters count KiB; DCGM's bandwidth is in MB (1024 KiB) per second.
 KIB_PER_MB = 1024.0
-#: Longest pause between event waits while they keep failing.
+#: How long one event wait blocks (a wait that times out raises NVML_ERROR_TIMEOUT).
+EVENT_WAIT_MS = 5000
+#: Shortest and longest pause between event waits while they keep failing.
+EVENT_BACKOFF_MIN_S = 0.5
 EVENT_BACKOFF_MAX_S = 30.0
 
 __all__ = ["CallStats", "GpuMonitor", "startup_budget"]
@@ -96,6 +106,69 @@ class _Pending:
     what: str
 
 
+#: A job's outcome: its value, or the exception it raised.
+_Outcome = tuple[Any, Exception | None]
+
+
+class _Round:
+    """One poll's jobs (a probe or a description per GPU), run one after the other on one thread.
+
+    The loop awaits the whole round (one wake-up per poll); meanwhile it can see which GPU's job
+    is running, and since when, and take back the jobs that have not started (:meth:`detach`),
+    so that a GPU whose call hangs keeps the thread while the others move on.
+    """
+
+    def __init__(self, jobs: Sequence[tuple[int, Callable[[], Any]]], clock: Callable[[], float]):
+        self._jobs = list(reversed(jobs))
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._results: dict[int, _Outcome] = {}
+        self.current: tuple[int, float] | None = None  # (GPU index, when its job started)
+
+    def run(self) -> None:
+        """On the worker thread: each job in turn until none is left (or they were taken)."""
+        while True:
+            with self._lock:
+                if not self._jobs:
+                    self.current = None
+                    return
+                index, fn = self._jobs.pop()
+                self.current = (index, self._clock())
+            try:
+                outcome: _Outcome = (fn(), None)
+            except Exception as exc:  # delivered to the loop with the GPU it belongs to
+                outcome = (None, exc)
+            with self._lock:
+                self._results[index] = outcome
+                self.current = None
+
+    def left(self, limit: float) -> float:
+        """Seconds until the running job reaches ``limit`` (``limit`` when none is running)."""
+        current = self.current
+        return limit if current is None else current[1] + limit - self._clock()
+
+    def stop_if_past(self, limit: float) -> tuple[int, dict[int, _Outcome], list[int]] | None:
+        """If the running job has run ``limit`` seconds or more: take back the jobs not started,
+        and return ``(its GPU, outcomes so far, GPUs whose job never started)``; the thread stops
+        after that job. ``None`` (nothing taken) otherwise."""
+        with self._lock:
+            current = self.current
+            if current is None or self._clock() - current[1] < limit:
+                return None
+            rest = [index for index, _ in reversed(self._jobs)]
+            self._jobs.clear()
+            return current[0], dict(self._results), rest
+
+    def detach(self) -> None:
+        """Drop the jobs not started: the thread stops after the job it is in (if any)."""
+        with self._lock:
+            self._jobs.clear()
+
+    def outcomes(self) -> dict[int, _Outcome]:
+        with self._lock:
+            return dict(self._results)
+
+
 class GpuMonitor:
     """Owns the driver connection's lifetime and keeps the store's GPUs current.
 
@@ -112,7 +185,7 @@ class GpuMonitor:
         init_retry_interval: float = 10.0,
         call_timeout: float = 10.0,
         nvml_timeout: float | None = None,
-        event_wait_ms: int = 500,
+        event_wait_ms: int = EVENT_WAIT_MS,
         event_backoff_max: float = EVENT_BACKOFF_MAX_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -127,7 +200,11 @@ class GpuMonitor:
         self._event_backoff_max = event_backoff_max
         self._clock = clock
         self._control = Worker("nvml-control")
-        self._workers: dict[int, Worker] = {}
+        self._indexes: tuple[int, ...] = ()
+        # GPUs with a worker thread of their own: every GPU while start-up describes them all at
+        # once, later only a GPU whose call has not returned. The others share ``_shared``.
+        self._lanes: dict[int, Worker] = {}
+        self._shared: Worker | None = None
         # Start-up jobs by name ("init", "count", …): a retry awaits the same job, never a new one.
         self._jobs: dict[str, _Pending] = {}
         # GPUs that still need describing (a description failed, stalled or never finished).
@@ -147,8 +224,15 @@ class GpuMonitor:
         self._event_gpus: tuple[int, ...] | None = None
         self._event_lock = threading.Lock()
         self._event_thread: threading.Thread | None = None
+        # Whether the event thread is inside NVML (a wait, a re-registration); under _event_lock.
+        self._events_in_nvml = False
+        # Whether the event thread releases the driver as it leaves (close() found it in a wait).
+        self._release_on_exit = False
+        self._released = False
+        self._events_done = asyncio.Event()  # set once the event thread has left
         self._started = False
         self._initialised = False
+        self._closed = False  # close() was called: no new work is started
 
     # ----- start-up ----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -176,10 +260,12 @@ class GpuMonitor:
             events_error = exc.detail
         if events_error is not None:
             log.error("no health events; relying on probes", error=events_error)
-        for index in range(count):
-            self._workers.setdefault(index, Worker(f"nvml-gpu{index}"))
+        self._indexes = tuple(range(count))
+        for index in self._indexes:
+            self._lanes.setdefault(index, Worker(f"nvml-gpu{index}"))
         gpus = await self._discover(count, deadline, budget, events=events_error is None)
         topology = await self._read_topology(gpus, deadline, budget)
+        self._reclaim()  # from now on the GPUs share one thread, except those still in a call
         self._store.update(
             lambda s: replace(
                 s,
@@ -207,8 +293,8 @@ class GpuMonitor:
         """Describe every GPU on its own worker at once; stalled ones become placeholders."""
         jobs = {
             index: _Pending(
-                self._workers[index],
-                self._workers[index].submit(
+                self._lanes[index],
+                self._lanes[index].submit(
                     self._timed("discover", partial(self._describe_and_register, index, events))
                 ),
                 f"gpu{index} discovery",
@@ -254,12 +340,12 @@ class GpuMonitor:
         )
         jobs = {
             g.index: _Pending(
-                self._workers[g.index],
-                self._workers[g.index].submit(partial(self._topology_part, g.index)),
+                self._lanes[g.index],
+                self._lanes[g.index].submit(partial(self._topology_part, g.index)),
                 f"gpu{g.index} topology",
             )
             for g in described
-            if not self._workers[g.index].busy
+            if not self._lanes[g.index].busy
         }
         done, stalled = await self._gather(jobs, deadline, budget, "reading topology")
         walks: dict[int, GpuLinks | None] = {}
@@ -451,74 +537,160 @@ class GpuMonitor:
             self._stop_events.set()
 
     async def close(self) -> None:
-        """Stop the event thread and release the driver (bounded)."""
+        """Stop the threads and release the driver; returns at once, whatever NVML is doing.
+
+        nvml.h promises nothing for an event set freed, or NVML shut down, under a call still
+        running on another thread. So a release never happens under one: when the event thread
+        is inside its wait, it releases the driver itself as the wait returns (within
+        ``event_wait_ms``); when another call has not returned (a hung GPU), the release is left
+        to the process's exit, where the kernel closes the driver's files.
+        """
+        self._closed = True
         for task in list(self._background):
             task.cancel()
-        self._stop_events.set()
-        thread = self._event_thread
-        if thread is not None:
-            # The event set must outlive the wait that uses it: let the wait time out first.
-            await asyncio.to_thread(thread.join, self._event_wait_ms / 1000 + 1.0)
-            if thread.is_alive():
-                log.warning("nvml event wait did not return in time")
-                return
-        if self._initialised:
-            try:
-                await asyncio.wait_for(
-                    self._control.submit(self._backend.shutdown), self._call_timeout
-                )
-            except TimeoutError:
-                log.warning("nvml shutdown did not return in time")
+        # A poll cut short finishes the probe it is in, a topology read the read it is in; both
+        # are waited for, up to the per-call limit (a hung call is not waited out).
+        running = [w.submit(_nothing) for w in (self._shared, self._control) if w and w.busy]
+        if running:
+            await asyncio.wait(running, timeout=self._call_timeout)
+        with self._event_lock:
+            self._stop_events.set()
+            in_wait = self._events_in_nvml
+            self._release_on_exit = in_wait
+        if in_wait:
+            log.debug("nvml event wait in progress; the event thread releases the driver after it")
+        else:
+            await self._release_on(self._control)
         self._control.close()
-        for worker in self._workers.values():
+        for worker in {*self._lanes.values(), *([self._shared] if self._shared else [])}:
             worker.close()
 
-    async def poll_once(self) -> None:
-        """Probe every GPU whose worker is free, concurrently, and apply the results.
+    async def wait_closed(self) -> None:
+        """After :meth:`close`: until the event thread has left (and released the driver, if
+        that was left to it). Callers bound it; the process need not wait for it."""
+        if self._event_thread is not None:
+            await self._events_done.wait()
 
-        A GPU that still needs describing is described instead; one whose worker has not
-        returned from an earlier call counts a failed liveness check.
+    async def _release_on(self, worker: Worker) -> None:
+        """Release the driver on ``worker``, within the per-call limit."""
+        if worker.busy:  # never queued behind a call that has not returned
+            log.info("nvml left to the process's exit: a call has not returned")
+            return
+        try:
+            await asyncio.wait_for(worker.submit(self._release), self._call_timeout)
+        except TimeoutError:
+            log.warning("nvml shutdown did not return in time")
+
+    def _release(self) -> None:
+        """Free the event set and shut NVML down, once, unless a call on another thread has not
+        returned: then that is left to the process's exit."""
+        if not self._initialised or self._released:
+            return
+        others = [f"{c.name} (gpu {c.gpu})" for c in self._backend.calls.in_flight()]
+        others += [f"gpu{i}'s probe" for i, lane in list(self._lanes.items()) if lane.busy]
+        if self._shared is not None and self._shared.busy:
+            others.append("a poll")
+        if self._control.busy and threading.get_ident() != self._control.ident:
+            others.append("a topology read")  # (the event thread releasing as it leaves)
+        if others:
+            log.info("nvml left to the process's exit: a call has not returned", calls=others)
+            return
+        self._released = True
+        self._backend.shutdown()
+
+    async def poll_once(self) -> None:
+        """Probe every GPU whose last call has returned, in one round, and apply the results.
+
+        A GPU that still needs describing is described instead; one whose own thread has not
+        returned from an earlier call counts a failed liveness check (no job is queued behind it).
         """
-        pending: dict[int, asyncio.Future[Probe]] = {}
-        describing: dict[int, asyncio.Future[Gpu]] = {}
-        started: dict[int, int] = {}
+        self._reclaim()
+        jobs: list[tuple[int, Callable[[], Any]]] = []
+        probing: dict[int, int] = {}  # GPU -> driver events applied when its probe was queued
         now = self._clock()
-        for index, worker in self._workers.items():
-            if worker.busy:
-                calls = self._backend.calls.in_flight(worker.ident)
+        for index in self._indexes:
+            lane = self._lanes.get(index)
+            if lane is not None and lane.busy:
+                calls = self._backend.calls.in_flight(lane.ident)
                 inside = "".join(f" ({c.name} for {now - c.started:.1f}s)" for c in calls)
                 self.apply(index, LivenessFailed(f"an earlier nvml call has not returned{inside}"))
                 continue
             if index in self._undescribed:
                 describe = partial(self._describe_and_register, index, True)
-                describing[index] = worker.submit(self._timed("discover", describe))
+                jobs.append((index, self._timed("discover", describe)))
                 continue
-            started[index] = self._event_counts.get(index, 0)
-            probe = partial(self._backend.probe, index)
-            pending[index] = worker.submit(self._timed("probe", probe))
-        everything: list[asyncio.Future[Any]] = [*pending.values(), *describing.values()]
-        if not everything:
+            probing[index] = self._event_counts.get(index, 0)
+            jobs.append((index, self._timed("probe", partial(self._backend.probe, index))))
+        if not jobs:
             return
-        done, _ = await asyncio.wait(everything, timeout=self._call_timeout)
-        for index, future in pending.items():
-            if future not in done:
+        outcomes = await self._run_round(jobs)
+        for index, _ in jobs:
+            outcome = outcomes.get(index)
+            if outcome is None:
                 self.apply(index, LivenessFailed(f"no answer within {self._call_timeout:g}s"))
                 continue
-            exc = future.exception()
+            value, exc = outcome
             if exc is not None:
-                log.error("probe failed unexpectedly", gpu=index, error=repr(exc))
-                continue
-            stale = self._event_counts.get(index, 0) != started[index]
-            self._apply_probe(index, future.result(), stale=stale)
-        for index, job in describing.items():
-            if job in done and job.exception() is not None:
-                log.error(
-                    "gpu discovery failed unexpectedly", gpu=index, error=repr(job.exception())
-                )
-            elif job in done:
-                self._redescribed(index, job.result())
+                what = "probe" if index in probing else "gpu discovery"
+                log.error(f"{what} failed unexpectedly", gpu=index, error=repr(exc))
+            elif index in probing:
+                stale = self._event_counts.get(index, 0) != probing[index]
+                self._apply_probe(index, value, stale=stale)
             else:
-                self.apply(index, LivenessFailed(f"no answer within {self._call_timeout:g}s"))
+                self._redescribed(index, value)
+
+    async def _run_round(self, jobs: list[tuple[int, Callable[[], Any]]]) -> dict[int, _Outcome]:
+        """Run ``jobs`` in turn on the shared thread; the outcome of each that finished in time.
+
+        A job that runs past the per-call limit keeps its thread (its GPU's own from now on,
+        until the call returns); the jobs after it go on on a fresh shared thread.
+        """
+        outcomes: dict[int, _Outcome] = {}
+        while jobs:
+            round_ = _Round(jobs, self._clock)
+            worker = self._shared = self._shared or Worker("nvml-poll")
+            future = worker.submit(round_.run)
+            try:
+                stuck = await self._await_round(round_, future)
+            except BaseException:  # cancelled: the thread stops after the job it is in
+                round_.detach()
+                raise
+            if stuck is None:
+                outcomes.update(round_.outcomes())
+                return outcomes
+            hung, finished, rest = stuck
+            outcomes.update(finished)
+            log.warning(
+                "nvml call did not return within its limit; the gpu keeps its thread",
+                gpu=hung,
+                limit_s=self._call_timeout,
+            )
+            self._lanes[hung] = worker
+            self._shared = None
+            jobs = [job for job in jobs if job[0] in rest]
+        return outcomes
+
+    async def _await_round(
+        self, round_: _Round, future: asyncio.Future[None]
+    ) -> tuple[int, dict[int, _Outcome], list[int]] | None:
+        """Wait for ``round_``: ``None`` once it is done, or, when a job has run past the per-call
+        limit, ``(its GPU, outcomes so far, GPUs not started)`` (the round stops after it)."""
+        while not future.done():
+            left = round_.left(self._call_timeout)
+            if left <= 0:
+                stuck = round_.stop_if_past(self._call_timeout)
+                if stuck is not None:
+                    return stuck
+                continue
+            await asyncio.wait([future], timeout=left)
+        return None
+
+    def _reclaim(self) -> None:
+        """GPUs whose own thread has returned share the poll thread again; their threads end."""
+        for index, lane in list(self._lanes.items()):
+            if not lane.busy:
+                del self._lanes[index]
+                lane.close()
 
     def _redescribed(self, index: int, gpu: Gpu) -> None:
         """A GPU described again by a poll: take it in when it now answers."""
@@ -580,13 +752,15 @@ class GpuMonitor:
             for g in snapshot.gpus
             if not _has(g, LOST)
             and g.index not in self._undescribed
-            and g.index in self._workers
-            and not self._workers[g.index].busy
+            and g.index in self._indexes
+            and not self._busy(g.index)
         )
         with self._event_lock:
             self._event_gpus = answering
 
     def _spawn_refresh(self) -> None:
+        if self._closed:
+            return
         task = asyncio.get_running_loop().create_task(self._refresh_topology())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
@@ -595,6 +769,8 @@ class GpuMonitor:
         self, stalled: Mapping[int, str], jobs: Mapping[int, _Pending]
     ) -> None:
         """Read the topology again once the stalled GPUs' parts have returned."""
+        if self._closed:
+            return
         futures = [jobs[k].future for k in stalled]
 
         async def later() -> None:
@@ -698,17 +874,37 @@ class GpuMonitor:
         """Runs on the ``nvml-events`` thread: blocks in the driver, posts events to the loop.
 
         A failed wait (a lost GPU, an unknown error) makes the monitor probe every GPU to find
-        what happened, and the thread waits longer after each failure in a row (up to
-        ``event_backoff_max``) instead of spinning on a driver that answers every wait at once.
+        what happened, and the thread waits longer after each failure in a row (from
+        ``EVENT_BACKOFF_MIN_S`` up to ``event_backoff_max``) instead of spinning on a driver that
+        answers every wait at once. It never enters NVML once stopped; if :meth:`close` found it
+        inside, it releases the driver as it leaves.
         """
+        try:
+            self._wait_for_events(loop)
+        finally:
+            with self._event_lock:
+                self._events_in_nvml = False
+                release = self._release_on_exit
+            if release:
+                self._release()
+            _post(loop, self._events_done.set)
+
+    def _wait_for_events(self, loop: asyncio.AbstractEventLoop) -> None:
         backoff = 0.0
-        while not self._stop_events.is_set():
-            self._maybe_reregister()
+        first_pause = min(self._event_wait_ms / 1000, EVENT_BACKOFF_MIN_S)
+        while True:
+            with self._event_lock:
+                if self._stop_events.is_set():
+                    return
+                self._events_in_nvml = True
             try:
+                self._maybe_reregister()
                 received = self._backend.wait_event(self._event_wait_ms)
             except EventWaitError as exc:
+                with self._event_lock:
+                    self._events_in_nvml = False
                 first = backoff == 0.0
-                backoff = min(max(backoff * 2, self._event_wait_ms / 1000), self._event_backoff_max)
+                backoff = min(max(backoff * 2, first_pause), self._event_backoff_max)
                 (log.warning if first else log.debug)(
                     "event wait failed; probing all gpus",
                     error=str(exc),
@@ -719,6 +915,8 @@ class GpuMonitor:
                     return
                 self._stop_events.wait(backoff)
                 continue
+            with self._event_lock:
+                self._events_in_nvml = False
             if backoff:
                 log.info("event waits work again")
                 backoff = 0.0
@@ -756,7 +954,16 @@ class GpuMonitor:
 
     @property
     def gpu_indexes(self) -> Sequence[int]:
-        return tuple(self._workers)
+        return self._indexes
+
+    def _busy(self, index: int) -> bool:
+        """Whether GPU ``index`` is in a call that has not returned, on a thread of its own."""
+        lane = self._lanes.get(index)
+        return lane is not None and lane.busy
+
+
+def _nothing() -> None:
+    """A job that does nothing: done once the jobs before it on its worker are."""
 
 
 def _failed(result: object) -> bool:

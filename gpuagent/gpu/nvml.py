@@ -100,6 +100,7 @@ class Nvml:
         self._topology: TopologyReader | None = None
         self._reader = TelemetryReader(self._calls, clock)
         self._processes = ProcessReader(self._calls)
+        self._library: object = None  # the library nvmlInit initialised (pynvml's nvmlLib)
 
     @property
     def calls(self) -> NvmlCalls:
@@ -112,6 +113,7 @@ class Nvml:
             self._calls.call(NO_GPU, pynvml.nvmlInit)
         except pynvml.NVMLError as exc:
             raise DriverUnavailable(describe(exc)) from exc
+        self._library = pynvml.nvmlLib
         try:
             version = str(self._calls.call(NO_GPU, pynvml.nvmlSystemGetDriverVersion))
         except pynvml.NVMLError as exc:
@@ -125,7 +127,14 @@ class Nvml:
         return DriverState(up=True, version=version, cuda_version=cuda_version(cuda))
 
     def shutdown(self) -> None:
-        """Free GPM samples and the event set, shut NVML down; errors are logged, never raised."""
+        """Free GPM samples and the event set, shut NVML down; errors are logged, never raised.
+
+        Nothing is released into a library other than the one initialised (a simulated driver
+        uninstalled meanwhile: what it held went with it).
+        """
+        if pynvml.nvmlLib is not self._library:
+            log.debug("the nvml library initialised is gone; nothing to release")
+            return
         self._reader.close()
         event_set, self._event_set = self._event_set, None
         if event_set is not None:

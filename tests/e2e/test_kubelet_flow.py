@@ -261,6 +261,11 @@ async def test_shutdown_ends_streams_with_status_and_removes_socket(
         assert "shutting down" in end.details
         assert not (device_plugin_dir / "nvidia-gpu.sock").exists()
         assert (device_plugin_dir / "kubelet.sock").exists()
+        # The driver was released (its 5 s event wait ended by the simulated interrupt first),
+        # never under a call still running.
+        assert run.sim.calls["nvmlEventSetFree"] == 1
+        assert run.sim.calls["nvmlShutdown"] == 1
+        assert run.sim.misuse == []
 
 
 async def test_preferred_allocation_honours_must_include_and_size(
