@@ -530,8 +530,11 @@ class GpuMonitor:
         try:
             while True:
                 await self.poll_once()
+                # (Not asyncio.wait_for: before Python 3.12 it swallows a cancellation that
+                # arrives as the event is set, and this loop would then never end.)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._poll_now.wait(), self._poll_interval)
+                    async with asyncio.timeout(self._poll_interval):
+                        await self._poll_now.wait()
                 self._poll_now.clear()
         finally:
             self._stop_events.set()

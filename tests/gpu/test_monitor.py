@@ -486,6 +486,28 @@ class WaitRecorder(Delegating):
         return self.inner.wait_event(timeout_ms)
 
 
+async def test_cancel_as_a_poll_is_asked_for_stops_the_monitor(
+    store: DeviceStore, driver: SimDriver, tmp_path: Path
+) -> None:
+    """A cancellation that arrives as the event thread asks for a poll (a failed wait) ends
+    run(); it is not swallowed with the wake-up (asyncio.wait_for before Python 3.12 does)."""
+    monitor = monitor_for(store, Nvml(tmp_path), poll_interval=60.0)
+    task = asyncio.create_task(monitor.run())
+    try:
+        await until(store, probed)
+        for _ in range(3):
+            await asyncio.sleep(0)  # run() is back in its wait for the next poll
+        monitor._poll_now.set()
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=WAIT_S)
+        assert task in done, "run() went on after it was cancelled"
+        assert task.cancelled()
+    finally:
+        task.cancel()
+        await asyncio.wait({task})
+        await asyncio.wait_for(monitor.close(), WAIT_S)
+
+
 class SlowTopology(Delegating):
     """A topology refresh that blocks until released; records it and NVML's shutdown in order."""
 
