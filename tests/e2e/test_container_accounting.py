@@ -273,8 +273,11 @@ async def test_unknown_containers_and_unallocated_use(
         await start(run, 1, HOST_PID, 250, 0)
 
         def ready(text: str) -> bool:
-            return by_pod(text, UNALLOCATED, gpu="1").get("miner") == 1 and "" in by_pod(
-                text, MEMORY, gpu="1"
+            # Every process started above is in the GPU's process list (a poll that began before
+            # the last start has only some of them), and the miner has been judged.
+            return (
+                sum(by_pod(text, PROCESSES, gpu="1").values()) == 3
+                and by_pod(text, UNALLOCATED, gpu="1").get("miner") == 1
             )
 
         text = await metrics_until(run, ready)
