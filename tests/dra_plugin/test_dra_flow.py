@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -360,20 +361,34 @@ async def test_a_fault_taints_the_device_in_its_slice_and_recovery_clears_it(
         assert apiserver.generation() > generation
         assert "taints" not in device_of(apiserver, gpu_uuid(run, 3))
 
-        # The kubelet's health stream says so too (full list per message).
-        def unhealthy() -> Any:
-            for message in health:
-                states = {d.device.device_name: d.health for d in message.devices}
-                if dra_stubs.health.UNHEALTHY in states.values():
-                    return message
-            return None
+        # The kubelet's health stream says so too (full list per message). The stream sends every
+        # change: a probe may read the reset request before the XID event is taken from the
+        # driver, so the first unhealthy message can name the reset alone. Wait for the message
+        # with the state the slice has now (the stream resends at least every 0.2 s).
+        def reasons(message: Any) -> set[str]:
+            return {
+                reason
+                for d in message.devices
+                if d.health == dra_stubs.health.UNHEALTHY
+                for reason in d.message.split(", ")
+            }
 
-        message = await asyncio.to_thread(unhealthy)
+        def current() -> Any:
+            deadline = time.monotonic() + T
+            for message in health:
+                if reasons(message) == {"xid 79", "recovery_action gpu_reset"}:
+                    return message
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"the health stream still says {reasons(message)}")
+            raise AssertionError("the health stream ended")
+
+        try:
+            message = await asyncio.to_thread(current)
+        finally:
+            health.close()
         assert len(message.devices) == 2
         (bad,) = [d for d in message.devices if d.health == dra_stubs.health.UNHEALTHY]
         assert bad.device.device_name == device_of(apiserver, uuid)["name"]
-        assert "xid 79" in bad.message
-        health.close()
 
         await run.fault({"gpu": 2, "fault": "recover"})
         await until(lambda: "taints" not in device_of(apiserver, uuid), "taints cleared")
