@@ -70,7 +70,10 @@ async def test_pod_labels_follow_allocate_disappearance_and_return(
     async with running_agent(device_plugin_dir, args) as run:
         (reg,) = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
         ids = [d.ID for d in (await asyncio.to_thread(reg.next_update, T)).devices]
-        text = await metrics_until(run, lambda t: value(t, "gpuagent_pod_resources_up") == 1)
+        # Pod-resources answered, and the first probe's series are out (they may come later).
+        text = await metrics_until(
+            run, lambda t: value(t, "gpuagent_pod_resources_up") == 1 and bool(pods_on(t, "0"))
+        )
         assert pods_on(text, "0") == {""}
 
         # Allocate, and only then does the kubelet record it: no 3600 s backstop wait.
