@@ -253,14 +253,12 @@ def test_register_fails_when_the_plugin_is_not_serving(
         if socket_state == "stale":  # a socket file nobody listens on: ECONNREFUSED
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
                 sock.bind(str(plugin.socket_path))
-        started = time.monotonic()
         with pytest.raises(grpc.RpcError) as caught:
             plugin.register(kubelet.kubelet_socket)
-        elapsed = time.monotonic() - started
         error: Any = caught.value
         assert error.code() == grpc.StatusCode.UNKNOWN
+        # The kubelet's error for a dial that blocked until its deadline (not a refused connect).
         assert error.details() == "failed to dial device plugin: context deadline exceeded"
-        assert 0.4 <= elapsed < 5  # the dial blocks for the whole dial timeout
         assert kubelet.registrations == []
         assert kubelet.wait_for_attempts(1, TIMEOUT)[0].error == error.details()
 
@@ -285,10 +283,8 @@ def test_options_failure_fails_register(device_plugin_dir: Path, grpc_stubs: Stu
 
 
 def test_wait_for_registrations_times_out_with_an_assertion(fake_kubelet: FakeKubelet) -> None:
-    started = time.monotonic()
     with pytest.raises(AssertionError, match="expected at least 1 registration"):
         fake_kubelet.wait_for_registrations(1, 0.2)
-    assert time.monotonic() - started < 2
     with pytest.raises(AssertionError, match="no connected registration"):
         fake_kubelet.allocate(["dev-0"])
 

@@ -668,12 +668,11 @@ def test_agent_started_as_the_daemonset_answers_its_probes(
         assert len(registration.next_update(T).devices) == 2
         _wait_probe(port, readiness, 200)
         assert _probe(port, liveness) == 200
-        # Stopping (what the kubelet does on a rolling update) fits in the grace period.
-        started = time.monotonic()
+        # Stopping (what the kubelet does on a rolling update) ends before the kubelet's SIGKILL:
+        # the wait's deadline is the grace period.
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=pod["terminationGracePeriodSeconds"])
         assert code == 0, proc.communicate()[1]
-        assert time.monotonic() - started < pod["terminationGracePeriodSeconds"]
     _, stderr = proc.communicate(timeout=T)
     assert stderr.lstrip().startswith("{"), "log-format json from the ConfigMap"
 
