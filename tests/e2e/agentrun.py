@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
 from gpuagent.app import Agent
 from gpuagent.config import load_settings
@@ -43,6 +45,18 @@ class RunningAgent:
     async def get(self, path: str) -> tuple[int, str]:
         async with self.http.get(self.base_url + path) as response:
             return response.status, await response.text()
+
+    async def polls(self, n: int, within: float = 10.0) -> None:
+        """Wait until the poller has probed every GPU ``n`` more times (as /metrics counts them).
+
+        The n-th of them started after this call: it read what the test did before calling.
+        """
+        target = _probes((await self.get("/metrics"))[1]) + n * len(self.sim.describe())
+        deadline = time.monotonic() + within
+        while (seen := _probes((await self.get("/metrics"))[1])) < target:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{seen} probes after {within} s, waited for {target}")
+            await asyncio.sleep(0.02)
 
     async def fault(self, body: object) -> tuple[int, object]:
         async with self.http.post(self.base_url + "/sim/faults", json=body) as response:
@@ -104,3 +118,13 @@ async def running_agent(
         finally:
             if not task.done():
                 await running.shutdown()
+
+
+def _probes(text: str) -> float:
+    """How many GPU probes the poller has made (the NVML call histogram's count)."""
+    return sum(
+        s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == "gpuagent_nvml_call_duration_seconds_count" and s.labels["call"] == "probe"
+    )

@@ -133,22 +133,6 @@ async def metrics_until(
     raise AssertionError(f"/metrics never matched:\n{text[-4000:]}")
 
 
-def probes(text: str) -> float:
-    return sum(
-        v
-        for lbl, v in samples(text, "gpuagent_nvml_call_duration_seconds_count")
-        if lbl["call"] == "probe"
-    )
-
-
-async def polls(run: RunningAgent, n: int) -> None:
-    """Wait until the poller has probed every GPU ``n`` more times."""
-    _, text = await run.get("/metrics")
-    gpus = len(run.sim.describe())
-    before = probes(text)
-    await metrics_until(run, lambda t: probes(t) >= before + n * gpus)
-
-
 async def start(
     run: RunningAgent, gpu: int, pid: int, memory_mib: float, sm: float, **more: object
 ) -> None:
@@ -183,7 +167,7 @@ async def test_time_sliced_containers_get_their_own_share(
         await start(run, 0, TRAINER.pid, 10_000, 30)
         await start(run, 0, NOTEBOOK.pid, 6_000, 45)
         # A probe reads memory, then the processes: one that straddled a start reads them apart.
-        await polls(run, 2)
+        await run.polls(2)
 
         def shared(text: str) -> bool:
             sm = by_pod(text, SM)
@@ -292,7 +276,7 @@ async def test_unknown_containers_and_unallocated_use(
         # after a first refresh); at rest, never.
         calls = runtime.calls
         assert 1 <= calls <= 2
-        await polls(run, 3)
+        await run.polls(3)
         assert runtime.calls == calls
         # The miner leaves: the GPU is back to no unallocated use.
         await end(run, MINER.pid)
