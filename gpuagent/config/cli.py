@@ -1,0 +1,87 @@
+"""The command line: the argument parser built from :data:`OPTIONS` and ``--version``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from gpuagent.config.options import CONFIG_VERSION, OPTIONS
+
+__all__ = ["build_parser", "normalize_bool_flags"]
+
+
+class _StoreWithFlag(argparse.Action):
+    """Store ``(option string as typed, value)`` so errors can name the spelling the user used."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        setattr(namespace, self.dest, (option_string or self.option_strings[0], values))
+
+
+class _Version(argparse.Action):
+    """``--version``: the installed version, read only when asked for (importing
+    :mod:`importlib.metadata` would cost every start)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        import importlib.metadata  # noqa: PLC0415
+
+        try:
+            version = importlib.metadata.version("gpuagent")
+        except importlib.metadata.PackageNotFoundError:
+            version = "0+unknown"
+        sys.stdout.write(f"gpuagent {version}\n")
+        parser.exit()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpuagent",
+        description="Kubernetes GPU node agent: device plugin, GPU health and metrics.",
+        epilog="Every option is also settable as GPUAGENT_<OPTION> in the environment and, "
+        f"except --config, as a key of the config file (version: {CONFIG_VERSION}). "
+        "Precedence: flag > environment > config file > default. "
+        "Boolean flags take --name or --name=true|false.",
+        allow_abbrev=False,
+    )
+    parser.add_argument("--version", action=_Version, help="show program's version number and exit")
+    for opt in OPTIONS:
+        help_text = f"{opt.help} [env {', '.join(opt.env_names)}]"
+        parser.add_argument(
+            f"--{opt.name}",
+            *opt.aliases,
+            dest=opt.dest,
+            action=_StoreWithFlag,
+            nargs="?" if opt.is_bool else None,
+            metavar="true|false" if opt.is_bool else opt.metavar,
+            help=help_text,
+        )
+    return parser
+
+
+def normalize_bool_flags(argv: Sequence[str]) -> list[str]:
+    """Rewrite a bare boolean flag to ``--name=true`` so it never consumes the next argument."""
+    bare = {
+        spelling for opt in OPTIONS if opt.is_bool for spelling in (f"--{opt.name}", *opt.aliases)
+    }
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            return [*out, *argv[i:]]
+        out.append(f"{arg}=true" if arg in bare else arg)
+    return out

@@ -1,0 +1,148 @@
+"""Settings resolved with flag > environment > config file > default."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from gpuagent.config.cli import build_parser, normalize_bool_flags
+from gpuagent.config.errors import ConfigError
+from gpuagent.config.options import (
+    CDI_ANNOTATION_PREFIX,
+    CDI_SPEC,
+    CDI_SPEC_DIR,
+    CHECK_CONFIG,
+    CONFIG,
+    CRI_SOCKET,
+    DCGM_CONTAINER_SHARES,
+    DEVICE_ID_STRATEGY,
+    DEVICE_LIST_STRATEGY,
+    DISABLE_HEALTHCHECKS,
+    DRA_DRIVER_NAME,
+    DRA_GPUS,
+    DRIVER_ROOT_CTR_PATH,
+    ENABLE_HEALTHCHECKS,
+    FAIL_ON_INIT_ERROR,
+    HOSTNAME_LABEL,
+    KUBECONFIG,
+    KUBELET_SOCKET,
+    KUBERNETES,
+    LOG_FORMAT,
+    LOG_LEVEL,
+    MACHINE_TYPE_FILE,
+    METRICS_ADDRESS,
+    MIG_STRATEGY,
+    NO_HOSTNAME,
+    NODE_LABELS,
+    NODE_LABELS_FILE,
+    NVIDIA_CDI_HOOK_PATH,
+    NVIDIA_DRIVER_ROOT,
+    NVML_TIMEOUT,
+    PASS_DEVICE_SPECS,
+    PLUGINS_DIR,
+    PLUGINS_REGISTRY_DIR,
+    POD_RESOURCES_INTERVAL,
+    POD_RESOURCES_SOCKET,
+    POLL_INTERVAL,
+    PROC_ROOT,
+    RESOURCE_NAME,
+    SHARED_DEVICES_ALLOCATION_POLICY,
+    SHARING,
+    SIM_CONFIG,
+    SIMULATE,
+    SOCKET_DIR,
+    WEB_CONFIG_FILE,
+)
+from gpuagent.config.settings import Settings
+from gpuagent.config.sources import Sources, check_environment
+from gpuagent.domain.containers import DeviceListStrategy
+from gpuagent.domain.devices import IdStrategy
+from gpuagent.domain.preferred import SharedAllocationPolicy
+from gpuagent.domain.resources import MigStrategy
+from gpuagent.domain.timeslicing import TimeSlicing
+
+__all__ = ["load_settings"]
+
+
+def load_settings(
+    argv: Sequence[str], environ: Mapping[str, str], *, stderr_isatty: bool = False
+) -> Settings:
+    """Resolve settings from ``argv`` (without the program name), ``environ`` and the config file.
+
+    Raises ConfigError for any invalid value; argparse exits 2 on usage errors and 0 for
+    --help and --version.
+    """
+    flags = build_parser().parse_args(normalize_bool_flags(argv))
+    check_environment(environ)
+    sources = Sources(flags, environ)
+    check_config = sources.get(CHECK_CONFIG, None)
+    config_file = check_config or sources.get(CONFIG, None)
+    if config_file is not None:
+        sources.load_file(config_file)
+
+    socket_dir = sources.get(SOCKET_DIR, Path("/var/lib/kubelet/device-plugins"))
+    metrics_host, metrics_port = sources.get(METRICS_ADDRESS, ("", 9400))
+    simulate = sources.get(SIMULATE, None)
+    sim_config = sources.get(SIM_CONFIG, None)
+    if simulate is not None and sim_config is not None:
+        raise ConfigError(
+            sources.label(SIM_CONFIG), f"cannot be combined with {sources.label(SIMULATE)}"
+        )
+    return Settings(
+        socket_dir=socket_dir,
+        kubelet_socket=sources.get(KUBELET_SOCKET, socket_dir / "kubelet.sock"),
+        pod_resources_socket=sources.get(
+            POD_RESOURCES_SOCKET, Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+        ),
+        metrics_host=metrics_host,
+        metrics_port=metrics_port,
+        config_file=config_file,
+        simulate=simulate,
+        sim_config=sim_config,
+        resource_name=sources.get(RESOURCE_NAME, "nvidia.com/gpu"),
+        device_list_strategy=sources.get(DEVICE_LIST_STRATEGY, (DeviceListStrategy.ENVVAR,)),
+        device_id_strategy=sources.get(DEVICE_ID_STRATEGY, IdStrategy.UUID),
+        mig_strategy=sources.get(MIG_STRATEGY, MigStrategy.NONE),
+        fail_on_init_error=sources.get(FAIL_ON_INIT_ERROR, True),
+        pass_device_specs=sources.get(PASS_DEVICE_SPECS, False),
+        nvidia_driver_root=sources.get(NVIDIA_DRIVER_ROOT, Path("/")),
+        disable_healthchecks=sources.get(DISABLE_HEALTHCHECKS, ""),
+        enable_healthchecks=sources.get(ENABLE_HEALTHCHECKS, ""),
+        poll_interval=sources.get(POLL_INTERVAL, 5.0),
+        nvml_timeout=sources.get(NVML_TIMEOUT, None),
+        log_format=sources.get(LOG_FORMAT, "console" if stderr_isatty else "json"),
+        log_level=sources.get(LOG_LEVEL, "info"),
+        web_config_file=sources.get(WEB_CONFIG_FILE, None),
+        hostname_label=sources.get(HOSTNAME_LABEL, "Hostname"),
+        no_hostname=sources.get(NO_HOSTNAME, False),
+        pod_resources_interval=sources.get(POD_RESOURCES_INTERVAL, 30.0),
+        sharing=sources.get(SHARING, TimeSlicing()),
+        shared_devices_allocation_policy=sources.get(
+            SHARED_DEVICES_ALLOCATION_POLICY, SharedAllocationPolicy.DISTRIBUTED
+        ),
+        cdi_annotation_prefix=sources.get(CDI_ANNOTATION_PREFIX, "cdi.k8s.io/"),
+        cdi_spec_dir=sources.get(CDI_SPEC_DIR, Path("/var/run/cdi")),
+        cdi_spec=sources.get(CDI_SPEC, "write"),
+        nvidia_cdi_hook_path=str(sources.get(NVIDIA_CDI_HOOK_PATH, Path("/usr/bin/nvidia-ctk"))),
+        driver_root_ctr_path=sources.get(DRIVER_ROOT_CTR_PATH, None),
+        node_labels=sources.get(NODE_LABELS, True),
+        node_labels_file=sources.get(
+            NODE_LABELS_FILE,
+            Path("/etc/kubernetes/node-feature-discovery/features.d/gpuagent"),
+        ),
+        machine_type_file=sources.get(MACHINE_TYPE_FILE, Path("/sys/class/dmi/id/product_name")),
+        dra_gpus=sources.get(DRA_GPUS, "none"),
+        dra_driver_name=sources.get(DRA_DRIVER_NAME, "gpu.nvidia.com"),
+        plugins_registry_dir=sources.get(
+            PLUGINS_REGISTRY_DIR, Path("/var/lib/kubelet/plugins_registry")
+        ),
+        plugins_dir=sources.get(PLUGINS_DIR, Path("/var/lib/kubelet/plugins")),
+        kubeconfig=sources.get(KUBECONFIG, None),
+        proc_root=sources.get(PROC_ROOT, Path("/proc")),
+        cri_socket=sources.get(CRI_SOCKET, None),
+        dcgm_container_shares=sources.get(DCGM_CONTAINER_SHARES, False),
+        kubernetes=sources.get(KUBERNETES, True),
+        node_name=environ.get("NODE_NAME", "").strip() or socket.gethostname(),
+        check_config=check_config,
+    )

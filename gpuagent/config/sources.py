@@ -1,0 +1,144 @@
+"""Where each option's raw value comes from: a flag, the environment or the config file."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import functools
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from gpuagent.config.errors import ConfigError, Invalid
+from gpuagent.config.options import CONFIG_VERSION, FILE_KEYS, OPTIONS, Option
+from gpuagent.config.values import type_name
+
+if TYPE_CHECKING:
+    import yaml
+
+__all__ = ["Sources", "check_environment"]
+
+T = TypeVar("T")
+D = TypeVar("D")
+
+
+@functools.cache
+def _yaml_loader() -> type[yaml.SafeLoader]:
+    """A safe YAML loader that rejects duplicate mapping keys (built when a file is read)."""
+    import yaml  # noqa: PLC0415 - a config file is optional; the import costs start-up time
+
+    class SafeLoaderNoDuplicates(yaml.SafeLoader):
+        pass
+
+    def construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+        mapping = loader.construct_mapping(node)
+        seen: set[object] = set()
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark
+                )
+            seen.add(key)
+        return mapping
+
+    SafeLoaderNoDuplicates.add_constructor(
+        yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping
+    )
+    return SafeLoaderNoDuplicates
+
+
+def read_config_file(path: Path) -> dict[str, object]:
+    """Read and check the config file; return its settings keyed by option name."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError("config", f"cannot read {path}: {reason}") from None
+    import yaml  # noqa: PLC0415
+
+    loader = _yaml_loader()
+
+    try:
+        document = yaml.load(text, Loader=loader)
+    except yaml.YAMLError as exc:
+        raise ConfigError("config", f"invalid YAML in {path}: {exc}") from None
+    if not isinstance(document, dict):
+        raise ConfigError(
+            "config", f"{path} must hold a mapping of settings, got {type_name(document)}"
+        )
+    version = document.pop("version", None)
+    if version is None:
+        raise ConfigError("version", f"{path} must declare 'version: {CONFIG_VERSION}'")
+    if version != CONFIG_VERSION:
+        raise ConfigError(
+            "version", f"unsupported version {version!r} in {path}; expected {CONFIG_VERSION!r}"
+        )
+    for key in document:
+        if key not in FILE_KEYS:
+            raise ConfigError("config file", _unknown_key_reason(key))
+    return document
+
+
+def _unknown_key_reason(key: object) -> str:
+    if key == "config":
+        return "unknown key 'config' (the config file is chosen by --config or GPUAGENT_CONFIG)"
+    close = difflib.get_close_matches(str(key), FILE_KEYS, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"unknown key {key!r}{hint}"
+
+
+class Sources:
+    """Finds each option's raw value and where it came from, by precedence."""
+
+    def __init__(self, flags: argparse.Namespace, environ: Mapping[str, str]) -> None:
+        self._flags = flags
+        self._environ = environ
+        self._file: dict[str, object] = {}
+
+    def load_file(self, path: Path) -> None:
+        self._file = read_config_file(path)
+
+    def find(self, opt: Option[Any]) -> tuple[object, str] | None:
+        given = getattr(self._flags, opt.dest, None)
+        if given is not None:
+            spelling, value = given
+            return value, spelling
+        for env_name in opt.env_names:
+            if self._environ.get(env_name):
+                return self._environ[env_name], env_name
+        if opt.name in self._file:
+            return self._file[opt.name], f"config file key {opt.name!r}"
+        return None
+
+    def get(self, opt: Option[T], default: D) -> T | D:
+        found = self.find(opt)
+        if found is None:
+            return default
+        raw, label = found
+        try:
+            return opt.parse(raw)
+        except Invalid as exc:
+            raise ConfigError(label, str(exc)) from None
+
+    def label(self, opt: Option[Any]) -> str:
+        found = self.find(opt)
+        return found[1] if found else f"--{opt.name}"
+
+
+# Kubernetes' service links for a Service named "gpuagent" (when enableServiceLinks is on).
+_SERVICE_LINK = re.compile(
+    r"GPUAGENT_(SERVICE_HOST|SERVICE_PORT(_\w+)?|PORT(_\d+_(TCP|UDP|SCTP)\w*)?)"
+)
+
+
+def check_environment(environ: Mapping[str, str]) -> None:
+    """Refuse a ``GPUAGENT_*`` variable that names no option: a typo must not pass silently."""
+    known = {name for opt in OPTIONS for name in opt.env_names}
+    for name in sorted(environ):
+        if not name.startswith("GPUAGENT_") or name in known or _SERVICE_LINK.fullmatch(name):
+            continue
+        close = difflib.get_close_matches(name, sorted(known), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ConfigError(name, f"no such setting{hint}; see gpuagent --help")
