@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +45,17 @@ class RunningAgent:
     async def get(self, path: str) -> tuple[int, str]:
         async with self.http.get(self.base_url + path) as response:
             return response.status, await response.text()
+
+    async def metrics_until(self, predicate: Callable[[str], bool], within: float = 10.0) -> str:
+        """/metrics once ``predicate`` holds (``within`` is a deadline for a broken build)."""
+        deadline = time.monotonic() + within
+        text = ""
+        while time.monotonic() < deadline:
+            _, text = await self.get("/metrics")
+            if predicate(text):
+                return text
+            await asyncio.sleep(0.02)
+        raise AssertionError(f"/metrics never matched:\n{text[-4000:]}")
 
     async def polls(self, n: int, within: float = 10.0) -> None:
         """Wait until the poller has probed every GPU ``n`` more times (as /metrics counts them).

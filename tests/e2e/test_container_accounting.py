@@ -4,9 +4,7 @@ version), a CRI stand-in on grpcio and the kubelet's pod-resources stand-in."""
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,19 +118,6 @@ def gpu_value(text: str, name: str, gpu: str = "0") -> float:
     return values.pop()
 
 
-async def metrics_until(
-    run: RunningAgent, predicate: Callable[[str], bool], within: float = T
-) -> str:
-    deadline = time.monotonic() + within
-    text = ""
-    while time.monotonic() < deadline:
-        _, text = await run.get("/metrics")
-        if predicate(text):
-            return text
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"/metrics never matched:\n{text[-4000:]}")
-
-
 async def start(
     run: RunningAgent, gpu: int, pid: int, memory_mib: float, sm: float, **more: object
 ) -> None:
@@ -177,7 +162,7 @@ async def test_time_sliced_containers_get_their_own_share(
                 and sm.get("notebook", 0) > 0
             )
 
-        text = await metrics_until(run, shared)
+        text = await run.metrics_until(shared)
         memory = by_pod(text, MEMORY)
         assert memory == {"trainer": 10_000 * MIB, "notebook": 6_000 * MIB}
         assert sum(memory.values()) == gpu_value(text, "DCGM_FI_DEV_FB_USED") * MIB
@@ -196,8 +181,8 @@ async def test_time_sliced_containers_get_their_own_share(
         # The GPU's energy counter is shared out as time passes: from here on the notebook
         # (45 % of SM time) gains more than the trainer (30 %); idle energy is split evenly.
         before = by_pod(text, ENERGY)
-        text = await metrics_until(
-            run, lambda t: all(by_pod(t, ENERGY)[p] > before[p] for p in ("trainer", "notebook"))
+        text = await run.metrics_until(
+            lambda t: all(by_pod(t, ENERGY)[p] > before[p] for p in ("trainer", "notebook"))
         )
         after = by_pod(text, ENERGY)
         assert after["notebook"] - before["notebook"] > after["trainer"] - before["trainer"] > 0
@@ -208,7 +193,7 @@ async def test_time_sliced_containers_get_their_own_share(
         assert util == {"trainer": 75, "notebook": 75}
         # A process that exits is gone at the next poll (the container holds the GPU still).
         await end(run, NOTEBOOK.pid)
-        text = await metrics_until(run, lambda t: by_pod(t, PROCESSES).get("notebook") == 0)
+        text = await run.metrics_until(lambda t: by_pod(t, PROCESSES).get("notebook") == 0)
         assert by_pod(text, MEMORY)["notebook"] == 0
         assert by_pod(text, MEMORY)["trainer"] == 10_000 * MIB
         # Names came from one CRI refresh, never per scrape or poll.
@@ -233,7 +218,7 @@ async def test_dcgm_series_carry_each_containers_share_when_asked(
             util = {lbl["pod"]: v for lbl, v in samples(text, "DCGM_FI_DEV_GPU_UTIL")}
             return util == {"trainer": 20, "notebook": 50}
 
-        text = await metrics_until(run, split)
+        text = await run.metrics_until(split)
         fb = {lbl["pod"]: v for lbl, v in samples(text, "DCGM_FI_DEV_FB_USED")}
         assert fb == {"trainer": 4_000, "notebook": 2_000}
         # Physical readings stay the GPU's.
@@ -264,7 +249,7 @@ async def test_unknown_containers_and_unallocated_use(
                 and by_pod(text, UNALLOCATED, gpu="1").get("miner") == 1
             )
 
-        text = await metrics_until(run, ready)
+        text = await run.metrics_until(ready)
         assert by_pod(text, UNALLOCATED, gpu="0") == {"": 0}
         (offender,) = [lbl for lbl, v in samples(text, UNALLOCATED) if v == 1]
         who = (offender["gpu"], offender["UUID"], offender["namespace"], offender["container"])
@@ -280,7 +265,7 @@ async def test_unknown_containers_and_unallocated_use(
         assert runtime.calls == calls
         # The miner leaves: the GPU is back to no unallocated use.
         await end(run, MINER.pid)
-        await metrics_until(run, lambda t: by_pod(t, UNALLOCATED, gpu="1") == {"": 0})
+        await run.metrics_until(lambda t: by_pod(t, UNALLOCATED, gpu="1") == {"": 0})
 
 
 async def test_a_mig_instances_process_is_credited_to_that_instance(
@@ -313,7 +298,7 @@ async def test_a_mig_instances_process_is_credited_to_that_instance(
                 "notebook",
             }
 
-        text = await metrics_until(run, credited)
+        text = await run.metrics_until(credited)
         memory = {(lbl["GPU_I_ID"], lbl["pod"]): v for lbl, v in samples(text, MEMORY)}
         assert memory == {
             (str(gis[1]), "trainer"): 7_000 * MIB,
@@ -353,6 +338,6 @@ async def test_every_cgroup_layout_end_to_end(
                     w.pod for w in workloads
                 }
 
-            text = await metrics_until(run, all_named)
+            text = await run.metrics_until(all_named)
             assert "" not in {lbl["pod"] for lbl, _ in samples(text, PROCESSES)}
             assert runtime.calls == 1

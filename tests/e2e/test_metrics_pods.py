@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from support.fake_kubelet import FakeKubelet
 from support.fake_podresources import FakePodResources, Held
 from support.grpcstubs import StubModules
 
-from e2e.agentrun import RunningAgent, running_agent
+from e2e.agentrun import running_agent
 
 T = 10.0
 GPU = "nvidia.com/gpu"
@@ -42,18 +41,6 @@ def value(text: str, name: str) -> float | None:
     return None
 
 
-async def metrics_until(run: RunningAgent, predicate: object, within: float = T) -> str:
-    assert callable(predicate)
-    deadline = time.monotonic() + within
-    text = ""
-    while time.monotonic() < deadline:
-        _, text = await run.get("/metrics")
-        if predicate(text):
-            return text
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"/metrics never matched:\n{text[-3000:]}")
-
-
 def pods_on(text: str, gpu: str) -> set[str]:
     return {s["pod"] for s in series(text, "DCGM_FI_DEV_GPU_TEMP") if s["gpu"] == gpu}
 
@@ -71,15 +58,15 @@ async def test_pod_labels_follow_allocate_disappearance_and_return(
         (reg,) = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
         ids = [d.ID for d in (await asyncio.to_thread(reg.next_update, T)).devices]
         # Pod-resources answered, and the first probe's series are out (they may come later).
-        text = await metrics_until(
-            run, lambda t: value(t, "gpuagent_pod_resources_up") == 1 and bool(pods_on(t, "0"))
+        text = await run.metrics_until(
+            lambda t: value(t, "gpuagent_pod_resources_up") == 1 and bool(pods_on(t, "0"))
         )
         assert pods_on(text, "0") == {""}
 
         # Allocate, and only then does the kubelet record it: no 3600 s backstop wait.
         await allocate(fake_kubelet, [ids[0]])
         pod_resources.set([Held("ml", "train-0", "worker", GPU, (ids[0],))])
-        text = await metrics_until(run, lambda t: pods_on(t, "0") == {"train-0"}, within=5.0)
+        text = await run.metrics_until(lambda t: pods_on(t, "0") == {"train-0"}, within=5.0)
         (labels,) = [s for s in series(text, "DCGM_FI_DEV_GPU_TEMP") if s["gpu"] == "0"]
         assert (labels["namespace"], labels["container"]) == ("ml", "worker")
         assert pods_on(text, "1") == {""}
@@ -87,12 +74,12 @@ async def test_pod_labels_follow_allocate_disappearance_and_return(
         # The socket vanishes: labels are kept, the age grows, the failure is visible.
         pod_resources.stop()
         await allocate(fake_kubelet, [ids[1]])
-        text = await metrics_until(run, lambda t: value(t, "gpuagent_pod_resources_up") == 0)
+        text = await run.metrics_until(lambda t: value(t, "gpuagent_pod_resources_up") == 0)
         assert pods_on(text, "0") == {"train-0"}
         age = value(text, "gpuagent_pod_resources_age_seconds")
         assert age is not None
-        text = await metrics_until(
-            run, lambda t: (value(t, "gpuagent_pod_resources_age_seconds") or 0) > age + 0.2
+        text = await run.metrics_until(
+            lambda t: (value(t, "gpuagent_pod_resources_age_seconds") or 0) > age + 0.2
         )
         assert value(text, "gpuagent_pod_resources_socket_present") == 0
         assert (value(text, "gpuagent_pod_resources_errors_total") or 0) >= 1
@@ -101,7 +88,7 @@ async def test_pod_labels_follow_allocate_disappearance_and_return(
         pod_resources.set([Held("ml", "train-1", "worker", GPU, (ids[1],))])
         pod_resources.start()
         await allocate(fake_kubelet, [ids[1]])
-        text = await metrics_until(run, lambda t: pods_on(t, "1") == {"train-1"})
+        text = await run.metrics_until(lambda t: pods_on(t, "1") == {"train-1"})
         assert pods_on(text, "0") == {""}
         assert value(text, "gpuagent_pod_resources_up") == 1
         assert (value(text, "gpuagent_pod_resources_age_seconds") or 99) < 5
@@ -119,7 +106,7 @@ async def test_replicas_and_index_ids_give_one_series_per_pod(
     args = ("--simulate", "2", "--device-id-strategy", "index",
             "--pod-resources-socket", str(pod_resources.socket_path))  # fmt: skip
     async with running_agent(device_plugin_dir, args) as run:
-        text = await metrics_until(run, lambda t: pods_on(t, "1") == {"p0", "p1"})
+        text = await run.metrics_until(lambda t: pods_on(t, "1") == {"p0", "p1"})
         assert pods_on(text, "0") == {"p2"}
         for name in ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_XID_ERRORS"):
             gpu1 = [s for s in series(text, name) if s["gpu"] == "1"]
@@ -133,7 +120,7 @@ async def test_pod_resources_calls_at_rest_are_bounded(
 ) -> None:
     args = ("--simulate", "2", "--pod-resources-socket", str(pod_resources.socket_path))
     async with running_agent(device_plugin_dir, args) as run:
-        await metrics_until(run, lambda t: value(t, "gpuagent_pod_resources_up") == 1)
+        await run.metrics_until(lambda t: value(t, "gpuagent_pod_resources_up") == 1)
         for _ in range(100):  # scrapes never call the kubelet
             await run.get("/metrics")
         # The default 30 s backstop (2 per minute at rest) is timed in test_podresources.py.
@@ -148,8 +135,8 @@ async def test_mig_devices_get_series_and_pods_end_to_end(
     args = ("--sim-config", str(layout), "--pod-resources-socket", str(pod_resources.socket_path),
             "--pod-resources-interval", "1")  # fmt: skip
     async with running_agent(device_plugin_dir, args) as run:
-        text = await metrics_until(
-            run, lambda t: any("GPU_I_ID" in s for s in series(t, "DCGM_FI_DEV_GPU_TEMP"))
+        text = await run.metrics_until(
+            lambda t: any("GPU_I_ID" in s for s in series(t, "DCGM_FI_DEV_GPU_TEMP"))
         )
         migs = run.agent.store.snapshot.gpus[0].mig_devices
         assert len(migs) == 3
@@ -178,7 +165,7 @@ async def test_mig_devices_get_series_and_pods_end_to_end(
             str(second.gpu_instance_id): "b",
             str(migs[2].gpu_instance_id): "",
         }
-        await metrics_until(run, lambda t: pods_by_gi(t) == want)
+        await run.metrics_until(lambda t: pods_by_gi(t) == want)
 
 
 async def test_renamed_time_slicing_replicas_are_attributed(
@@ -203,5 +190,5 @@ async def test_renamed_time_slicing_replicas_are_attributed(
             Held("ml", "one", "c", "nvidia.com/gpu.shared", (replicas[0],)),
             Held("ml", "two", "c", "nvidia.com/gpu.shared", (replicas[1],)),
         ])  # fmt: skip
-        text = await metrics_until(run, lambda t: pods_on(t, "0") == {"one", "two"})
+        text = await run.metrics_until(lambda t: pods_on(t, "0") == {"one", "two"})
         assert pods_on(text, "1") == {""}

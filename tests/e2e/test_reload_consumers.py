@@ -21,7 +21,7 @@ from support.grpcstubs import StubModules
 from support.waiting import eventually
 
 from e2e.agentrun import running_agent
-from e2e.test_metrics_pods import metrics_until, pods_on, value
+from e2e.test_metrics_pods import pods_on, value
 from gpuagent.cdi import SPEC_FILE_NAME
 
 T = 10.0
@@ -120,7 +120,7 @@ async def test_renamed_resource_gets_pod_attribution_after_reload(
                                 (f"{uuid}::0",))])  # fmt: skip
         assert run.agent.pod_resources is not None
         await run.agent.pod_resources.refresh()
-        text = await metrics_until(run, lambda t: value(t, "gpuagent_pod_resources_up") == 1)
+        text = await run.metrics_until(lambda t: value(t, "gpuagent_pod_resources_up") == 1)
         assert pods_on(text, "0") == {""}
 
         config.write_text(
@@ -128,7 +128,7 @@ async def test_renamed_resource_gets_pod_attribution_after_reload(
             "      - {name: nvidia.com/gpu, replicas: 2, rename: example.com/shared-gpu}\n"
         )
         await asyncio.to_thread(fake_kubelet.wait_for_registrations, 2, T)
-        await metrics_until(run, lambda t: pods_on(t, "0") == {"train-0"})
+        await run.metrics_until(lambda t: pods_on(t, "0") == {"train-0"})
 
 
 async def test_reload_to_an_invalid_file_keeps_the_running_plan(
@@ -145,7 +145,7 @@ async def test_reload_to_an_invalid_file_keeps_the_running_plan(
 
         # One replica is not time-slicing: the whole file is refused, nothing changes.
         config.write_text(SHARED_4.replace("replicas: 4", "replicas: 1"))
-        text = await metrics_until(run, lambda t: reloads(t, "invalid") == 1)
+        text = await run.metrics_until(lambda t: reloads(t, "invalid") == 1)
         assert value(text, "gpuagent_config_last_reload_successful") == 0
         assert value(text, "gpuagent_config_generation") == 0
         assert "nvidia.com/gpu.replicas=4\n" in read(labels)
@@ -154,7 +154,7 @@ async def test_reload_to_an_invalid_file_keeps_the_running_plan(
         # The next valid file applies.
         config.write_text(SHARED_4.replace("replicas: 4", "replicas: 2"))
         await asyncio.to_thread(reg.wait_until, lambda u: len(u.devices) == 4, T)
-        text = await metrics_until(run, lambda t: reloads(t, "changed") == 1)
+        text = await run.metrics_until(lambda t: reloads(t, "changed") == 1)
         assert value(text, "gpuagent_config_last_reload_successful") == 1
         assert value(text, "gpuagent_config_generation") == 1
         await eventually(lambda: "nvidia.com/gpu.replicas=2\n" in read(labels), what="labels")
@@ -174,7 +174,7 @@ async def test_reload_that_changes_nothing_changes_nothing(
         updates = len(reg.history)
 
         config.write_text("# the same settings, spelled differently\n" + SHARED_4)
-        text = await metrics_until(run, lambda t: reloads(t, "unchanged") == 1)
+        text = await run.metrics_until(lambda t: reloads(t, "unchanged") == 1)
         assert value(text, "gpuagent_config_generation") == 0
         assert len(reg.history) == updates
         assert len(fake_kubelet.registrations) == 1
