@@ -120,7 +120,10 @@ async def test_renamed_resource_gets_pod_attribution_after_reload(
                                 (f"{uuid}::0",))])  # fmt: skip
         assert run.agent.pod_resources is not None
         await run.agent.pod_resources.refresh()
-        text = await run.metrics_until(lambda t: value(t, "gpuagent_pod_resources_up") == 1)
+        # Pod-resources answered, and the first probe's series are out (they may come later).
+        text = await run.metrics_until(
+            lambda t: value(t, "gpuagent_pod_resources_up") == 1 and bool(pods_on(t, "0"))
+        )
         assert pods_on(text, "0") == {""}
 
         config.write_text(
