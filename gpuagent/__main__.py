@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
+import gc
 import json
 import os
 import signal
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import structlog
-import uvloop
-
-from gpuagent import logs
-from gpuagent.app import Agent, FatalError
-from gpuagent.config import Settings, load_settings
-from gpuagent.domain.errors import SettingError
-from gpuagent.plan import load_simulator, load_web_config, make_plan
+if TYPE_CHECKING:
+    from gpuagent.app import Agent
+    from gpuagent.config import Settings
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -24,8 +20,29 @@ EXIT_CONFIG = 2
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Parse settings, run the agent on uvloop, and return the process exit code."""
-    args = sys.argv[1:] if argv is None else list(argv)
+    """Parse settings, run the agent on uvloop, and return the process exit code.
+
+    The cyclic collector is off while the agent's modules are imported and it starts (the
+    agent turns it back on once started, see ``Agent(own_process=True)``): start-up builds
+    long-lived objects and next to no cyclic garbage, and the collections cost ~12 ms of the
+    time to registration.
+    """
+    gc.disable()
+    try:
+        return _main(sys.argv[1:] if argv is None else list(argv))
+    finally:
+        gc.enable()
+
+
+def _main(args: list[str]) -> int:
+    # Imported here, with the collector off (see main).
+    import uvloop  # noqa: PLC0415
+
+    from gpuagent import logs  # noqa: PLC0415
+    from gpuagent.app import Agent  # noqa: PLC0415
+    from gpuagent.config import load_settings  # noqa: PLC0415
+    from gpuagent.domain.errors import SettingError  # noqa: PLC0415
+    from gpuagent.plan import load_simulator, load_web_config, make_plan  # noqa: PLC0415
 
     def settings_source() -> Settings:
         return load_settings(args, os.environ, stderr_isatty=sys.stderr.isatty())
@@ -44,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             plan=plan,
             simulator=load_simulator(settings),
             settings_source=settings_source,
-            freeze_heap=True,
+            own_process=True,
         )
     except SettingError as exc:
         print(f"gpuagent: configuration error: {exc}", file=sys.stderr)
@@ -53,6 +70,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 async def _run(agent: Agent, settings: Settings) -> int:
+    import asyncio  # noqa: PLC0415
+
+    import structlog  # noqa: PLC0415
+
+    from gpuagent.app import FatalError  # noqa: PLC0415
+    from gpuagent.domain.errors import SettingError  # noqa: PLC0415
+
     log = structlog.get_logger("gpuagent")
     log.info("running with config", config=json.loads(json.dumps(settings.as_dict())))
     stop = asyncio.Event()

@@ -19,6 +19,7 @@ import contextlib
 import gc
 import importlib
 import os
+import sys
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -65,6 +66,10 @@ SHUTDOWN_HTTP_SECONDS = 1.0
 # How long the rest waits for GPU discovery and the kubelet's first answer before it starts anyway:
 # a slow driver, or a kubelet that holds Register open, must not keep /metrics and the probes down.
 REGISTER_FIRST_SECONDS = 2.0
+# The GIL switch interval while the rest is imported on a thread (Python's default is 5 ms): the
+# import holds the GIL for ~150 ms of CPU in all, and with the default every call the loop answers
+# meanwhile would first wait up to 5 ms for it.
+IMPORT_SWITCH_INTERVAL = 0.0005
 # Imported off the loop once the kubelet has its device plugin: what the kubelet does not need.
 _DEFERRED = (
     "gpuagent.web.server",
@@ -86,8 +91,11 @@ class Agent:
     server.
 
     ``node_name`` overrides the settings' (``NODE_NAME``, else the host name); ``dra_options``
-    are passed to the DRA side (tests shorten its timings). ``freeze_heap``: the process is the
-    agent's alone (the command line), so what start-up built can leave the collector's view.
+    are passed to the DRA side (tests shorten its timings). ``own_process``: the process is the
+    agent's alone (the command line), so start-up may set process-wide knobs: the cyclic collector
+    stays off until the agent has started (then what start-up built leaves its view, and it is
+    turned on), and threads hand the GIL to the loop sooner while the rest is imported (see
+    :data:`IMPORT_SWITCH_INTERVAL`).
     """
 
     def __init__(
@@ -103,7 +111,7 @@ class Agent:
         settings_source: Callable[[], Settings] | None = None,
         config_poll_interval: float = 2.0,
         dra_options: Mapping[str, Any] | None = None,
-        freeze_heap: bool = False,
+        own_process: bool = False,
     ) -> None:
         self.settings = settings
         self.node_name = node_name or settings.node_name
@@ -143,7 +151,7 @@ class Agent:
         self._nvml_call_timeout = nvml_call_timeout
         self._settings_source = settings_source
         self._config_poll_interval = config_poll_interval
-        self._freeze_heap = freeze_heap
+        self._own_process = own_process
         self._reload_requested = asyncio.Event()
         self._tasks: dict[str, asyncio.Task[None]] = {}
 
@@ -210,6 +218,12 @@ class Agent:
             call_timeout=self._nvml_call_timeout,
             nvml_timeout=self.settings.nvml_timeout,
         )
+        if self._own_process:
+            # Start-up allocates hundreds of thousands of long-lived objects and next to no
+            # cyclic garbage: collections would only stop the loop (a full one ~20 ms while the
+            # rest is imported, under the kubelet's first calls). The command line turns the
+            # collector off before its imports; this keeps it off until started.
+            gc.disable()
         try:
             # Register first: bind the metrics address (a taken one is a configuration error
             # now), discover the GPUs (the device list must be true), serve the kubelet; then
@@ -227,14 +241,17 @@ class Agent:
             if driver.done() and not driver.cancelled() and driver.exception() is not None:
                 await driver  # --fail-on-init-error: the agent cannot start
             await self._start_rest()
-            if self._freeze_heap:
+            if self._own_process:
                 # What start-up built lives as long as the process: the cyclic collector need
                 # not walk it again on every full collection (shorter pauses in answers to the
                 # kubelet, fewer pages touched).
                 gc.freeze()
+                gc.enable()
             self.started.set()
             await self._supervise(stop)
         finally:
+            if self._own_process:
+                gc.enable()  # (a start-up that failed)
             await self._shutdown(monitor)
 
     async def _drive(self, driver: asyncio.Task[None], monitor: GpuMonitor) -> None:
@@ -258,7 +275,13 @@ class Agent:
     async def _start_rest(self) -> None:
         """Import (off the loop, which keeps serving the kubelet) and start the HTTP server, the
         pod-resources client, accounting, the node's files, the DRA side and config reloads."""
-        await asyncio.to_thread(_import, _DEFERRED)
+        switch = sys.getswitchinterval()
+        if self._own_process:
+            sys.setswitchinterval(min(switch, IMPORT_SWITCH_INTERVAL))
+        try:
+            await asyncio.to_thread(_import, _DEFERRED)
+        finally:
+            sys.setswitchinterval(switch)
         from gpuagent import __version__  # noqa: PLC0415
         from gpuagent.kubelet.podresources import PodResourcesClient  # noqa: PLC0415
         from gpuagent.runtime.accountant import Accountant  # noqa: PLC0415
