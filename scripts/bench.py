@@ -258,6 +258,11 @@ def main() -> int:
         help="the interpreter that runs gpuagent for the device-plugin figures (e.g. one of a "
         "virtual environment with only `pip install .` in it, as shipped)",
     )  # fmt: skip
+    parser.add_argument(
+        "--no-bytecode-cache", action="store_true",
+        help="leave the plugins' bytecode as the environment has it (by default they keep "
+        "compiled bytecode in a temporary cache, as the image has it: see bytecode_cache)",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the rows here")
     bench_metrics.add_arguments(parser)
     bench_dra.add_arguments(parser)
@@ -275,6 +280,8 @@ def main() -> int:
         return 0
     with tempfile.TemporaryDirectory() as stubs_dir:
         stubs = generate(Path(stubs_dir))
+        if not args.no_bytecode_cache:
+            bench_plugin.bytecode_cache(Path(stubs_dir) / "pycache")
         if args.only_accounting:
             print(table(bench_accounting.rows(stubs, args, agent, tempdir, Row)))
             return 0
