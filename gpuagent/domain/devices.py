@@ -159,6 +159,19 @@ class Gpu:
     # The last poll's per-process readings (None until read, or while the GPU does not answer).
     processes: ProcessReading | None = None
 
+    @classmethod
+    def undescribed(cls, index: int, uuid: str, condition: Condition) -> Gpu:
+        """A GPU known by index and UUID only, unhealthy for ``condition`` until described."""
+        return cls(
+            index=index,
+            uuid=uuid,
+            minor=index,
+            name="",
+            memory_mib=0,
+            pci_bus_id="",
+            health=GpuHealth((condition,)),
+        )
+
     def device_id(self, strategy: IdStrategy) -> str:
         """The ID the kubelet sees for this GPU."""
         return self.uuid if strategy is IdStrategy.UUID else str(self.index)

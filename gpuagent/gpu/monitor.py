@@ -316,7 +316,7 @@ class GpuMonitor:
                 jobs[index].future.add_done_callback(partial(self._late_description, index))
                 if uuid:
                     detail = f"discovery did not finish: {stalled[index]}"
-                    gpus.append(_placeholder(index, uuid, Condition(UNRESPONSIVE, detail)))
+                    gpus.append(Gpu.undescribed(index, uuid, Condition(UNRESPONSIVE, detail)))
         return gpus
 
     def _describe_and_register(self, index: int, events: bool) -> Gpu:
@@ -983,18 +983,6 @@ def _has(gpu: Gpu, kind: str) -> bool:
 
 def _union(first: tuple[Condition, ...], second: tuple[Condition, ...]) -> tuple[Condition, ...]:
     return first + tuple(c for c in second if c not in first)
-
-
-def _placeholder(index: int, uuid: str, condition: Condition) -> Gpu:
-    return Gpu(
-        index=index,
-        uuid=uuid,
-        minor=index,
-        name="",
-        memory_mib=0,
-        pci_bus_id="",
-        health=GpuHealth((condition,)),
-    )
 
 
 def _post(loop: asyncio.AbstractEventLoop, callback: Callable[..., None], *args: object) -> bool:

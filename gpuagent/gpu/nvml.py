@@ -19,7 +19,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -32,7 +31,6 @@ from gpuagent.domain.devices import (
     Condition,
     DriverState,
     Gpu,
-    GpuHealth,
     P2PLevel,
     Telemetry,
     Topology,
@@ -199,7 +197,7 @@ class Nvml:
             log.error("gpu discovery failed", gpu=index, uuid=uuid, error=describe(exc))
             kind = LOST if exc.value == pynvml.NVML_ERROR_GPU_IS_LOST else DISCOVERY
             detail = "" if kind == LOST else describe(exc)
-            return placeholder(index, uuid, Condition(kind, detail))
+            return Gpu.undescribed(index, uuid, Condition(kind, detail))
         with self._lock:
             self._gpus[index] = gpu
             for mig in gpu.mig_devices:
@@ -539,21 +537,8 @@ class Nvml:
             return tuple(self._handles)
 
 
-def placeholder(index: int, uuid: str, condition: Condition) -> Gpu:
-    """A GPU known by index and UUID only, unhealthy for ``condition`` (until described)."""
-    return Gpu(
-        index=index,
-        uuid=uuid,
-        minor=index,
-        name="",
-        memory_mib=0,
-        pci_bus_id="",
-        health=GpuHealth((condition,)),
-    )
-
-
 def _unnamed(index: int) -> Gpu:
-    return replace(placeholder(index, "", Condition(DISCOVERY)), uuid="")
+    return Gpu.undescribed(index, "", Condition(DISCOVERY))
 
 
 #: NVML_DEVICE_ARCH_* → the family name NVIDIA's GPU feature discovery uses (``gpu.family``).
