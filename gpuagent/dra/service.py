@@ -12,6 +12,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 import structlog
@@ -363,6 +364,24 @@ class DeviceHealthStreams:
             stop.cancel()
             self.open_streams -= 1
 
+    async def responses(self, api: ModuleType) -> AsyncIterator[Any]:
+        """The health API ``api``'s ``NodeWatchResourcesResponse`` for each of :meth:`updates`
+        (``v1`` and ``v1alpha1`` have the same messages, each in its own package)."""
+        async for devices in self.updates():
+            now = self.now()
+            yield api.NodeWatchResourcesResponse(
+                devices=[
+                    api.DeviceHealth(
+                        device=api.DeviceIdentifier(pool_name=self.pool, device_name=name),
+                        health=api.HealthStatus.HEALTHY if healthy else api.HealthStatus.UNHEALTHY,
+                        last_updated_time=now,
+                        health_check_timeout_seconds=self.timeout_s,
+                        message=reason[:MAX_HEALTH_MESSAGE],
+                    )
+                    for name, healthy, reason in devices
+                ]
+            )
+
     def now(self) -> int:
         return int(self._clock())
 
@@ -384,23 +403,8 @@ class HealthV1(health_v1.DraResourceHealthBase):
     async def node_watch_resources(
         self, message: health_v1.NodeWatchResourcesRequest
     ) -> AsyncIterator[health_v1.NodeWatchResourcesResponse]:
-        pool, timeout = self._streams.pool, self._streams.timeout_s
-        async for devices in self._streams.updates():
-            now = self._streams.now()
-            yield health_v1.NodeWatchResourcesResponse(
-                devices=[
-                    health_v1.DeviceHealth(
-                        device=health_v1.DeviceIdentifier(pool_name=pool, device_name=name),
-                        health=health_v1.HealthStatus.HEALTHY
-                        if healthy
-                        else health_v1.HealthStatus.UNHEALTHY,
-                        last_updated_time=now,
-                        health_check_timeout_seconds=timeout,
-                        message=reason[:MAX_HEALTH_MESSAGE],
-                    )
-                    for name, healthy, reason in devices
-                ]
-            )
+        async for response in self._streams.responses(health_v1):
+            yield response
 
 
 class HealthV1Alpha1(health_v1alpha1.DraResourceHealthBase):
@@ -412,20 +416,5 @@ class HealthV1Alpha1(health_v1alpha1.DraResourceHealthBase):
     async def node_watch_resources(
         self, message: health_v1alpha1.NodeWatchResourcesRequest
     ) -> AsyncIterator[health_v1alpha1.NodeWatchResourcesResponse]:
-        pool, timeout = self._streams.pool, self._streams.timeout_s
-        async for devices in self._streams.updates():
-            now = self._streams.now()
-            yield health_v1alpha1.NodeWatchResourcesResponse(
-                devices=[
-                    health_v1alpha1.DeviceHealth(
-                        device=health_v1alpha1.DeviceIdentifier(pool_name=pool, device_name=name),
-                        health=health_v1alpha1.HealthStatus.HEALTHY
-                        if healthy
-                        else health_v1alpha1.HealthStatus.UNHEALTHY,
-                        last_updated_time=now,
-                        health_check_timeout_seconds=timeout,
-                        message=reason[:MAX_HEALTH_MESSAGE],
-                    )
-                    for name, healthy, reason in devices
-                ]
-            )
+        async for response in self._streams.responses(health_v1alpha1):
+            yield response

@@ -27,6 +27,7 @@ from support.fake_kubelet import FakeKubelet
 from support.fake_plugin_watcher import FakePluginWatcher, Registration
 
 from gpuagent.dra.endpoint import EndpointTiming
+from gpuagent.dra.service import DraConfig
 from gpuagent.kube.slices import Backoff
 
 T = 10.0
@@ -330,6 +331,35 @@ async def test_unreachable_api_server_leaves_the_device_plugin_working(
         _, metrics = await run.get("/metrics")
         assert "gpuagent_dra_api_up 1" in metrics
         assert apiserver.invalid == []
+
+
+async def test_both_health_apis_send_every_device_of_the_pool(
+    device_plugin_dir: Path, apiserver: FakeApiServer, dirs: Dirs, dra_stubs: DraStubs
+) -> None:
+    """The kubelet reads ``v1`` or ``v1alpha1`` DRAResourceHealth, whichever it knows: the same
+    full list from both, in each API's own messages."""
+    watcher = FakePluginWatcher(dirs.registry, dra_stubs)
+    async with agent(dirs, device_plugin_dir, apiserver) as run:
+        reg = await registered(watcher)
+        await until(lambda: len(apiserver.devices()) == 2, "devices published")
+        names = {device_of(apiserver, gpu_uuid(run, i))["name"] for i in (2, 3)}
+        for alpha, api in ((False, dra_stubs.health), (True, dra_stubs.health_alpha)):
+            stream = watcher.watch_health(reg, alpha=alpha)
+            try:
+                first = await asyncio.to_thread(next, stream)
+            finally:
+                stream.close()
+            assert type(first).DESCRIPTOR.full_name == (
+                f"{'v1alpha1' if alpha else 'v1'}.NodeWatchResourcesResponse"
+            )
+            assert {(d.device.pool_name, d.device.device_name) for d in first.devices} == {
+                (NODE, name) for name in names
+            }
+            assert {d.health for d in first.devices} == {api.HEALTHY}
+            assert {d.health_check_timeout_seconds for d in first.devices} == {
+                DraConfig(DRIVER, NODE).health_timeout_s
+            }
+            assert all(d.last_updated_time > 0 and d.message == "" for d in first.devices)
 
 
 async def test_a_fault_taints_the_device_in_its_slice_and_recovery_clears_it(
