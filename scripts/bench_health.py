@@ -100,7 +100,7 @@ def rows(
                    f"{p50 * 1000:.2f} ms, {calls:.0f} NVML calls", "", None))  # fmt: skip
     out.append(row(f"poll cycle per GPU (probe), {args.gpus} GPUs, default sim latencies p99",
                    f"{p99 * 1000:.2f} ms", "", None))  # fmt: skip
-    gpus = [{} for _ in range(args.gpus)]
+    gpus: list[dict[str, object]] = [{} for _ in range(args.gpus)]
     cold = _startup(
         stubs,
         {"version": "v1", "gpus": gpus, "latency": {"cold_start_ms": args.cold_start_ms}},
