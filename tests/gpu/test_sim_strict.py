@@ -7,15 +7,17 @@ call latency and cold GPUs — each through the real pynvml wrappers.
 from __future__ import annotations
 
 import ctypes
+import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pynvml
 import pytest
+from support.clock import WAIT_S, Sleeps
 
 from gpuagent.gpu.sim import SimDriver, installed, node_from_count, node_from_mapping
 from gpuagent.gpu.sim.spec import SimConfigError, SimLatency, SimNode, load_sim_config
@@ -40,11 +42,11 @@ def recovery_field(index: int) -> tuple[int, int]:
 
 @pytest.fixture
 def run() -> Iterator[Any]:
-    """``run(node)``: install a driver for ``node`` and initialise NVML."""
+    """``run(node, sleep)``: install a driver for ``node`` and initialise NVML."""
     drivers: list[Any] = []
 
-    def start(node: SimNode) -> SimDriver:
-        context = installed(SimDriver(node))
+    def start(node: SimNode, sleep: Callable[[float], None] = time.sleep) -> SimDriver:
+        context = installed(SimDriver(node, sleep=sleep))
         driver = context.__enter__()
         drivers.append(context)
         pynvml.nvmlInit()
@@ -207,49 +209,87 @@ class TestPrivileges:
 
 
 class TestLatency:
+    """Latencies are asked of the driver's ``sleep``; the tests record what was asked."""
+
     def test_each_call_takes_its_time(self, run: Any) -> None:
         node = node_from_count(1)
-        run(replace(node, latency=SimLatency(calls={"nvmlDeviceGetPowerUsage": 0.05})))
+        sleeps = Sleeps()
+        latency = SimLatency(default_s=0.0, calls={"nvmlDeviceGetPowerUsage": 0.05})
+        run(replace(node, latency=latency), sleep=sleeps)
         h = handle(0)
-        started = time.monotonic()
+        assert sleeps.seconds == []  # calls without a latency ask for no sleep
         pynvml.nvmlDeviceGetPowerUsage(h)
-        assert time.monotonic() - started >= 0.05
+        pynvml.nvmlDeviceGetPowerUsage(h)
+        assert sleeps.seconds == [0.05, 0.05]
+
+    def test_the_default_applies_to_calls_not_named(self, run: Any) -> None:
+        node = node_from_count(1)
+        sleeps = Sleeps()
+        latency = SimLatency(default_s=0.001, calls={"nvmlDeviceGetPowerUsage": 0.05})
+        run(replace(node, latency=latency), sleep=sleeps)
+        sleeps.asked.clear()  # nvmlInit's
+        pynvml.nvmlDeviceGetTemperature(handle(0), pynvml.NVML_TEMPERATURE_GPU)
+        assert sleeps.seconds == [0.001, 0.001]  # the handle lookup, then the call
 
     def test_a_cold_gpu_is_brought_up_by_its_first_call(self, run: Any) -> None:
         """The first call on each GPU pays the bring-up; other calls on it wait for it."""
         node = node_from_count(2)
-        run(replace(node, latency=SimLatency(default_s=0.0, calls={}, cold_start_s=0.2)))
-        started = time.monotonic()
-        first = handle(0)
-        assert time.monotonic() - started >= 0.2
-        started = time.monotonic()
-        pynvml.nvmlDeviceGetPowerUsage(first)
-        assert time.monotonic() - started < 0.2
-        waited: list[float] = []
+        sleeps = Sleeps(hold=0.2)
+        run(replace(node, latency=SimLatency(default_s=0.0, calls={}, cold_start_s=0.2)), sleeps)
+        assert sleeps.seconds == []  # nvmlInit touches no GPU
+        returned: list[int] = []
 
         def bring_up_gpu1() -> None:
-            began = time.monotonic()
             handle(1)
-            waited.append(time.monotonic() - began)
+            returned.append(threading.get_ident())
 
-        threads = [threading.Thread(target=bring_up_gpu1) for _ in range(2)]
+        threads = [threading.Thread(target=bring_up_gpu1, daemon=True) for _ in range(2)]
         for thread in threads:
             thread.start()
-        for thread in threads:
-            thread.join(5)
-        assert len(waited) == 2
-        assert all(w >= 0.15 for w in waited)  # both waited for the one bring-up
+        try:
+            assert sleeps.holding.wait(WAIT_S)  # one of them is bringing GPU 1 up
+            ((_, bringing),) = sleeps.asked
+            (other,) = [t.ident for t in threads if t.ident != bringing]
+            # The other is held at GPU 1's bring-up, not past it.
+            assert other is not None
+            assert blocked_in(other, "_bring_up"), "the second call did not wait for the bring-up"
+            assert returned == []
+        finally:
+            sleeps.release()
+            for thread in threads:
+                thread.join(WAIT_S)
+        assert len(returned) == 2  # both calls returned, after the one bring-up
+        assert sleeps.seconds == [0.2]  # one bring-up for both calls
+        first = handle(0)
+        pynvml.nvmlDeviceGetPowerUsage(first)
+        pynvml.nvmlDeviceGetPowerUsage(handle(1))
+        assert sleeps.seconds == [0.2, 0.2]  # GPU 0's, once; warm GPUs cost nothing more
 
     def test_cold_again_after_the_last_client_leaves(self, run: Any) -> None:
         node = node_from_count(1)
-        driver = run(replace(node, latency=SimLatency(default_s=0.0, calls={}, cold_start_s=0.1)))
+        sleeps = Sleeps()
+        latency = SimLatency(default_s=0.0, calls={}, cold_start_s=0.1)
+        driver = run(replace(node, latency=latency), sleep=sleeps)
         handle(0)
+        handle(0)
+        assert sleeps.seconds == [0.1]
         pynvml.nvmlShutdown()
         pynvml.nvmlInit()
-        started = time.monotonic()
         handle(0)
-        assert time.monotonic() - started >= 0.1
-        assert driver.calls["nvmlDeviceGetHandleByIndex_v2"] == 2
+        assert sleeps.seconds == [0.1, 0.1]
+        assert driver.calls["nvmlDeviceGetHandleByIndex_v2"] == 3
+
+
+def blocked_in(thread: int, function: str) -> bool:
+    """Whether ``thread`` comes to be blocked in ``function`` itself: a lock it waits on is C, so
+    ``function`` is the innermost Python frame (looked at until a deadline)."""
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        frame = sys._current_frames().get(thread)
+        if frame is not None and frame.f_code.co_name == function:
+            return True
+        time.sleep(0.001)
+    return False
 
 
 class TestSimConfig:

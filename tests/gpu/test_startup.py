@@ -16,6 +16,8 @@ from types import MappingProxyType
 import pytest
 import structlog.testing
 from support.backends import Delegating
+from support.clock import Sleeps
+from support.waiting import eventually
 
 from gpuagent.domain.devices import Gpu, Snapshot
 from gpuagent.domain.store import DeviceStore
@@ -193,17 +195,24 @@ async def test_budget_exceeded_names_the_setting(store: DeviceStore, tmp_path: P
 
 @pytest.mark.asyncio(loop_factories=["uvloop"])
 async def test_cold_node(store: DeviceStore, tmp_path: Path) -> None:
-    """Cold GPUs (no persistence mode) are brought up at once, not one after another."""
-    with installed(SimDriver(slow(8, 0.0, cold_s=0.5))):
+    """Cold GPUs (no persistence mode) are brought up at once, not one after another: all eight
+    bring-ups are under way together (how long that takes on a real clock: scripts/bench)."""
+    sleeps = Sleeps(hold=0.5)
+    with installed(SimDriver(slow(8, 0.0, cold_s=0.5), sleep=sleeps)):
         mon = monitor(store, Nvml(tmp_path))
+        starting = asyncio.create_task(mon.start())
         try:
-            began = asyncio.get_running_loop().time()
-            await asyncio.wait_for(mon.start(), WAIT_S)
-            took = asyncio.get_running_loop().time() - began
+            await eventually(lambda: len(sleeps.asked) == 8, what="eight bring-ups at once")
+            assert not starting.done()
+            assert len({thread for _, thread in sleeps.asked}) == 8
+            sleeps.release()
+            await asyncio.wait_for(starting, WAIT_S)
         finally:
+            sleeps.release()
+            await asyncio.gather(starting, return_exceptions=True)
             await asyncio.wait_for(mon.close(), WAIT_S)
     assert len(store.snapshot.gpus) == 8
-    assert took >= 0.5  # the bring-up happened (how much less than 8 x 0.5 s: scripts/bench)
+    assert sleeps.seconds == [0.5] * 8  # one bring-up per GPU
 
 
 def test_calls_in_flight_name_the_call() -> None:

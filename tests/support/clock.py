@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
 
 from support.waiting import eventually
+
+#: How long a held sleep waits for its release at most (a deadline for a broken test).
+WAIT_S = 30.0
 
 
 class FakeClock:
@@ -70,3 +74,35 @@ class ManualClock:
 
     def _back_to(self, count: int) -> Callable[[], bool]:
         return lambda: self.waiting >= count
+
+
+class Sleeps:
+    """A ``sleep`` for the simulated driver that records what it was asked instead of sleeping.
+
+    ``asked`` holds the seconds of each call, in order, with the thread that asked. With
+    ``hold`` given, a sleep of exactly that many seconds blocks until :meth:`release` (so a test
+    can look at the other threads while one is inside it); every other sleep returns at once.
+    """
+
+    def __init__(self, hold: float | None = None) -> None:
+        self.asked: list[tuple[float, int]] = []
+        self._hold = hold
+        self._lock = threading.Lock()
+        self._released = threading.Event()
+        self.holding = threading.Event()
+
+    def __call__(self, seconds: float) -> None:
+        with self._lock:
+            self.asked.append((seconds, threading.get_ident()))
+        if seconds == self._hold:
+            self.holding.set()
+            self._released.wait(WAIT_S)
+
+    @property
+    def seconds(self) -> list[float]:
+        """The seconds asked for, in order."""
+        with self._lock:
+            return [seconds for seconds, _ in self.asked]
+
+    def release(self) -> None:
+        self._released.set()

@@ -85,12 +85,21 @@ class SimDriver:
     ``nvmlInit``…``nvmlShutdown``. Waiting on, registering on or freeing a freed event set returns
     INVALID_ARGUMENT (a blocked waiter wakes with it); the last ``nvmlShutdown`` wakes waiters
     with UNINITIALIZED. Wait timeouts are wall-clock; ``clock`` only drives telemetry.
+    ``sleep`` spends the node's latencies (per call, and a cold GPU's bring-up): ``time.sleep``
+    unless a test records what was asked instead. A hang is a wait that ``recover`` ends, not a
+    sleep.
     """
 
     calls: Counter[str]
 
-    def __init__(self, node: SimNode, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        node: SimNode,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self._state = DriverState(node, clock)
+        self._sleep = sleep
         self.calls = Counter()
         self._rules: dict[tuple[str, int | None], _Rule] = {}
         # Driver-wide call errors injected "on" a GPU, cleared when that GPU recovers.
@@ -163,7 +172,7 @@ class SimDriver:
                 self._bring_up(target, latency.cold_start_s)
         seconds = latency.of(name)
         if seconds > 0:
-            time.sleep(seconds)
+            self._sleep(seconds)
 
     def _bring_up(self, gpu: int, seconds: float) -> None:
         """The first call on a cold GPU brings it up; others on that GPU wait for it."""
@@ -172,7 +181,7 @@ class SimDriver:
         with lock:
             if gpu in self._state.warm:
                 return
-            time.sleep(seconds)
+            self._sleep(seconds)
             with self._state.cond:
                 self._state.warm.add(gpu)
 
