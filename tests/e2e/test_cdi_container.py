@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 from support.driverroot import LIBDIR, make_driver_root
 from support.fake_kubelet import FakeKubelet
+from support.waiting import eventually
 
 from e2e.agentrun import running_agent
 from gpuagent.driverfiles import sysfs_address
@@ -185,10 +186,7 @@ async def test_a_container_started_from_the_spec_sees_the_driver(
     async with running_agent(device_plugin_dir, args) as run:
         await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
         spec_file = cdi_dir / "k8s.device-plugin.nvidia.com-gpu.json"
-        for _ in range(500):
-            if spec_file.exists():
-                break
-            await asyncio.sleep(0.01)
+        await eventually(spec_file.exists, what=f"{spec_file} written")
         spec = json.loads(spec_file.read_text())
         uuid = str(run.sim.describe()[0]["uuid"])
         response = await asyncio.to_thread(fake_kubelet.allocate, [uuid])

@@ -12,14 +12,13 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from e2e.agentrun import RunningAgent, running_agent
+from e2e.agentrun import running_agent
 
 MIG_NODE = """\
 version: v1
@@ -42,22 +41,21 @@ def series(text: str, name: str) -> list[tuple[dict[str, str], float]]:
     ]
 
 
-async def metrics_once(run: RunningAgent, needle: str) -> str:
-    """/metrics once ``needle`` appears in it (GPM needs two samples), else the last one."""
-    text = ""
-    for _ in range(300):
-        _, text = await run.get("/metrics")
-        if needle in text:
-            break
-        await asyncio.sleep(0.02)
-    return text
+def profiled(text: str) -> bool:
+    """Whether every profiling ratio is in (GPM needs two samples): one per MIG instance of GPU 0,
+    one for the whole of GPU 1."""
+    wanted = {("0", profile) for profile in INSTANCE_MIB} | {("1", None)}
+    return all(
+        wanted <= {(labels["gpu"], labels.get("GPU_I_PROFILE")) for labels, _ in series(text, name)}
+        for name in ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_SM_ACTIVE")
+    )
 
 
 async def mig_metrics(device_plugin_dir: Path, short_tmp_path: Path) -> str:
     node = short_tmp_path / "node.yaml"
     node.write_text(MIG_NODE)
     async with running_agent(device_plugin_dir, ("--sim-config", str(node))) as run:
-        return await metrics_once(run, 'DCGM_FI_PROF_GR_ENGINE_ACTIVE{gpu="1"')
+        return await run.metrics_until(profiled)
 
 
 @pytest.mark.asyncio(loop_factories=["asyncio"])
@@ -111,7 +109,7 @@ async def test_values_with_a_call_of_their_own_survive_without_field_values(
         )
         assert status == 200
         await run.polls(3)  # polls that ran without field values
-        text = await metrics_once(run, "DCGM_FI_DEV_ROW_REMAP_FAILURE")
+        _, text = await run.get("/metrics")
         for name in ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER"):
             gpus = {labels["gpu"] for labels, _ in series(text, name)}
             assert gpus == {"0", "1"}, name

@@ -11,7 +11,6 @@ dcgm-exporter either) on a GPU that is not a vGPU.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,16 +85,23 @@ class Family:
     labels: list[dict[str, str]]
 
 
+def profiled(text: str) -> bool:
+    """Whether every GPU's second GPM sample is in, not only the first GPU's: each profiling
+    family has a series per GPU."""
+    families = {
+        family.name: len(family.samples)
+        for family in text_string_to_metric_families(text)
+        if family.name.startswith("DCGM_FI_PROF_")
+    }
+    return families.get("DCGM_FI_PROF_GR_ENGINE_ACTIVE") == GPUS and all(
+        count == GPUS for count in families.values()
+    )
+
+
 async def scrape(device_plugin_dir: Path) -> dict[str, Family]:
     """/metrics of an agent on simulated H100s, once the profiling ratios (two samples) are in."""
     async with running_agent(device_plugin_dir, ("--simulate", str(GPUS))) as run:
-        text = ""
-        for _ in range(400):
-            _, text = await run.get("/metrics")
-            # Every GPU's second GPM sample, not only the first GPU's.
-            if text.count("\nDCGM_FI_PROF_GR_ENGINE_ACTIVE{") >= GPUS:
-                break
-            await asyncio.sleep(0.02)
+        text = await run.metrics_until(profiled)
     families = {}
     for family in text_string_to_metric_families(text):
         families[family.name] = Family(
