@@ -57,6 +57,14 @@ class RunningAgent:
             await asyncio.sleep(0.02)
         raise AssertionError(f"/metrics never matched:\n{text[-4000:]}")
 
+    async def ready(self, within: float = 10.0) -> None:
+        """Wait until /readyz answers 200 (``within`` is a deadline for a broken build)."""
+        deadline = time.monotonic() + within
+        while (answer := await self.get("/readyz"))[0] != 200:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"/readyz not ready after {within} s: {answer}")
+            await asyncio.sleep(0.02)
+
     async def polls(self, n: int, within: float = 10.0) -> None:
         """Wait until the poller has probed every GPU ``n`` more times (as /metrics counts them).
 

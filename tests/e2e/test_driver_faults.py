@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from support.fake_kubelet import FakeKubelet
+from support.waiting import eventually
 
 from e2e.agentrun import running_agent
 from e2e.test_http import samples, wait_for_metric
@@ -38,14 +39,13 @@ async def test_hung_gpu_turns_unhealthy_alone_and_returns(
         # GPU 0 keeps being read while GPU 1 is stuck.
         before = run.agent.store.snapshot.gpu(0)
         assert before is not None
-        for _ in range(200):
+
+        def gpu0_read_again() -> bool:
             now = run.agent.store.snapshot.gpu(0)
             assert now is not None
-            if now.telemetry != before.telemetry:
-                break
-            await asyncio.sleep(0.01)
-        assert now is not None
-        assert now.telemetry != before.telemetry
+            return now.telemetry != before.telemetry
+
+        await eventually(gpu0_read_again, within=T, what="GPU 0 read again")
         # The hang ends by itself; the GPU answers and is healthy again.
         await asyncio.to_thread(reg.wait_until, gpu1("Healthy"), T)
 
@@ -68,13 +68,11 @@ async def test_not_supported_value_disappears_for_that_gpu_only(device_plugin_di
         assert status == 200
         assert isinstance(state, dict)
         assert state["not_supported"] == ["nvmlDeviceGetTemperature"]
-        for _ in range(300):
-            _, text = await run.get("/metrics")
-            temps = samples(text, "DCGM_FI_DEV_GPU_TEMP")
-            if {dict(k)["gpu"] for k in temps} == {"1"}:
-                break
-            await asyncio.sleep(0.01)
-        assert {dict(k)["gpu"] for k in temps} == {"1"}
+
+        def temperatures_of(text: str) -> set[str]:
+            return {dict(k)["gpu"] for k in samples(text, "DCGM_FI_DEV_GPU_TEMP")}
+
+        text = await run.metrics_until(lambda text: temperatures_of(text) == {"1"}, within=T)
         assert samples(text, "gpuagent_gpu_healthy") == {
             (("gpu", "0"), ("uuid", str(run.sim.describe()[0]["uuid"]))): 1,
             (("gpu", "1"), ("uuid", str(run.sim.describe()[1]["uuid"]))): 1,
@@ -85,22 +83,12 @@ async def test_function_not_found_is_absent_not_fatal(device_plugin_dir: Path) -
     async with running_agent(device_plugin_dir, ("--simulate", "2")) as run:
         await wait_for_metric(run, "gpuagent_gpus", {}, 2)
         # No DCGM family is exposed before the first poll: see power reported, then remove it.
-        for _ in range(300):
-            _, text = await run.get("/metrics")
-            if len(samples(text, "DCGM_FI_DEV_POWER_USAGE")) == 2:
-                break
-            await asyncio.sleep(0.01)
-        assert len(samples(text, "DCGM_FI_DEV_POWER_USAGE")) == 2
+        await run.metrics_until(lambda text: len(samples(text, "DCGM_FI_DEV_POWER_USAGE")) == 2)
         status, _ = await run.fault(
             {"gpu": 1, "fault": "function_not_found", "symbol": "nvmlDeviceGetPowerUsage"}
         )
         assert status == 200
-        for _ in range(300):
-            _, text = await run.get("/metrics")
-            if not samples(text, "DCGM_FI_DEV_POWER_USAGE"):
-                break
-            await asyncio.sleep(0.01)
-        assert not samples(text, "DCGM_FI_DEV_POWER_USAGE")
+        text = await run.metrics_until(lambda text: not samples(text, "DCGM_FI_DEV_POWER_USAGE"))
         assert samples(text, "DCGM_FI_DEV_GPU_TEMP")
         assert run.agent.liveness() is None
         assert all(g.health.healthy for g in run.agent.store.snapshot.gpus)

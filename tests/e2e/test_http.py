@@ -28,17 +28,26 @@ def samples(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
     return found
 
 
+def probe_count(text: str, name: str) -> float:
+    """The ``call="probe"`` series of ``name`` (0 when absent)."""
+    return samples(text, name).get((("call", "probe"),), 0)
+
+
 async def wait_for_metric(
     run: RunningAgent, name: str, labels: dict[str, str], value: float
 ) -> str:
-    text = ""
-    for _ in range(500):
-        _, text = await run.get("/metrics")
-        for key, got in samples(text, name).items():
-            if labels.items() <= dict(key).items() and got == value:
-                return text
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"{name}{labels} never became {value}:\n{text}")
+    """/metrics once a series of ``name`` with (at least) ``labels`` has ``value``."""
+
+    def reached(text: str) -> bool:
+        return any(
+            labels.items() <= dict(key).items() and got == value
+            for key, got in samples(text, name).items()
+        )
+
+    try:
+        return await run.metrics_until(reached)
+    except AssertionError as exc:
+        raise AssertionError(f"{name}{labels} never became {value}: {exc}") from None
 
 
 async def test_sim_gpus_lists_the_simulated_node(device_plugin_dir: Path) -> None:
@@ -107,11 +116,7 @@ async def test_probes(fake_kubelet: FakeKubelet, device_plugin_dir: Path) -> Non
     async with running_agent(device_plugin_dir) as run:
         assert (await run.get("/healthz"))[0] == 200
         await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
-        for _ in range(200):
-            if (await run.get("/readyz"))[0] == 200:
-                break
-            await asyncio.sleep(0.01)
-        assert (await run.get("/readyz"))[0] == 200
+        await run.ready()
         status, body = await run.get("/")
         assert status == 200
         assert 'href="metrics"' in body
@@ -141,12 +146,7 @@ async def test_metrics_report_health_and_xids(
 
 async def test_metrics_carry_dcgm_names_and_labels(device_plugin_dir: Path) -> None:
     async with running_agent(device_plugin_dir, ("--simulate", "2")) as run:
-        text = await wait_for_metric(run, "gpuagent_gpus", {}, 2)
-        for _ in range(200):
-            if samples(text, "DCGM_FI_DEV_GPU_TEMP"):
-                break
-            await asyncio.sleep(0.01)
-            _, text = await run.get("/metrics")
+        text = await run.metrics_until(lambda t: len(samples(t, "DCGM_FI_DEV_GPU_TEMP")) == 2)
         temps = samples(text, "DCGM_FI_DEV_GPU_TEMP")
         assert len(temps) == 2
         labels = dict(next(iter(temps)))
@@ -202,13 +202,9 @@ async def test_own_families_pass_promtool(
 
 async def test_nvml_call_timings_are_exported(device_plugin_dir: Path) -> None:
     async with running_agent(device_plugin_dir, ("--simulate", "2")) as run:
-        text = ""
-        for _ in range(300):
-            _, text = await run.get("/metrics")
-            probes = samples(text, "gpuagent_nvml_call_duration_seconds_count")
-            if probes.get((("call", "probe"),), 0) >= 2:
-                break
-            await asyncio.sleep(0.01)
+        text = await run.metrics_until(
+            lambda t: probe_count(t, "gpuagent_nvml_call_duration_seconds_count") >= 2
+        )
         counts = samples(text, "gpuagent_nvml_call_duration_seconds_count")
         assert counts[(("call", "init"),)] == 1
         assert counts[(("call", "discover"),)] == 2  # one per GPU, each on its own worker
@@ -216,9 +212,7 @@ async def test_nvml_call_timings_are_exported(device_plugin_dir: Path) -> None:
         errors = samples(text, "gpuagent_nvml_call_errors_total")
         assert errors[(("call", "probe"),)] == 0
         await run.fault({"gpu": 1, "fault": "lost"})
-        for _ in range(300):
-            _, text = await run.get("/metrics")
-            if samples(text, "gpuagent_nvml_call_errors_total").get((("call", "probe"),)):
-                break
-            await asyncio.sleep(0.01)
+        text = await run.metrics_until(
+            lambda t: probe_count(t, "gpuagent_nvml_call_errors_total") >= 1
+        )
         assert samples(text, "gpuagent_nvml_call_errors_total")[(("call", "probe"),)] >= 1
