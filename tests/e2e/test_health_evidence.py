@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 from support.fake_kubelet import FakeKubelet, Registration
+from support.waiting import eventually
 
 from e2e.agentrun import RunningAgent, running_agent
 from e2e.test_http import samples
@@ -49,9 +50,14 @@ async def fault(run: RunningAgent, body: dict[str, object]) -> dict[str, Any]:
     return state
 
 
+def errors_in(text: str, call: str) -> float:
+    """The errors /metrics ``text`` counts for NVML call ``call``."""
+    return samples(text, "gpuagent_nvml_call_errors_total").get((("call", call),), 0.0)
+
+
 async def errors_of(run: RunningAgent, call: str) -> float:
     _, text = await run.get("/metrics")
-    return samples(text, "gpuagent_nvml_call_errors_total").get((("call", call),), 0.0)
+    return errors_in(text, call)
 
 
 async def test_failing_telemetry_calls_leave_the_gpu_healthy(
@@ -78,13 +84,13 @@ async def test_failing_telemetry_calls_leave_the_gpu_healthy(
         ]
         before = await errors_of(run, "nvmlDeviceGetTemperature")
         # Forty polls (50 ms apart): the counter rises with each, the verdict never changes.
-        for _ in range(1000):
-            if await errors_of(run, "nvmlDeviceGetTemperature") >= before + 40:
-                break
-            await asyncio.sleep(0.01)
-        _, text = await run.get("/metrics")
-        assert await errors_of(run, "nvmlDeviceGetTemperature") >= before + 40
-        assert await errors_of(run, "nvmlDeviceGetFieldValues") >= 40
+        text = await run.metrics_until(
+            lambda t: (
+                errors_in(t, "nvmlDeviceGetTemperature") >= before + 40
+                and errors_in(t, "nvmlDeviceGetFieldValues") >= 40
+            ),
+            within=3 * T,
+        )
         for family in (
             "DCGM_FI_DEV_GPU_TEMP",
             "DCGM_FI_DEV_POWER_USAGE",
@@ -95,12 +101,9 @@ async def test_failing_telemetry_calls_leave_the_gpu_healthy(
         assert samples(text, "gpuagent_gpu_healthy")[(("gpu", "1"), ("uuid", uuid))] == 1
         assert all(health(update)[uuid] == "Healthy" for _, update in reg.history)
         await fault(run, {"gpu": 1, "fault": "recover"})
-        for _ in range(500):
-            _, text = await run.get("/metrics")
-            if {dict(k)["gpu"] for k in samples(text, "DCGM_FI_DEV_GPU_TEMP")} == {"0", "1"}:
-                break
-            await asyncio.sleep(0.01)
-        assert {dict(k)["gpu"] for k in samples(text, "DCGM_FI_DEV_GPU_TEMP")} == {"0", "1"}
+        await run.metrics_until(
+            lambda t: {dict(k)["gpu"] for k in samples(t, "DCGM_FI_DEV_GPU_TEMP")} == {"0", "1"}
+        )
 
 
 async def test_recovery_action_keeps_then_clears(
@@ -118,11 +121,7 @@ async def test_recovery_action_keeps_then_clears(
         assert gpu is not None
         assert gpu.health.reason == "xid 48, recovery_action gpu_reset"
         # The same verdict a few polls later: nothing the probes read clears it.
-        polls = dict(run.agent.monitor.call_totals())["probe"].count  # type: ignore[union-attr]
-        for _ in range(500):
-            if dict(run.agent.monitor.call_totals())["probe"].count >= polls + 10:  # type: ignore[union-attr]
-                break
-            await asyncio.sleep(0.01)
+        await run.polls(10)
         gpu = run.agent.store.snapshot.gpu(0)
         assert gpu is not None
         assert gpu.health.reason == "xid 48, recovery_action gpu_reset"
@@ -177,11 +176,9 @@ async def test_mig_node_without_cap_sys_admin_stays_healthy(
     args = ("--sim-config", str(config), "--mig-strategy", "mixed")
     async with running_agent(device_plugin_dir, args) as run:
         await asyncio.to_thread(fake_kubelet.wait_for_registrations, 4, T)
-        for _ in range(1000):
-            if await errors_of(run, "nvmlDeviceGetMemoryInfo_v2") >= 20:
-                break
-            await asyncio.sleep(0.01)
-        assert await errors_of(run, "nvmlDeviceGetMemoryInfo_v2") >= 20
+        await run.metrics_until(
+            lambda t: errors_in(t, "nvmlDeviceGetMemoryInfo_v2") >= 20, within=3 * T
+        )
         for reg in fake_kubelet.registrations:
             assert all(set(health(update).values()) == {"Healthy"} for _, update in reg.history), (
                 reg
@@ -208,13 +205,13 @@ async def test_recovery_on_a_driver_without_the_field(
         await asyncio.to_thread(
             reg.wait_until, lambda u: set(health(u).values()) == {"Unhealthy"}, T
         )
-        for _ in range(500):  # the probes find it lost (no recovery-action event to say so)
+
+        def reason0() -> str:
             gpu0 = run.agent.store.snapshot.gpu(0)
-            if gpu0 is not None and gpu0.health.reason == "xid 79, lost":
-                break
-            await asyncio.sleep(0.01)
-        assert gpu0 is not None
-        assert gpu0.health.reason == "xid 79, lost"
+            return "" if gpu0 is None else gpu0.health.reason
+
+        # The probes find it lost (no recovery-action event to say so).
+        await eventually(lambda: reason0() == "xid 79, lost", what="GPU 0 found lost")
         await fault(run, {"gpu": 0, "fault": "recover"})
         await asyncio.to_thread(reg.wait_until, shows(uuids[0], "Healthy"), T)
         await fault(run, {"gpu": 1, "fault": "recover"})
