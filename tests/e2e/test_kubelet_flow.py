@@ -11,8 +11,9 @@ import grpc
 import pytest
 from structlog.testing import capture_logs
 from support.fake_kubelet import FakeKubelet
+from support.waiting import eventually
 
-from e2e.agentrun import running_agent
+from e2e.agentrun import RunningAgent, running_agent
 from gpuagent.app import Agent
 from gpuagent.config import load_settings
 from gpuagent.plan import load_simulator
@@ -22,6 +23,17 @@ T = 10.0  # generous bound for anything that should take milliseconds
 
 def devices(update: Any) -> list[tuple[str, str, list[int]]]:
     return [(d.ID, d.health, [n.ID for n in d.topology.nodes]) for d in update.devices]
+
+
+def xid_counts(run: RunningAgent, index: int) -> dict[int, int]:
+    """The XIDs counted on GPU ``index`` in the agent's store (none while it is not there)."""
+    gpu = run.agent.store.snapshot.gpu(index)
+    return {} if gpu is None else dict(gpu.xid_counts)
+
+
+def last_xid(run: RunningAgent, index: int) -> int | None:
+    gpu = run.agent.store.snapshot.gpu(index)
+    return None if gpu is None else gpu.last_xid
 
 
 def health_of(update: Any) -> dict[str, str]:
@@ -139,14 +151,14 @@ async def test_fault_turns_only_that_gpu_unhealthy_then_recovers(
         assert health_of(update) == {
             uuids[0]: "Healthy", uuids[1]: "Healthy", uuids[2]: "Unhealthy", uuids[3]: "Healthy"
         }  # fmt: skip
-        for _ in range(500):  # the probe that sees a lost GPU follows the XID 79 event
+
+        def reason2() -> str:
             gpu = run.agent.store.snapshot.gpu(2)
             assert gpu is not None
-            if reason in gpu.health.reason:
-                break
-            await asyncio.sleep(0.01)
-        assert gpu is not None
-        assert reason in gpu.health.reason
+            return gpu.health.reason
+
+        # The probe that sees a lost GPU follows the XID 79 event.
+        await eventually(lambda: reason in reason2(), what=f"{reason!r} in GPU 2's reason")
 
         status, _ = await run.fault({"gpu": 2, "fault": "recover"})
         assert status == 200
@@ -165,11 +177,7 @@ async def test_application_xid_keeps_gpu_healthy(
         status, _ = await run.fault({"gpu": 0, "fault": "xid", "xid": 13})
         assert status == 200
         # The XID is seen (and counted) but the GPU stays healthy.
-        for _ in range(200):
-            gpu = run.agent.store.snapshot.gpu(0)
-            if gpu is not None and gpu.xid_counts.get(13):
-                break
-            await asyncio.sleep(0.01)
+        await eventually(lambda: xid_counts(run, 0).get(13), what="XID 13 counted")
         gpu = run.agent.store.snapshot.gpu(0)
         assert gpu is not None
         assert dict(gpu.xid_counts) == {13: 1}
@@ -185,11 +193,7 @@ async def test_disabled_healthchecks_keep_gpus_healthy(
         (reg,) = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
         await asyncio.to_thread(reg.next_update, T)
         await run.fault({"gpu": 0, "fault": "xid", "xid": 79})
-        for _ in range(200):
-            gpu = run.agent.store.snapshot.gpu(0)
-            if gpu is not None and gpu.last_xid == 79:
-                break
-            await asyncio.sleep(0.01)
+        await eventually(lambda: last_xid(run, 0) == 79, what="XID 79 seen")
         assert all(d.health == "Healthy" for d in reg.last_update.devices)
 
 
@@ -207,11 +211,7 @@ async def test_kubelet_restart_reregisters(
         endpoint = run.agent.endpoints.endpoints["nvidia.com/gpu"]
         # The kubelet records Register on arrival and the agent counts it when the reply arrives;
         # a restart can fall in between, and the agent then registers once more.
-        for _ in range(500):
-            if (await run.get("/readyz"))[0] == 200:
-                break
-            await asyncio.sleep(0.01)
-        assert (await run.get("/readyz"))[0] == 200
+        await run.ready()
         assert endpoint.registrations >= 2
 
 
@@ -238,12 +238,7 @@ async def test_waits_for_kubelet_then_registers(device_plugin_dir: Path, grpc_st
         assert "not registered" in body
         with FakeKubelet(device_plugin_dir, grpc_stubs) as kubelet:
             await asyncio.to_thread(kubelet.wait_for_registrations, 1, T)
-            for _ in range(200):
-                status, _ = await run.get("/readyz")
-                if status == 200:
-                    break
-                await asyncio.sleep(0.01)
-            assert status == 200
+            await run.ready()
 
 
 async def test_shutdown_ends_streams_with_status_and_removes_socket(
