@@ -63,11 +63,7 @@ async def test_mig_mixed_registers_one_resource_per_profile_and_survives_restart
         await asyncio.to_thread(fake_kubelet.restart)
         regs = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 6, T)
         assert {r.resource_name for r in regs[3:]} == set(by_name)
-        for _ in range(500):
-            if (await run.get("/readyz"))[0] == 200:
-                break
-            await asyncio.sleep(0.01)
-        assert (await run.get("/readyz"))[0] == 200
+        await run.ready()
 
 
 async def test_volume_mounts_and_device_specs(
