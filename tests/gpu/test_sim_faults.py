@@ -11,6 +11,7 @@ from typing import Any
 
 import pynvml
 import pytest
+from support.clock import WAIT_S, blocked_in
 
 from gpuagent.gpu.sim import SimDriver, installed, node_from_count
 from gpuagent.gpu.sim.state import RESET_XIDS
@@ -515,46 +516,61 @@ class TestControlPlane:
         assert driver.describe()[0]["xid_count"] == 0
 
 
+def call_in_thread(gpu: Any) -> tuple[threading.Thread, threading.Event]:
+    """Read ``gpu``'s temperature on a thread of its own; the event is set once it returned."""
+    returned = threading.Event()
+
+    def call() -> None:
+        pynvml.nvmlDeviceGetTemperature(gpu, pynvml.NVML_TEMPERATURE_GPU)
+        returned.set()
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    return thread, returned
+
+
 class TestCallFaults:
     """Faults in how calls behave: a hung GPU, a call not supported, a function missing."""
 
     def test_hang_blocks_only_that_gpus_calls(self, driver: SimDriver) -> None:
-        """A call on a hung GPU stays blocked while the other GPUs answer; the hang ends by itself.
+        """A call on a hung GPU stays blocked in the hang while the other GPUs answer.
 
-        Judged by which call has returned, not by elapsed time (the machine may be busy).
+        Judged by where the call is blocked, not by elapsed time (the machine may be busy).
         """
         h0 = pynvml.nvmlDeviceGetHandleByIndex(0)
         h1 = pynvml.nvmlDeviceGetHandleByIndex(1)
-        driver.inject(1, "hang", seconds=0.5)
-        returned = threading.Event()
+        driver.inject(1, "hang", seconds=600)
+        thread, returned = call_in_thread(h1)
+        try:
+            assert thread.ident is not None
+            assert blocked_in(thread.ident, "_hang_if_needed", via=("wait", "wait"))
+            pynvml.nvmlDeviceGetTemperature(h0, pynvml.NVML_TEMPERATURE_GPU)
+            assert not returned.is_set()  # GPU 0 answered while GPU 1's call is still blocked
+        finally:
+            driver.inject(1, "recover")
+            thread.join(WAIT_S)
 
-        def call_hung_gpu() -> None:
-            pynvml.nvmlDeviceGetTemperature(h1, pynvml.NVML_TEMPERATURE_GPU)
-            returned.set()
-
-        thread = threading.Thread(target=call_hung_gpu, daemon=True)
-        thread.start()
-        pynvml.nvmlDeviceGetTemperature(h0, pynvml.NVML_TEMPERATURE_GPU)
-        assert not returned.is_set()  # GPU 0 answered while GPU 1's call is still blocked
-        assert returned.wait(10)  # and the hang ends on its own
-        thread.join(10)
+    def test_a_hang_ends_by_itself(self, driver: SimDriver) -> None:
+        """Once its seconds are over, a hung GPU's calls answer (a short hang: only an end)."""
+        h1 = pynvml.nvmlDeviceGetHandleByIndex(1)
+        driver.inject(1, "hang", seconds=0.05)
+        thread, returned = call_in_thread(h1)
+        assert returned.wait(WAIT_S)
+        thread.join(WAIT_S)
+        assert driver.describe()[1]["hang_s"] == 0
+        assert driver.calls["nvmlDeviceGetTemperature"] == 1
 
     def test_recover_releases_a_blocked_call(self, driver: SimDriver) -> None:
         """A call blocked by a hang returns as soon as the GPU recovers."""
         h1 = pynvml.nvmlDeviceGetHandleByIndex(1)
-        driver.inject(1, "hang", seconds=60)
-        done = threading.Event()
-
-        def call() -> None:
-            pynvml.nvmlDeviceGetTemperature(h1, pynvml.NVML_TEMPERATURE_GPU)
-            done.set()
-
-        thread = threading.Thread(target=call, daemon=True)
-        thread.start()
-        assert not done.wait(0.1)
+        driver.inject(1, "hang", seconds=600)
+        thread, done = call_in_thread(h1)
+        assert thread.ident is not None
+        assert blocked_in(thread.ident, "_hang_if_needed", via=("wait", "wait"))
+        assert not done.is_set()
         driver.inject(1, "recover")
-        assert done.wait(5)
-        thread.join(5)
+        assert done.wait(WAIT_S)
+        thread.join(WAIT_S)
 
     def test_not_supported_on_one_gpu(self, driver: SimDriver) -> None:
         driver.inject(2, "not_supported", symbol="nvmlDeviceGetPowerUsage")

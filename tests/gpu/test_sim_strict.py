@@ -7,7 +7,6 @@ call latency and cold GPUs — each through the real pynvml wrappers.
 from __future__ import annotations
 
 import ctypes
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,7 +16,7 @@ from typing import Any
 
 import pynvml
 import pytest
-from support.clock import WAIT_S, Sleeps
+from support.clock import WAIT_S, Sleeps, blocked_in
 
 from gpuagent.gpu.sim import SimDriver, installed, node_from_count, node_from_mapping
 from gpuagent.gpu.sim.spec import SimConfigError, SimLatency, SimNode, load_sim_config
@@ -278,18 +277,6 @@ class TestLatency:
         handle(0)
         assert sleeps.seconds == [0.1, 0.1]
         assert driver.calls["nvmlDeviceGetHandleByIndex_v2"] == 3
-
-
-def blocked_in(thread: int, function: str) -> bool:
-    """Whether ``thread`` comes to be blocked in ``function`` itself: a lock it waits on is C, so
-    ``function`` is the innermost Python frame (looked at until a deadline)."""
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        frame = sys._current_frames().get(thread)
-        if frame is not None and frame.f_code.co_name == function:
-            return True
-        time.sleep(0.001)
-    return False
 
 
 class TestSimConfig:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
+import time
 from collections.abc import Callable
 
 from support.waiting import eventually
@@ -106,3 +108,23 @@ class Sleeps:
 
     def release(self) -> None:
         self._released.set()
+
+
+def blocked_in(thread: int, function: str, via: tuple[str, ...] = ()) -> bool:
+    """Whether ``thread`` comes to be blocked in ``function`` (looked at until a deadline).
+
+    Blocked on a lock, ``function`` is the innermost Python frame (the lock is C); blocked on a
+    ``threading.Event``, the innermost frames are ``via`` = ``("wait", "wait")`` above it.
+    """
+    wanted = [*via, function]
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        names: list[str] = []
+        frame = sys._current_frames().get(thread)
+        while frame is not None and len(names) < len(wanted):
+            names.append(frame.f_code.co_name)
+            frame = frame.f_back
+        if names == wanted:
+            return True
+        time.sleep(0.001)
+    return False
