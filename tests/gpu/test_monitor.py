@@ -17,7 +17,7 @@ import pynvml
 import pytest
 import structlog.testing
 from support.backends import Delegating
-from support.clock import FakeClock
+from support.clock import FakeClock, Sleeps
 from support.waiting import eventually
 
 from gpuagent.domain.devices import Condition, DriverState, Gpu, Snapshot, Telemetry, Topology
@@ -165,7 +165,8 @@ async def test_start_with_hung_init(store: DeviceStore, tmp_path: Path) -> None:
     """
     node = node_from_count(GPUS)
     slow = replace(node, latency=replace(node.latency, calls={"nvmlInitWithFlags": 0.6}))
-    with installed(SimDriver(slow)) as driver:
+    sleeps = Sleeps(hold=0.6)  # the init takes until the test releases it
+    with installed(SimDriver(slow, sleep=sleeps)) as driver:
         monitor = monitor_for(store, Nvml(tmp_path), call_timeout=0.1)
         try:
             with pytest.raises(DriverUnavailable, match="nvml did not answer: nvmlInit for"):
@@ -174,6 +175,10 @@ async def test_start_with_hung_init(store: DeviceStore, tmp_path: Path) -> None:
             assert not store.snapshot.driver.up
             # Retried while the first init still runs: no second init behind it, and once it has
             # returned, its result.
+            with pytest.raises(DriverUnavailable, match="nvml did not answer: nvmlInit for"):
+                await monitor.start()
+            assert sleeps.seconds.count(0.6) == 1
+            sleeps.release()
             async with asyncio.timeout(WAIT_S):
                 while True:
                     try:
@@ -184,6 +189,7 @@ async def test_start_with_hung_init(store: DeviceStore, tmp_path: Path) -> None:
             assert driver.calls["nvmlInitWithFlags"] == 1
             assert store.snapshot.discovered
         finally:
+            sleeps.release()
             await asyncio.wait_for(monitor.close(), WAIT_S)
 
 
