@@ -175,7 +175,9 @@ async def test_hung_gpu_is_advertised_unresponsive_then_taken_in(
 async def test_budget_exceeded_names_the_setting(store: DeviceStore, tmp_path: Path) -> None:
     """Past ``--nvml-timeout`` start-up goes on with what it has and says so, naming the option;
     what was missing is taken in when it arrives."""
-    with installed(SimDriver(slow(4, 0.05))):
+    named = replace(node_from_count(4), latency=SimLatency(0.0, {"nvmlDeviceGetName": 0.05}))
+    sleeps = Sleeps(hold=0.05)  # every GPU's discovery waits until the test releases it
+    with installed(SimDriver(named, sleep=sleeps)):
         mon = monitor(store, Nvml(tmp_path), nvml_timeout=0.3)
         try:
             with structlog.testing.capture_logs() as logs:
@@ -185,11 +187,14 @@ async def test_budget_exceeded_names_the_setting(store: DeviceStore, tmp_path: P
             assert exceeded[0]["nvml_timeout_s"] == 0.3
             assert "gpu" in exceeded[0]["still_waiting_for"]
             assert store.snapshot.discovered
+            assert not all(g.name for g in store.snapshot.gpus)
+            sleeps.release()
             snapshot = await until(
                 store, lambda s: len(s.gpus) == 4 and all(g.name for g in s.gpus)
             )
             assert all(g.health.healthy for g in snapshot.gpus)
         finally:
+            sleeps.release()
             await asyncio.wait_for(mon.close(), WAIT_S)
 
 
