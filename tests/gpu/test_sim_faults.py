@@ -158,10 +158,9 @@ class TestLost:
         driver.inject(3, "lost")
         drain_until_lost(events)
         for _ in range(3):
-            started = time.monotonic()
+            # At once: with a ten-minute timeout, a wait that blocked would outlast the test.
             with pytest.raises(pynvml.NVMLError_GpuIsLost):
-                pynvml.nvmlEventSetWait_v2(events, 10_000)
-            assert time.monotonic() - started < 5.0
+                in_thread(lambda: pynvml.nvmlEventSetWait_v2(events, 600_000))
         driver.inject(3, "recover")
         drain(events)  # times out again: the GPU answers
 
@@ -245,45 +244,43 @@ class TestEventSets:
         assert time.monotonic() - start >= 0.025
 
     def test_wait_woken_by_inject(self, driver: SimDriver, events: Any) -> None:
-        """A blocked wait returns as soon as another thread injects a fault."""
-        injected_at: list[float] = []
+        """A blocked wait returns as soon as another thread injects a fault.
 
-        def inject() -> None:
-            injected_at.append(time.monotonic())
-            driver.inject(2, "xid", 13)
+        The wait's timeout is ten minutes: only the injected event can end it within the test.
+        """
+        woke: list[tuple[int, int]] = []
 
-        timer = threading.Timer(0.05, inject)
-        start = time.monotonic()
-        timer.start()
-        try:
-            data = pynvml.nvmlEventSetWait_v2(events, 10_000)
-        finally:
-            timer.join()
-        woke = time.monotonic()
-        assert (int(data.eventType), int(data.eventData)) == (XID, 13)
-        assert woke - start >= 0.04
-        assert woke - injected_at[0] < 0.5
+        def wait() -> None:
+            data = pynvml.nvmlEventSetWait_v2(events, 600_000)
+            woke.append((int(data.eventType), int(data.eventData)))
+
+        thread = threading.Thread(target=wait, daemon=True)
+        thread.start()
+        assert thread.ident is not None
+        assert blocked_in(thread.ident, "_wait", via=("wait", "wait_for"))
+        assert woke == []
+        driver.inject(2, "xid", 13)
+        thread.join(WAIT_S)
+        assert woke == [(XID, 13)]
 
     def test_free_wakes_waiter(self, driver: SimDriver) -> None:
         """Freeing a set wakes a blocked waiter with INVALID_ARGUMENT; later waits get the same."""
         event_set = pynvml.nvmlEventSetCreate()
         pynvml.nvmlDeviceRegisterEvents(handle(0), XID, event_set)
         errors: list[BaseException] = []
-        waiting = threading.Event()
 
         def wait() -> None:
-            waiting.set()
             try:
-                pynvml.nvmlEventSetWait_v2(event_set, 10_000)
+                pynvml.nvmlEventSetWait_v2(event_set, 600_000)
             except pynvml.NVMLError as exc:
                 errors.append(exc)
 
         thread = threading.Thread(target=wait)
         thread.start()
-        waiting.wait()
-        time.sleep(0.02)
+        assert thread.ident is not None
+        assert blocked_in(thread.ident, "_wait", via=("wait", "wait_for"))  # not merely started
         pynvml.nvmlEventSetFree(event_set)
-        thread.join(timeout=2)
+        thread.join(timeout=WAIT_S)
         assert not thread.is_alive()
         assert [type(e) for e in errors] == [pynvml.NVMLError_InvalidArgument]
         with pytest.raises(pynvml.NVMLError_InvalidArgument):
@@ -514,6 +511,26 @@ class TestControlPlane:
         with pytest.raises(error):
             driver.inject(gpu, fault, xid)
         assert driver.describe()[0]["xid_count"] == 0
+
+
+def in_thread(call: Callable[[], object]) -> object:
+    """``call()`` on a thread of its own, its result or exception here; it must end in time."""
+    outcome: list[object] = []
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except BaseException as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(WAIT_S)
+    assert not thread.is_alive(), "the call did not return"
+    if failed:
+        raise failed[0]
+    return outcome[0]
 
 
 def call_in_thread(gpu: Any) -> tuple[threading.Thread, threading.Event]:
