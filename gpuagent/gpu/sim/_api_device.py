@@ -217,6 +217,9 @@ def _remapped_rows(  # noqa: PLR0917 (the C signature)
 
 
 def _mig_mode(st: DriverState, gpu: GpuState, current: object, pending: object) -> int:
+    # nvml.h: NOT_SUPPORTED if the device does not support MIG mode (a model without profiles).
+    if not gpu.spec.profile.mig_profiles:
+        return NOT_SUPPORTED
     mode = pynvml.NVML_DEVICE_MIG_ENABLE if gpu.spec.mig else pynvml.NVML_DEVICE_MIG_DISABLE
     out(current).value = mode
     out(pending).value = mode
