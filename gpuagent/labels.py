@@ -5,8 +5,8 @@ snapshot and the resource settings; :func:`sync_features` writes them atomically
 lines into NFD's ``features.d`` directory, which NFD's ``local`` source turns into node labels.
 
 Inputs: the driver's versions (``cuda.driver*``, ``cuda.runtime*``), each GPU's name, memory,
-compute capability and MIG devices with their attributes, all read by the NVML backend; the
-machine type, PCI classes and vGPUs the host reports (:mod:`gpuagent.hostfacts`).
+compute capability, MIG support and MIG devices with their attributes, all read by the NVML
+backend; the machine type, PCI classes and vGPUs the host reports (:mod:`gpuagent.hostfacts`).
 
 Differences from GFD, each deliberate: no ``gfd.timestamp`` (it would rewrite the file on every
 pass, and NFD relabels on every change); values are sanitised and cut to 63 characters, so that
@@ -15,7 +15,8 @@ labels describe the most numerous model (GFD: whichever its map yields last); wi
 counts ``gpu.replicas`` is the smallest; where a value cannot be read the label is left out or
 ``unknown`` instead of GFD failing as a whole (``gpu.mode`` without a readable PCI class; vGPU
 labels without the full PCI configuration space); no ``gpu.clique`` / ``gpu.imex-domain``
-(GB200 NVL fabric).
+(GB200 NVL fabric); ``mig.capable`` is guessed from the product names when no GPU's driver
+answer is known (GFD reads it from NVML and fails without it).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ DEFAULT_FEATURES_FILE = Path("/etc/kubernetes/node-feature-discovery/features.d/
 GPU = "nvidia.com/gpu"  # GFD labels full GPUs under this name whatever the resource is called
 MAX_VALUE = 63
 DEFAULT_SETTINGS = ResourceSettings()
-# Products with MIG mode, for when the driver's answer is not at hand (``mig_capable``).
+# Products with MIG mode, for when no GPU's driver answer is at hand (``Gpu.mig_capable``).
 _MIG_PRODUCTS = re.compile(
     r"\b(A100|A800|A30|H100|H800|H200|H20|GH200|B100|B200|B300|GB200|GB300)\b"
 )
@@ -71,14 +72,11 @@ def node_labels(
     settings: ResourceSettings = DEFAULT_SETTINGS,
     *,
     host: HostFacts | None = None,
-    mig_capable: bool | None = None,
 ) -> dict[str, str]:
     """The node's GFD labels; empty without GPUs.
 
     ``host`` gives ``gpu.machine``, ``gpu.mode`` and the vGPU labels (without it they are left
-    out); ``mig_capable`` is whether any GPU supports MIG per the driver (else guessed from MIG
-    mode and the product names). Values are sanitised as GFD does (spaces become ``-``) and cut
-    to 63 characters.
+    out). Values are sanitised as GFD does (spaces become ``-``) and cut to 63 characters.
     """
     gpus = sorted(snapshot.gpus, key=lambda g: g.index)
     if not gpus:
@@ -87,11 +85,7 @@ def node_labels(
     labels.update(_version_labels(snapshot.driver.version, snapshot.driver.cuda_version))
     if host is not None:
         labels.update(_host_labels(gpus, host))
-    if mig_capable is None:
-        mig_capable = any(
-            g.mig_enabled or g.mig_devices or _MIG_PRODUCTS.search(g.name) for g in gpus
-        )
-    labels["nvidia.com/mig.capable"] = str(bool(mig_capable)).lower()
+    labels["nvidia.com/mig.capable"] = str(_mig_capable(gpus)).lower()
     labels["nvidia.com/mps.capable"] = "false"
     sharing = settings.time_slicing
     labels["nvidia.com/gpu.sharing-strategy"] = "time-slicing" if sharing.enabled else "none"
@@ -167,6 +161,17 @@ def _host_labels(gpus: Sequence[Gpu], host: HostFacts) -> dict[str, str]:
             labels["nvidia.com/vgpu.host-driver-version"] = _value(last.host_driver_version)
             labels["nvidia.com/vgpu.host-driver-branch"] = _value(last.host_driver_branch)
     return labels
+
+
+def _mig_capable(gpus: Sequence[Gpu]) -> bool:
+    """Whether any GPU supports MIG, as the driver answered (GFD: ``IsMigCapable`` of any GPU).
+
+    Only when no GPU's answer is known is it guessed from MIG mode and the product names.
+    """
+    answers = [g.mig_capable for g in gpus if g.mig_capable is not None]
+    if answers:
+        return any(answers)
+    return any(g.mig_enabled or g.mig_devices or _MIG_PRODUCTS.search(g.name) for g in gpus)
 
 
 def _sharing(settings: ResourceSettings, name: str) -> tuple[int, bool]:

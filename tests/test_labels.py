@@ -164,9 +164,10 @@ def test_per_gpu_counts_label_the_smallest() -> None:
 
 
 def test_optional_inputs() -> None:
-    snapshot = replace(H100_NODE, driver=replace(H100_NODE.driver, cuda_version=(12, 4)))
+    snapshot = node(gpu(0, mig_capable=False), gpu(1, mig_capable=False), driver="550.54.15")
+    snapshot = replace(snapshot, driver=replace(snapshot.driver, cuda_version=(12, 4)))
     host = HostFacts(machine="DGX H100 (rev 1)")
-    labels = node_labels(snapshot, host=host, mig_capable=False)
+    labels = node_labels(snapshot, host=host)
     assert labels["nvidia.com/gpu.machine"] == "DGX-H100-rev-1"
     assert labels["nvidia.com/gpu.mode"] == "unknown"  # no PCI class read
     assert labels["nvidia.com/mig.capable"] == "false"
@@ -209,6 +210,25 @@ def test_vgpu_labels() -> None:
 )  # fmt: skip
 def test_mig_capable_guess(name: str, capable: str) -> None:
     assert node_labels(node(gpu(0, name=name)))["nvidia.com/mig.capable"] == capable
+
+
+@pytest.mark.parametrize(
+    ("answers", "names", "capable"),
+    [
+        pytest.param((True,), ("Tesla T4",), "true", id="driver-yes-name-no"),
+        pytest.param((False,), ("NVIDIA H100 80GB HBM3",), "false", id="driver-no-name-yes"),
+        pytest.param((False, True), ("Tesla T4", "NVIDIA A100-SXM4-40GB"), "true", id="any-yes"),
+        pytest.param((False, None), ("Tesla T4", "NVIDIA H100 80GB HBM3"), "false", id="no-guess"),
+        pytest.param((None, None), ("Tesla T4", "NVIDIA H100 80GB HBM3"), "true", id="all-unknown"),
+    ],
+)
+def test_mig_capable_from_the_driver(
+    answers: tuple[bool | None, ...], names: tuple[str, ...], capable: str
+) -> None:
+    """The driver's answers decide; the name is guessed from only when no GPU's is known."""
+    pairs = enumerate(zip(answers, names, strict=True))
+    gpus = (gpu(i, name=name, mig_capable=answer) for i, (answer, name) in pairs)
+    assert node_labels(node(*gpus))["nvidia.com/mig.capable"] == capable
 
 
 def test_heterogeneous_node_describes_the_most_numerous_model() -> None:

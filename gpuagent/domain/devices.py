@@ -154,6 +154,8 @@ class Gpu:
     architecture: str = ""
     # CUDA compute capability "major.minor" ("9.0"; "" unknown)
     compute_capability: str = ""
+    # Whether the GPU supports MIG, as the driver answered at discovery (None: not known)
+    mig_capable: bool | None = None
     mig_enabled: bool = False
     mig_devices: tuple[MigDevice, ...] = ()
     # The last poll's per-process readings (None until read, or while the GPU does not answer).

@@ -56,6 +56,7 @@ def gpu(
     compute_capability: str = "9.0",
     migs: Iterable[MigDevice] = (),
     mig_enabled: bool | None = None,
+    mig_capable: bool | None = None,
 ) -> Gpu:
     devices = tuple(migs)
     return Gpu(
@@ -68,6 +69,7 @@ def gpu(
         numa_node=numa,
         health=GpuHealth() if healthy else GpuHealth((Condition("xid", "79"),)),
         compute_capability=compute_capability,
+        mig_capable=mig_capable,
         mig_enabled=bool(devices) if mig_enabled is None else mig_enabled,
         mig_devices=devices,
     )
