@@ -17,10 +17,15 @@ uses for its ``nvidia.com/mig-<profile>`` resources and which matches ``nvidia-s
   ``+gfx``, or ``-me`` (``*_NO_ME``). ``*_REV2`` (``1g.20gb`` on H100) has none: only its memory
   differs.
 
-Errors: MIG mode not offered (NOT_SUPPORTED, FUNCTION_NOT_FOUND) means not enabled; values the
-driver does not offer degrade (no suffix, memory from another call), logged once. Any other NVML
-error — above all a lost GPU — is raised as :class:`pynvml.NVMLError` for the caller's discovery
-to handle like any other failing GPU.
+MIG support: as NVIDIA's go-nvlib decides it, a GPU supports MIG when ``nvmlDeviceGetMigMode``
+answers (whatever the mode), and does not when the driver answers NOT_SUPPORTED (nvml.h: the
+device does not support MIG mode) or lacks the call (FUNCTION_NOT_FOUND: a driver older than MIG).
+NO_PERMISSION leaves it unknown (``None``). See :class:`MigReading`.
+
+Errors: MIG mode not offered (NOT_SUPPORTED, FUNCTION_NOT_FOUND, NO_PERMISSION) means not
+enabled; values the driver does not offer degrade (no suffix, memory from another call), logged
+once. Any other NVML error — above all a lost GPU — is raised as :class:`pynvml.NVMLError` for
+the caller's discovery to handle like any other failing GPU.
 
 Privileges: under MIG a real driver answers the parent GPU's aggregate memory read with
 NO_PERMISSION unless the caller has CAP_SYS_ADMIN (the base manifest drops every capability). The
@@ -33,7 +38,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pynvml
 import structlog
@@ -91,7 +96,7 @@ def read_mig(
 
     Blocking; raises :class:`pynvml.NVMLError` for driver failures other than an absent value.
     """
-    enabled, devices, _ = read_mig_with_total(
+    reading = read_mig_with_total(
         index,
         handle,
         minor,
@@ -99,7 +104,21 @@ def read_mig(
         calls=calls or NvmlCalls(),
         total_memory_bytes=total_memory_bytes,
     )
-    return enabled, devices
+    return reading.enabled, reading.devices
+
+
+class MigReading(NamedTuple):
+    """What discovery read of one GPU's MIG side.
+
+    ``capable``: whether the GPU supports MIG (None: the driver would not say); ``enabled``:
+    MIG mode is on; ``devices``: its MIG devices; ``total_memory_bytes``: the GPU's memory as the
+    names took it (None: not in MIG mode).
+    """
+
+    capable: bool | None
+    enabled: bool
+    devices: tuple[MigDevice, ...]
+    total_memory_bytes: int | None
 
 
 def read_mig_with_total(
@@ -111,26 +130,30 @@ def read_mig_with_total(
     mig_minors: Path = DEFAULT_MIG_MINORS,
     total_memory_bytes: int | None = None,
     handles: dict[str, Any] | None = None,
-) -> tuple[bool, tuple[MigDevice, ...], int | None]:
-    """:func:`read_mig`, and the GPU's memory in bytes as the names took it (None: not MIG).
+) -> MigReading:
+    """:func:`read_mig`, with whether the GPU supports MIG and its memory as the names took it.
 
     ``handles``, when given, receives each MIG device's NVML handle by its UUID (for its own
     telemetry).
     """
     try:
-        current, _pending = calls.call(index, pynvml.nvmlDeviceGetMigMode, handle)
+        mode = calls.optional(index, pynvml.nvmlDeviceGetMigMode, handle)
     except pynvml.NVMLError as exc:
-        if exc.value in _ABSENT:
-            return False, (), None
-        raise
+        if exc.value != pynvml.NVML_ERROR_NO_PERMISSION:
+            raise
+        calls.failed(index, "nvmlDeviceGetMigMode", exc.value)
+        return MigReading(None, False, (), None)
+    if mode is None:  # NOT_SUPPORTED, FUNCTION_NOT_FOUND: no MIG on this GPU or driver
+        return MigReading(False, False, (), None)
+    current, _pending = mode
     if int(current) != pynvml.NVML_DEVICE_MIG_ENABLE:
-        return False, (), None
+        return MigReading(True, False, (), None)
     reader = _Reader(index, handle, minor, mig_minors, calls)
     total = total_memory_bytes or reader.total_memory_bytes()
     devices = reader.devices(total)
     if handles is not None:
         handles.update(reader.handles)
-    return True, devices, total
+    return MigReading(True, True, devices, total)
 
 
 def mig_memory_gb(memory_mib: int, total_memory_bytes: int) -> int:

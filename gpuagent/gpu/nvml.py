@@ -211,7 +211,7 @@ class Nvml:
         name = str(call(index, pynvml.nvmlDeviceGetName, handle))
         total, refused = self._memory_total(index, handle)
         mig_handles: dict[str, Any] = {}
-        enabled, migs, mig_total = read_mig_with_total(
+        mig = read_mig_with_total(
             index,
             handle,
             minor,
@@ -223,13 +223,13 @@ class Nvml:
         with self._lock:
             self._migs[index] = tuple(
                 (m.uuid, m.gpu_instance_id, mig_handles[m.uuid])
-                for m in migs
+                for m in mig.devices
                 if m.uuid in mig_handles
             )
         if total is None:
-            if mig_total is None and refused is not None:
+            if mig.total_memory_bytes is None and refused is not None:
                 raise refused
-            total = mig_total or 0
+            total = mig.total_memory_bytes or 0
         return Gpu(
             index=index,
             uuid=uuid,
@@ -244,8 +244,9 @@ class Nvml:
             compute_capability=compute_capability(
                 optional(index, pynvml.nvmlDeviceGetCudaComputeCapability, handle)
             ),
-            mig_enabled=enabled,
-            mig_devices=migs,
+            mig_capable=mig.capable,
+            mig_enabled=mig.enabled,
+            mig_devices=mig.devices,
         )
 
     def _memory_total(self, index: int, handle: Any) -> tuple[int | None, pynvml.NVMLError | None]:

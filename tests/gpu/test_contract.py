@@ -124,6 +124,20 @@ def test_discovery_shapes(driver: Subject) -> None:
         assert gpu.device_node == f"/dev/nvidia{gpu.minor}"
 
 
+def test_mig_capable_is_the_mig_mode_call_answering(driver: Subject) -> None:
+    """Each GPU's ``mig_capable`` is whether ``nvmlDeviceGetMigMode`` answers it (GFD's test)."""
+    for gpu in driver.gpus:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(gpu.index)
+        code = pynvml.NVML_SUCCESS
+        try:
+            pynvml.nvmlDeviceGetMigMode(handle)
+        except pynvml.NVMLError as exc:
+            code = exc.value
+        assert code in {pynvml.NVML_SUCCESS, pynvml.NVML_ERROR_NOT_SUPPORTED}, code
+        assert gpu.mig_capable is (code == pynvml.NVML_SUCCESS), gpu.name
+        assert gpu.mig_capable or not gpu.mig_enabled
+
+
 def test_telemetry_ranges(driver: Subject) -> None:
     """Probes answer; values are in their units and ranges; counters do not fall; GPM pairs."""
     first = {g.index: driver.nvml.probe(g.index) for g in driver.gpus}

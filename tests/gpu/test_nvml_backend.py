@@ -12,7 +12,7 @@ import pytest
 import structlog.testing
 from support.clock import FakeClock
 
-from gpuagent.domain.devices import Condition, DriverState, GpuHealth, Telemetry
+from gpuagent.domain.devices import Condition, DriverState, Gpu, GpuHealth, Snapshot, Telemetry
 from gpuagent.domain.health import (
     DoubleBitEccError,
     GpuLost,
@@ -32,6 +32,7 @@ from gpuagent.gpu.nvml import (
 )
 from gpuagent.gpu.sim import SimDriver, install, node_from_count, node_from_mapping, uninstall
 from gpuagent.gpu.sim import telemetry as sim_telemetry
+from gpuagent.labels import node_labels
 
 MIB = 1024 * 1024
 GPUS = 4
@@ -381,6 +382,76 @@ class TestDiscover:
         nvml.init()
         with pytest.raises(DriverUnavailable, match=r"Unknown Error \(NVML 999\)"):
             nvml.discover()
+
+
+# ----- MIG support -------------------------------------------------------------------------------
+NO_PERMISSION = int(pynvml.NVML_ERROR_NO_PERMISSION)
+H100_NAME = "NVIDIA H100 80GB HBM3"
+
+
+def mig_capable_label(gpus: list[Gpu]) -> str:
+    """The node's ``nvidia.com/mig.capable`` label for these GPUs."""
+    snapshot = Snapshot(version=1, gpus=tuple(gpus), driver=DriverState(up=True, version="1.2"))
+    return node_labels(snapshot)["nvidia.com/mig.capable"]
+
+
+class TestMigCapable:
+    """``Gpu.mig_capable``: whether ``nvmlDeviceGetMigMode`` answers, read once at discovery."""
+
+    def test_mig_models_answer_the_mode(self, nvml: Nvml) -> None:
+        nvml.init()
+        gpus = nvml.discover()
+        assert [g.mig_capable for g in gpus] == [True] * GPUS
+        assert mig_capable_label(gpus) == "true"
+
+    def test_a_model_without_mig_is_not_capable_whatever_its_name(self, tmp_path: Path) -> None:
+        """A model without MIG profiles answers NOT_SUPPORTED; the label follows the driver, not
+        the H100 name the guess would take as MIG-capable."""
+        node = node_from_count(2)
+        no_mig = dataclasses.replace(node.gpus[0].profile, key="no-mig", mig_profiles=())
+        node = dataclasses.replace(
+            node, gpus=tuple(dataclasses.replace(g, profile=no_mig) for g in node.gpus)
+        )
+        install(SimDriver(node))
+        backend = Nvml(sysfs_root=tmp_path)
+        try:
+            backend.init()
+            gpus = backend.discover()
+        finally:
+            backend.shutdown()
+            uninstall()
+        assert [(g.name, g.mig_capable) for g in gpus] == [(H100_NAME, False)] * 2
+        assert all(g.health.healthy for g in gpus)
+        assert mig_capable_label(gpus) == "false"
+
+    def test_not_supported_on_one_gpu(self, nvml: Nvml, driver: SimDriver) -> None:
+        driver.fail("nvmlDeviceGetMigMode", NOT_SUPPORTED, gpu=1)
+        nvml.init()
+        with structlog.testing.capture_logs() as logs:
+            gpus = nvml.discover()
+        assert [g.mig_capable for g in gpus] == [True, False, True, True]
+        assert [e["gpu"] for e in logs if e["event"] == ABSENT_LOG] == [1]
+        assert gpus[1].health.healthy
+
+    def test_a_driver_without_the_call_has_no_mig(self, nvml: Nvml, driver: SimDriver) -> None:
+        """FUNCTION_NOT_FOUND (a driver older than MIG): not capable, as go-nvlib decides."""
+        driver.remove("nvmlDeviceGetMigMode")
+        nvml.init()
+        gpus = nvml.discover()
+        assert [g.mig_capable for g in gpus] == [False] * GPUS
+        assert mig_capable_label(gpus) == "false"
+
+    def test_no_permission_leaves_it_unknown(self, nvml: Nvml, driver: SimDriver) -> None:
+        """NO_PERMISSION: unknown, the GPU still described and healthy; with every answer unknown
+        the label falls back to the name (an H100: true)."""
+        driver.fail("nvmlDeviceGetMigMode", NO_PERMISSION)
+        nvml.init()
+        gpus = nvml.discover()
+        assert [g.mig_capable for g in gpus] == [None] * GPUS
+        assert all(g.health.healthy and not g.mig_enabled for g in gpus)
+        assert mig_capable_label(gpus) == "true"
+        failed = dict(nvml.calls.stats())["nvmlDeviceGetMigMode"]
+        assert failed.errors == GPUS
 
 
 # ----- events ------------------------------------------------------------------------------------
