@@ -161,13 +161,18 @@ class DraEndpoint:
             await changes.wait(self._timing.watch_interval)
 
     async def _close(self) -> None:
-        servers, self._servers = self._servers, []
-        for server, path, ident in reversed(servers):
+        # One server at a time off the list: a close cut short by a cancellation leaves the rest
+        # to the next (run()'s last).
+        while self._servers:
+            server, path, ident = self._servers.pop()
             server.close()
             await asyncio.sleep(0)
             server.drop_connections()
+            # Not wait_for: before Python 3.12 it swallows a cancellation that arrives as the
+            # server finishes closing, and run() would then serve again instead of ending.
             try:
-                await asyncio.wait_for(server.wait_closed(), self._timing.close_timeout)
+                async with asyncio.timeout(self._timing.close_timeout):
+                    await server.wait_closed()
             except TimeoutError:
                 log.warning("dra server did not close in time", socket=str(path))
             with contextlib.suppress(FileNotFoundError):

@@ -98,3 +98,44 @@ async def test_a_socket_or_directory_removed_is_served_and_registered_again(
             await asyncio.wait({task})
     assert not endpoint.registration_socket.exists()
     assert not endpoint.dra_socket.exists()
+
+
+async def test_cancel_as_a_server_finishes_closing_stops_the_endpoint(
+    short_tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancellation that arrives as a server finishes closing (a socket was removed) ends
+    run(), and both servers are closed and their sockets removed; asyncio.wait_for before
+    Python 3.12 swallowed it with the close, and the endpoint served again."""
+    endpoint = DraEndpoint(
+        [],
+        driver=DRIVER,
+        supported=("v1.DRAPlugin",),
+        plugins_dir=short_tmp_path / "plugins",
+        registry_dir=short_tmp_path / "plugins_registry",
+        timing=ON_INOTIFY,
+    )
+    task = asyncio.create_task(endpoint.run())
+    try:
+        await eventually(endpoint.registration_socket.exists, what="the endpoint serving")
+        closing = asyncio.Event()
+        closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        for server, _, _ in endpoint._servers:
+
+            async def finish_when_told(close: Callable[[], Any] = server.wait_closed) -> None:
+                await close()
+                closing.set()
+                await closed
+
+            monkeypatch.setattr(server, "wait_closed", finish_when_told)
+        endpoint.registration_socket.unlink()
+        await eventually(closing.is_set, what="a server closing")
+        closed.set_result(None)  # the close finishes in the same turn of the loop as the cancel
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=10.0)
+        assert task in done, "run() went on after it was cancelled"
+        assert task.cancelled()
+        assert not endpoint.dra_socket.exists()
+        assert not endpoint.registration_socket.exists()
+    finally:
+        task.cancel()
+        await asyncio.wait({task})
