@@ -579,8 +579,9 @@ class GpuMonitor:
         if worker.busy:  # never queued behind a call that has not returned
             log.info("nvml left to the process's exit: a call has not returned")
             return
-        try:
-            await asyncio.wait_for(worker.submit(self._release), self._call_timeout)
+        try:  # (not wait_for, which may swallow a cancellation of close() as the call returns)
+            async with asyncio.timeout(self._call_timeout):
+                await worker.submit(self._release)
         except TimeoutError:
             log.warning("nvml shutdown did not return in time")
 
@@ -787,10 +788,11 @@ class GpuMonitor:
     async def _refresh_topology(self) -> None:
         if self._control.busy:
             return  # an earlier refresh has not returned: it will do
+        # Not wait_for: before Python 3.12 it swallows a cancellation (close()) that arrives as
+        # the read returns, and the refresh would then write the store after the monitor closed.
         try:
-            topology = await asyncio.wait_for(
-                self._control.submit(self._backend.refresh_topology), self._call_timeout
-            )
+            async with asyncio.timeout(self._call_timeout):
+                topology = await self._control.submit(self._backend.refresh_topology)
         except Exception as exc:
             log.warning("topology refresh failed", error=repr(exc))
             return

@@ -555,6 +555,32 @@ async def test_close_lets_a_topology_read_finish_then_releases_the_driver(
     assert driver.calls["nvmlShutdown"] == 1
 
 
+async def test_cancel_as_a_topology_refresh_returns_drops_it(
+    store: DeviceStore, driver: SimDriver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refresh cancelled (by close()) in the turn its read returns ends without writing the
+    topology into the store; asyncio.wait_for before Python 3.12 swallowed the cancellation."""
+    monitor = monitor_for(store, Nvml(tmp_path))
+    await monitor.start()
+    try:
+        before = store.snapshot.topology
+        assert before != Topology()
+        answer: asyncio.Future[Topology] = asyncio.get_running_loop().create_future()
+        monkeypatch.setattr(monitor._control, "submit", lambda _fn: answer)
+        monitor._spawn_refresh()
+        (task,) = monitor._background
+        for _ in range(3):
+            await asyncio.sleep(0)  # the refresh waits for its read
+        answer.set_result(Topology())  # the read returns in the same turn as the cancel
+        task.cancel()
+        await asyncio.wait({task}, timeout=WAIT_S)
+        assert task.cancelled()
+        assert store.snapshot.topology == before
+    finally:
+        monkeypatch.undo()
+        await asyncio.wait_for(monitor.close(), WAIT_S)
+
+
 async def test_close_after_failed_start(
     store: DeviceStore, driver: SimDriver, tmp_path: Path
 ) -> None:
