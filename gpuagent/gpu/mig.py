@@ -20,12 +20,13 @@ uses for its ``nvidia.com/mig-<profile>`` resources and which matches ``nvidia-s
 MIG support: as NVIDIA's go-nvlib decides it, a GPU supports MIG when ``nvmlDeviceGetMigMode``
 answers (whatever the mode), and does not when the driver answers NOT_SUPPORTED (nvml.h: the
 device does not support MIG mode) or lacks the call (FUNCTION_NOT_FOUND: a driver older than MIG).
-NO_PERMISSION leaves it unknown (``None``). See :class:`MigReading`.
+See :class:`MigReading`.
 
-Errors: MIG mode not offered (NOT_SUPPORTED, FUNCTION_NOT_FOUND, NO_PERMISSION) means not
-enabled; values the driver does not offer degrade (no suffix, memory from another call), logged
-once. Any other NVML error — above all a lost GPU — is raised as :class:`pynvml.NVMLError` for
-the caller's discovery to handle like any other failing GPU.
+Errors: MIG mode not offered (NOT_SUPPORTED, FUNCTION_NOT_FOUND) means not enabled; values the
+driver does not offer degrade (no suffix, memory from another call), logged once. Any other NVML
+error (NO_PERMISSION too, which nvml.h does not list for ``nvmlDeviceGetMigMode``), above all a
+lost GPU, is raised as :class:`pynvml.NVMLError` for the caller's discovery to handle like any
+other failing GPU: a GPU whose MIG mode is unknown is never advertised whole.
 
 Privileges: under MIG a real driver answers the parent GPU's aggregate memory read with
 NO_PERMISSION unless the caller has CAP_SYS_ADMIN (the base manifest drops every capability). The
@@ -110,12 +111,12 @@ def read_mig(
 class MigReading(NamedTuple):
     """What discovery read of one GPU's MIG side.
 
-    ``capable``: whether the GPU supports MIG (None: the driver would not say); ``enabled``:
+    ``capable``: whether the GPU supports MIG; ``enabled``:
     MIG mode is on; ``devices``: its MIG devices; ``total_memory_bytes``: the GPU's memory as the
     names took it (None: not in MIG mode).
     """
 
-    capable: bool | None
+    capable: bool
     enabled: bool
     devices: tuple[MigDevice, ...]
     total_memory_bytes: int | None
@@ -136,13 +137,9 @@ def read_mig_with_total(
     ``handles``, when given, receives each MIG device's NVML handle by its UUID (for its own
     telemetry).
     """
-    try:
-        mode = calls.optional(index, pynvml.nvmlDeviceGetMigMode, handle)
-    except pynvml.NVMLError as exc:
-        if exc.value != pynvml.NVML_ERROR_NO_PERMISSION:
-            raise
-        calls.failed(index, "nvmlDeviceGetMigMode", exc.value)
-        return MigReading(None, False, (), None)
+    # Any other answer (NO_PERMISSION too, which nvml.h does not list for this call) is raised:
+    # a GPU whose MIG mode is unknown must not be advertised whole, so its discovery fails.
+    mode = calls.optional(index, pynvml.nvmlDeviceGetMigMode, handle)
     if mode is None:  # NOT_SUPPORTED, FUNCTION_NOT_FOUND: no MIG on this GPU or driver
         return MigReading(False, False, (), None)
     current, _pending = mode

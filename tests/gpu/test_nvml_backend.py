@@ -14,6 +14,7 @@ from support.clock import FakeClock
 
 from gpuagent.domain.devices import Condition, DriverState, Gpu, GpuHealth, Snapshot, Telemetry
 from gpuagent.domain.health import (
+    DISCOVERY,
     DoubleBitEccError,
     GpuLost,
     HealthEvent,
@@ -441,17 +442,16 @@ class TestMigCapable:
         assert [g.mig_capable for g in gpus] == [False] * GPUS
         assert mig_capable_label(gpus) == "false"
 
-    def test_no_permission_leaves_it_unknown(self, nvml: Nvml, driver: SimDriver) -> None:
-        """NO_PERMISSION: unknown, the GPU still described and healthy; with every answer unknown
-        the label falls back to the name (an H100: true)."""
+    def test_an_unknown_mig_mode_fails_the_discovery(self, nvml: Nvml, driver: SimDriver) -> None:
+        """Any other answer (NO_PERMISSION here): the MIG mode is unknown, so the GPU is not
+        advertised whole but unhealthy (``discovery``), and asked again by the monitor."""
         driver.fail("nvmlDeviceGetMigMode", NO_PERMISSION)
         nvml.init()
         gpus = nvml.discover()
         assert [g.mig_capable for g in gpus] == [None] * GPUS
-        assert all(g.health.healthy and not g.mig_enabled for g in gpus)
-        assert mig_capable_label(gpus) == "true"
-        failed = dict(nvml.calls.stats())["nvmlDeviceGetMigMode"]
-        assert failed.errors == GPUS
+        assert all(not g.health.healthy for g in gpus)
+        assert {c.kind for g in gpus for c in g.health.conditions} == {DISCOVERY}
+        assert all(g.memory_mib == 0 and not g.mig_enabled for g in gpus)
 
 
 # ----- events ------------------------------------------------------------------------------------
