@@ -32,7 +32,8 @@ from gpuagent.gpu.sim import SimDriver, installed, node_from_count
 GPUS = 4
 POLL = 0.02
 EVENT_WAIT_MS = 50
-WAIT_S = 5.0
+# A deadline for what must happen, never a wait: generous, for a machine shared by parallel suites.
+WAIT_S = 15.0
 GPU_IS_LOST = int(pynvml.NVML_ERROR_GPU_IS_LOST)
 
 
