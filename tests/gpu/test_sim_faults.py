@@ -87,6 +87,26 @@ def recovery_action(index: int) -> int:
     return int(value.value.uiVal)
 
 
+def blocked_wait(timeout_ms: int = 600_000) -> tuple[Any, threading.Thread, list[BaseException]]:
+    """A fresh event set (GPU 0's XIDs) and a thread blocked in its wait (shown by its stack);
+    what the wait raises is appended to the list."""
+    event_set = pynvml.nvmlEventSetCreate()
+    pynvml.nvmlDeviceRegisterEvents(handle(0), XID, event_set)
+    errors: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            pynvml.nvmlEventSetWait_v2(event_set, timeout_ms)
+        except pynvml.NVMLError as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    assert thread.ident is not None
+    assert blocked_in(thread.ident, "_wait", via=("wait", "wait_for")), "the wait never blocked"
+    return event_set, thread, errors
+
+
 class TestXid:
     def test_plain_xid(self, driver: SimDriver, events: Any) -> None:
         """An XID that needs no reset is one XID event; the recovery action stays NONE."""
@@ -265,20 +285,7 @@ class TestEventSets:
 
     def test_free_wakes_waiter(self, driver: SimDriver) -> None:
         """Freeing a set wakes a blocked waiter with INVALID_ARGUMENT; later waits get the same."""
-        event_set = pynvml.nvmlEventSetCreate()
-        pynvml.nvmlDeviceRegisterEvents(handle(0), XID, event_set)
-        errors: list[BaseException] = []
-
-        def wait() -> None:
-            try:
-                pynvml.nvmlEventSetWait_v2(event_set, 600_000)
-            except pynvml.NVMLError as exc:
-                errors.append(exc)
-
-        thread = threading.Thread(target=wait)
-        thread.start()
-        assert thread.ident is not None
-        assert blocked_in(thread.ident, "_wait", via=("wait", "wait_for"))  # not merely started
+        event_set, thread, errors = blocked_wait()
         pynvml.nvmlEventSetFree(event_set)
         thread.join(timeout=WAIT_S)
         assert not thread.is_alive()
@@ -292,23 +299,7 @@ class TestEventSets:
     def test_release_under_a_waiter_is_misuse(self, driver: SimDriver, release: str) -> None:
         """nvml.h allows neither freeing a set nor shutting NVML down under a blocked wait: the
         simulator records it (and wakes the waiter, so that a test fails rather than hangs)."""
-        event_set = pynvml.nvmlEventSetCreate()
-        pynvml.nvmlDeviceRegisterEvents(handle(0), XID, event_set)
-        errors: list[BaseException] = []
-
-        def wait() -> None:
-            try:
-                pynvml.nvmlEventSetWait_v2(event_set, 10_000)
-            except pynvml.NVMLError as exc:
-                errors.append(exc)
-
-        thread = threading.Thread(target=wait)
-        thread.start()
-        state = driver._state
-        deadline = time.monotonic() + 5
-        while not any(s.waiters for s in state.event_sets.values()):
-            assert time.monotonic() < deadline, "the wait never blocked"
-            time.sleep(0.001)
+        event_set, thread, errors = blocked_wait()
         assert driver.misuse == []
         if release == "nvmlEventSetFree":
             pynvml.nvmlEventSetFree(event_set)
@@ -316,7 +307,7 @@ class TestEventSets:
         else:
             pynvml.nvmlShutdown()
             expected = "nvmlShutdown while a thread waits on an event set"
-        thread.join(timeout=2)
+        thread.join(timeout=WAIT_S)
         assert not thread.is_alive()
         assert len(errors) == 1
         assert driver.misuse == [expected]
@@ -324,24 +315,9 @@ class TestEventSets:
     def test_an_interrupt_ends_a_blocked_wait_with_timeout(self, driver: SimDriver) -> None:
         """nvml.h: a wait "can return before specified timeout passes (e.g. when interrupt
         arrives)", with NVML_ERROR_TIMEOUT; interrupt_waits() is that interrupt. Not misuse."""
-        event_set = pynvml.nvmlEventSetCreate()
-        pynvml.nvmlDeviceRegisterEvents(handle(0), XID, event_set)
-        errors: list[BaseException] = []
-
-        def wait() -> None:
-            try:
-                pynvml.nvmlEventSetWait_v2(event_set, 600_000)
-            except pynvml.NVMLError as exc:
-                errors.append(exc)
-
-        thread = threading.Thread(target=wait)
-        thread.start()
-        deadline = time.monotonic() + 5
-        while not any(s.waiters for s in driver._state.event_sets.values()):
-            assert time.monotonic() < deadline, "the wait never blocked"
-            time.sleep(0.001)
+        event_set, thread, errors = blocked_wait()
         driver.interrupt_waits()
-        thread.join(timeout=5)
+        thread.join(timeout=WAIT_S)
         assert not thread.is_alive(), "the interrupt did not end the wait"
         assert [type(e) for e in errors] == [pynvml.NVMLError_Timeout]
         pynvml.nvmlEventSetFree(event_set)
