@@ -21,9 +21,10 @@ not enter them. A write that fails is logged and retried at the next change.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
+from types import MappingProxyType
 
 import structlog
 
@@ -36,7 +37,7 @@ from gpuagent.cdi import (
     toolkit_devices,
 )
 from gpuagent.domain.containers import ContainerSettings
-from gpuagent.domain.devices import Snapshot
+from gpuagent.domain.devices import Gpu, GpuHealth, Snapshot, Telemetry
 from gpuagent.domain.naming import mig_index
 from gpuagent.domain.plan import Plan
 from gpuagent.domain.resources import ResourceSettings
@@ -136,12 +137,30 @@ class NodeFiles:
 
 
 def _devices(snapshot: Snapshot) -> object:
-    """What the files depend on: which devices exist and the driver, not health or readings."""
+    """What the files depend on: the driver and each device as described (so a GPU described
+    after an undescribed start counts), not health, readings or history (a MIG device's
+    telemetry changes every poll)."""
     return (
         snapshot.driver.version,
         snapshot.driver.cuda_version,
-        tuple((g.uuid, g.mig_devices) for g in snapshot.gpus),
+        tuple(_described(g) for g in snapshot.gpus),
     )
+
+
+def _described(gpu: Gpu) -> Gpu:
+    migs = tuple(replace(m, telemetry=Telemetry(), health=GpuHealth()) for m in gpu.mig_devices)
+    return replace(
+        gpu,
+        health=GpuHealth(),
+        telemetry=Telemetry(),
+        xid_counts=_NO_XIDS,
+        last_xid=None,
+        processes=None,
+        mig_devices=migs,
+    )
+
+
+_NO_XIDS: Mapping[int, int] = MappingProxyType({})
 
 
 async def _write(what: str, path: Path, writer: Callable[..., bool], *args: object) -> None:

@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
 from support.driverroot import LIBDIR, VERSION, make_driver_root
 from support.nodes import gpu, gpu_uuid, mig, mig_uuid, node
+from support.waiting import eventually
 
+from gpuagent import nodefiles
 from gpuagent.cdi import SPEC_FILE_NAME
 from gpuagent.config import load_settings
 from gpuagent.domain.containers import TOOLKIT_CDI_KIND, ContainerSettings
-from gpuagent.domain.devices import IdStrategy
-from gpuagent.nodefiles import CdiTarget, expected_toolkit_names, write_cdi
+from gpuagent.domain.devices import Condition, Gpu, GpuHealth, IdStrategy, Snapshot, Telemetry
+from gpuagent.domain.health import DISCOVERY
+from gpuagent.domain.store import DeviceStore
+from gpuagent.nodefiles import CdiTarget, LabelTarget, NodeFiles, expected_toolkit_names, write_cdi
 from gpuagent.plan import driver_root_as_read, make_plan
 
 NODE = node(gpu(0), gpu(1, migs=[mig(1, 7)]), driver=VERSION)
@@ -131,3 +139,54 @@ def test_control_nodes_are_looked_for_where_the_root_is_read(tmp_path: Path) -> 
     containers = make_plan(settings).serving.containers
     assert containers.control_nodes == ("/dev/nvidiactl",)
     assert containers.dev_root == "/run/nvidia/driver"
+
+
+async def test_labels_follow_a_gpu_described_late_not_its_readings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GPU that starts undescribed (a slow or failing discovery) and is described later gets
+    its labels rewritten; a MIG device's new readings or a health change write nothing."""
+    writes: list[Snapshot] = []
+    real = nodefiles.write_labels
+
+    def counting(snapshot: Snapshot, *args: Any) -> bool:
+        writes.append(snapshot)
+        return real(snapshot, *args)
+
+    monkeypatch.setattr(nodefiles, "write_labels", counting)
+    features = tmp_path / "features"
+    target = LabelTarget(features, tmp_path / "no-machine-type", tmp_path / "sys")
+    store = DeviceStore()
+    undescribed = Gpu.undescribed(0, gpu_uuid(0), Condition(DISCOVERY, "timed out"))
+    described = gpu(0)
+    other = gpu(1, migs=[mig(1, 1)], mig_enabled=True)
+    h100 = "nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3"
+    store.update(lambda s: node(undescribed, other))
+    task = asyncio.create_task(NodeFiles(store, cdi=None, labels=target).run())
+
+    def labelled(*lines: str) -> bool:
+        text = features.read_text() if features.exists() else ""
+        return all(f"{line}\n" in text for line in lines)
+
+    try:
+        await eventually(lambda: labelled("nvidia.com/gpu.count=1"), what="the first labels")
+        assert not labelled(h100)  # one GPU of each name: no most numerous product
+        store.update(lambda s: node(described, other))
+        await eventually(
+            lambda: labelled("nvidia.com/gpu.count=2", h100), what="labels for the described GPU"
+        )
+        assert len(writes) == 2
+
+        # New readings and health of the described devices: the loop sees them, writes nothing.
+        reading = replace(other.mig_devices[0], telemetry=Telemetry(temperature_c=50))
+        sick = GpuHealth((Condition("xid", "79"),))
+        store.update(lambda s: node(described, replace(other, mig_devices=(reading,), health=sick)))
+        for _ in range(5):  # the loop's turn: it wakes for the snapshot and waits again
+            await asyncio.sleep(0)
+        store.update(lambda s: node(described, other, gpu(2)))  # a device added: written
+        await eventually(lambda: labelled("nvidia.com/gpu.count=3"), what="a third GPU's labels")
+        assert len(writes) == 3
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
