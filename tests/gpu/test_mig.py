@@ -244,6 +244,9 @@ class TestSimulatedMig:
         run(node)
         gpu = pynvml.nvmlDeviceGetHandleByIndex(1)
         assert pynvml.nvmlDeviceGetMaxMigDeviceCount(gpu) == 7
+        # nvml.h: zero when MIG is not supported or not enabled (GPU 3: an H100, MIG off).
+        full = pynvml.nvmlDeviceGetHandleByIndex(3)
+        assert pynvml.nvmlDeviceGetMaxMigDeviceCount(full) == 0
         mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, 0)
         spec = node.gpus[1].mig_devices[0]
         assert pynvml.nvmlDeviceIsMigDeviceHandle(mig).value == 1

@@ -46,7 +46,8 @@ def _engines(shape: MigProfile) -> dict[str, int]:
 def _max_count(st: DriverState, gpu: GpuState, ref: object) -> int:
     if gpu.mig is not None:
         return NOT_SUPPORTED
-    out(ref).value = MAX_MIG_DEVICES
+    # nvml.h: "Returns zero if MIG is not supported or enabled."
+    out(ref).value = MAX_MIG_DEVICES if gpu.mig_enabled else 0
     return SUCCESS
 
 
