@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -61,12 +60,6 @@ def ms(seconds: float) -> str:
     return f"{seconds * 1000:.2f} ms"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class Agent:
     proc: subprocess.Popen[bytes]
@@ -100,7 +93,7 @@ class Agent:
 def agent(
     socket_dir: Path, gpus: int, extra: list[str] | None = None, *, sim_config: Path | None = None
 ) -> Iterator[Agent]:
-    port = free_port()
+    port = bench_plugin.free_port()
     started = time.monotonic()
     node = ["--sim-config", str(sim_config)] if sim_config else ["--simulate", str(gpus)]
     proc = subprocess.Popen(

@@ -59,6 +59,18 @@ PLAUSIBLE: dict[str, tuple[float, float]] = {
 }
 
 
+def discover_on(driver: SimDriver, sysfs_root: Path) -> list[Gpu]:
+    """The GPUs a fresh backend discovers on ``driver`` (installed for the call only)."""
+    install(driver)
+    backend = Nvml(sysfs_root=sysfs_root)
+    try:
+        backend.init()
+        return backend.discover()
+    finally:
+        backend.shutdown()
+        uninstall()
+
+
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
@@ -208,14 +220,7 @@ class TestDiscover:
             }
         )
         drv = SimDriver(node)
-        install(drv)
-        backend = Nvml(sysfs_root=tmp_path)
-        try:
-            backend.init()
-            gpus = backend.discover()
-        finally:
-            backend.shutdown()
-            uninstall()
+        gpus = discover_on(drv, tmp_path)
         described = drv.describe()
         assert [(g.name, g.memory_mib, g.numa_node) for g in gpus] == [
             (d["name"], d["memory_mib"], d["numa_node"]) for d in described
@@ -295,14 +300,7 @@ class TestDiscover:
         # Buses 0x10, 0x13, …, 0x25: GPUs 4 and 5 sit on 1C and 1F, which sysfs spells lower case.
         for spec in drv.node.gpus:
             sysfs_numa(tmp_path, spec.pci_bus_id, str(10 + spec.index))
-        install(drv)
-        backend = Nvml(sysfs_root=tmp_path)
-        try:
-            backend.init()
-            gpus = backend.discover()
-        finally:
-            backend.shutdown()
-            uninstall()
+        gpus = discover_on(drv, tmp_path)
         assert [g.numa_node for g in gpus] == [10 + i for i in range(8)]
         assert (tmp_path / "bus/pci/devices/0000:1c:00.0/numa_node").exists()
 
@@ -413,14 +411,7 @@ class TestMigCapable:
         node = dataclasses.replace(
             node, gpus=tuple(dataclasses.replace(g, profile=no_mig) for g in node.gpus)
         )
-        install(SimDriver(node))
-        backend = Nvml(sysfs_root=tmp_path)
-        try:
-            backend.init()
-            gpus = backend.discover()
-        finally:
-            backend.shutdown()
-            uninstall()
+        gpus = discover_on(SimDriver(node), tmp_path)
         assert [(g.name, g.mig_capable) for g in gpus] == [(H100_NAME, False)] * 2
         assert all(g.health.healthy for g in gpus)
         assert mig_capable_label(gpus) == "false"
