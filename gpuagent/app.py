@@ -77,6 +77,7 @@ _DEFERRED = (
     "gpuagent.kubelet.podresources",
     "gpuagent.runtime.accountant",
     "gpuagent.runtime.cri",
+    "gpuagent.runtime.loglinks",
     "gpuagent.runtime.procfs",
     "gpuagent.nodefiles",
 )
@@ -213,7 +214,7 @@ class Agent:
             sim.install(self.simulator)
         self.monitor = monitor = GpuMonitor(
             self.store,
-            Nvml(self._sysfs_root),
+            Nvml(self._sysfs_root, processes=self.settings.container_accounting),
             poll_interval=self.settings.poll_interval,
             call_timeout=self._nvml_call_timeout,
             nvml_timeout=self.settings.nvml_timeout,
@@ -286,6 +287,7 @@ class Agent:
         from gpuagent.kubelet.podresources import PodResourcesClient  # noqa: PLC0415
         from gpuagent.runtime.accountant import Accountant  # noqa: PLC0415
         from gpuagent.runtime.cri import CriClient  # noqa: PLC0415
+        from gpuagent.runtime.loglinks import LogLinks  # noqa: PLC0415
         from gpuagent.runtime.procfs import ProcReader  # noqa: PLC0415
         from gpuagent.web.metrics import MetricsRenderer  # noqa: PLC0415
         from gpuagent.web.server import HttpServer, build_app  # noqa: PLC0415
@@ -297,6 +299,7 @@ class Agent:
             hostname_label=None if settings.no_hostname else settings.hostname_label,
             container_shares=settings.dcgm_container_shares,
             kubernetes=settings.kubernetes,
+            accounting=settings.container_accounting,
         )
         app = build_app(self.store, self.renderer, self, self.simulator, web_config=self.web_config)
         self.http = HttpServer(
@@ -308,10 +311,18 @@ class Agent:
                 self.store, settings.pod_resources_socket, interval=settings.pod_resources_interval
             )
             self._spawn("pod-resources", self.pod_resources.run())
-        self.accountant = Accountant(
-            self.store, ProcReader(settings.proc_root), CriClient(settings.cri_socket)
-        )
-        self._spawn("gpu-accounting", self.accountant.run())
+        if settings.container_accounting:
+            if os.getpid() == 1:
+                log.warning(
+                    "container accounting is on, but the agent is PID 1 of its own PID "
+                    "namespace: NVML lists no other container's processes (run it in the host's "
+                    "PID namespace, or set container-accounting: false)"
+                )
+            links = LogLinks(settings.container_logs_dir) if settings.kubernetes else None
+            self.accountant = Accountant(
+                self.store, ProcReader(settings.proc_root), CriClient(settings.cri_socket), links
+            )
+            self._spawn("gpu-accounting", self.accountant.run())
         self.node_files = _node_files(
             self.store, settings, sysfs_root=self._sysfs_root, simulated=self.simulator is not None
         )

@@ -70,7 +70,9 @@ def test_defaults() -> None:
         "plugins_registry_dir": "/var/lib/kubelet/plugins_registry",
         "plugins_dir": "/var/lib/kubelet/plugins",
         "kubeconfig": None,
+        "container_accounting": True,
         "proc_root": "/proc",
+        "container_logs_dir": "/var/log/containers",
         "cri_socket": None,
         "dcgm_container_shares": False,
         "kubernetes": True,
@@ -749,7 +751,9 @@ dra-driver-name: gpu.example.com
 plugins-registry-dir: /pr
 plugins-dir: /p
 kubeconfig: /etc/kube.conf
+container-accounting: false
 proc-root: /host/proc
+container-logs-dir: /host/var/log/containers
 cri-socket: /run/k3s/containerd/containerd.sock
 dcgm-container-shares: true
 nvml-timeout: 120
@@ -801,7 +805,9 @@ nvml-timeout: 120
         "plugins_registry_dir": "/pr",
         "plugins_dir": "/p",
         "kubeconfig": "/etc/kube.conf",
+        "container_accounting": False,
         "proc_root": "/host/proc",
+        "container_logs_dir": "/host/var/log/containers",
         "cri_socket": "/run/k3s/containerd/containerd.sock",
         "dcgm_container_shares": True,
         "kubernetes": True,

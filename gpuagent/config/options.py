@@ -297,6 +297,14 @@ MACHINE_TYPE_FILE = Option(
     "FILE",
     env_aliases=("GFD_MACHINE_TYPE_FILE",),
 )
+CONTAINER_ACCOUNTING = Option(
+    "container-accounting",
+    parse_bool,
+    "per-container GPU accounting: the GPU's processes by container; needs the host's PID "
+    "namespace (default true; the DaemonSet sets false unless the accounting component adds "
+    "hostPID)",
+    is_bool=True,
+)
 PROC_ROOT = Option(
     "proc-root",
     parse_path,
@@ -304,11 +312,18 @@ PROC_ROOT = Option(
     "per-container GPU accounting (default /proc)",
     "DIR",
 )
+CONTAINER_LOGS_DIR = Option(
+    "container-logs-dir",
+    parse_path,
+    "the kubelet's container log links, whose names (<pod>_<namespace>_<container>-<id>.log) "
+    "name the containers using GPUs; only the names are read (default /var/log/containers)",
+    "DIR",
+)
 CRI_SOCKET = Option(
     "cri-socket",
     parse_path,
-    "the container runtime's CRI socket, for the names of containers using GPUs "
-    "(default containerd's or CRI-O's, whichever exists)",
+    "the container runtime's CRI socket, for the names of containers the log links do not name; "
+    "optional (default containerd's or CRI-O's, whichever exists)",
     "PATH",
 )
 DCGM_CONTAINER_SHARES = Option(
@@ -395,7 +410,9 @@ OPTIONS: tuple[Option[Any], ...] = (
     PLUGINS_REGISTRY_DIR,
     PLUGINS_DIR,
     KUBECONFIG,
+    CONTAINER_ACCOUNTING,
     PROC_ROOT,
+    CONTAINER_LOGS_DIR,
     CRI_SOCKET,
     DCGM_CONTAINER_SHARES,
     KUBERNETES,

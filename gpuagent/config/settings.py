@@ -59,7 +59,9 @@ class Settings:
     plugins_registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
     plugins_dir: Path = Path("/var/lib/kubelet/plugins")
     kubeconfig: Path | None = None
+    container_accounting: bool = True
     proc_root: Path = Path("/proc")
+    container_logs_dir: Path = Path("/var/log/containers")
     cri_socket: Path | None = None
     dcgm_container_shares: bool = False
     kubernetes: bool = True

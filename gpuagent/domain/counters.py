@@ -18,6 +18,7 @@ __all__ = [
     "AgentCounters",
     "Counters",
     "CriStats",
+    "LogLinkStats",
     "DraCounters",
     "NvmlCallStats",
     "PodResourcesStats",
@@ -73,6 +74,15 @@ class CriStats:
 
 
 @dataclass(frozen=True, slots=True)
+class LogLinkStats:
+    """The kubelet's container log links: listings made, failed, and the containers named."""
+
+    listings: int = 0
+    errors: int = 0
+    containers: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class ReloadStats:
     """Configuration reloads by outcome; ``last_successful`` is false after a refused one."""
 
@@ -92,6 +102,7 @@ class AgentCounters:
     nvml: tuple[NvmlCallStats, ...] = ()
     dra: DraCounters | None = None
     cri: CriStats | None = None
+    log_links: LogLinkStats | None = None
     reloads: ReloadStats = field(default_factory=ReloadStats)
 
 
@@ -107,6 +118,7 @@ class Counters:
         self._reloads = ReloadStats()
         self._dra: Callable[[], DraCounters] | None = None
         self._cri: Callable[[], CriStats] | None = None
+        self._log_links: Callable[[], LogLinkStats] | None = None
 
     def follow_dra(self, read: Callable[[], DraCounters]) -> None:
         """The DRA side's counters are read from its parts by ``read`` (on the loop's thread)."""
@@ -115,6 +127,10 @@ class Counters:
     def follow_cri(self, read: Callable[[], CriStats]) -> None:
         """The CRI client's counters are read by ``read`` (on the loop's thread)."""
         self._cri = read
+
+    def follow_log_links(self, read: Callable[[], LogLinkStats]) -> None:
+        """The log links' counters are read by ``read`` (on the loop's thread)."""
+        self._log_links = read
 
     def registered(self) -> None:
         """A registration with the kubelet succeeded."""
@@ -155,6 +171,7 @@ class Counters:
     def read(self) -> AgentCounters:
         dra = self._dra() if self._dra is not None else None
         cri = self._cri() if self._cri is not None else None
+        log_links = self._log_links() if self._log_links is not None else None
         with self._lock:
             return AgentCounters(
                 registrations=self._registrations,
@@ -164,4 +181,5 @@ class Counters:
                 reloads=self._reloads,
                 dra=dra,
                 cri=cri,
+                log_links=log_links,
             )

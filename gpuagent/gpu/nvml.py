@@ -71,7 +71,8 @@ _RECOVERY_FIELD = [f for f in FIELDS if f[0] == "recovery_action"]
 class Nvml:
     """Blocking access to the driver. Safe to call from several threads (NVML is thread-safe).
 
-    ``clock`` (monotonic seconds) times NVML calls and spaces GPM samples.
+    ``clock`` (monotonic seconds) times NVML calls and spaces GPM samples. ``processes``: read
+    each GPU's processes for per-container accounting (off: no such calls, no readings).
     """
 
     def __init__(
@@ -80,8 +81,10 @@ class Nvml:
         mig_minors: Path = DEFAULT_MIG_MINORS,
         *,
         clock: Callable[[], float] = time.monotonic,
+        processes: bool = True,
     ) -> None:
         self._sysfs_root = sysfs_root
+        self._read_processes = processes
         self._mig_minors = mig_minors
         self._calls = NvmlCalls()
         self.topology = Topology()
@@ -507,7 +510,7 @@ class Nvml:
             alive = self._liveness(index, handle)
             reading = self._reader.read(index, handle)
             instances = self._reader.read_instances(index, handle, migs) if migs else {}
-            processes = self._processes.read(index, handle)
+            processes = self._processes.read(index, handle) if self._read_processes else None
         except pynvml.NVMLError_GpuIsLost:
             return Probe(events=(GpuLost(),), telemetry=Telemetry())
         return Probe(

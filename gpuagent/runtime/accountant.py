@@ -1,9 +1,11 @@
 """Keeps ``Snapshot.usage`` current: per-process readings → containers → names → accounting.
 
 Each time the poller stores new per-process readings (or the kubelet's allocations change), the
-accountant reads the cgroup of processes it has not seen (off the event loop), asks the CRI cache
-for container names (which refreshes only for container IDs never seen), runs the pure
-:func:`~gpuagent.domain.accounting.account` and stores the result. Scrapes only read the snapshot.
+accountant reads the cgroup of processes it has not seen (off the event loop), names their
+containers — from the kubelet's container log links first (:mod:`gpuagent.runtime.loglinks`,
+when given), then from the CRI cache for the IDs those did not name (each source refreshes only
+for container IDs it has not named) — runs the pure :func:`~gpuagent.domain.accounting.account`
+and stores the result. Scrapes only read the snapshot.
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ from dataclasses import replace
 import structlog
 
 from gpuagent.domain.accounting import Ledger, account
-from gpuagent.domain.counters import CriStats
-from gpuagent.domain.devices import Snapshot
+from gpuagent.domain.counters import CriStats, LogLinkStats
+from gpuagent.domain.devices import PodRef, Snapshot
 from gpuagent.domain.store import DeviceStore
 from gpuagent.domain.usage import Usage
 from gpuagent.runtime.cri import CriClient
+from gpuagent.runtime.loglinks import LogLinks
 from gpuagent.runtime.procfs import ProcReader
 
 __all__ = ["Accountant"]
@@ -29,14 +32,25 @@ log = structlog.get_logger("gpuagent.accounting")
 class Accountant:
     """Joins the driver's per-process readings to containers (one instance per agent)."""
 
-    def __init__(self, store: DeviceStore, proc: ProcReader, cri: CriClient) -> None:
+    def __init__(
+        self,
+        store: DeviceStore,
+        proc: ProcReader,
+        cri: CriClient,
+        links: LogLinks | None = None,
+    ) -> None:
         self._store = store
         self._proc = proc
         self._cri = cri
+        self._links = links
         self._ledger = Ledger()
         self._inputs: tuple[object, ...] | None = None
         self.updates = 0
         store.counters.follow_cri(lambda: CriStats(cri.requests, cri.errors, len(cri.names)))
+        if links is not None:
+            store.counters.follow_log_links(
+                lambda: LogLinkStats(links.listings, links.errors, links.containers)
+            )
 
     async def run(self) -> None:
         """Account after every change of readings or allocations, until cancelled."""
@@ -57,13 +71,23 @@ class Accountant:
         pids = {p.pid for gpu in snapshot.gpus if gpu.processes for p in gpu.processes.processes}
         owners = await asyncio.to_thread(self._proc.owners, pids)
         ids = {o.container_id for o in owners.values() if o is not None}
-        names = await self._cri.resolve(ids)
+        names = await self._names(ids)
         # Newer readings stored meanwhile are accounted for on the next round.
         served = self._store.plan.served_resources
         usage, self._ledger = account(snapshot, owners, names, self._ledger, served)
         self._store.update(lambda s: replace(s, usage=usage))
         self.updates += 1
         return usage
+
+    async def _names(self, ids: set[str]) -> dict[str, PodRef]:
+        """The log links' names, and the CRI's for the IDs they do not name."""
+        names: dict[str, PodRef] = {}
+        if self._links is not None and ids:
+            names = await asyncio.to_thread(self._links.resolve, ids)
+        rest = ids - names.keys()
+        if rest:
+            names = {**await self._cri.resolve(rest), **names}
+        return names
 
 
 def _inputs(snapshot: Snapshot) -> tuple[object, ...]:

@@ -14,6 +14,12 @@ The kubelet labels every container it creates with ``io.kubernetes.pod.namespace
 The socket is ``--cri-socket``, or by default the first of containerd's and CRI-O's that exists
 (looked for again at each refresh until one does). A recreated socket (the runtime restarted) gets
 a new connection. Responses are bounded at :data:`MAX_RESPONSE_BYTES`.
+
+The CRI is the second source of names, after the kubelet's container log links
+(:mod:`gpuagent.runtime.loglinks`), and an optional one: the DaemonSet mounts no runtime socket.
+So when no socket was configured and neither default exists, no call is made and nothing is
+counted as an error; one info line says names come from the log links only. A configured socket
+that is absent is an error (counted, and a warning once).
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ POD_NAMESPACE = "io.kubernetes.pod.namespace"
 POD_NAME = "io.kubernetes.pod.name"
 POD_UID = "io.kubernetes.pod.uid"
 CONTAINER_NAME = "io.kubernetes.container.name"
+_NO_SOCKET = "no CRI socket"
 
 
 class _BoundedCodec(ProtoCodec):
@@ -133,8 +140,9 @@ class CriClient:
         if path is None or identity is None:
             self.close()
             self._identity = None
-            where = str(path) if path is not None else " or ".join(map(str, self._candidates))
-            return self._failed(f"CRI socket absent ({where}); containers have no names")
+            if path is None:
+                return self._no_socket()
+            return self._failed(f"CRI socket absent ({path}); containers have no names")
         if identity != self._identity:
             self.close()
             self._identity = identity
@@ -150,7 +158,8 @@ class CriClient:
             return self._failed(f"CRI ListContainers failed: {type(exc).__name__}: {exc}")
         self._names = MappingProxyType(names_from_labels(response.containers))
         if self._problem is not None:
-            log.info("CRI ListContainers works again", socket=str(path))
+            again = "found" if self._problem == _NO_SOCKET else "works again"
+            log.info(f"CRI ListContainers {again}", socket=str(path))
             self._problem = None
         return True
 
@@ -183,6 +192,15 @@ class CriClient:
                 return candidate
         self.socket = None
         return None
+
+    def _no_socket(self) -> bool:
+        """No socket configured and no default one: the CRI is simply not there (no error)."""
+        self._next_allowed = self._monotonic() + self._retry_interval
+        if self._problem != _NO_SOCKET:
+            where = " or ".join(map(str, self._candidates))
+            log.info(f"no CRI socket ({where}): container names from the kubelet's log links only")
+            self._problem = _NO_SOCKET
+        return False
 
     def _failed(self, problem: str) -> bool:
         self.errors += 1

@@ -43,7 +43,7 @@ from gpuagent.web.dcgm import (
 )
 from gpuagent.web.exposition import Family, escape_label, format_value, header, label_pairs, render
 from gpuagent.web.histogram import SCRAPE_BUCKETS, Histogram
-from gpuagent.web.usage import SHARED_DCGM, cri_families, render_usage
+from gpuagent.web.usage import SHARED_DCGM, accounting_families, render_usage
 
 __all__ = ["DevicePart", "MetricsRenderer"]
 
@@ -120,7 +120,9 @@ class MetricsRenderer:
     ``hostname_label`` is ``Hostname`` (dcgm-exporter before May 2026), ``hostname`` (after), or
     ``None`` to leave the label out (dcgm-exporter's ``--no-hostname``). ``container_shares``: a
     full GPU's dcgm-exporter series carry each holding container's own reading where NVML has it
-    per process (``--dcgm-container-shares``, see :mod:`gpuagent.web.usage`).
+    per process (``--dcgm-container-shares``, see :mod:`gpuagent.web.usage`). ``accounting``:
+    whether per-container accounting runs (``--container-accounting``), as
+    ``gpuagent_container_accounting_enabled`` says.
     """
 
     def __init__(
@@ -133,8 +135,10 @@ class MetricsRenderer:
         wall: Callable[[], float] = time.time,
         container_shares: bool = False,
         kubernetes: bool = True,
+        accounting: bool = True,
     ) -> None:
         self.hostname = hostname
+        self.accounting = accounting
         # Off Kubernetes (--kubernetes=false) there is no kubelet: no registration families.
         self.kubernetes = kubernetes
         self.container_shares = container_shares
@@ -460,7 +464,7 @@ class MetricsRenderer:
         families.extend(self._pod_resources_families(snapshot, counters.pod_resources, devices))
         families.extend(_nvml_families(counters.nvml))
         families.extend(_dra_families(counters.dra))
-        families.extend(cri_families(counters.cri))
+        families.extend(accounting_families(self.accounting, counters.log_links, counters.cri))
         scrape = Family(
             "gpuagent_scrape_duration_seconds",
             "histogram",

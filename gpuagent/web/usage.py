@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from gpuagent.domain.counters import CriStats
+from gpuagent.domain.counters import CriStats, LogLinkStats
 from gpuagent.domain.devices import Gpu, Snapshot
 from gpuagent.domain.usage import ContainerUsage
 from gpuagent.web.exposition import Family, escape_label, format_value, header, label_pairs
 
-__all__ = ["SHARED_DCGM", "cri_families", "render_usage"]
+__all__ = ["SHARED_DCGM", "accounting_families", "render_usage"]
 
 MIB = 1024 * 1024
 
@@ -162,7 +162,47 @@ def _pod_labels(namespace: str, pod: str, container: str) -> str:
     )
 
 
-def cri_families(stats: CriStats | None) -> list[Family]:
+def accounting_families(
+    enabled: bool, links: LogLinkStats | None, cri: CriStats | None
+) -> list[Family]:
+    """Whether accounting runs, and its name sources' counters (agent part)."""
+    state = Family(
+        "gpuagent_container_accounting_enabled",
+        "gauge",
+        "Whether per-container GPU accounting runs (1) or is switched off (0: no per-container "
+        "series; --container-accounting).",
+    )
+    state.add((), 1 if enabled else 0)
+    return [state, *_log_link_families(links), *_cri_families(cri)]
+
+
+def _log_link_families(stats: LogLinkStats | None) -> list[Family]:
+    if stats is None:
+        return []
+    listings = Family(
+        "gpuagent_container_log_links_listings_total",
+        "counter",
+        "Listings of the kubelet's container log links (only when a GPU process's container "
+        "was not named yet).",
+    )
+    listings.add((), stats.listings)
+    errors = Family(
+        "gpuagent_container_log_links_errors_total",
+        "counter",
+        "Listings of the kubelet's container log links that failed (directory absent or "
+        "unreadable).",
+    )
+    errors.add((), stats.errors)
+    containers = Family(
+        "gpuagent_container_log_links",
+        "gauge",
+        "Containers named by the last good listing of the kubelet's container log links.",
+    )
+    containers.add((), stats.containers)
+    return [listings, errors, containers]
+
+
+def _cri_families(stats: CriStats | None) -> list[Family]:
     """The CRI client's counters (agent part)."""
     if stats is None:
         return []
@@ -175,7 +215,8 @@ def cri_families(stats: CriStats | None) -> list[Family]:
     errors = Family(
         "gpuagent_cri_errors_total",
         "counter",
-        "CRI ListContainers calls that failed, or were not made for want of a socket.",
+        "CRI ListContainers calls that failed, or were not made for want of the configured "
+        "socket (no socket at all is no error: the CRI is optional).",
     )
     errors.add((), stats.errors)
     containers = Family(

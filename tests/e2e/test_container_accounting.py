@@ -90,6 +90,8 @@ def args(
         "--pod-resources-socket", str(pod_resources.socket_path),
         "--cri-socket", str(runtime.socket_path),
         "--proc-root", str(proc_root),
+        # No kubelet log links here: names come from the CRI stand-in.
+        "--container-logs-dir", str(proc_root / "no-log-links"),
         # Longer than the simulated driver's sampling period: every poll sees new samples.
         "--poll-interval", "0.3",
         *extra,
@@ -341,3 +343,65 @@ async def test_every_cgroup_layout_end_to_end(
             text = await run.metrics_until(all_named)
             assert "" not in {lbl["pod"] for lbl, _ in samples(text, PROCESSES)}
             assert runtime.calls == 1
+
+
+async def test_switched_off_accounting_says_so_and_reads_no_processes(
+    device_plugin_dir: Path, pod_resources: FakePodResources, runtime: FakeCri, proc_root: Path
+) -> None:
+    """The base DaemonSet's setting (no host PID namespace): an allocated GPU with a process on
+    it yields no per-container series, no per-process NVML calls and no CRI calls, and the
+    gauge tells "not enabled" apart from "nothing runs"."""
+    pod_resources.set([Held("ml", "trainer", "main", GPU, ("0",))])
+    extra = args(pod_resources, runtime, proc_root, "--container-accounting=false")
+    async with running_agent(device_plugin_dir, ("--simulate", "1", *extra)) as run:
+        await start(run, 0, TRAINER.pid, 1_000, 10)
+        await run.polls(3)
+        text = await run.metrics_until(lambda t: "gpuagent_pod_resources_up 1" in t)
+        assert [v for _, v in samples(text, "gpuagent_container_accounting_enabled")] == [0]
+        for family in (MEMORY, SM, ENERGY, PROCESSES, UNALLOCATED):
+            assert samples(text, family) == [], family
+        calls = {
+            lbl["call"] for lbl, _ in samples(text, "gpuagent_nvml_call_duration_seconds_count")
+        }
+        assert calls, "the poller's calls are counted"
+        assert not {c for c in calls if "Process" in c}, calls
+        assert runtime.calls == 0
+        assert samples(text, "gpuagent_cri_requests_total") == []
+        # The allocation still labels the dcgm-exporter series, as without accounting.
+        assert set(by_pod(text, "DCGM_FI_DEV_GPU_TEMP")) == {"trainer"}
+
+
+async def test_names_from_the_kubelets_log_links_without_a_runtime_socket(
+    device_plugin_dir: Path, pod_resources: FakePodResources, proc_root: Path, tmp_path: Path
+) -> None:
+    """The accounting component's setup: the kubelet's log links mounted, no CRI socket. Every
+    container is named from a link; the (absent) runtime is never asked."""
+    links = tmp_path / "containers"
+    links.mkdir()
+    for w in (TRAINER, NOTEBOOK):
+        name = f"{w.pod}_{w.namespace}_{w.container}-{w.container_id}.log"
+        (links / name).symlink_to(f"/var/log/pods/{w.namespace}_{w.pod}_{w.pod_uid}/0.log")
+    pod_resources.set([Held("ml", "trainer", "main", GPU, ("0::0",))])
+    extra = (
+        "--pod-resources-socket", str(pod_resources.socket_path),
+        "--proc-root", str(proc_root),
+        "--container-logs-dir", str(links),
+        "--cri-socket", str(tmp_path / "no-runtime.sock"),
+        "--poll-interval", "0.3",
+    )  # fmt: skip
+    async with running_agent(device_plugin_dir, ("--simulate", "1", *extra)) as run:
+        await start(run, 0, TRAINER.pid, 4_000, 20)
+        await start(run, 0, NOTEBOOK.pid, 2_000, 50)
+        text = await run.metrics_until(
+            lambda t: (
+                by_pod(t, MEMORY) == {"trainer": 4_000 * MIB, "notebook": 2_000 * MIB}
+                and by_pod(t, UNALLOCATED).get("notebook") == 1
+            )
+        )
+        (trainer,) = [lbl for lbl, _ in samples(text, MEMORY) if lbl["pod"] == "trainer"]
+        assert (trainer["namespace"], trainer["container"]) == ("ml", "main")
+        assert [v for _, v in samples(text, "gpuagent_container_accounting_enabled")] == [1]
+        assert [v for _, v in samples(text, "gpuagent_container_log_links")] == [2]
+        assert [v for _, v in samples(text, "gpuagent_container_log_links_errors_total")] == [0]
+        assert [v for _, v in samples(text, "gpuagent_cri_requests_total")] == [0]
+        assert [v for _, v in samples(text, "gpuagent_cri_errors_total")] == [0]

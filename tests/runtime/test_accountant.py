@@ -19,6 +19,7 @@ from gpuagent.domain.store import DeviceStore
 from gpuagent.domain.usage import GpuProcess, ProcessReading, ProcessSample
 from gpuagent.runtime.accountant import Accountant
 from gpuagent.runtime.cri import CriClient
+from gpuagent.runtime.loglinks import LogLinks
 from gpuagent.runtime.procfs import ProcReader
 
 GIB = 1024**3
@@ -111,3 +112,48 @@ async def test_usage_follows_readings_without_cri_calls_at_rest(
         await settle(accountant, 7)
         (left,) = store.snapshot.usage.containers
         assert (left.pod, left.processes, left.memory_bytes) == ("a", 0, 0)
+
+
+async def test_names_from_the_log_links_first_and_the_cri_only_for_the_rest(
+    runtime: FakeCri, proc: Path, short_tmp_path: Path, tmp_path: Path
+) -> None:
+    """The kubelet's log links name container 1; the CRI is asked only for container 2, which
+    has no link (and its answer for 1 would not override the link's)."""
+    links_dir = tmp_path / "containers"
+    links_dir.mkdir()
+    (links_dir / f"a_team-a_from-link-{cid(1)}.log").symlink_to("/var/log/pods/x/0.log")
+    links = LogLinks(links_dir)
+    store = DeviceStore(synthetic_snapshot(1))
+    cri = CriClient(short_tmp_path / "cri.sock")
+    accountant = Accountant(store, ProcReader(proc), cri, links)
+    reading = ProcessReading(processes=(GpuProcess(100, GIB), GpuProcess(200, GIB)), samples=())
+    async with running(accountant):
+        store.update(lambda s: with_reading(s, reading))
+        await settle(accountant, 1)
+    names = {(u.namespace, u.pod, u.container) for u in store.snapshot.usage.containers}
+    assert names == {("team-a", "a", "from-link"), ("team-b", "b", "main")}
+    assert (links.listings, runtime.calls) == (1, 1)
+
+
+async def test_only_the_log_links_when_they_name_every_container(
+    runtime: FakeCri, proc: Path, short_tmp_path: Path, tmp_path: Path
+) -> None:
+    links_dir = tmp_path / "containers"
+    links_dir.mkdir()
+    for n, pod in ((1, "a"), (2, "b")):
+        (links_dir / f"{pod}_ns_main-{cid(n)}.log").symlink_to("/var/log/pods/x/0.log")
+    store = DeviceStore(synthetic_snapshot(1))
+    accountant = Accountant(
+        store, ProcReader(proc), CriClient(short_tmp_path / "cri.sock"), LogLinks(links_dir)
+    )
+    reading = ProcessReading(processes=(GpuProcess(100, GIB), GpuProcess(200, GIB)), samples=())
+    async with running(accountant):
+        store.update(lambda s: with_reading(s, reading))
+        await settle(accountant, 1)
+    assert {u.pod for u in store.snapshot.usage.containers} == {"a", "b"}
+    assert runtime.calls == 0
+    counters = store.counters.read()
+    assert counters.log_links is not None
+    assert (counters.log_links.listings, counters.log_links.containers) == (1, 2)
+    assert counters.cri is not None
+    assert counters.cri.requests == 0

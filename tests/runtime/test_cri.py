@@ -169,3 +169,31 @@ async def test_default_socket_is_whichever_exists(
             assert cri.socket == crio
         finally:
             cri.close()
+
+
+async def test_no_socket_at_all_is_no_error(
+    short_tmp_path: Path, cri_stubs: CriStubs, clock: FakeClock
+) -> None:
+    """Neither default socket exists and none is configured (the DaemonSet mounts none): no
+    call, no error, no warning — one info line — and a runtime that appears later is used."""
+    containerd = short_tmp_path / "run" / "containerd" / "containerd.sock"
+    crio = short_tmp_path / "run" / "crio" / "crio.sock"
+    cri = CriClient(candidates=(containerd, crio), monotonic=clock, retry_interval=30.0)
+    try:
+        with structlog.testing.capture_logs() as logs:
+            for n in range(5):
+                clock.now += 31
+                assert await cri.resolve({cid(n)}) == {}
+            with FakeCri(containerd, cri_stubs) as runtime:
+                runtime.set([TRAINER])
+                clock.now += 31
+                assert cid(1) in await cri.resolve({cid(1)})
+        assert (cri.requests, cri.errors) == (1, 0)
+        assert [e["log_level"] for e in logs] == ["info", "info"]
+        assert logs[0]["event"] == (
+            f"no CRI socket ({containerd} or {crio}): container names from the kubelet's log "
+            "links only"
+        )
+        assert logs[1]["event"] == "CRI ListContainers found"
+    finally:
+        cri.close()

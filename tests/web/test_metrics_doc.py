@@ -14,6 +14,7 @@ from gpuagent.domain.counters import (
     AgentCounters,
     CriStats,
     DraCounters,
+    LogLinkStats,
     NvmlCallStats,
     PodResourcesStats,
 )
@@ -45,6 +46,7 @@ def families() -> set[str]:
         nvml=(NvmlCallStats("x", 1, 0.1, 0),),
         dra=DraCounters(),
         cri=CriStats(1, 0, 1),
+        log_links=LogLinkStats(1, 0, 1),
     )
     text = MetricsRenderer("n", "1").render(snapshot, counters)
     text += MetricsRenderer("n", "1").render(synthetic_snapshot(1, mig=True), counters)
