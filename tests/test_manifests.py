@@ -25,10 +25,12 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +54,20 @@ KUSTOMIZATIONS = {
         for path in sorted((MANIFESTS / "overlays").glob("*/kustomization.yaml"))
     },
 }
-EXPECTED_OVERLAYS = {"base", "time-slicing", "mig-mixed", "cdi", "prometheus-operator", "dra"}
+EXPECTED_OVERLAYS = {
+    "base", "time-slicing", "mig-mixed", "cdi", "prometheus-operator", "dra", "accounting",
+}  # fmt: skip
+# Kustomize Components, added to any overlay with `components:`.
+COMPONENTS = {
+    path.parent.name: path.parent
+    for path in sorted((MANIFESTS / "components").glob("*/kustomization.yaml"))
+}
+# Every overlay with the accounting component added, as an operator's kustomization would
+# (built as "<overlay>+accounting"; the accounting overlay is the base with it).
+COMBINED = tuple(
+    f"{name}+accounting" for name in sorted(KUSTOMIZATIONS) if name not in ("base", "accounting")
+)
+ALL_BUILDS = (*sorted(KUSTOMIZATIONS), *COMBINED)
 # Kubernetes versions whose schemas every manifest must pass: the oldest with CDI devices on by
 # default in the device-plugin API (1.29) and the newest kubernetes-validate bundles.
 K8S_VERSIONS = ("1.29.0", "latest")
@@ -68,11 +83,13 @@ API_CLIENTS = {"dra"}
 # Overlays allowed to add a capability, and which: seeing every MIG device takes the driver's
 # mig/monitor capability, which the NVIDIA runtime grants only to a CAP_SYS_ADMIN container.
 ADDED_CAPABILITIES = {"mig-mixed": {"SYS_ADMIN"}}
-# Host directories the DaemonSet must mount for features that have no agent option yet.
+# Host directories the DaemonSet must mount writable for features that have no agent option yet
+# (the CDI directory only where a cdi-* device-list strategy writes a spec there).
 EXTRA_HOST_DIRS = {
     "/var/run/cdi": "CDI specs (cdi-* device-list strategies)",
     "/etc/kubernetes/node-feature-discovery/features.d": "node-feature-discovery feature files",
 }
+CDI_HOST_DIR = "/var/run/cdi"
 # Agent settings that are paths but not host paths the DaemonSet must provide.
 NOT_HOST_PATHS = {
     "nvidia_driver_root",  # "/" inside the container: the NVIDIA runtime injects the driver there
@@ -82,9 +99,14 @@ NOT_HOST_PATHS = {
     "sim_config",
     "web_config_file",
     "proc_root",  # the container's own /proc: with hostPID it shows the host's processes
+    "cri_socket",  # optional: no runtime socket is mounted (docs/install.md says why)
 }
 # Host paths the agent uses only with DRA on (--dra-gpus): the kubelet's plugin directories.
 DRA_HOST_PATHS = {"plugins_dir", "plugins_registry_dir"}
+# Host paths the agent uses only with per-container accounting on (--container-accounting).
+ACCOUNTING_HOST_PATHS = {"container_logs_dir"}
+# Host paths the agent uses only with a cdi-* device-list strategy.
+CDI_HOST_PATHS = {"cdi_spec_dir"}
 T = 15.0
 
 
@@ -127,7 +149,26 @@ def run(*cmd: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
 @functools.cache
 def _build(name: str) -> tuple[dict[str, Any], ...]:
     kubectl = tool("kubectl")
-    result = run(kubectl, "kustomize", str(KUSTOMIZATIONS[name]))
+    overlay, _, component = name.partition("+")
+    if component:
+        # An operator's kustomization: the overlay plus the component (kustomize wants both as
+        # relative paths).
+        with tempfile.TemporaryDirectory() as tmp:
+            where = Path(tmp)
+            (where / "kustomization.yaml").write_text(
+                yaml.safe_dump(
+                    {
+                        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                        "kind": "Kustomization",
+                        "resources": [os.path.relpath(KUSTOMIZATIONS[overlay], where)],
+                        "components": [os.path.relpath(COMPONENTS[component], where)],
+                    }
+                ),
+                encoding="utf-8",
+            )
+            result = run(kubectl, "kustomize", str(where))
+    else:
+        result = run(kubectl, "kustomize", str(KUSTOMIZATIONS[name]))
     assert result.returncode == 0, f"kubectl kustomize {name} failed:\n{result.stderr}"
     docs = [doc for doc in yaml.safe_load_all(result.stdout) if doc is not None]
     assert docs, f"{name} built nothing"
@@ -204,11 +245,17 @@ def effective_settings(docs: list[dict[str, Any]], tmp: Path) -> Any:
 # ----- the overlays exist and build ---------------------------------------------------------------
 
 
+def overlay_of(name: str) -> str:
+    """The overlay of a build (``cdi+accounting`` → ``cdi``)."""
+    return name.partition("+")[0]
+
+
 def test_every_overlay_is_there() -> None:
     assert set(KUSTOMIZATIONS) >= EXPECTED_OVERLAYS
+    assert set(COMPONENTS) == {"accounting"}
 
 
-@pytest.mark.parametrize("name", sorted(KUSTOMIZATIONS))
+@pytest.mark.parametrize("name", ALL_BUILDS)
 def test_overlay_builds_with_kubectl_kustomize(name: str) -> None:
     kinds = sorted(doc["kind"] for doc in build(name))
     assert {"DaemonSet", "ServiceAccount", "Service", "ConfigMap"} <= set(kinds)
@@ -216,7 +263,7 @@ def test_overlay_builds_with_kubectl_kustomize(name: str) -> None:
         namespace = None if doc["kind"] in CLUSTER_SCOPED else "kube-system"
         assert doc["metadata"].get("namespace") == namespace, doc["metadata"]
         assert doc["metadata"]["labels"]["app.kubernetes.io/name"] == "gpuagent"
-    if name == "prometheus-operator":
+    if overlay_of(name) == "prometheus-operator":
         assert {"ServiceMonitor", "PrometheusRule"} <= set(kinds)
 
 
@@ -257,7 +304,7 @@ def validate(doc: dict[str, Any]) -> None:
         _validate_core(doc)
 
 
-@pytest.mark.parametrize("name", sorted(KUSTOMIZATIONS))
+@pytest.mark.parametrize("name", ALL_BUILDS)
 def test_overlay_passes_kubernetes_schemas(name: str) -> None:
     for doc in build(name):
         validate(doc)
@@ -281,7 +328,7 @@ def test_the_validators_reject_unknown_and_mistyped_fields() -> None:
         validate(monitor)
 
 
-@pytest.mark.parametrize("name", sorted(KUSTOMIZATIONS))
+@pytest.mark.parametrize("name", ALL_BUILDS)
 def test_references_inside_the_build_resolve(name: str) -> None:
     """What the API server or the controllers would only find out at run time."""
     docs = build(name)
@@ -321,10 +368,227 @@ def test_references_inside_the_build_resolve(name: str) -> None:
         assert not sc.get("privileged")
 
 
+# ----- what each build grants ---------------------------------------------------------------------
+
+HostPath = tuple[str, str, bool]  # (host path, where the container sees it, read-only)
+Rule = tuple[str, str, str]  # (API group, resource, verb), or ("", "<non-resource URL>", verb)
+
+
+@dataclass(frozen=True)
+class Grants:
+    """What a build grants the agent: on the node (namespaces, privileges, host paths and ports,
+    its uid) and in the cluster (a service-account token, RBAC)."""
+
+    host_namespaces: frozenset[str] = frozenset()  # of "pid", "network", "ipc"
+    privileged: bool = False
+    escalation: bool = False  # allowPrivilegeEscalation not false
+    capabilities: frozenset[str] = frozenset()  # added (every one is dropped first)
+    host_paths: frozenset[HostPath] = frozenset()
+    host_ports: frozenset[int] = frozenset()
+    run_as_users: frozenset[int | None] = frozenset({0})
+    volume_kinds: frozenset[str] = frozenset({"configMap", "hostPath"})
+    token: bool = False
+    rbac: frozenset[Rule] = frozenset()
+
+    def plus(self, other: Grants) -> Grants:
+        """Both grants (``other``'s flags and sets added to this one's)."""
+        return Grants(
+            self.host_namespaces | other.host_namespaces,
+            self.privileged or other.privileged,
+            self.escalation or other.escalation,
+            self.capabilities | other.capabilities,
+            self.host_paths | other.host_paths,
+            self.host_ports | other.host_ports,
+            self.run_as_users,
+            self.volume_kinds | other.volume_kinds,
+            self.token or other.token,
+            self.rbac | other.rbac,
+        )
+
+
+def _same(path: str, read_only: bool) -> HostPath:
+    return (path, path, read_only)
+
+
+BASE_GRANTS = Grants(
+    host_paths=frozenset(
+        {
+            # The plugin socket is created here, beside the kubelet's kubelet.sock.
+            _same("/var/lib/kubelet/device-plugins", False),
+            # The kubelet's pod-resources socket (connecting needs no write access).
+            _same("/var/lib/kubelet/pod-resources", True),
+            # node-feature-discovery's feature file (GPU feature discovery's labels).
+            _same("/etc/kubernetes/node-feature-discovery/features.d", False),
+        }
+    )
+)
+# What each overlay adds to the base.
+OVERLAY_GRANTS = {
+    "base": Grants(),
+    "time-slicing": Grants(),
+    "prometheus-operator": Grants(),
+    "mig-mixed": Grants(capabilities=frozenset({"SYS_ADMIN"}), escalation=True),
+    "cdi": Grants(
+        host_paths=frozenset({_same("/var/run/cdi", False), ("/", "/driver-root", True)})
+    ),
+    "dra": Grants(
+        token=True,
+        host_paths=frozenset(
+            {
+                _same("/var/lib/kubelet/plugins_registry", False),
+                _same("/var/lib/kubelet/plugins", False),
+            }
+        ),
+        rbac=frozenset(
+            {
+                ("resource.k8s.io", "resourceclaims", "get"),
+                ("", "nodes", "get"),
+                *(
+                    ("resource.k8s.io", "resourceslices", verb)
+                    for verb in ("get", "list", "create", "update", "delete")
+                ),
+            }
+        ),
+    ),
+}
+# What the accounting component adds: the host's PID namespace and the log links, read-only.
+ACCOUNTING_GRANTS = Grants(
+    host_namespaces=frozenset({"pid"}),
+    host_paths=frozenset({_same("/var/log/containers", True)}),
+)
+OVERLAY_GRANTS["accounting"] = ACCOUNTING_GRANTS
+
+
+def expected_grants(name: str) -> Grants:
+    overlay, _, component = name.partition("+")
+    grants = BASE_GRANTS.plus(OVERLAY_GRANTS[overlay])
+    return grants.plus(ACCOUNTING_GRANTS) if component == "accounting" else grants
+
+
+def grants_of(docs: list[dict[str, Any]]) -> Grants:
+    """What the build's DaemonSet and RBAC grant, read from the objects as the API server would."""
+    ds = only(docs, "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    pod_sc = pod.get("securityContext", {})
+    keys = {"pid": "hostPID", "network": "hostNetwork", "ipc": "hostIPC"}
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    containers = [*pod.get("initContainers", []), *pod["containers"]]
+    host_paths: set[HostPath] = set()
+    mounted: set[str] = set()
+    caps: set[str] = set()
+    ports: set[int] = set()
+    users: set[int | None] = set()
+    privileged = escalation = False
+    for ctr in containers:
+        sc = ctr.get("securityContext", {})
+        privileged |= bool(sc.get("privileged"))
+        escalation |= sc.get("allowPrivilegeEscalation") is not False
+        assert sc.get("capabilities", {}).get("drop") == ["ALL"], ctr["name"]
+        caps |= set(sc.get("capabilities", {}).get("add", []))
+        users.add(sc.get("runAsUser", pod_sc.get("runAsUser")))
+        ports |= {p["hostPort"] for p in ctr.get("ports", []) if "hostPort" in p}
+        for mount in ctr.get("volumeMounts", []):
+            mounted.add(mount["name"])
+            volume = volumes[mount["name"]]
+            if "hostPath" in volume:
+                path, read_only = volume["hostPath"]["path"], bool(mount.get("readOnly"))
+                host_paths.add((path, mount["mountPath"], read_only))
+    # A host path in the pod but in no container is still the pod's: listed as unseen.
+    for name, volume in volumes.items():
+        if "hostPath" in volume and name not in mounted:
+            host_paths.add((volume["hostPath"]["path"], "", True))
+    account = pod["serviceAccountName"]
+    accounts = [d for d in docs if d["kind"] == "ServiceAccount"]
+    (sa,) = [d for d in accounts if d["metadata"]["name"] == account]
+    token = pod.get("automountServiceAccountToken", sa.get("automountServiceAccountToken", True))
+    namespace = ds["metadata"]["namespace"]
+    roles = {(d["kind"], d["metadata"]["name"]): d for d in docs if d["kind"].endswith("Role")}
+    rules: set[Rule] = set()
+    for binding in (d for d in docs if d["kind"].endswith("RoleBinding")):
+        subjects = binding.get("subjects", [])
+        if {"kind": "ServiceAccount", "name": account, "namespace": namespace} not in subjects:
+            continue
+        role = roles[(binding["roleRef"]["kind"], binding["roleRef"]["name"])]
+        for rule in role["rules"]:
+            for verb in rule["verbs"]:
+                rules |= {("", url, verb) for url in rule.get("nonResourceURLs", [])}
+                rules |= {
+                    (group, resource, verb)
+                    for group in rule.get("apiGroups", [])
+                    for resource in rule.get("resources", [])
+                }
+    return Grants(
+        host_namespaces=frozenset(ns for ns, key in keys.items() if pod.get(key)),
+        privileged=privileged,
+        escalation=escalation,
+        capabilities=frozenset(caps),
+        host_paths=frozenset(host_paths),
+        host_ports=frozenset(ports),
+        run_as_users=frozenset(users),
+        volume_kinds=frozenset(k for v in volumes.values() for k in v if k != "name"),
+        token=bool(token),
+        rbac=frozenset(rules),
+    )
+
+
+@pytest.mark.parametrize("name", ALL_BUILDS)
+def test_each_build_grants_exactly_its_table_row(name: str) -> None:
+    """The base grants the device plugin, health, labels and metrics what they need and nothing
+    else (no host namespace, no runtime socket, no host /); each overlay and the accounting
+    component add exactly their row. A grant that appears, goes or changes fails here."""
+    assert grants_of(build(name)) == expected_grants(name)
+
+
+def test_the_base_grants_no_host_namespace_runtime_socket_or_host_root() -> None:
+    grants = grants_of(build("base"))
+    assert grants.host_namespaces == frozenset()
+    hosts = {host for host, _, _ in grants.host_paths}
+    assert "/" not in hosts
+    assert not {h for h in hosts if "containerd" in h or "crio" in h or h.endswith(".sock")}
+    assert (grants.privileged, grants.escalation, grants.token) == (False, False, False)
+
+
+@pytest.mark.parametrize(
+    ("change", "seen"),
+    [
+        (lambda pod, ctr: pod.update(hostNetwork=True), "host_namespaces"),
+        (lambda pod, ctr: pod.update(hostIPC=True), "host_namespaces"),
+        (lambda pod, ctr: ctr["securityContext"]["capabilities"].update(add=["NET_ADMIN"]),
+         "capabilities"),
+        (lambda pod, ctr: ctr["securityContext"].update(privileged=True), "privileged"),
+        (lambda pod, ctr: ctr["securityContext"].update(allowPrivilegeEscalation=True),
+         "escalation"),
+        (lambda pod, ctr: ctr["volumeMounts"][-1].update(readOnly=True), "host_paths"),
+        (lambda pod, ctr: pod["volumes"].append(
+            {"name": "x", "hostPath": {"path": "/run/containerd"}}), "host_paths"),
+        (lambda pod, ctr: ctr["ports"][0].update(hostPort=9400), "host_ports"),
+        (lambda pod, ctr: ctr["securityContext"].update(runAsUser=1000), "run_as_users"),
+        (lambda pod, ctr: pod.update(automountServiceAccountToken=True), "token"),
+        (lambda pod, ctr: pod["volumes"].append({"name": "t", "projected": {"sources": []}}),
+         "volume_kinds"),
+    ],
+)  # fmt: skip
+def test_the_grants_table_sees_a_changed_grant(change: Any, seen: str) -> None:
+    docs = build("base")
+    pod = only(docs, "DaemonSet")["spec"]["template"]["spec"]
+    (ctr,) = pod["containers"]
+    change(pod, ctr)
+    found, expected = grants_of(docs), expected_grants("base")
+    assert getattr(found, seen) != getattr(expected, seen)
+
+
+def test_the_grants_table_sees_a_changed_rbac_rule() -> None:
+    docs = build("dra")
+    only(docs, "ClusterRole")["rules"][0]["verbs"].append("list")
+    assert grants_of(docs).rbac - expected_grants("dra").rbac == {
+        ("resource.k8s.io", "resourceclaims", "list")
+    }
+
+
 # ----- what the DaemonSet promises ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", sorted(KUSTOMIZATIONS))
+@pytest.mark.parametrize("name", ALL_BUILDS)
 def test_daemonset_runs_as_a_node_critical_least_privileged_plugin(name: str) -> None:
     docs = build(name)
     ds = only(docs, "DaemonSet")
@@ -337,13 +601,14 @@ def test_daemonset_runs_as_a_node_critical_least_privileged_plugin(name: str) ->
     terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     keys = {e["key"] for t in terms["nodeSelectorTerms"] for e in t["matchExpressions"]}
     assert keys == {"feature.node.kubernetes.io/pci-10de.present", "nvidia.com/gpu.present"}
-    assert pod["automountServiceAccountToken"] is (name in API_CLIENTS)
+    assert pod["automountServiceAccountToken"] is (overlay_of(name) in API_CLIENTS)
     assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
 
     sc = ctr["securityContext"]
     assert sc["capabilities"]["drop"] == ["ALL"]
-    assert set(sc["capabilities"].get("add", [])) == ADDED_CAPABILITIES.get(name, set())
-    if name not in ADDED_CAPABILITIES:
+    added = ADDED_CAPABILITIES.get(overlay_of(name), set())
+    assert set(sc["capabilities"].get("add", [])) == added
+    if not added:
         assert sc["allowPrivilegeEscalation"] is False
     assert sc["readOnlyRootFilesystem"] is True
     assert sc.get("privileged", False) is False
@@ -364,10 +629,11 @@ def test_daemonset_runs_as_a_node_critical_least_privileged_plugin(name: str) ->
     assert 2 < pod["terminationGracePeriodSeconds"] <= 30
 
 
-@pytest.mark.parametrize("name", sorted(KUSTOMIZATIONS))
+@pytest.mark.parametrize("name", ALL_BUILDS)
 def test_mounts_match_the_paths_the_agent_uses(name: str, tmp_path: Path) -> None:
     """Every host path the agent uses — its defaults, and what the manifest's own command line,
-    env and config file resolve to — is a hostPath mounted at the same path in the container."""
+    env and config file resolve to — is a hostPath mounted at the same path in the container,
+    for the features the build turns on (DRA, CDI, per-container accounting) and no others."""
     docs = build(name)
     pod = only(docs, "DaemonSet")["spec"]["template"]["spec"]
     ctr = container(docs)
@@ -383,13 +649,18 @@ def test_mounts_match_the_paths_the_agent_uses(name: str, tmp_path: Path) -> Non
     def covering(path: Path) -> Path | None:
         return next((m for m in mounted if path == m or m in path.parents), None)
 
-    defaults = load_settings([], {})
     effective = effective_settings(docs, tmp_path)
-    for settings in (defaults, effective):
+    cdi = any(s.startswith("cdi-") for s in effective.device_list_strategy)
+    unused = (
+        (DRA_HOST_PATHS if effective.dra_gpus == "none" else set())
+        | (set() if effective.container_accounting else ACCOUNTING_HOST_PATHS)
+        | (set() if cdi else CDI_HOST_PATHS)
+    )
+    for settings in (load_settings([], {}), effective):
         for field, value in settings.as_dict().items():
-            if field in NOT_HOST_PATHS or not isinstance(getattr(settings, field), Path):
+            if field in NOT_HOST_PATHS or field in unused:
                 continue
-            if field in DRA_HOST_PATHS and settings.dra_gpus == "none":
+            if not isinstance(getattr(settings, field), Path):
                 continue
             assert covering(Path(str(value))) is not None, f"{field}={value} is not mounted"
         # The plugin socket is created in socket-dir: that mount must be writable. The
@@ -398,14 +669,19 @@ def test_mounts_match_the_paths_the_agent_uses(name: str, tmp_path: Path) -> Non
         assert mounted[settings.socket_dir] is True
         assert settings.kubelet_socket.parent == settings.socket_dir
         assert settings.pod_resources_socket.parent in mounted
-        # The CRI socket: the configured one, or every default candidate, by its directory.
-        cri = (settings.cri_socket,) if settings.cri_socket is not None else DEFAULT_SOCKETS
-        for cri_socket in cri:
-            assert cri_socket.parent in mounted, f"CRI socket {cri_socket} is not mounted"
-    # NVML lists only the processes of the agent's PID namespace (per-container accounting).
-    assert pod.get("hostPID") is True
+    # Per-container accounting: NVML lists only the processes of the agent's PID namespace, so
+    # it is on exactly where the pod shares the host's; the log links are only read.
+    assert effective.container_accounting is bool(pod.get("hostPID"))
     assert effective.proc_root == Path("/proc")
+    if effective.container_accounting:
+        assert mounted[effective.container_logs_dir] is False
+    # No container-runtime socket in any build: the CRI is an option, not a default.
+    for cri_socket in DEFAULT_SOCKETS:
+        assert covering(cri_socket) is None, f"{cri_socket.parent} is mounted"
     for path, what in EXTRA_HOST_DIRS.items():
+        if path == CDI_HOST_DIR and not cdi:
+            assert covering(Path(path)) is None, f"{path} ({what}) is mounted but unused"
+            continue
         assert mounted.get(Path(path)) is True, f"{path} ({what}) must be mounted writable"
     # The probes' port is the port the agent listens on.
     (port,) = [p["containerPort"] for p in ctr["ports"] if p["name"] == "metrics"]
@@ -435,7 +711,7 @@ def test_extra_host_dirs_are_the_agents_defaults(
     assert host_dir in (str(default), str(default.parent)), f"{module_name}.{constant}={default}"
 
 
-@pytest.mark.parametrize("name", sorted(KUSTOMIZATIONS))
+@pytest.mark.parametrize("name", ALL_BUILDS)
 def test_overlay_config_is_valid_for_the_agent(name: str, tmp_path: Path) -> None:
     """Key names and values pass the agent's config schema and its checks beyond the syntax."""
     docs = build(name)
@@ -691,23 +967,9 @@ def test_dra_overlay_grants_only_what_the_dra_side_uses_to_its_own_service_accou
     namespace = only(docs, "DaemonSet")["metadata"]["namespace"]
     env = manifest_env(container(docs))
     assert env["NODE_NAME"] == "test-node", "the pool is the node: NODE_NAME from spec.nodeName"
-    # RBAC: read claims and the node, manage slices; nothing else, nowhere else.
+    # RBAC: exactly the rules of the grants table (test_each_build_grants_exactly_its_table_row),
+    # through a binding of this service account only.
     role = only(docs, "ClusterRole")
-    granted = {
-        (group, resource, verb)
-        for rule in role["rules"]
-        for group in rule["apiGroups"]
-        for resource in rule["resources"]
-        for verb in rule["verbs"]
-    }
-    assert granted == {
-        ("resource.k8s.io", "resourceclaims", "get"),
-        ("", "nodes", "get"),
-        *(
-            ("resource.k8s.io", "resourceslices", v)
-            for v in ("get", "list", "create", "update", "delete")
-        ),
-    }
     binding = only(docs, "ClusterRoleBinding")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert binding["subjects"] == [
