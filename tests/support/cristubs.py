@@ -3,7 +3,9 @@
 Independent of gpuagent's betterproto2 code, like :mod:`support.grpcstubs` for the kubelet's
 protos (and for the same reasons: protoc in a subprocess, the modules imported once per process
 because they register in protobuf's default pool). The modules are ``cri.v1.api_pb2`` and
-``cri.v1.api_pb2_grpc``.
+``cri.v1.api_pb2_grpc``, and ``cri.v1.lifecycle_pb2`` from the tests' own
+``tests/support/protos/cri/v1/lifecycle.proto``: the messages that run a pod and its containers
+(the kubelet's side of the CRI, which gpuagent never calls).
 """
 
 from __future__ import annotations
@@ -19,8 +21,11 @@ from types import ModuleType
 __all__ = ["CriStubs", "generate"]
 
 PROTO_ROOT = Path(__file__).resolve().parents[2] / "protos"
+TEST_PROTO_ROOT = Path(__file__).resolve().parent / "protos"
 PROTO_FILE = "cri/v1/api.proto"
+LIFECYCLE_FILE = "cri/v1/lifecycle.proto"
 _MODULE = "cri.v1.api_pb2"
+_LIFECYCLE_MODULE = "cri.v1.lifecycle_pb2"
 
 _lock = threading.Lock()
 _loaded: CriStubs | None = None
@@ -32,6 +37,8 @@ class CriStubs:
     """``cri.v1.api_pb2``: messages of package ``runtime.v1``."""
     grpc: ModuleType
     """``cri.v1.api_pb2_grpc``: ``RuntimeServiceStub``, ``RuntimeServiceServicer``, ..."""
+    lifecycle: ModuleType
+    """``cri.v1.lifecycle_pb2``: ``RunPodSandboxRequest``, ``CreateContainerRequest``, ..."""
 
 
 def _run_protoc(out_dir: Path) -> None:
@@ -40,10 +47,12 @@ def _run_protoc(out_dir: Path) -> None:
         "-m",
         "grpc_tools.protoc",
         f"-I{PROTO_ROOT}",
+        f"-I{TEST_PROTO_ROOT}",
         f"--python_out={out_dir}",
         f"--grpc_python_out={out_dir}",
         f"--pyi_out={out_dir}",
         str(PROTO_ROOT / PROTO_FILE),
+        str(TEST_PROTO_ROOT / LIFECYCLE_FILE),
     ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     if result.returncode != 0:
@@ -70,6 +79,7 @@ def generate(out_dir: Path) -> CriStubs:
             _loaded = CriStubs(
                 pb2=importlib.import_module(_MODULE),
                 grpc=importlib.import_module(_MODULE + "_grpc"),
+                lifecycle=importlib.import_module(_LIFECYCLE_MODULE),
             )
         finally:
             sys.path.remove(str(out_dir))
