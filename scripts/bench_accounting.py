@@ -227,6 +227,8 @@ def bench_agent(
                 "--pod-resources-socket", str(pr.socket_path),
                 "--device-id-strategy", "index",
                 "--cri-socket", str(cri.socket_path),
+                # No kubelet log links here (an empty directory): the CRI stand-in names all.
+                "--container-logs-dir", str(proc),
                 "--proc-root", str(proc),
                 "--poll-interval", "1",
             ]  # fmt: skip
