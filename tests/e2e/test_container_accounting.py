@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from structlog.testing import capture_logs
 from support.cgroups import LAYOUTS, Layout, cgroup_file, host_cgroup_file, write_proc
 from support.cristubs import CriStubs
 from support.fake_cri import FakeCri, RuntimeContainer
@@ -405,3 +406,26 @@ async def test_names_from_the_kubelets_log_links_without_a_runtime_socket(
         assert [v for _, v in samples(text, "gpuagent_container_log_links_errors_total")] == [0]
         assert [v for _, v in samples(text, "gpuagent_cri_requests_total")] == [0]
         assert [v for _, v in samples(text, "gpuagent_cri_errors_total")] == [0]
+
+
+async def test_accounting_as_pid_1_of_its_own_namespace_warns_once(
+    device_plugin_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Accounting on without the host's PID namespace (the agent is its container's PID 1):
+    NVML would list no other container's processes, and the log says so at start."""
+    monkeypatch.setattr("gpuagent.app.os.getpid", lambda: 1)
+    with capture_logs() as logs:
+        async with running_agent(device_plugin_dir, ("--simulate", "1")) as run:
+            await run.metrics_until(lambda t: "gpuagent_container_accounting_enabled" in t)
+    warnings = [e["event"] for e in logs if e["log_level"] == "warning"]
+    assert [w for w in warnings if "PID 1" in w] == [
+        "container accounting is on, but the agent is PID 1 of its own PID namespace: NVML "
+        "lists no other container's processes (run it in the host's PID namespace, or set "
+        "container-accounting: false)"
+    ]
+    with capture_logs() as logs:
+        async with running_agent(
+            device_plugin_dir, ("--simulate", "1", "--container-accounting=false")
+        ) as run:
+            await run.metrics_until(lambda t: "gpuagent_container_accounting_enabled" in t)
+    assert not [e for e in logs if "PID 1" in e["event"]]
