@@ -1,7 +1,8 @@
 """Regenerate the files derived from others, so they cannot drift from their source.
 
 - ``docs/configuration.md``, between its ``BEGIN/END GENERATED`` markers: the table of every
-  option (flag, environment names, config key, default, meaning), from ``gpuagent.config.OPTIONS``.
+  option (flag, environment names, config key, default, meaning), from ``gpuagent.config.OPTIONS``,
+  and the command line's own flags (``--version``, ``--help``) from its parser.
 - ``manifests/overlays/prometheus-operator/prometheusrule.yaml``: the Prometheus rule groups of
   ``manifests/monitoring/alerts.yaml`` wrapped in a Prometheus Operator ``PrometheusRule``.
 
@@ -23,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gpuagent.config import OPTIONS, load_settings  # noqa: E402
+from gpuagent.config.cli import build_parser  # noqa: E402
 
 CONFIGURATION_MD = ROOT / "docs" / "configuration.md"
 ALERTS = ROOT / "manifests" / "monitoring" / "alerts.yaml"
@@ -66,8 +68,10 @@ def options_table() -> str:
         "|---|---|---|---|---|",
     ]
     for opt in OPTIONS:
-        value = "[=true\\|false]" if opt.is_bool else f" {opt.metavar or 'VALUE'}"
-        flags = "<br>".join(f"`{spelling}{value}`" for spelling in (f"--{opt.name}", *opt.aliases))
+        value = "[=true|false]" if opt.is_bool else f" {opt.metavar or 'VALUE'}"
+        flags = "<br>".join(
+            f"`{_cell(spelling + value)}`" for spelling in (f"--{opt.name}", *opt.aliases)
+        )
         env = "<br>".join(f"`{name}`" for name in opt.env_names)
         key = f"`{opt.name}`" if opt.in_file else "—"
         meaning = opt.help
@@ -85,7 +89,18 @@ def options_table() -> str:
         else:
             shown = f"`{_cell(default)}`"
         rows.append(f"| {flags} | {env} | {key} | {shown} | {_cell(meaning)} |")
+    rows += [f"| {flags} | — | — | — | {_cell(meaning)} |" for flags, meaning in _parser_only()]
     return "\n".join(rows) + "\n"
+
+
+def _parser_only() -> list[tuple[str, str]]:
+    """The command line's flags that are no setting (``--version``, ``--help``): spellings, help."""
+    settings = {spelling for opt in OPTIONS for spelling in (f"--{opt.name}", *opt.aliases)}
+    return [
+        ("<br>".join(f"`{s}`" for s in action.option_strings), str(action.help))
+        for action in build_parser()._actions  # argparse has no public list of its actions
+        if action.option_strings and not settings & set(action.option_strings)
+    ]
 
 
 def configuration_md(current: str) -> str:

@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from gpuagent.config import FILE_KEYS, OPTIONS, load_settings
+from gpuagent.config.cli import build_parser
 from gpuagent.plan import make_plan
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,6 +76,19 @@ def test_option_table_lists_every_option_once() -> None:
     table = read(DOCS / "configuration.md").split("<!-- BEGIN GENERATED")[1]
     for opt in OPTIONS:
         assert table.count(f"`--{opt.name} ") + table.count(f"`--{opt.name}[") == 1, opt.name
+    # The command line's own flags too (--version, --help): every flag the parser takes.
+    for spelling in (s for a in build_parser()._actions for s in a.option_strings):
+        assert f"`{spelling}`" in table or f"`{spelling} " in table or f"`{spelling}[" in table
+
+
+@pytest.mark.parametrize("doc", [*OWNED, DOCS / "metrics.md", DOCS / "dra.md", DOCS / "health.md"],
+                         ids=lambda p: p.name)  # fmt: skip
+def test_every_table_row_has_its_header_s_cells(doc: Path) -> None:
+    """A ``|`` inside a cell must be escaped (``\\|``), or the row gains a column and breaks."""
+    for table in _tables(doc):
+        header, *rows = table
+        for row in rows:
+            assert len(row) == len(header), f"{doc.name}: {row[0]} has {len(row)} cells"
 
 
 @pytest.mark.parametrize("doc", OWNED, ids=lambda p: p.name)
