@@ -120,6 +120,18 @@ def test_named_agent_metrics_exist(doc: Path) -> None:
         assert name in source, f"{doc.name} names metric {name}, which the agent does not export"
 
 
+def test_nvidia_environment_names_are_listed_in_one_place() -> None:
+    """The option table names every alias beside its option; prose elsewhere links to it rather
+    than keep a list of its own (three lists had drifted apart)."""
+    aliases = {name for opt in OPTIONS for name in opt.env_aliases}
+    for doc in [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]:
+        text = prose(doc).split("<!-- BEGIN GENERATED")[0]
+        for paragraph in re.split(r"\n\s*\n", text):
+            lines = [line for line in paragraph.splitlines() if not line.startswith("|")]
+            named = aliases & set(re.findall(r"`([A-Z][A-Z0-9_]+)`", "\n".join(lines)))
+            assert len(named) < 3, f"{doc.name} lists aliases {sorted(named)}: link to the table"
+
+
 def test_readme_keeps_its_two_setup_commands() -> None:
     blocks = "\n".join(re.findall(r"```sh\n(.*?)```", read(ROOT / "README.md"), re.DOTALL))
     lines = [line.strip() for line in blocks.splitlines()]
