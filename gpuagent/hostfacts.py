@@ -6,8 +6,9 @@
 * the vGPUs of a virtual machine: NVIDIA PCI functions whose vendor-specific capability carries
   the ``VF`` signature, with the host driver's version and branch from its first record
   (``nvidia.com/vgpu.*``). Walking the capability list needs the whole 256-byte configuration
-  space, which sysfs gives only to a privileged reader: with less, vGPUs cannot be told and
-  :attr:`HostFacts.vgpus` is ``None`` (GFD, run unprivileged, fails outright).
+  space, which sysfs gives only to a privileged reader: with less, or without a readable list of
+  PCI devices, vGPUs cannot be told and :attr:`HostFacts.vgpus` is ``None`` (GFD, run
+  unprivileged, fails outright).
 
 Blocking reads; nothing here raises for a missing or unreadable file.
 """
@@ -112,7 +113,7 @@ def _vgpus(devices: Path) -> tuple[Vgpu, ...] | None:
     try:
         entries = sorted(p for p in devices.iterdir())
     except OSError:
-        return ()
+        return None  # cannot tell (GFD's vGPU labeler gives up too)
     found = []
     for entry in entries:
         if _read_text(entry / "vendor") != NVIDIA_VENDOR:

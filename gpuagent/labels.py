@@ -154,8 +154,9 @@ def _host_labels(gpus: Sequence[Gpu], host: HostFacts) -> dict[str, str]:
             host.pci_classes.get(gpus[0].pci_bus_id, ""), "unknown"
         ),
     }
+    if host.vgpus is not None:  # GFD writes it whenever it could look: false without vGPUs
+        labels["nvidia.com/vgpu.present"] = "true" if host.vgpus else "false"
     if host.vgpus:
-        labels["nvidia.com/vgpu.present"] = "true"
         last = host.vgpus[-1]  # GFD keeps the last device's values
         if last.host_driver_version:
             labels["nvidia.com/vgpu.host-driver-version"] = _value(last.host_driver_version)

@@ -198,9 +198,11 @@ def test_vgpu_labels() -> None:
         "nvidia.com/vgpu.host-driver-version": "460.16",
         "nvidia.com/vgpu.host-driver-branch": "r460_00",
     }
-    for vgpus in ((), None):
-        labels = node_labels(H100_NODE, host=HostFacts(vgpus=vgpus))
-        assert not any("vgpu" in k for k in labels)
+    # No vGPU: GFD writes vgpu.present=false; where it cannot look, no vgpu label at all.
+    labels = node_labels(H100_NODE, host=HostFacts(vgpus=()))
+    assert {k: v for k, v in labels.items() if "vgpu" in k} == {"nvidia.com/vgpu.present": "false"}
+    labels = node_labels(H100_NODE, host=HostFacts(vgpus=None))
+    assert not any("vgpu" in k for k in labels)
 
 
 @pytest.mark.parametrize(

@@ -46,6 +46,9 @@ DRIVER = {
     "nvidia.com/mps.capable": "false",
     "nvidia.com/gpu.mode": "compute",
     "nvidia.com/gpu.sharing-strategy": "none",
+    # The whole PCI configuration space is readable and names no vGPU: GFD's vGPU labeler
+    # (internal/lm/vgpu.go) writes present=false.
+    "nvidia.com/vgpu.present": "false",
 }
 H100 = {
     "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
