@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
-from pathlib import Path
 from types import MappingProxyType
 
+from support.metricsdoc import DOC, label_drift, table_rows
 from support.synthetic import synthetic_snapshot
 
 from gpuagent.config import OPTIONS
@@ -24,11 +24,15 @@ from gpuagent.web.dcgm import DCGM_METRICS
 from gpuagent.web.metrics import MetricsRenderer
 from gpuagent.web.server import MAX_BODY, HttpLimits
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 NOT_EXPORTED = {"DCGM_FI_DRIVER_VERSION", "DCGM_FI_DEV_VGPU_LICENSE_STATUS"}
 
 
 def families() -> set[str]:
+    return set(re.findall(r"^# TYPE (\S+) ", rendered(), re.MULTILINE))
+
+
+def rendered() -> str:
+    """/metrics as the renderer writes it for snapshots that hold every family and label."""
     snapshot = synthetic_snapshot(2, replicas=1)
     gpu = replace(
         snapshot.gpus[0],
@@ -49,17 +53,17 @@ def families() -> set[str]:
         log_links=LogLinkStats(1, 0, 1),
     )
     text = MetricsRenderer("n", "1").render(snapshot, counters)
-    text += MetricsRenderer("n", "1").render(synthetic_snapshot(1, mig=True), counters)
-    return set(re.findall(r"^# TYPE (\S+) ", text, re.MULTILINE))
-
-
-def table_rows() -> dict[str, list[str]]:
-    rows = {}
-    for line in DOC.read_text(encoding="utf-8").splitlines():
-        match = re.match(r"\| `((?:DCGM_FI|gpuagent)_[A-Za-z0-9_]+)` \|", line)
-        if match:
-            rows[match.group(1)] = [c.strip() for c in line.strip().strip("|").split(" | ")]
-    return rows
+    mig = synthetic_snapshot(1, mig=True)
+    (mig_gpu,) = mig.gpus
+    first, *rest = mig_gpu.mig_devices
+    sick = replace(first, health=GpuHealth((Condition("xid", "13"),)))  # a MIG device's own
+    on_instance = replace(used, gpu_instance=first.gpu_instance_id)
+    mig = replace(
+        mig,
+        gpus=(replace(mig_gpu, mig_devices=(sick, *rest), processes=ProcessReading(samples=())),),
+        usage=Usage(containers=(on_instance,), judged=True),
+    )
+    return text + MetricsRenderer("n", "1").render(mig, counters)
 
 
 def test_every_family_is_documented_and_every_documented_family_exists() -> None:
@@ -69,6 +73,10 @@ def test_every_family_is_documented_and_every_documented_family_exists() -> None
     assert documented - emitted == set(), "documented but not emitted"
     named = set(re.findall(r"\b((?:DCGM_FI|gpuagent)_[A-Za-z0-9_]*[A-Za-z0-9])", DOC.read_text()))
     assert named - emitted - NOT_EXPORTED == set()
+
+
+def test_every_familys_labels_are_documented_and_every_documented_label_is_emitted() -> None:
+    assert label_drift(rendered(), complete=True) == []
 
 
 def test_dcgm_rows_match_the_renderer() -> None:
