@@ -132,7 +132,8 @@ FAIL_ON_INIT_ERROR = Option(
 PASS_DEVICE_SPECS = Option(
     "pass-device-specs",
     parse_bool,
-    "return device nodes in Allocate responses (default false)",
+    "return device nodes in Allocate responses, except with CDI strategies only, whose spec "
+    "brings them (default false)",
     env_aliases=("PASS_DEVICE_SPECS",),
     is_bool=True,
 )

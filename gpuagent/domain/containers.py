@@ -1,10 +1,13 @@
 """``Allocate``: validating a container's device IDs and shaping what the container receives.
 
 The response for each device-list strategy is NVIDIA's (``internal/plugin/server.go``
-``getAllocateResponse``): ``envvar`` sets ``NVIDIA_VISIBLE_DEVICES``; ``volume-mounts`` mounts
-``/dev/null`` at ``/var/run/nvidia-container-devices/<id>``; ``cdi-annotations`` sets one
+``getAllocateResponse``, read at NVIDIA/k8s-device-plugin 1b826acc, 2026-08-19): ``envvar`` sets
+``NVIDIA_VISIBLE_DEVICES``; ``volume-mounts`` mounts ``/dev/null`` at
+``/var/run/nvidia-container-devices/<id>``; ``cdi-annotations`` sets one
 ``cdi.k8s.io/nvidia-device-plugin_<id>`` annotation; ``cdi-cri`` fills ``cdi_devices``;
-``--pass-device-specs`` adds the device nodes. Replica IDs are de-annotated first.
+``--pass-device-specs`` adds the device nodes — unless every strategy is a CDI one: NVIDIA's
+plugin then returns the CDI names alone (``AllCDIEnabled`` returns before the device specs), the
+CDI spec bringing the nodes, and so does this. Replica IDs are de-annotated first.
 
 A container asking for devices of two resources (two MIG profiles, NVIDIA #728) gets one response
 per resource, which the kubelet merges: maps and device specs first value wins, ``cdi_devices``
@@ -127,6 +130,11 @@ class ContainerSettings:
         return strategy in self.strategies
 
     @property
+    def only_cdi(self) -> bool:
+        """Whether every strategy is a CDI one: the container gets its devices from the spec."""
+        return all(s in _CDI_STRATEGIES for s in self.strategies)
+
+    @property
     def uses_cdi(self) -> bool:
         """Whether containers are given CDI names (so the node needs the CDI spec)."""
         return self.uses(DeviceListStrategy.CDI_ANNOTATIONS) or self.uses(
@@ -216,7 +224,9 @@ def container_allocation(
         annotations[key] = ",".join(qualified)
     if settings.uses(DeviceListStrategy.CDI_CRI):
         cdi_devices = qualified
-    specs = _device_specs(devices, settings) if settings.pass_device_specs else ()
+    # CDI names alone when every strategy is CDI: the spec brings the device nodes (NVIDIA's).
+    passed = settings.pass_device_specs and not settings.only_cdi
+    specs = _device_specs(devices, settings) if passed else ()
     return ContainerAllocation(
         envs=envs,
         mounts=tuple(mounts),

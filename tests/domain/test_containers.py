@@ -257,7 +257,7 @@ def test_device_specs(
 
 def test_device_specs_live_under_the_dev_root() -> None:
     settings = ContainerSettings(
-        strategies=(CRI,), pass_device_specs=True, dev_root="/run/nvidia/driver",
+        strategies=(ENVVAR, CRI), pass_device_specs=True, dev_root="/run/nvidia/driver",
         control_nodes=("/dev/nvidiactl",),
     )  # fmt: skip
     got = allocate(CASES["mixed"].resource, [M17], settings)
@@ -268,6 +268,20 @@ def test_device_specs_live_under_the_dev_root() -> None:
         ("/dev/nvidia-caps/nvidia-cap217", "/run/nvidia/driver/dev/nvidia-caps/nvidia-cap217"),
     ]
     assert got.cdi_devices == (f"k8s.device-plugin.nvidia.com/gpu={M17}",)
+
+
+@pytest.mark.parametrize("strategies", [(CRI,), (ANNOTATIONS,)], ids=["cdi-cri", "cdi-annotations"])
+def test_cdi_strategies_alone_pass_no_device_specs(strategies: tuple[DeviceListStrategy]) -> None:
+    """With every strategy a CDI one the spec brings the nodes: NVIDIA's plugin returns the CDI
+    names alone whatever --pass-device-specs says (its getAllocateResponse returns early)."""
+    settings = ContainerSettings(strategies=strategies, pass_device_specs=True)
+    got = allocate(CASES["mixed"].resource, [M17], settings)
+    assert got.devices == ()
+    assert got.envs == {}
+    assert got.mounts == ()
+    assert [*got.cdi_devices, *got.annotations.values()] == [
+        f"k8s.device-plugin.nvidia.com/gpu={M17}"
+    ]
 
 
 # ----- validation -----------------------------------------------------------------------------
@@ -394,9 +408,7 @@ BOTH = (mig_uuid(0, 7), mig_uuid(0, 3))
 def test_two_mig_resources_cdi_cri_carries_both() -> None:
     got = merged(CRI)
     assert got.cdi_devices == tuple(cdi_name(m) for m in BOTH)
-    assert {d.container_path for d in got.devices} >= {
-        "/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap107", "/dev/nvidia-caps/nvidia-cap103",
-    }  # fmt: skip
+    assert got.devices == ()  # the CDI spec brings the nodes
 
 
 def test_two_mig_resources_cdi_annotations_carry_both() -> None:
@@ -409,6 +421,9 @@ def test_two_mig_resources_volume_mounts_carry_both() -> None:
     assert [m.container_path for m in got.mounts] == [
         f"/var/run/nvidia-container-devices/{m}" for m in BOTH
     ]
+    assert {d.container_path for d in got.devices} >= {
+        "/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap107", "/dev/nvidia-caps/nvidia-cap103",
+    }  # fmt: skip
 
 
 def test_two_mig_resources_envvar_loses_one_the_documented_limitation() -> None:
