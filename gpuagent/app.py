@@ -29,6 +29,7 @@ import structlog
 
 from gpuagent.config import ConfigError, Settings
 from gpuagent.domain.devices import Snapshot
+from gpuagent.domain.dra import DraGpus
 from gpuagent.domain.errors import SettingError
 from gpuagent.domain.plan import Plan
 from gpuagent.domain.readiness import readiness
@@ -234,6 +235,8 @@ class Agent:
             if self.endpoints is not None:
                 self._spawn("kubelet-registration", self.endpoints.run())
             self._spawn("nvml-poller", self._drive(driver, monitor))
+            if self.store.plan.dra.gpus.refs:
+                self._spawn("dra-gpus-check", self._check_dra_gpus(monitor))
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(REGISTER_FIRST_SECONDS):
                     await asyncio.shield(driver)
@@ -260,6 +263,23 @@ class Agent:
         which retries a start that failed."""
         await driver
         await monitor.run()
+
+    async def _check_dra_gpus(self, monitor: GpuMonitor) -> None:
+        """Once the GPUs are known, stop the agent with a configuration error (exit 2) if
+        ``--dra-gpus`` names one the node does not have; then idle (the check is final once every
+        GPU listed is found, or every GPU's UUID is known)."""
+        gpus = self.store.plan.dra.gpus
+        snapshot = self.store.snapshot
+        while True:
+            if snapshot.discovered:
+                count = len(monitor.gpu_indexes)
+                problem = _absent_dra_gpus(gpus, snapshot, count)
+                if problem is not None:
+                    raise ConfigError("dra-gpus", problem)
+                if gpus.decided(snapshot.gpus, count):
+                    break
+            snapshot = await self.store.wait_newer(snapshot.version)
+        await self.stopping.wait()
 
     async def _first_answer(self) -> None:
         """Until every endpoint has registered or said why not, or the registration task ended."""
@@ -372,8 +392,10 @@ class Agent:
         for task in done - {stopper}:
             # Root tasks run forever: one that ends has failed, and the agent cannot go on.
             error = task.exception() if not task.cancelled() else None
-            if isinstance(error, FatalError):
-                raise error  # (the driver's first start, with --fail-on-init-error)
+            if isinstance(error, FatalError | SettingError):
+                # The driver's first start (--fail-on-init-error); a setting found wrong once
+                # the GPUs are known (exit code 2).
+                raise error
             log.error("task ended unexpectedly", task=task.get_name(), error=repr(error))
             raise FatalError(f"task {task.get_name()} ended: {error!r}")
 
@@ -465,6 +487,16 @@ class Agent:
             self.store.counters.reloaded("invalid")
             log.error("reloaded configuration is invalid; keeping the running one", error=str(exc))
             return None
+        snapshot = self.store.snapshot
+        if self.monitor is not None and snapshot.discovered:
+            absent = _absent_dra_gpus(plan.dra.gpus, snapshot, len(self.monitor.gpu_indexes))
+            if absent is not None:
+                self.store.counters.reloaded("invalid")
+                log.error(
+                    "reloaded configuration is invalid; keeping the running one",
+                    error=str(ConfigError("dra-gpus", absent)),
+                )
+                return None
         return self.apply(settings, plan)
 
     def apply(self, settings: Settings, plan: Plan) -> list[str]:
@@ -487,6 +519,20 @@ class Agent:
     def _read_settings(source: Callable[[], Settings]) -> tuple[Settings, Plan]:
         settings = source()
         return settings, make_plan(settings)
+
+
+def _absent_dra_gpus(gpus: DraGpus, snapshot: Snapshot, count: int) -> str | None:
+    """Why ``gpus`` (``--dra-gpus``) cannot be served on the node of ``snapshot`` (``count``
+    GPUs): the GPUs it names that the node does not have; None when there are none (so far)."""
+    absent = gpus.absent(snapshot.gpus, count)
+    if not absent:
+        return None
+    has = f"GPU indexes 0-{count - 1}" if count else "no GPUs"
+    if any(not ref.isdigit() for ref in absent):
+        uuids = ", ".join(g.uuid for g in sorted(snapshot.gpus, key=lambda g: g.index))
+        has += f" and UUIDs {uuids}" if uuids else ""
+    named = ", ".join(f"GPU {ref}" if ref.isdigit() else ref for ref in absent)
+    return f"names {named}, which this node does not have (it has {has})"
 
 
 def _cdi_target(settings: Settings) -> CdiTarget:

@@ -603,6 +603,18 @@ def test_simulate_excludes_sim_config(argv: list[str], env: dict[str, str], key:
     assert "cannot be combined with" in err.reason
 
 
+@pytest.mark.parametrize("dra", ["all", "0", "GPU-abc"])
+def test_dra_needs_kubernetes(dra: str) -> None:
+    err = config_error(["--kubernetes=false", "--dra-gpus", dra])
+    assert err.key == "--dra-gpus"
+    assert "cannot be combined with --kubernetes false" in err.reason
+
+
+def test_no_dra_without_kubernetes_is_fine() -> None:
+    settings = load(["--kubernetes=false", "--dra-gpus", "none"])
+    assert (settings.kubernetes, settings.dra_gpus) == (False, "none")
+
+
 def test_sim_config_alone() -> None:
     settings = load(["--sim-config", "node.yaml"])
     assert (settings.sim_config, settings.simulate) == (Path("node.yaml"), None)

@@ -91,6 +91,15 @@ def load_settings(
         raise ConfigError(
             sources.label(SIM_CONFIG), f"cannot be combined with {sources.label(SIMULATE)}"
         )
+    kubernetes = sources.get(KUBERNETES, True)
+    dra_gpus = sources.get(DRA_GPUS, "none")
+    if not kubernetes and dra_gpus.strip().lower() != "none":
+        # A GPU for DRA would be offered nowhere: DRA needs the kubelet and the API server.
+        raise ConfigError(
+            sources.label(DRA_GPUS),
+            f"cannot be combined with {sources.label(KUBERNETES)} false: DRA serves GPUs "
+            "through the kubelet and the API server",
+        )
     return Settings(
         socket_dir=socket_dir,
         kubelet_socket=sources.get(KUBELET_SOCKET, socket_dir / "kubelet.sock"),
@@ -134,7 +143,7 @@ def load_settings(
             Path("/etc/kubernetes/node-feature-discovery/features.d/gpuagent"),
         ),
         machine_type_file=sources.get(MACHINE_TYPE_FILE, Path("/sys/class/dmi/id/product_name")),
-        dra_gpus=sources.get(DRA_GPUS, "none"),
+        dra_gpus=dra_gpus,
         dra_driver_name=sources.get(DRA_DRIVER_NAME, "gpu.nvidia.com"),
         plugins_registry_dir=sources.get(
             PLUGINS_REGISTRY_DIR, Path("/var/lib/kubelet/plugins_registry")
@@ -146,7 +155,7 @@ def load_settings(
         container_logs_dir=sources.get(CONTAINER_LOGS_DIR, Path("/var/log/containers")),
         cri_socket=sources.get(CRI_SOCKET, None),
         dcgm_container_shares=sources.get(DCGM_CONTAINER_SHARES, False),
-        kubernetes=sources.get(KUBERNETES, True),
+        kubernetes=kubernetes,
         node_name=environ.get("NODE_NAME", "").strip() or socket.gethostname(),
         check_config=check_config,
     )

@@ -112,10 +112,35 @@ class DraGpus:
         """Whether DRA serves ``gpu`` (and the device plugin does not)."""
         return self.all or str(gpu.index) in self.refs or gpu.uuid in self.refs
 
+    def absent(self, gpus: Sequence[Gpu], count: int) -> tuple[str, ...]:
+        """The listed GPUs the node certainly does not have, of its ``count`` GPUs (the driver's
+        count) as far as ``gpus`` describe them: an index past the count, or a UUID none of them
+        has once every GPU's UUID is known (a GPU not described yet may still have it)."""
+        every_uuid_known = len({g.index for g in gpus if g.uuid}) >= count
+        uuids = {g.uuid for g in gpus}
+
+        def absent(ref: str) -> bool:
+            if ref.isdigit():
+                return int(ref) >= count
+            return every_uuid_known and ref not in uuids
+
+        return tuple(sorted(filter(absent, self.refs), key=_ref_order))
+
+    def decided(self, gpus: Sequence[Gpu], count: int) -> bool:
+        """Whether :meth:`absent` is final: every listed UUID found, or every GPU's UUID known."""
+        uuids = {g.uuid for g in gpus}
+        known = len({g.index for g in gpus if g.uuid}) >= count
+        return known or all(ref.isdigit() or ref in uuids for ref in self.refs)
+
     def __str__(self) -> str:
         if self.all:
             return "all"
-        return ",".join(sorted(self.refs, key=lambda r: (not r.isdigit(), len(r), r))) or "none"
+        return ",".join(sorted(self.refs, key=_ref_order)) or "none"
+
+
+def _ref_order(ref: str) -> tuple[bool, int, str]:
+    """Indexes first, in number order, then UUIDs."""
+    return (not ref.isdigit(), len(ref), ref)
 
 
 class Effect(Enum):

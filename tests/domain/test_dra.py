@@ -64,6 +64,30 @@ def test_dra_gpus_rejects_what_is_not_a_gpu(bad: str) -> None:
     assert error.value.key == "dra-gpus"
 
 
+@pytest.mark.parametrize(
+    ("text", "known", "absent", "decided"),
+    [
+        pytest.param("0,1", (0, 1), (), True, id="all-there"),
+        pytest.param("1,5", (0, 1), ("5",), True, id="index-past-the-count"),
+        pytest.param("GPU-x,12,5,2", (0, 1, 2), ("5", "12", "GPU-x"), True,
+                     id="every-uuid-known-indexes-first"),
+        pytest.param("2", (0, 1), (), True, id="index-of-an-undescribed-gpu"),
+        pytest.param("GPU-x", (0, 1), (), False, id="uuid-maybe-of-the-undescribed-gpu"),
+        pytest.param(gpu_uuid(1), (0, 1), (), True, id="uuid-found"),
+        pytest.param("all", (0,), (), True, id="all"),
+    ],
+)  # fmt: skip
+def test_dra_gpus_the_node_does_not_have(
+    text: str, known: tuple[int, ...], absent: tuple[str, ...], decided: bool
+) -> None:
+    """Of a node with three GPUs (the driver's count), ``known`` are described: an index is
+    judged by the count, a UUID only once every GPU's UUID is known."""
+    gpus = node(*(gpu(i) for i in known)).gpus
+    selection = DraGpus.parse(text)
+    assert selection.absent(gpus, 3) == absent
+    assert selection.decided(gpus, 3) == decided
+
+
 def test_a_gpu_given_to_dra_leaves_the_device_plugin() -> None:
     snapshot = node(gpu(0), gpu(1), gpu(2))
     plan = Plan(serving=ServingPolicy(dra_gpus=DraGpus.parse("1")))

@@ -240,6 +240,43 @@ def test_check_config_exits_2_naming_the_key(short_tmp_path: Path, body: str, ne
     assert needle in line
 
 
+@pytest.mark.parametrize("check", [False, True], ids=["start", "check-config"])
+def test_dra_without_kubernetes_exits_2_naming_both_keys(short_tmp_path: Path, check: bool) -> None:
+    """A GPU for DRA on a node without Kubernetes would be offered nowhere."""
+    config = short_tmp_path / "gpuagent.yaml"
+    config.write_text("version: v1\nkubernetes: false\n")
+    where = ("--check-config",) if check else ("--simulate", "1", "--config")
+    result = run_to_end(*where, str(config), env={"GPUAGENT_DRA_GPUS": "0"})
+    assert result.returncode == 2, result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert "GPUAGENT_DRA_GPUS" in line
+    assert "config file key 'kubernetes' false" in line
+
+
+def test_dra_gpu_the_node_lacks_exits_2_once_the_gpus_are_known(short_tmp_path: Path) -> None:
+    """Which GPUs the node has is known only once the driver has answered: then the agent stops
+    with a configuration error naming the setting and the GPU (the API server need not answer)."""
+    kubeconfig = short_tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: x\n"
+        f"clusters: [{{name: c, cluster: {{server: 'http://127.0.0.1:{free_port()}'}}}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: x, context: {cluster: c, user: u}}]\n"
+    )
+    result = run_to_end(
+        "--simulate", "2", "--dra-gpus", "1,5", "--kubeconfig", str(kubeconfig),
+        "--socket-dir", str(short_tmp_path / "dp"),
+        "--plugins-dir", str(short_tmp_path / "plugins"),
+        "--plugins-registry-dir", str(short_tmp_path / "registry"),
+        "--cdi-spec-dir", str(short_tmp_path / "cdi"),
+        "--metrics-address", f"127.0.0.1:{free_port()}", "--log-format", "json",
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    entries = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
+    (error,) = [e for e in entries if e["level"] == "error"]
+    assert error["error"].startswith("dra-gpus: names GPU 5, which this node does not have")
+
+
 def test_metrics_port_in_use_exits_2_in_one_line(short_tmp_path: Path) -> None:
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))

@@ -8,11 +8,13 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import pytest
 from structlog.testing import capture_logs
 from support.fake_kubelet import FakeKubelet
 
 from e2e.agentrun import RunningAgent, running_agent
 from e2e.test_process import free_port, spawn
+from e2e.test_reload_consumers import reloads
 
 T = 10.0
 NODE = """\
@@ -100,6 +102,37 @@ async def test_invalid_reload_keeps_the_running_configuration(
         assert run.agent.store.plan is before
         (entry,) = [e for e in logs if e["log_level"] == "error"]
         assert "sharing.timeSlicing.resources[0].name" in entry["error"]
+
+
+@pytest.mark.parametrize(
+    ("body", "named"),
+    [
+        pytest.param("dra-gpus: 1,7\n", ["dra-gpus", "GPU 7"], id="gpu-the-node-lacks"),
+        pytest.param("dra-gpus: GPU-nope\n", ["dra-gpus", "GPU-nope"], id="uuid-the-node-lacks"),
+        pytest.param("kubernetes: false\ndra-gpus: all\n", ["dra-gpus", "'kubernetes' false"],
+                     id="dra-without-kubernetes"),
+    ],
+)  # fmt: skip
+async def test_a_contradicting_reload_is_refused(
+    fake_kubelet: FakeKubelet,
+    device_plugin_dir: Path,
+    short_tmp_path: Path,
+    body: str,
+    named: list[str],
+) -> None:
+    """A configuration that cannot hold on this node (a DRA GPU it does not have, DRA without
+    Kubernetes) is refused as a whole: the running one stays, one error line says why, and
+    /metrics counts the refusal."""
+    config = short_tmp_path / "gpuagent.yaml"
+    async with reloadable(fake_kubelet, device_plugin_dir, config) as run:
+        before = run.agent.store.plan
+        config.write_text(f"version: v1\nmig-strategy: mixed\n{body}")
+        with capture_logs() as logs:
+            assert await run.agent.reload() is None
+        assert run.agent.store.plan is before
+        (entry,) = [e for e in logs if e["log_level"] == "error"]
+        assert all(word in entry["error"] for word in named), entry
+        await run.metrics_until(lambda t: reloads(t, "invalid") == 1)
 
 
 async def test_reload_says_which_keys_need_a_restart(
