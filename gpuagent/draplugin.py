@@ -16,7 +16,7 @@ import structlog
 from gpuagent.domain.claims import ClaimUnavailable
 from gpuagent.domain.counters import DraCounters
 from gpuagent.domain.devices import Snapshot
-from gpuagent.domain.dra import DraDevice
+from gpuagent.domain.dra import DraDevice, unpublished_gpus
 from gpuagent.domain.store import DeviceStore
 from gpuagent.dra.claims import ClaimFiles
 from gpuagent.dra.endpoint import DraEndpoint, EndpointTiming
@@ -111,10 +111,21 @@ class DraSide:
         await self.preparer.load()
         await self.endpoint.run()
 
+    def unpublished(self) -> tuple[int, ...]:
+        """The GPUs given to DRA whose devices are in no slice this agent has published: the
+        device plugin leaves them out, so (while the API server cannot be reached) no pod can
+        have them through either API."""
+        return unpublished_gpus(self._devices(self._store.snapshot), self.publisher.published)
+
     def readiness(self) -> str | None:
         """Why the DRA side is not ready, or ``None``."""
         if not self.publisher.up:
-            return f"DRA: ResourceSlices not published: {self.publisher.error}"
+            gpus = self.unpublished()
+            nowhere = ""
+            if gpus:
+                plural = "s" if len(gpus) > 1 else ""
+                nowhere = f"GPU{plural} {', '.join(map(str, gpus))} offered through neither API: "
+            return f"DRA: {nowhere}ResourceSlices not published: {self.publisher.error}"
         if not self.endpoint.registered:
             detail = f": {self.endpoint.last_error}" if self.endpoint.last_error else ""
             return f"DRA: not registered with the kubelet{detail}"
@@ -128,6 +139,7 @@ class DraSide:
             slice_writes=publisher.writes,
             slice_generation=publisher.generation,
             devices=len(publisher.published or ()),
+            unpublished_gpus=len(self.unpublished()),
             registered=self.endpoint.registered,
             prepared_claims=len(self.preparer.claims),
             prepares=stats.prepares,

@@ -57,6 +57,8 @@ class DraCounters:
     slice_writes: int = 0
     slice_generation: int = 0
     devices: int = 0
+    # GPUs given to DRA whose devices are in no published slice: offered through neither API.
+    unpublished_gpus: int = 0
     registered: bool = False
     prepared_claims: int = 0
     prepares: int = 0

@@ -40,6 +40,7 @@ __all__ = [
     "semver",
     "slice_manifests",
     "slice_name",
+    "unpublished_gpus",
 ]
 
 API_VERSION = "resource.k8s.io/v1"
@@ -455,6 +456,16 @@ def _quantity(size: int) -> str:
         if size and size % unit == 0:
             return f"{size // unit}{suffix}"
     return str(size)
+
+
+def unpublished_gpus(
+    current: Iterable[DraDevice], published: Iterable[DraDevice] | None
+) -> tuple[int, ...]:
+    """The GPUs (indexes) with a device in ``current`` that ``published`` (the node's
+    ResourceSlices as last written; ``None``: never) lacks: given to DRA, so the device plugin
+    leaves them out, yet not in a slice — offered through neither API."""
+    names = {d.name for d in published or ()}
+    return tuple(sorted({d.gpu_index for d in current if d.name not in names}))
 
 
 def devices_by_name(devices: Iterable[DraDevice]) -> dict[str, DraDevice]:

@@ -557,6 +557,9 @@ def _dra_families(dra: DraCounters | None) -> list[Family]:
                 dra.slice_generation),
         _single("gpuagent_dra_devices", "gauge",
                 "Devices this node serves through DRA.", (), dra.devices),
+        _single("gpuagent_dra_unpublished_gpus", "gauge",
+                "GPUs given to DRA whose devices are in no published ResourceSlice, so offered "
+                "through neither API.", (), dra.unpublished_gpus),
         _single("gpuagent_dra_registered", "gauge",
                 "Whether the kubelet accepted the DRA plugin (1) or not (0).", (),
                 1 if dra.registered else 0),

@@ -29,6 +29,7 @@ from gpuagent.domain.dra import (
     semver,
     slice_manifests,
     taints,
+    unpublished_gpus,
 )
 from gpuagent.domain.errors import SettingError
 from gpuagent.domain.plan import Plan
@@ -86,6 +87,20 @@ def test_dra_gpus_the_node_does_not_have(
     selection = DraGpus.parse(text)
     assert selection.absent(gpus, 3) == absent
     assert selection.decided(gpus, 3) == decided
+
+
+def test_unpublished_gpus_are_those_with_a_device_in_no_published_slice() -> None:
+    snapshot = node(gpu(0), gpu(1, migs=[mig(1, 7), mig(1, 8)]), gpu(2))
+    current = dra_devices(snapshot, DraGpus(all=True), mig_strategy=MigStrategy.MIXED)
+    assert unpublished_gpus(current, None) == (0, 1, 2)  # never published
+    assert unpublished_gpus(current, current) == ()
+    # GPU 1 got a MIG device since the last publication; GPU 2's device was published.
+    before = [d for d in current if d.gpu_index == 2 or d.uuid == mig_uuid(1, 7)]
+    assert unpublished_gpus(current, before) == (0, 1)
+    # A GPU with no device to publish (MIG mode under the none strategy) is not counted.
+    assert (
+        unpublished_gpus(dra_devices(node(gpu(1, migs=[mig(1, 7)])), DraGpus(all=True)), None) == ()
+    )
 
 
 def test_a_gpu_given_to_dra_leaves_the_device_plugin() -> None:

@@ -313,9 +313,13 @@ async def test_unreachable_api_server_leaves_the_device_plugin_working(
         )
         status, body = await run.get("/readyz")
         assert status == 503
-        assert "DRA: ResourceSlices not published: API server" in body
+        # GPUs 2 and 3 left the device plugin and are in no slice: offered through neither API.
+        assert body.startswith(
+            "DRA: GPUs 2, 3 offered through neither API: ResourceSlices not published: API server"
+        )
         _, metrics = await run.get("/metrics")
         assert "gpuagent_dra_api_up 0" in metrics
+        assert "gpuagent_dra_unpublished_gpus 2" in metrics
         assert "gpuagent_kubelet_registered 1" in metrics
 
         # A claim cannot be read meanwhile: a clear per-claim error, and the agent stays up.
@@ -330,7 +334,17 @@ async def test_unreachable_api_server_leaves_the_device_plugin_working(
         assert status == 200
         _, metrics = await run.get("/metrics")
         assert "gpuagent_dra_api_up 1" in metrics
+        assert "gpuagent_dra_unpublished_gpus 0" in metrics
         assert apiserver.invalid == []
+
+        # Down again: the slices stay in the API server and their GPUs offered; no GPU named.
+        await apiserver.stop()
+        await run.fault({"gpu": 2, "fault": "xid", "xid": 79})  # a change to publish: a taint
+        await until(lambda: "API server" in (run.agent.readiness() or ""), "retrying")
+        status, body = await run.get("/readyz")
+        assert (status, body.split(":")[:2]) == (503, ["DRA", " ResourceSlices not published"])
+        _, metrics = await run.get("/metrics")
+        assert "gpuagent_dra_unpublished_gpus 0" in metrics
 
 
 async def test_both_health_apis_send_every_device_of_the_pool(

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from support.synthetic import synthetic_snapshot
 
 from gpuagent.domain import xids
-from gpuagent.domain.counters import AgentCounters, PodResourcesStats
+from gpuagent.domain.counters import AgentCounters, DraCounters, PodResourcesStats
 from gpuagent.domain.devices import Condition, GpuHealth
 from gpuagent.domain.usage import ContainerUsage, ProcessReading, Usage
 from gpuagent.web.metrics import MetricsRenderer
@@ -52,7 +52,7 @@ def emitted_sample_names() -> set[str]:
         snapshot, gpus=(gpu, snapshot.gpus[1]), usage=Usage(containers=(miner,), judged=True)
     )
     text = MetricsRenderer("n", "1").render(
-        snapshot, AgentCounters(pod_resources=PodResourcesStats(1, 0, True))
+        snapshot, AgentCounters(pod_resources=PodResourcesStats(1, 0, True), dra=DraCounters())
     )
     assert list(text_string_to_metric_families(text))  # it parses
     # Names as written (the parser would add _total to counters that lack it).
