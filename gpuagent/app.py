@@ -27,13 +27,14 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from gpuagent.config import ConfigError, Settings
-from gpuagent.domain.devices import Snapshot
+from gpuagent.config import CDI_SPEC_TOOLKIT, ConfigError, Settings
+from gpuagent.domain.containers import CDI_SPEC_DIR
+from gpuagent.domain.devices import CdiSpec, Snapshot
 from gpuagent.domain.dra import DraGpus
 from gpuagent.domain.errors import SettingError
 from gpuagent.domain.plan import Plan
 from gpuagent.domain.readiness import readiness
-from gpuagent.domain.serving import ResourceView
+from gpuagent.domain.serving import ResourceView, cdi_gated
 from gpuagent.domain.store import DeviceStore
 from gpuagent.gpu.monitor import GpuMonitor
 from gpuagent.gpu.nvml import DriverUnavailable, Nvml
@@ -53,7 +54,7 @@ if TYPE_CHECKING:  # the rest is imported once the kubelet has its device plugin
     from gpuagent.draplugin import DraSide
     from gpuagent.gpu import sim
     from gpuagent.kubelet.podresources import PodResourcesClient
-    from gpuagent.nodefiles import CdiTarget, NodeFiles
+    from gpuagent.nodefiles import CdiSpecKeeper, CdiTarget, NodeFiles
     from gpuagent.runtime.accountant import Accountant
     from gpuagent.web.metrics import MetricsRenderer
     from gpuagent.web.server import HttpServer
@@ -141,6 +142,10 @@ class Agent:
         self.renderer: MetricsRenderer | None = None
         self.accountant: Accountant | None = None
         self.node_files: NodeFiles | None = None
+        # The node's CDI spec (with a CDI strategy): written before the device plugin registers
+        # when the plan starts with CDI, else started with the rest (a reload may turn CDI on).
+        self.cdi: CdiSpecKeeper | None = None
+        self._keeps_cdi_spec = _keeps_cdi_spec(settings, simulated=simulator is not None)
         self.monitor: GpuMonitor | None = None
         self.http: HttpServer | None = None
         self.listener = Listener(
@@ -170,6 +175,14 @@ class Agent:
         snapshot = self.store.snapshot
         self.view.resources(snapshot)  # builds (or finds cached) the resources, or the error
         reason = readiness(snapshot, self.view.error, kubernetes=self.settings.kubernetes)
+        cdi = snapshot.cdi
+        if (
+            reason is None
+            and cdi is not None
+            and cdi.error
+            and cdi_gated(snapshot, self.view.policy.containers)
+        ):
+            return f"CDI spec not written (devices it lacks are not offered): {cdi.error}"
         if reason is None and self.dra is not None:
             return self.dra.readiness()
         return reason
@@ -232,6 +245,12 @@ class Agent:
             # import and start what the kubelet does not need.
             await self._listen()
             driver = asyncio.create_task(self._start_driver(monitor), name="driver-start")
+            if self._keeps_cdi_spec and self.store.plan.writes_cdi_spec:
+                # The first device list waits for the spec from now on (NVIDIA's plugin, too,
+                # writes it before it registers): no device is offered that cannot be started.
+                if self.settings.cdi_spec != CDI_SPEC_TOOLKIT:
+                    self.store.update(lambda s: replace(s, cdi=s.cdi or CdiSpec()))
+                self._spawn("cdi-spec", self._keep_cdi_spec())
             if self.endpoints is not None:
                 self._spawn("kubelet-registration", self.endpoints.run())
             self._spawn("nvml-poller", self._drive(driver, monitor))
@@ -280,6 +299,14 @@ class Agent:
                     break
             snapshot = await self.store.wait_newer(snapshot.version)
         await self.stopping.wait()
+
+    async def _keep_cdi_spec(self) -> None:
+        """Keep the node's CDI spec (its module imported off the loop, beside NVML's start)."""
+        await asyncio.to_thread(_import, ("gpuagent.nodefiles",))
+        from gpuagent.nodefiles import CdiSpecKeeper  # noqa: PLC0415
+
+        self.cdi = CdiSpecKeeper(self.store, _cdi_target(self.settings))
+        await self.cdi.run()
 
     async def _first_answer(self) -> None:
         """Until every endpoint has registered or said why not, or the registration task ended."""
@@ -348,6 +375,8 @@ class Agent:
         )
         if self.node_files.wanted:
             self._spawn("node-files", self.node_files.run())
+        if self._keeps_cdi_spec and "cdi-spec" not in self._tasks:
+            self._spawn("cdi-spec", self._keep_cdi_spec())
         if self.dra is not None:
             for name, task in self.dra.tasks().items():
                 self._spawn(name, task())
@@ -497,6 +526,10 @@ class Agent:
                     error=str(ConfigError("dra-gpus", absent)),
                 )
                 return None
+        if self.cdi is not None and plan.writes_cdi_spec and snapshot.discovered:
+            # The spec first, then the plan: an Allocate answered with CDI names finds them.
+            containers = keep_restart_only(plan, self.store.plan).serving.containers
+            await self.cdi.sync(snapshot, containers)
         return self.apply(settings, plan)
 
     def apply(self, settings: Settings, plan: Plan) -> list[str]:
@@ -551,13 +584,11 @@ def _cdi_target(settings: Settings) -> CdiTarget:
 def _node_files(
     store: DeviceStore, settings: Settings, *, sysfs_root: Path, simulated: bool
 ) -> NodeFiles:
-    """The node's files this agent may write: simulated GPUs must not reach the host's real CDI
-    or node-feature-discovery directories by default."""
-    from gpuagent.cdi import DEFAULT_CDI_DIR  # noqa: PLC0415
+    """The node's files this agent may write besides the CDI spec: simulated GPUs must not reach
+    the host's real node-feature-discovery directory by default."""
     from gpuagent.labels import DEFAULT_FEATURES_FILE  # noqa: PLC0415
     from gpuagent.nodefiles import LabelTarget, NodeFiles  # noqa: PLC0415
 
-    cdi: CdiTarget | None = _cdi_target(settings)
     labels: LabelTarget | None = LabelTarget(
         path=settings.node_labels_file,
         machine_type_file=settings.machine_type_file,
@@ -567,9 +598,13 @@ def _node_files(
         simulated and settings.node_labels_file == DEFAULT_FEATURES_FILE
     ):
         labels = None
-    if simulated and settings.cdi_spec_dir == DEFAULT_CDI_DIR:
-        cdi = None
-    return NodeFiles(store, cdi=cdi, labels=labels)
+    return NodeFiles(store, labels=labels)
+
+
+def _keeps_cdi_spec(settings: Settings, *, simulated: bool) -> bool:
+    """Whether this agent keeps the node's CDI spec: simulated GPUs must not reach the host's
+    real CDI directory by default."""
+    return not (simulated and settings.cdi_spec_dir == Path(CDI_SPEC_DIR))
 
 
 def _import(modules: tuple[str, ...]) -> None:

@@ -39,7 +39,13 @@ from typing import Any
 import yaml
 
 from gpuagent.atomicfile import remove_if_present, write_if_changed
-from gpuagent.domain.containers import CDI_CLASS, CDI_KIND, CDI_VENDOR, CONTROL_NODES
+from gpuagent.domain.containers import (
+    CDI_CLASS,
+    CDI_KIND,
+    CDI_SPEC_DIR,
+    CDI_VENDOR,
+    CONTROL_NODES,
+)
 from gpuagent.domain.devices import Gpu, IdStrategy, Snapshot
 from gpuagent.domain.naming import mig_index
 from gpuagent.driverfiles import DriverFiles, DrmNodes, Symlink
@@ -58,7 +64,7 @@ __all__ = [
     "toolkit_devices",
 ]
 
-DEFAULT_CDI_DIR = Path("/var/run/cdi")
+DEFAULT_CDI_DIR = Path(CDI_SPEC_DIR)
 # CDI's GenerateSpecName: "<vendor>-<class>", as NVIDIA's plugin names its file.
 SPEC_FILE_NAME = f"{CDI_VENDOR}-{CDI_CLASS}.json"
 ALL_DEVICES = "all"

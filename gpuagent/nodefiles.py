@@ -8,14 +8,20 @@
   (:mod:`gpuagent.labels`), from the snapshot and what the host says about itself
   (:mod:`gpuagent.hostfacts`).
 
-Each writer is blocking (:class:`NodeFiles` runs it in a thread), replaces its file atomically and
-only when the content changes, and returns whether it did; it raises :class:`OSError` when the file
-cannot be written.
+Each writer is blocking (run in a thread), replaces its file atomically and only when the content
+changes, and returns whether it did; it raises :class:`OSError` when the file cannot be written.
+Health and readings enter neither file.
 
-:class:`NodeFiles` keeps both current from the store: the devices of the snapshot and the plan
-they are served under. Either changing rewrites them, so a reload that turns on time-slicing
-relabels the node and one that turns on a CDI strategy writes the spec; health and readings do
-not enter them. A write that fails is logged and retried at the next change.
+:class:`CdiSpecKeeper` keeps the spec current from the store's devices while the plan uses CDI,
+and records in the store which devices the spec on disk defines (:class:`~gpuagent.domain.devices.
+CdiSpec`): the device plugin advertises a device only once its spec entry is on disk, and
+registers only once the first spec is (:mod:`gpuagent.domain.serving`). A reload that turns a CDI
+strategy on writes the spec before the plan is published (:meth:`CdiSpecKeeper.sync`). A write
+that fails is retried at the next change of the snapshot, and logged when its error changes.
+
+:class:`NodeFiles` keeps the feature file current from the snapshot's devices and the plan: a
+reload that turns on time-slicing relabels the node. A write that fails is logged and retried at
+the next change.
 """
 
 from __future__ import annotations
@@ -37,16 +43,18 @@ from gpuagent.cdi import (
     toolkit_devices,
 )
 from gpuagent.domain.containers import ContainerSettings
-from gpuagent.domain.devices import Gpu, GpuHealth, Snapshot, Telemetry
+from gpuagent.domain.devices import CdiSpec, Gpu, GpuHealth, Snapshot, Telemetry
 from gpuagent.domain.naming import mig_index
 from gpuagent.domain.plan import Plan
 from gpuagent.domain.resources import ResourceSettings
+from gpuagent.domain.serving import spec_devices
 from gpuagent.domain.store import DeviceStore
 from gpuagent.driverfiles import DriverRoot
 from gpuagent.hostfacts import DEFAULT_MACHINE_TYPE_FILE, read_host_facts
 from gpuagent.labels import DEFAULT_FEATURES_FILE, node_labels, sync_features
 
 __all__ = [
+    "CdiSpecKeeper",
     "CdiTarget",
     "LabelTarget",
     "NodeFiles",
@@ -61,6 +69,9 @@ log = structlog.get_logger("gpuagent.nodefiles")
 
 WRITE = "write"
 TOOLKIT = "toolkit"
+# A CDI spec that could not be written is tried again after 1 s, doubling up to 30 s.
+RETRY_FIRST_S = 1.0
+RETRY_MAX_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,25 +101,83 @@ class LabelTarget:
     sysfs_root: Path = Path("/sys")
 
 
-class NodeFiles:
-    """Keeps the CDI spec (``cdi``) and the feature file (``labels``) current from the store.
+class CdiSpecKeeper:
+    """Keeps the agent's CDI spec (``target``) current while the plan's strategies use CDI, and
+    tells the store which devices the spec on disk defines (in ``write`` mode; the toolkit's spec
+    is another program's, only checked).
 
-    ``None`` for either means that file is never written (node labels turned off, or a simulated
-    node that must not reach the host's real directories). The CDI spec is written while the
-    plan's device-list strategies use CDI.
+    Construct it before the device plugin registers: from then on the first device list waits
+    for the first spec (see the module doc).
     """
 
-    def __init__(
-        self, store: DeviceStore, *, cdi: CdiTarget | None, labels: LabelTarget | None
-    ) -> None:
+    def __init__(self, store: DeviceStore, target: CdiTarget) -> None:
         self._store = store
-        self._cdi = cdi
+        self._target = target
+        self._lock = asyncio.Lock()
+        self._written: object = None  # what the spec on disk was last written for
+        self._error = ""
+        # After a failed write, the same spec is tried again no sooner than this (loop time).
+        self._failed: object = None
+        self._retry_at = 0.0
+        self._delay = RETRY_FIRST_S
+        if target.mode == WRITE:
+            store.update(lambda s: replace(s, cdi=s.cdi or CdiSpec()))
+
+    async def run(self) -> None:
+        """Write the spec after each change of the devices while the plan uses CDI (a failed
+        write again at the next change of the snapshot), until cancelled."""
+        version = -1
+        while True:
+            snapshot = await self._store.wait_newer(version)
+            version = snapshot.version
+            plan = self._store.plan
+            if snapshot.discovered and plan.writes_cdi_spec:
+                await self.sync(snapshot, plan.serving.containers)
+
+    async def sync(self, snapshot: Snapshot, containers: ContainerSettings) -> None:
+        """Bring the spec on disk in line with ``snapshot`` now (nothing when it is already);
+        the store then says which devices it defines."""
+        key = (_devices(snapshot), containers.dev_root, containers.control_nodes)
+        loop = asyncio.get_running_loop()
+        async with self._lock:
+            if key == self._written or (key == self._failed and loop.time() < self._retry_at):
+                return
+            target = self._target
+            try:
+                changed = await asyncio.to_thread(write_cdi, snapshot, containers, target)
+            except OSError as exc:
+                if str(exc) != self._error:
+                    log.warning("cannot write file", what="cdi spec", path=str(target.spec_dir),
+                                error=str(exc))  # fmt: skip
+                self._error = str(exc)
+                self._failed, self._retry_at = key, loop.time() + self._delay
+                self._delay = min(self._delay * 2, RETRY_MAX_S)
+                self._record(lambda spec: replace(spec, written=True, error=self._error))
+                return
+            if changed:
+                log.info("file updated", what="cdi spec", path=str(target.spec_dir))
+            self._written, self._error, self._delay = key, "", RETRY_FIRST_S
+            devices = spec_devices(snapshot)
+            self._record(lambda spec: CdiSpec(devices=devices, written=True))
+
+    def _record(self, change: Callable[[CdiSpec], CdiSpec]) -> None:
+        if self._target.mode == WRITE:
+            self._store.update(lambda s: replace(s, cdi=change(s.cdi or CdiSpec())))
+
+
+class NodeFiles:
+    """Keeps the feature file (``labels``) current from the store; ``None``: it is never written
+    (node labels turned off, or a simulated node that must not reach the host's real
+    directories)."""
+
+    def __init__(self, store: DeviceStore, *, labels: LabelTarget | None) -> None:
+        self._store = store
         self._labels = labels
 
     @property
     def wanted(self) -> bool:
         """Whether there is any file this agent may write."""
-        return self._cdi is not None or self._labels is not None
+        return self._labels is not None
 
     async def run(self) -> None:
         """Rewrite the files after each change of devices or plan, until cancelled."""
@@ -126,9 +195,6 @@ class NodeFiles:
 
     async def write(self, snapshot: Snapshot, plan: Plan) -> None:
         """Write the files for ``snapshot`` under ``plan`` (those this agent may write)."""
-        if self._cdi is not None and plan.writes_cdi_spec:
-            containers = plan.serving.containers
-            await _write("cdi spec", self._cdi.spec_dir, write_cdi, snapshot, containers, self._cdi)
         if self._labels is not None:
             resources = plan.serving.resources
             await _write(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import shutil
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -18,11 +19,27 @@ from support.waiting import eventually
 from gpuagent import nodefiles
 from gpuagent.cdi import SPEC_FILE_NAME
 from gpuagent.config import load_settings
-from gpuagent.domain.containers import TOOLKIT_CDI_KIND, ContainerSettings
-from gpuagent.domain.devices import Condition, Gpu, GpuHealth, IdStrategy, Snapshot, Telemetry
+from gpuagent.domain.containers import TOOLKIT_CDI_KIND, ContainerSettings, DeviceListStrategy
+from gpuagent.domain.devices import (
+    CdiSpec,
+    Condition,
+    Gpu,
+    GpuHealth,
+    IdStrategy,
+    Snapshot,
+    Telemetry,
+)
 from gpuagent.domain.health import DISCOVERY
+from gpuagent.domain.serving import spec_devices
 from gpuagent.domain.store import DeviceStore
-from gpuagent.nodefiles import CdiTarget, LabelTarget, NodeFiles, expected_toolkit_names, write_cdi
+from gpuagent.nodefiles import (
+    CdiSpecKeeper,
+    CdiTarget,
+    LabelTarget,
+    NodeFiles,
+    expected_toolkit_names,
+    write_cdi,
+)
 from gpuagent.plan import driver_root_as_read, make_plan
 
 NODE = node(gpu(0), gpu(1, migs=[mig(1, 7)]), driver=VERSION)
@@ -162,7 +179,7 @@ async def test_labels_follow_a_gpu_described_late_not_its_readings(
     other = gpu(1, migs=[mig(1, 1)], mig_enabled=True)
     h100 = "nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3"
     store.update(lambda s: node(undescribed, other))
-    task = asyncio.create_task(NodeFiles(store, cdi=None, labels=target).run())
+    task = asyncio.create_task(NodeFiles(store, labels=target).run())
 
     def labelled(*lines: str) -> bool:
         text = features.read_text() if features.exists() else ""
@@ -190,3 +207,40 @@ async def test_labels_follow_a_gpu_described_late_not_its_readings(
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def test_the_keeper_says_which_devices_the_spec_on_disk_defines(tmp_path: Path) -> None:
+    """A failed write keeps the last good devices and says why; the next change writes again."""
+    cdi = tmp_path / "cdi"
+    store = DeviceStore()
+    keeper = CdiSpecKeeper(store, CdiTarget(spec_dir=cdi, read_root=tmp_path / "empty"))
+    assert store.snapshot.cdi == CdiSpec()  # the first device list waits from now on
+    settings = ContainerSettings(strategies=(DeviceListStrategy.CDI_CRI,))
+    one = node(gpu(0))
+    await keeper.sync(one, settings)
+    assert store.snapshot.cdi == CdiSpec(devices=spec_devices(one), written=True)
+
+    shutil.rmtree(cdi)
+    cdi.write_text("not a directory\n")
+    await keeper.sync(NODE, settings)
+    spec = store.snapshot.cdi
+    assert spec is not None
+    assert (spec.devices, spec.written) == (spec_devices(one), True)
+    assert spec.error
+
+    cdi.unlink()
+    await keeper.sync(node(gpu(0), gpu(1)), settings)  # a change: tried at once
+    assert store.snapshot.cdi == CdiSpec(devices=spec_devices(node(gpu(0), gpu(1))), written=True)
+    assert {d["name"] for d in json.loads((cdi / SPEC_FILE_NAME).read_text())["devices"]} == {
+        gpu_uuid(0),
+        "0",
+        gpu_uuid(1),
+        "1",
+        "all",
+    }
+
+
+def test_the_toolkits_spec_is_not_waited_for(tmp_path: Path) -> None:
+    store = DeviceStore()
+    CdiSpecKeeper(store, CdiTarget(spec_dir=tmp_path, mode="toolkit"))
+    assert store.snapshot.cdi is None

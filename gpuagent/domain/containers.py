@@ -48,6 +48,7 @@ __all__ = [
     "CDI_ANNOTATION_PREFIX",
     "CDI_CLASS",
     "CDI_KIND",
+    "CDI_SPEC_DIR",
     "CDI_VENDOR",
     "CONTROL_NODES",
     "TOOLKIT_CDI_KIND",
@@ -60,6 +61,7 @@ __all__ = [
     "validate_request",
 ]
 
+CDI_SPEC_DIR = "/var/run/cdi"  # where CDI registries read specs written at run time
 CDI_VENDOR = "k8s.device-plugin.nvidia.com"
 CDI_CLASS = "gpu"
 CDI_KIND = f"{CDI_VENDOR}/{CDI_CLASS}"

@@ -275,6 +275,21 @@ class Registration:
 
 
 @dataclass(frozen=True, slots=True)
+class CdiSpec:
+    """The node's CDI spec as this agent keeps it, for the devices the kubelet may be offered.
+
+    ``devices``: the ``(UUID, index name)`` of each GPU and MIG device the spec on disk defines
+    (under both namings); ``written``: a write has been tried since start (so the first device
+    list need not wait any longer); ``error``: why the last write failed, if it did (the file on
+    disk is then the one written before, or none).
+    """
+
+    devices: frozenset[tuple[str, str]] = frozenset()
+    written: bool = False
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class DriverState:
     """Whether the driver answered, and what it said when it did not."""
 
@@ -306,6 +321,8 @@ class Snapshot:
     plan_generation: int = 0
     # Per-container use of the GPUs, from the processes' readings (see domain/accounting.py).
     usage: Usage = field(default_factory=Usage)
+    # The CDI spec this agent writes, as on disk; None when it writes none (so nothing waits).
+    cdi: CdiSpec | None = None
 
     @property
     def registered(self) -> bool:

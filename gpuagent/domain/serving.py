@@ -3,6 +3,12 @@
 :class:`ResourceView` computes the node's resources once per snapshot version under the store's
 plan, and the pair scores once per topology, so an RPC does a dictionary lookup, never a rebuild
 and never an NVML call. A new plan is a new snapshot version: the view follows it by itself.
+
+Nothing is advertised before a container given it can start: where containers are given CDI
+names and the agent writes the CDI spec, a device is in the resources only once the spec on disk
+defines it (:attr:`Snapshot.cdi <gpuagent.domain.devices.Snapshot.cdi>`), and the first device
+list waits for the first spec (:func:`awaits_cdi_spec`) — as NVIDIA's plugin writes its spec
+before it registers.
 """
 
 from __future__ import annotations
@@ -10,17 +16,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from gpuagent.domain.containers import ContainerSettings
-from gpuagent.domain.devices import Snapshot, Topology
+from gpuagent.domain.containers import CDI_KIND, ContainerSettings
+from gpuagent.domain.devices import CdiSpec, Snapshot, Topology
 from gpuagent.domain.dra import DraGpus
 from gpuagent.domain.errors import ResourceError
+from gpuagent.domain.naming import mig_index
 from gpuagent.domain.preferred import PairScores, SharedAllocationPolicy
 from gpuagent.domain.resources import NodeResources, ResourceSettings, build_resources
 
 if TYPE_CHECKING:
     from gpuagent.domain.store import DeviceStore
 
-__all__ = ["ResourceView", "ServingPolicy"]
+__all__ = ["ResourceView", "ServingPolicy", "awaits_cdi_spec", "cdi_gated", "spec_devices"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +64,8 @@ class ResourceView:
                 self._resources = build_resources(
                     _device_plugin_gpus(snapshot, self.policy.dra_gpus), self.policy.resources
                 )
+                if snapshot.cdi is not None and cdi_gated(snapshot, self.policy.containers):
+                    self._resources = _in_spec(self._resources, snapshot.cdi)
                 self._error = ""
             except ResourceError as exc:
                 self._resources = NodeResources()
@@ -74,6 +83,38 @@ class ResourceView:
             self._scores = PairScores.of(snapshot)
             self._topology = snapshot.topology
         return self._scores
+
+
+def cdi_gated(snapshot: Snapshot, containers: ContainerSettings) -> bool:
+    """Whether devices wait for the CDI spec: containers get CDI names of the spec this agent
+    writes (not the container toolkit's)."""
+    return snapshot.cdi is not None and containers.uses_cdi and containers.cdi_kind == CDI_KIND
+
+
+def awaits_cdi_spec(snapshot: Snapshot, containers: ContainerSettings) -> bool:
+    """Whether the first device list must still wait: gated, and no spec written yet."""
+    return cdi_gated(snapshot, containers) and not (snapshot.cdi and snapshot.cdi.written)
+
+
+def spec_devices(snapshot: Snapshot) -> frozenset[tuple[str, str]]:
+    """The ``(UUID, index name)`` of every GPU and MIG device of ``snapshot``: what its CDI spec
+    defines (:func:`gpuagent.cdi.build_spec`)."""
+    pairs = set()
+    for gpu in snapshot.gpus:
+        pairs.add((gpu.uuid, str(gpu.index)))
+        for position, mig in enumerate(gpu.mig_devices):
+            pairs.add((mig.uuid, mig_index(gpu.index, position)))
+    return frozenset(pairs)
+
+
+def _in_spec(resources: NodeResources, spec: CdiSpec) -> NodeResources:
+    """``resources`` with only the devices ``spec`` defines under both names (a resource left
+    without devices stays, so its registration does too)."""
+    kept = tuple(
+        replace(r, devices=tuple(d for d in r.devices if (d.uuid, d.index) in spec.devices))
+        for r in resources.resources
+    )
+    return replace(resources, resources=kept)
 
 
 def _device_plugin_gpus(snapshot: Snapshot, dra: DraGpus) -> Snapshot:

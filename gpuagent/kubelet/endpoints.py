@@ -17,7 +17,7 @@ import structlog
 
 from gpuagent.domain.devices import Registration
 from gpuagent.domain.naming import socket_name
-from gpuagent.domain.serving import ResourceView
+from gpuagent.domain.serving import ResourceView, awaits_cdi_spec
 from gpuagent.domain.store import DeviceStore
 from gpuagent.kubelet.plugin import DevicePluginService
 from gpuagent.kubelet.registration import PluginEndpoint, Timing
@@ -73,13 +73,14 @@ class PluginEndpoints:
         return {name: served.service for name, served in self._served.items()}
 
     async def run(self) -> None:
-        """Once GPUs are discovered, serve each advertised resource until cancelled.
+        """Once GPUs are discovered (and, with a CDI strategy, the CDI spec naming them is
+        written), serve each advertised resource until cancelled.
 
         An endpoint never ends by itself: one that fails takes this task (and so the agent's
         supervision) down with its error.
         """
         snapshot = self._store.snapshot
-        while not snapshot.discovered:
+        while not snapshot.discovered or awaits_cdi_spec(snapshot, self._view.policy.containers):
             snapshot = await self._store.wait_newer(snapshot.version)
         try:
             async with asyncio.TaskGroup() as group:

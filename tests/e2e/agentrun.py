@@ -96,11 +96,14 @@ async def running_agent(
     agent_options: Mapping[str, Any] | None = None,
     config_poll_interval: float = 0.02,
     env: Mapping[str, str] | None = None,
+    simulator: SimDriver | None = None,
 ) -> AsyncIterator[RunningAgent]:
     """Start an agent with ``args`` (plus test-friendly addresses) and stop it afterwards.
 
     ``env`` is the agent's environment (by default only ``NODE_NAME=test-node``). The agent
     re-reads the same arguments and environment (and its ``--config`` file) when it reloads.
+    ``simulator``: a simulated driver the test has prepared (faults set before the start), in
+    place of the one ``args`` describe.
     """
     environ = {"NODE_NAME": "test-node", **(env or {})}
     argv = [
@@ -113,7 +116,7 @@ async def running_agent(
     settings = load_settings(argv, environ)
     agent = Agent(
         settings,
-        simulator=load_simulator(settings),
+        simulator=simulator or load_simulator(settings),
         sysfs_root=sysfs_root or Path("/nonexistent-sysfs"),
         registration_timing=FAST,
         nvml_call_timeout=nvml_call_timeout,

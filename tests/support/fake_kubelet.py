@@ -42,6 +42,7 @@ __all__ = [
     "KUBELET_SOCKET_NAME",
     "SUPPORTED_VERSIONS",
     "FakeKubelet",
+    "Observer",
     "RegisterAttempt",
     "Registration",
     "StreamEnd",
@@ -175,6 +176,9 @@ class RegisterAttempt:
 
 _END = object()
 
+Observer = Callable[[str, Any], None]
+"""What a test gives :class:`FakeKubelet` to look at the node when the kubelet hears of it."""
+
 
 class Registration:
     """An accepted ``Register``: the request, the plugin's options and its ListAndWatch stream."""
@@ -190,6 +194,7 @@ class Registration:
         stub: Any,
         plugin_options: Any,
         empty: Any,
+        observe: Observer | None = None,
     ) -> None:
         self.index = index
         """Position in ``FakeKubelet.registrations``."""
@@ -217,6 +222,7 @@ class Registration:
         self._closing_by_kubelet = False
         self._closed = False
         self._call: Any = None
+        self._observe = observe
         self._thread = threading.Thread(
             target=self._consume, name=f"fake-kubelet-law-{index}", daemon=True
         )
@@ -243,6 +249,8 @@ class Registration:
             if cancel_now:
                 call.cancel()
             for response in call:
+                if self._observe is not None:
+                    self._observe("update", response)
                 now = time.monotonic()
                 with self._lock:
                     self._history.append((now, response))
@@ -369,8 +377,13 @@ class FakeKubelet:
         call_timeout: float = 30.0,
         create_deprecation_file: bool = True,
         max_workers: int = 8,
+        observe: Observer | None = None,
     ) -> None:
         self.socket_dir = Path(socket_dir)
+        self.observe = observe
+        """Called on the kubelet's own threads the moment something arrives, before anything
+        else happens: ``("register", RegisterRequest)``, ``("update", ListAndWatchResponse)``
+        — so a test can look at the node as it was when the kubelet learned of it."""
         self.stubs = stubs
         self.dial_timeout = dial_timeout
         """The kubelet dials a registering plugin for at most 10 s."""
@@ -471,6 +484,8 @@ class FakeKubelet:
     # -- Register ---------------------------------------------------------------------------
 
     def _register(self, request: Any, context: Any, generation: int) -> Any:
+        if self.observe is not None:
+            self.observe("register", request)
         received_at = time.monotonic()
         error = self._validate(request)
         if error is None:
@@ -540,6 +555,7 @@ class FakeKubelet:
                 stub=stub,
                 plugin_options=plugin_options,
                 empty=self._pb.Empty(),
+                observe=self.observe,
             )
             self._registrations.append(registration)
             registration._start()
