@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.fake_apiserver import FakeApiServer
 from support.fake_kubelet import FakeKubelet
 
 pytestmark = pytest.mark.slow
@@ -256,13 +257,8 @@ def test_dra_without_kubernetes_exits_2_naming_both_keys(short_tmp_path: Path, c
 def test_dra_gpu_the_node_lacks_exits_2_once_the_gpus_are_known(short_tmp_path: Path) -> None:
     """Which GPUs the node has is known only once the driver has answered: then the agent stops
     with a configuration error naming the setting and the GPU (the API server need not answer)."""
-    kubeconfig = short_tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: x\n"
-        f"clusters: [{{name: c, cluster: {{server: 'http://127.0.0.1:{free_port()}'}}}}]\n"
-        "users: [{name: u, user: {token: t}}]\n"
-        "contexts: [{name: x, context: {cluster: c, user: u}}]\n"
-    )
+    # An API server that is not there (never started): the check needs none.
+    kubeconfig = FakeApiServer(node="n", port=free_port()).kubeconfig(short_tmp_path / "kc")
     result = run_to_end(
         "--simulate", "2", "--dra-gpus", "1,5", "--kubeconfig", str(kubeconfig),
         "--socket-dir", str(short_tmp_path / "dp"),
