@@ -13,13 +13,27 @@ import json
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
+import pynvml
 import pytest
 import yaml
+from dra_plugin.test_dra_flow import FAST_DRA, Dirs
+from dra_plugin.test_dra_flow import NODE as DRA_NODE
+from e2e.agentrun import RunningAgent, running_agent
+from support.clock import Sleeps
+from support.fake_apiserver import FakeApiServer
+from support.fake_kubelet import FakeKubelet
+from support.grpcstubs import StubModules
+from support.metricsdoc import label_drift
+from support.waiting import eventually
 
+from gpuagent import app
 from gpuagent.config import FILE_KEYS, OPTIONS, load_settings
 from gpuagent.config.cli import build_parser
+from gpuagent.gpu.sim import SimDriver, node_from_count
+from gpuagent.gpu.sim.spec import SimLatency
 from gpuagent.plan import make_plan
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -309,3 +323,120 @@ def test_the_example_configs_are_found() -> None:
         "deploy/systemd/config.yaml",
     } <= where
     assert any(w.startswith("configuration.md") for w in where)
+
+
+# ----- what the docs quote the agent answering ---------------------------------------------------
+SAYS = re.compile(r"`/readyz` (?:\(503\) )?(?:says|answers|names it)[^`]{0,40}`([^`]+)`")
+IN_PARENTHESES = re.compile(r"`/readyz` \((?:503, )?`([^`]+)`")
+
+
+def quoted_readyz_answers() -> dict[str, str]:
+    """Each ``/readyz`` answer the documents quote (``… says `X```, ``(503, `X`)``, the
+    troubleshooting table), by where it is quoted."""
+    found: dict[str, str] = {}
+    for doc in [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]:
+        text = " ".join(prose(doc).split())
+        for quote in [*SAYS.findall(text), *IN_PARENTHESES.findall(text)]:
+            found[quote] = doc.name
+        for table in _tables(doc):
+            if table[0][0].startswith("`/readyz`"):
+                for row in table[1:]:
+                    found[row[0].strip("`")] = f"{doc.name} table"
+    return found
+
+
+def answer_pattern(quote: str) -> re.Pattern[str]:
+    """A quoted answer as a pattern for real ones: ``…`` stands for anything, a number for any
+    number (the docs' example GPU, seconds, error code)."""
+    parts = re.split(r"(…|\d+(?:\.\d+)?)", quote)
+    pattern = "".join(
+        ".*" if part == "…" else r"\d+(?:\.\d+)?" if re.fullmatch(r"[\d.]+", part)
+        else re.escape(part)
+        for part in parts
+    )  # fmt: skip
+    return re.compile(pattern + ("" if quote.endswith("…") else r"\n?\Z|" + pattern + ": "))
+
+
+@pytest.mark.asyncio(loop_factories=["asyncio"])
+async def test_quoted_probe_answers_are_what_the_agent_answers(
+    short_tmp_path: Path, grpc_stubs: StubModules, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent is run into each state the docs quote /readyz about, and every quote must match
+    an answer it really gave (and /metrics' labels, scraped there, the metrics reference)."""
+    answers: list[str] = []
+    scrapes: list[str] = []
+
+    async def look(run: RunningAgent, status: int = 503) -> None:
+        code, body = await run.get("/readyz")
+        assert code == status, body
+        answers.append(body)
+        scrapes.append((await run.get("/metrics"))[1])
+
+    sockets = short_tmp_path / "dp"
+    # Not registered, then registered: ready.
+    async with running_agent(sockets, ("--simulate", "2")) as run:
+        await eventually(lambda: "not registered" in (run.agent.readiness() or ""), what="503")
+        await look(run)
+        with FakeKubelet(sockets, grpc_stubs):
+            await run.ready()
+            await look(run, 200)
+            assert (await run.get("/healthz")) == (200, "ok\n")
+
+    # The driver does not answer (fail-on-init-error: false serves probes meanwhile).
+    unloadable = SimDriver(node_from_count(1))
+    unloadable.fail("nvmlInitWithFlags", pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+    async with running_agent(sockets, ("--fail-on-init-error=false",), simulator=unloadable) as run:
+        await look(run)
+
+    # Discovery held in a driver call (the rest starts without waiting the usual 2 s for it).
+    monkeypatch.setattr(app, "REGISTER_FIRST_SECONDS", 0.05)
+    sleeps = Sleeps(hold=0.05)
+    held = replace(node_from_count(1), latency=SimLatency(0.0, {"nvmlDeviceGetName": 0.05}))
+    try:
+        async with running_agent(sockets, simulator=SimDriver(held, sleep=sleeps)) as run:
+            await eventually(lambda: "in nvmlDevice" in (run.agent.readiness() or ""), what="call")
+            await look(run)
+            sleeps.release()
+    finally:
+        sleeps.release()
+
+    # The CDI spec cannot be written.
+    blocked = short_tmp_path / "not-a-dir"
+    blocked.write_text("")
+    cdi = ("--simulate", "1", "--device-list-strategy", "cdi-cri", "--cdi-spec-dir", str(blocked))
+    with FakeKubelet(sockets, grpc_stubs):
+        async with running_agent(sockets, cdi) as run:
+            await eventually(lambda: "CDI" in (run.agent.readiness() or ""), what="CDI reason")
+            await look(run)
+
+    # DRA: the API server down from the start, then up, then down again.
+    apiserver = FakeApiServer(node=DRA_NODE, port=0)
+    await apiserver.start()
+    await apiserver.stop()  # its port stays in the kubeconfig
+    dirs = Dirs(short_tmp_path / "dra")
+    dirs.root.mkdir()
+    options = {"node_name": DRA_NODE, "dra_options": FAST_DRA}
+    with FakeKubelet(sockets, grpc_stubs):
+        async with running_agent(sockets, dirs.args(apiserver), agent_options=options) as run:
+            dra = run.agent.dra
+            assert dra is not None
+            await eventually(lambda: (run.agent.readiness() or "").startswith("DRA"), what="DRA")
+            await look(run)
+            await apiserver.start()
+            await eventually(lambda: dra.publisher.up, what="the slices published")
+            await apiserver.stop()
+            await run.fault({"gpu": 2, "fault": "xid", "xid": 79})  # a change to publish
+            await eventually(lambda: not dra.publisher.up, what="the next failure")
+            await look(run)
+            scrapes.append((await run.get("/metrics"))[1])
+
+    quotes = quoted_readyz_answers()
+    assert "not registered with the kubelet: …" in quotes  # the parser finds them
+    unmatched = {
+        quote: where
+        for quote, where in quotes.items()
+        if not any(answer_pattern(quote).match(answer) for answer in answers)
+    }
+    assert unmatched == {}, f"quoted but never answered; the agent answered: {answers}"
+    for text in scrapes:
+        assert label_drift(text, complete=False) == []
