@@ -326,6 +326,27 @@ def test_the_example_configs_are_found() -> None:
 
 
 # ----- what the docs quote the agent answering ---------------------------------------------------
+LOGGED = re.compile(r"\blog says `([^`]+)`|\blogs `([^`]+)`|`([^`]+)` in the log")
+
+
+def test_quoted_log_lines_are_what_the_agent_logs() -> None:
+    """A log event the docs tell operators to look for is one the agent's code writes (``…``
+    stands for what varies)."""
+    source = "\n".join(read(p) for p in (ROOT / "gpuagent").rglob("*.py"))
+    quotes = {
+        next(q for q in match.groups() if q): doc.name
+        for doc in [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+        for match in LOGGED.finditer(" ".join(prose(doc).split()))
+    }
+    assert "waiting for the kubelet socket" in quotes  # the parser finds them
+    missing = {
+        quote: where
+        for quote, where in quotes.items()
+        if not all(part.strip() in source for part in quote.split("…"))
+    }
+    assert missing == {}
+
+
 SAYS = re.compile(r"`/readyz` (?:\(503\) )?(?:says|answers|names it)[^`]{0,40}`([^`]+)`")
 IN_PARENTHESES = re.compile(r"`/readyz` \((?:503, )?`([^`]+)`")
 
