@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 from support.driverroot import LIBDIR, make_driver_root
 from support.fake_kubelet import FakeKubelet
+from support.podman import PODMAN, RUN_LIMITS, unavailable
 from support.waiting import eventually
 
 from e2e.agentrun import running_agent
@@ -40,10 +41,7 @@ from gpuagent.gpu.sim.spec import DRIVER_VERSION, node_from_count
 T = 10.0
 CDI_DIR = Path("/var/run/cdi")
 LOCK = Path("/run/lock/gpuagent-cdi-container-test.lock")
-PODMAN = (
-    "podman", "--cgroup-manager", "cgroupfs", "--runtime", "runc", "run", "--rm",
-    "--network", "none", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024",
-)  # fmt: skip
+PODMAN_RUN = (*PODMAN, "run", "--rm", "--network", "none", *RUN_LIMITS)
 HOOK = """\
 #!{python}
 # Stand-in for the container toolkit's nvidia-cdi-hook: runs in the container's mount namespace
@@ -74,21 +72,15 @@ else:
 """
 
 
-def _unavailable(why: str) -> None:
-    if os.environ.get("CI"):
-        pytest.fail(f"required in CI: {why}")
-    pytest.skip(why)
-
-
 @pytest.fixture(scope="module")
 def busybox() -> str:
     if not hasattr(os, "geteuid") or os.geteuid() != 0:
-        _unavailable("podman applies CDI specs here as root only")
+        unavailable("podman applies CDI specs here as root only")
     missing = [t for t in ("podman", "runc") if shutil.which(t) is None]
     path = shutil.which("busybox")
     if missing or path is None:
-        _unavailable(f"not installed: {', '.join(missing) or 'busybox'} (apt-get install "
-                     "podman runc busybox-static)")  # fmt: skip
+        unavailable(f"not installed: {', '.join(missing) or 'busybox'} (apt-get install "
+                    "podman runc busybox-static)")  # fmt: skip
     assert path is not None
     return path
 
@@ -116,8 +108,9 @@ def published(spec_file: Path) -> Iterator[Path]:
 
 
 def podman(device: str, root: Path, script: str) -> subprocess.CompletedProcess[str]:
+    command = [*PODMAN_RUN, "--device", device, "--rootfs", str(root), "/bin/busybox", "sh", "-c"]
     return subprocess.run(
-        [*PODMAN, "--device", device, "--rootfs", str(root), "/bin/busybox", "sh", "-c", script],
+        [*command, script],
         capture_output=True,
         text=True,
         timeout=120,
@@ -128,14 +121,14 @@ def podman(device: str, root: Path, script: str) -> subprocess.CompletedProcess[
 def check_podman_runs(root: Path) -> None:
     """Whether podman can start any container here (else: skipped, or failed under CI)."""
     result = subprocess.run(
-        [*PODMAN, "--rootfs", str(root), "/bin/busybox", "true"],
+        [*PODMAN_RUN, "--rootfs", str(root), "/bin/busybox", "true"],
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
     )
     if result.returncode != 0:
-        _unavailable(f"podman cannot run a container here: {result.stderr.strip()[-500:]}")
+        unavailable(f"podman cannot run a container here: {result.stderr.strip()[-500:]}")
 
 
 SCRIPT = f"""
