@@ -41,7 +41,9 @@ from support.waiting import eventually
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-TAG = "localhost/gpuagent-test:e2e"
+# One tag per test session (two sessions on one machine must not test each other's image),
+# removed afterwards; the layers stay cached for the next build.
+TAG = f"localhost/gpuagent-test:e2e-{os.getpid()}"
 USER = 65532
 # What the agent's layers may add to the base (issue 20: at most 60 MB).
 ADDED_BUDGET = 60_000_000
@@ -63,23 +65,47 @@ def inspect(ref: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def image() -> str:
+def image() -> Iterator[str]:
     """The image's ID, built by ``scripts/build-image --debian-base`` from this tree."""
     if os.geteuid() != 0:
         unavailable("the image test runs rootful podman: root only")
     missing = [t for t in ("podman", "runc", "mmdebstrap") if shutil.which(t) is None]
     if missing:
         unavailable(f"not installed: {', '.join(missing)} (apt-get install {' '.join(missing)})")
-    result = subprocess.run(
-        [str(ROOT / "scripts" / "build-image"), "--debian-base", TAG],
+    result = build_image("--debian-base", TAG, timeout=BUILD_TIMEOUT)
+    assert result.returncode == 0, result.stderr[-6000:]
+    try:
+        yield str(inspect(TAG)["Id"])
+    finally:
+        podman("untag", TAG)
+
+
+def build_image(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(ROOT / "scripts" / "build-image"), *args],
         capture_output=True,
         text=True,
-        timeout=BUILD_TIMEOUT,
+        timeout=timeout,
         check=False,
         env={**os.environ, "PYTHON": sys.executable},
     )
-    assert result.returncode == 0, result.stderr[-6000:]
-    return str(inspect(TAG)["Id"])
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        ((), 2, "give either TAG or --context-only DIR"),
+        (("--platform", "linux/s390x", "x"), 1, "--platform linux/s390x: not one of linux/amd64"),
+        (("--context-only", "/tmp/x", "--debian-base"), 2, "drop --debian-base"),
+    ],
+)
+def test_build_image_refuses_bad_input_in_one_line(
+    args: tuple[str, ...], code: int, message: str
+) -> None:
+    result = build_image(*args)
+    assert result.returncode == code, result.stderr
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_the_image_is_labelled_non_root_and_small(image: str) -> None:
