@@ -40,6 +40,7 @@ import yaml
 from support.fake_kubelet import FakeKubelet
 from support.grpcstubs import StubModules
 from support.nodes import gpu, node
+from support.required import unavailable
 
 from gpuagent.config import ConfigError, load_settings
 from gpuagent.domain.resources import build_resources
@@ -121,12 +122,9 @@ def tool(name: str) -> str:
     if local.is_file() and os.access(local, os.X_OK):
         return str(local)
     found = shutil.which(name)
-    if found:
-        return found
-    why = f"{name} not found (the test extra of pyproject.toml or .ci/run installs it)"
-    if os.environ.get("CI"):
-        pytest.fail(f"required in CI: {why}")
-    pytest.skip(why)
+    if not found:
+        unavailable(f"{name} not found (the test extra of pyproject.toml or .ci/run installs it)")
+    return found
 
 
 def module(name: str) -> Any:
@@ -134,10 +132,7 @@ def module(name: str) -> Any:
     try:
         return __import__(name, fromlist=["_"])
     except ImportError:
-        why = f"python module {name} not installed (pip install -e '.[test]')"
-        if os.environ.get("CI"):
-            pytest.fail(f"required in CI: {why}")
-        pytest.skip(why)
+        unavailable(f"python module {name} not installed (pip install -e '.[test]')")
 
 
 def run(*cmd: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:

@@ -31,7 +31,8 @@ from pathlib import Path
 import pytest
 from support.driverroot import LIBDIR, make_driver_root
 from support.fake_kubelet import FakeKubelet
-from support.podman import PODMAN, RUN_LIMITS, unavailable
+from support.podman import PODMAN, RUN_LIMITS
+from support.required import unavailable
 from support.waiting import eventually
 
 from e2e.agentrun import running_agent

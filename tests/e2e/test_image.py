@@ -35,7 +35,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.fake_kubelet import FakeKubelet
 from support.grpcstubs import StubModules
-from support.podman import PODMAN, RUN_LIMITS, unavailable
+from support.podman import PODMAN, RUN_LIMITS
+from support.required import unavailable
 from support.waiting import eventually
 
 pytestmark = pytest.mark.slow
