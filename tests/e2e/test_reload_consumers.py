@@ -84,14 +84,19 @@ async def test_cdi_strategy_by_reload_writes_the_spec(
     config.write_text("version: v1\n")
     cdi_dir = short_tmp_path / "cdi"
     args = ("--simulate", "2", "--config", str(config), "--cdi-spec-dir", str(cdi_dir))
-    async with running_agent(device_plugin_dir, args):
+    async with running_agent(device_plugin_dir, args) as run:
         (reg,) = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
         ids = [d.ID for d in (await asyncio.to_thread(reg.next_update, T)).devices]
         assert not (cdi_dir / SPEC_FILE_NAME).exists()
+        generation = run.agent.store.plan.generation
 
         config.write_text("version: v1\ndevice-list-strategy: cdi-cri\n")
         spec_file = cdi_dir / SPEC_FILE_NAME
-        await eventually(spec_file.exists, what="the CDI spec")
+        # The spec is written before the reloaded plan is served: wait for the plan too.
+        await eventually(
+            lambda: run.agent.store.plan.generation > generation, what="the reloaded plan"
+        )
+        assert spec_file.exists()
         names = {d["name"] for d in json.loads(spec_file.read_text())["devices"]}
         assert set(ids) <= names
         response = await asyncio.to_thread(fake_kubelet.allocate, [ids[0]])
