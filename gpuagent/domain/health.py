@@ -9,6 +9,10 @@ Health comes from evidence about the GPU, never from metrics (the table is docs/
 - the designated liveness check failing or hanging :attr:`HealthPolicy.liveness_strikes` times
   in a row (one bad reading is not a verdict).
 
+A condition's detail is fixed for as long as the condition holds (it is a label value of
+``gpuagent_gpu_condition``): a GPU that keeps failing its liveness check stays ``unresponsive``
+with the failure it was first judged by.
+
 Every other NVML error leaves a reading absent and never reaches this module.
 
 The policy is a pure state machine over :class:`~gpuagent.domain.devices.GpuHealth`: each
@@ -233,12 +237,13 @@ class HealthPolicy:
                 if not self.checks_device:
                     return health
                 strikes = health.strikes + 1
-                if strikes < self.liveness_strikes:
+                if strikes < self.liveness_strikes or _has(health, UNRESPONSIVE):
+                    # An unresponsive GPU stays so with the detail it was judged by: the reason
+                    # is a label value, which must not change while the condition holds.
                     return replace(health, strikes=strikes)
-                marked = _with(_without(health, {UNRESPONSIVE}), Condition(UNRESPONSIVE, error))
-                return replace(marked, strikes=strikes)
+                return replace(_with(health, Condition(UNRESPONSIVE, error)), strikes=strikes)
             case Responding():
-                was_lost = any(c.kind == LOST for c in health.conditions)
+                was_lost = _has(health, LOST)
                 cleared = _CLEARED_BY_RESPONSE | (_CLEARED_BY_RESET if was_lost else frozenset())
                 updated = _without(health, cleared)
                 return replace(updated, strikes=0) if updated.strikes else updated
@@ -300,6 +305,10 @@ def _map_migs(
         else:
             migs.append(mig)
     return replace(gpu, mig_devices=tuple(migs)) if changed else gpu
+
+
+def _has(health: GpuHealth, kind: str) -> bool:
+    return any(c.kind == kind for c in health.conditions)
 
 
 def _with(health: GpuHealth, condition: Condition) -> GpuHealth:

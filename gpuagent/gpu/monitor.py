@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 
 import structlog
 
+from gpuagent.domain import xids
 from gpuagent.domain.devices import (
     Condition,
     DriverState,
@@ -53,11 +54,12 @@ from gpuagent.domain.health import (
     RecoveryActionChanged,
     Responding,
     RowRemapState,
+    XidError,
     record_event,
 )
 from gpuagent.domain.store import DeviceStore
 from gpuagent.gpu.backend import Backend, DriverEvent, DriverUnavailable, EventWaitError, Probe
-from gpuagent.gpu.calls import CallStats
+from gpuagent.gpu.calls import CallStats, InFlight
 from gpuagent.gpu.topology import GpuLinks
 from gpuagent.gpu.workers import Worker
 
@@ -418,10 +420,12 @@ class GpuMonitor:
                     log.error(
                         "nvml call did not return within its limit; moving on without it",
                         job=pending.what,
-                        call=stuck,
+                        call=stuck.name,
+                        running_s=round(now - stuck.started, 1),
                         limit_s=self._call_timeout,
                     )
-                    stalled[key] = stuck
+                    # No elapsed time: this text becomes a condition's detail, a label value.
+                    stalled[key] = f"{stuck.name} did not return within {self._call_timeout:g}s"
                     del waiting[key]
             if waiting and deadline is not None and now >= deadline:
                 detail = self._waiting_text(waiting, now)
@@ -441,11 +445,11 @@ class GpuMonitor:
                     log.info("nvml start-up in progress", phase=phase, waiting_for=text)
         return results, stalled
 
-    def _stuck(self, worker: Worker, now: float) -> str | None:
+    def _stuck(self, worker: Worker, now: float) -> InFlight | None:
         """The call ``worker`` has been in for longer than the per-call limit, if any."""
         for call in self._backend.calls.in_flight(worker.ident):
             if now - call.started > self._call_timeout:
-                return f"{call.name} for {now - call.started:.1f}s"
+                return call
         return None
 
     def _waiting_text(self, waiting: Mapping[int, _Pending], now: float) -> str:
@@ -611,12 +615,14 @@ class GpuMonitor:
         self._reclaim()
         jobs: list[tuple[int, Callable[[], Any]]] = []
         probing: dict[int, int] = {}  # GPU -> driver events applied when its probe was queued
-        now = self._clock()
         for index in self._indexes:
             lane = self._lanes.get(index)
             if lane is not None and lane.busy:
+                # The call, not how long it has run: the text may become the detail of the GPU's
+                # condition, a label value that must stay put while the GPU hangs (the elapsed
+                # time is logged with the verdict).
                 calls = self._backend.calls.in_flight(lane.ident)
-                inside = "".join(f" ({c.name} for {now - c.started:.1f}s)" for c in calls)
+                inside = "".join(f" ({c.name})" for c in calls)
                 self.apply(index, LivenessFailed(f"an earlier nvml call has not returned{inside}"))
                 continue
             if index in self._undescribed:
@@ -664,7 +670,10 @@ class GpuMonitor:
                 return outcomes
             hung, finished, rest = stuck
             outcomes.update(finished)
-            log.warning(
+            # Where liveness is judged, the verdict's line says it (after the strikes it takes):
+            # one line for the hang, not one more for its first poll.
+            checked = self._store.plan.health.checks_device
+            (log.debug if checked else log.warning)(
                 "nvml call did not return within its limit; the gpu keeps its thread",
                 gpu=hung,
                 limit_s=self._call_timeout,
@@ -712,7 +721,9 @@ class GpuMonitor:
     def apply(self, index: int, event: HealthEvent) -> None:
         """Apply one health event to one GPU, logging a change of health.
 
-        A GPU found lost keeps no readings: they are from before it fell off the bus.
+        One line per change of the GPU's set of conditions (their order, or the liveness
+        strikes counted meanwhile, are no change); an XID that changes nothing gets a line of its
+        own. A GPU found lost keeps no readings: they are from before it fell off the bus.
         """
         before = self._store.snapshot.gpu(index)
         record = self._record(event)
@@ -729,7 +740,7 @@ class GpuMonitor:
         if before is None or after is None:
             return
         old, new = before.overall_health, after.overall_health
-        if old.conditions != new.conditions:
+        if set(old.conditions) != set(new.conditions):
             emit = log.info if new.healthy else log.warning
             emit(
                 "gpu health changed",
@@ -738,6 +749,16 @@ class GpuMonitor:
                 health=new.kubelet_health,
                 reason=new.reason,
                 cause=type(event).__name__,
+                **self._evidence(index, event),
+            )
+        elif isinstance(event, XidError):
+            checked = self._store.plan.health.checks_xid(event.xid)
+            (log.warning if checked else log.info)(
+                "xid reported",
+                gpu=index,
+                uuid=after.uuid,
+                health=new.kubelet_health,
+                **self._evidence(index, event),
             )
         was_lost, is_lost = _has(before, LOST), _has(after, LOST)
         if was_lost and not is_lost:
@@ -747,6 +768,31 @@ class GpuMonitor:
             self._reregister_events()
         elif is_lost and not was_lost:
             self._reregister_events()  # a set holding a lost GPU fails every wait
+
+    def _evidence(self, index: int, event: HealthEvent) -> dict[str, object]:
+        """What a log line about ``event`` says beyond the conditions: an XID's catalog meaning
+        and immediate action (as ``gpuagent_xid_errors_total`` labels it), or the call a GPU
+        hangs in and for how long."""
+        if isinstance(event, XidError):
+            entry = xids.lookup(event.xid)
+            fields: dict[str, object] = {
+                "xid": event.xid,
+                "xid_meaning": entry.text,
+                "xid_action": entry.action.value,
+            }
+            if event.gpu_instance is not None:
+                fields["gpu_instance"] = event.gpu_instance
+            if event.compute_instance is not None:
+                fields["compute_instance"] = event.compute_instance
+            return fields
+        if isinstance(event, LivenessFailed):
+            lane = self._lanes.get(index)
+            calls = self._backend.calls.in_flight(lane.ident) if lane is not None else []
+            if calls:
+                now = self._backend.calls.now()
+                return {"call": calls[0].name, "call_running_s": round(now - calls[0].started, 1)}
+            return {"error": event.error}
+        return {}
 
     def _reregister_events(self) -> None:
         """Have the event thread rebuild its registrations: every GPU that answers."""

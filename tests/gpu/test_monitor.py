@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import re
 import threading
 import time
 from collections import Counter
@@ -17,17 +18,23 @@ import pynvml
 import pytest
 import structlog.testing
 from support.backends import Delegating
-from support.clock import FakeClock, Sleeps
+from support.clock import FakeClock, Sleeps, blocked_in
 from support.waiting import eventually
 
 from gpuagent.domain.devices import Condition, DriverState, Gpu, Snapshot, Telemetry, Topology
-from gpuagent.domain.health import HealthPolicy
+from gpuagent.domain.health import (
+    DoubleBitEccError,
+    HealthPolicy,
+    RecoveryActionChanged,
+    XidError,
+)
 from gpuagent.domain.plan import Plan
 from gpuagent.domain.store import DeviceStore
 from gpuagent.gpu.backend import Backend, DriverEvent, DriverUnavailable, Probe
 from gpuagent.gpu.monitor import GpuMonitor
 from gpuagent.gpu.nvml import Nvml
 from gpuagent.gpu.sim import SimDriver, installed, node_from_count
+from gpuagent.web.metrics import MetricsRenderer
 
 GPUS = 4
 POLL = 0.02
@@ -159,6 +166,9 @@ async def test_start_with_driver_down(
         await asyncio.wait_for(monitor.close(), WAIT_S)
 
 
+HUNG_INIT = r"nvml did not answer: nvmlInit did not return within 0\.1s"
+
+
 async def test_start_with_hung_init(store: DeviceStore, tmp_path: Path) -> None:
     """An init call that does not return within the per-call limit: the driver is unavailable.
 
@@ -170,13 +180,13 @@ async def test_start_with_hung_init(store: DeviceStore, tmp_path: Path) -> None:
     with installed(SimDriver(slow, sleep=sleeps)) as driver:
         monitor = monitor_for(store, Nvml(tmp_path), call_timeout=0.1)
         try:
-            with pytest.raises(DriverUnavailable, match="nvml did not answer: nvmlInit for"):
+            with pytest.raises(DriverUnavailable, match=HUNG_INIT):
                 await monitor.start()
-            assert store.snapshot.driver.error.startswith("nvml did not answer: nvmlInit for")
+            assert re.fullmatch(HUNG_INIT, store.snapshot.driver.error)
             assert not store.snapshot.driver.up
             # Retried while the first init still runs: no second init behind it, and once it has
             # returned, its result.
-            with pytest.raises(DriverUnavailable, match="nvml did not answer: nvmlInit for"):
+            with pytest.raises(DriverUnavailable, match=HUNG_INIT):
                 await monitor.start()
             assert sleeps.seconds.count(0.6) == 1
             sleeps.release()
@@ -391,6 +401,107 @@ async def test_hung_probe_stalls_only_its_gpu(
         await tick_task
     assert gaps
     assert max(gaps) < 1.0, f"event loop stalled for {max(gaps):.3f}s"
+
+
+async def test_a_long_hang_is_one_series_and_two_log_lines(
+    store: DeviceStore, driver: SimDriver, tmp_path: Path
+) -> None:
+    """A GPU hung for a minute at 1 s polls leaves one ``gpuagent_gpu_condition`` series for the
+    whole hang (its detail names the call, never how long it has run), and two log lines: one
+    when the GPU turns unresponsive, one when it answers again."""
+    clock = FakeClock(time.monotonic())  # the NVML calls' own clock reads the same, at first
+    monitor = GpuMonitor(
+        store, Nvml(tmp_path), poll_interval=1.0, call_timeout=0.05, event_wait_ms=EVENT_WAIT_MS,
+        clock=clock,
+    )  # fmt: skip
+    renderer = MetricsRenderer("node-1", "1")
+    series: set[str] = set()
+
+    def scrape() -> None:
+        text = renderer.devices(store.snapshot).text.decode()
+        series.update(
+            line.rsplit(" ", 1)[0]
+            for line in text.splitlines()
+            if line.startswith('gpuagent_gpu_condition{gpu="1"')
+        )
+
+    await monitor.start()
+    try:
+        with structlog.testing.capture_logs() as logs:
+            driver.inject(1, "hang", seconds=600)
+            first = asyncio.create_task(monitor.poll_once())
+            (poller,) = await eventually(
+                lambda: [
+                    t.ident for t in threading.enumerate() if t.name == "nvml-poll" and t.ident
+                ]
+            )
+            assert await asyncio.to_thread(
+                blocked_in, poller, "_hang_if_needed", ("wait", "wait")
+            ), "GPU 1's probe never blocked in the hang"
+            clock.now += 1.0  # past the per-call limit: GPU 1 keeps the thread, the rest go on
+            await first
+            scrape()
+            for _ in range(59):
+                clock.now += 1.0
+                await monitor.poll_once()
+                scrape()
+            (condition,) = gpu(store.snapshot, 1).health.conditions
+            assert condition.kind == "unresponsive"
+            assert "nvmlDeviceGetPerformanceState" in condition.detail
+            driver.inject(1, "recover")
+            async with asyncio.timeout(WAIT_S):
+                while not gpu(store.snapshot, 1).health.healthy:
+                    clock.now += 1.0
+                    await monitor.poll_once()  # the hung call returns on its own thread
+            scrape()
+    finally:
+        driver.inject(1, "recover")
+        await asyncio.wait_for(monitor.close(), WAIT_S)
+    assert len(series) == 1, sorted(series)
+    lines = [e for e in logs if e["log_level"] != "debug"]
+    assert [(e["event"], e.get("health")) for e in lines] == [
+        ("gpu health changed", "Unhealthy"),
+        ("gpu health changed", "Healthy"),
+    ], lines
+    assert lines[0]["call"] == "nvmlDeviceGetPerformanceState"
+
+
+async def test_health_log_lines_follow_the_set_of_conditions(
+    store: DeviceStore, driver: SimDriver, tmp_path: Path
+) -> None:
+    """A line per change of the set of conditions, none when only their order changes; an XID's
+    line names its catalog meaning and immediate action, whether or not it changes health."""
+    monitor = monitor_for(store, Nvml(tmp_path))
+    await monitor.start()
+    try:
+        monitor.apply(0, RecoveryActionChanged(1))
+        monitor.apply(0, DoubleBitEccError())
+        with structlog.testing.capture_logs() as logs:
+            monitor.apply(0, RecoveryActionChanged(1))  # the same action again: reordered only
+            assert [c.kind for c in gpu(store.snapshot, 0).health.conditions] == [
+                "ecc_dbe",
+                "recovery_action",
+            ]
+            assert logs == []
+            monitor.apply(1, XidError(13))  # the application's fault: health unchanged
+            monitor.apply(1, XidError(79))
+            monitor.apply(1, XidError(79))  # again: reordered nothing, changed nothing
+    finally:
+        await asyncio.wait_for(monitor.close(), WAIT_S)
+    assert [(e["event"], e["log_level"], e["xid"]) for e in logs] == [
+        ("xid reported", "info", 13),
+        ("gpu health changed", "warning", 79),
+        ("xid reported", "warning", 79),
+    ]
+    assert (logs[0]["xid_meaning"], logs[0]["xid_action"]) == (
+        "Graphics Engine Exception",
+        "RESTART_APP",
+    )
+    assert (logs[1]["xid_meaning"], logs[1]["xid_action"], logs[1]["reason"]) == (
+        "GPU has fallen off the bus",
+        "RESTART_BM",
+        "xid 79",
+    )
 
 
 # ----- close -------------------------------------------------------------------------------------
