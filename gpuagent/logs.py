@@ -1,4 +1,4 @@
-"""structlog set-up: JSON lines off a TTY, readable console output on one."""
+"""structlog set-up: JSON lines off a TTY, readable console output on one (in colour only there)."""
 
 from __future__ import annotations
 
@@ -33,13 +33,15 @@ def configure(fmt: str, level: str) -> None:
         )
         foreign_renderer: structlog.typing.Processor = structlog.processors.JSONRenderer()
     else:
+        # Colour codes only for a terminal: in a file, a pipe or `kubectl logs` they are noise.
+        colors = sys.stderr.isatty()
         structlog.configure(
-            processors=[*shared, structlog.dev.ConsoleRenderer()],
+            processors=[*shared, structlog.dev.ConsoleRenderer(colors=colors)],
             wrapper_class=structlog.make_filtering_bound_logger(numeric),
             logger_factory=structlog.PrintLoggerFactory(sys.stderr),
             cache_logger_on_first_use=True,
         )
-        foreign_renderer = structlog.dev.ConsoleRenderer()
+        foreign_renderer = structlog.dev.ConsoleRenderer(colors=colors)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(

@@ -175,7 +175,7 @@ NVML_TIMEOUT = Option(
 LOG_FORMAT = Option(
     "log-format",
     choice(LOG_FORMATS),
-    "json or console (default console on a TTY, else json)",
+    "json or console (default console on a TTY, else json; console is in colour only on a TTY)",
     "FORMAT",
 )
 LOG_LEVEL = Option(

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -297,3 +299,57 @@ def test_unknown_gpuagent_variable_exits_2() -> None:
     assert result.returncode == 2
     assert "GPUAGENT_MIG_STRATEGIES" in result.stderr
     assert "GPUAGENT_MIG_STRATEGY" in result.stderr
+
+
+def _read_all(fd: int, into: list[bytes]) -> None:
+    """Everything written to the pseudo-terminal ``fd`` until its last writer closes it."""
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:  # EIO: the terminal's other end is closed
+            return
+        if not chunk:
+            return
+        into.append(chunk)
+
+
+@pytest.mark.parametrize("terminal", [False, True], ids=["pipe", "terminal"])
+def test_console_logs_are_in_colour_only_on_a_terminal(
+    short_tmp_path: Path, terminal: bool
+) -> None:
+    """``--log-format console`` writes ANSI colour codes to a terminal, and none to a pipe (a
+    file, ``kubectl logs``)."""
+    port = free_port()
+    args = [
+        sys.executable, "-m", "gpuagent", "--simulate", "1", "--kubernetes=false",
+        "--socket-dir", str(short_tmp_path), "--metrics-address", f"127.0.0.1:{port}",
+        "--log-format", "console",
+    ]  # fmt: skip
+    written: list[bytes] = []
+    reader = None
+    if terminal:
+        master, slave = pty.openpty()
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=slave)
+        os.close(slave)
+        reader = threading.Thread(target=_read_all, args=(master, written))
+        reader.start()
+    else:
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_http(port, "/readyz", 200)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=T)
+        assert proc.returncode == 0
+        if reader is not None:
+            reader.join(T)
+            os.close(master)
+        else:
+            written.append(stderr)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=T)
+    text = b"".join(written).decode()
+    assert "running with config" in text
+    assert "stopped" in text
+    assert ("\x1b[" in text) is terminal, text[:300]
