@@ -6,7 +6,8 @@ so this costs no import): no library of ours wraps it in fewer lines, and those 
 up with ``ctypes.util.find_library``, which runs ``ldconfig`` in a subprocess. A watch degrades to
 polling, and says so once, when inotify cannot be had: no ``inotify_init1`` in the C library, the
 per-user instance or watch limit reached (``fs.inotify.max_user_instances`` is often exhausted on
-busy nodes), or a directory that does not exist yet (retried on every wake-up).
+busy nodes), a directory that does not exist yet, or a file where a directory should be (retried
+on every wake-up; the reasons, all directories together, are logged again only when they change).
 
 A wake-up says only that something *may* have changed: callers re-check what they wait for after
 every :meth:`DirectoryWatch.wait`. A change seen between two waits is kept, so the pattern
@@ -20,13 +21,14 @@ import contextlib
 import ctypes
 import errno
 import os
+import stat
 import struct
 from collections.abc import Iterable
 from pathlib import Path
 
 import structlog
 
-__all__ = ["DirectoryWatch"]
+__all__ = ["DirectoryWatch", "file_in_the_way"]
 
 log = structlog.get_logger("gpuagent.dirwatch")
 
@@ -102,6 +104,19 @@ def _os_error() -> OSError:
     return OSError(code, os.strerror(code))
 
 
+def file_in_the_way(directory: Path) -> Path | None:
+    """The path at or above ``directory`` that is not a directory (a file where the directory,
+    or one above it, should be), if any: nothing can be made or watched there. ``None`` when the
+    nearest path that exists is a directory (the rest may be made, or appear)."""
+    for candidate in (directory, *directory.parents):
+        try:
+            mode = os.stat(candidate).st_mode
+        except OSError:  # absent, or under a file (ENOTDIR): look higher up
+            continue
+        return None if stat.S_ISDIR(mode) else candidate
+    return None
+
+
 class DirectoryWatch:
     """Wakes :meth:`wait` when an entry of one of ``directories`` is created, deleted or renamed,
     or one of the directories goes away.
@@ -160,6 +175,7 @@ class DirectoryWatch:
         if inotify is None:
             return
         watched = set(self._watches.values())
+        unwatched: list[str] = []
         for directory in self._directories:
             if directory in watched:
                 continue
@@ -167,10 +183,9 @@ class DirectoryWatch:
                 self._watches[inotify.add(directory)] = directory
                 self._changed.set()
             except OSError as exc:
-                if exc.errno in (errno.ENOENT, errno.ENOTDIR):
-                    self._polling(f"{directory} does not exist yet")
-                else:
-                    self._polling(f"cannot watch {directory}: {exc.strerror or exc}")
+                unwatched.append(_unwatchable(directory, exc))
+        if unwatched:
+            self._polling("; ".join(unwatched))
         if not self._reading:
             asyncio.get_running_loop().add_reader(inotify.fd, self._on_readable)
             self._reading = True
@@ -198,3 +213,13 @@ class DirectoryWatch:
 
     def _names(self) -> list[str]:
         return [str(d) for d in self._directories]
+
+
+def _unwatchable(directory: Path, exc: OSError) -> str:
+    """Why ``directory`` cannot be watched, for the log."""
+    if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+        blocker = file_in_the_way(directory)
+        if blocker is not None:
+            return f"{blocker} is not a directory"
+        return f"{directory} does not exist yet"
+    return f"cannot watch {directory}: {exc.strerror or exc}"

@@ -109,6 +109,48 @@ async def test_a_missing_directory_is_polled_until_it_appears(tmp_path: Path) ->
     assert "does not exist" in logs[0]["reason"]
 
 
+async def test_two_missing_directories_are_logged_once_together(tmp_path: Path) -> None:
+    """The reasons for polling are logged once for all directories, not once per directory and
+    wake-up (they would take turns)."""
+    one, two = tmp_path / "plugins", tmp_path / "registry"
+    with capture_logs() as logs:
+        watch = DirectoryWatch([one, two])
+        try:
+            for _ in range(5):
+                await asyncio.wait_for(watch.wait(0.001), T)
+        finally:
+            watch.close()
+    assert [(e["event"], e["reason"]) for e in logs] == [
+        ("polling directories", f"{one} does not exist yet; {two} does not exist yet")
+    ]
+
+
+@pytest.mark.parametrize("below", [False, True], ids=["the-directory", "a-directory-above"])
+async def test_a_file_where_the_directory_should_be_is_named(tmp_path: Path, below: bool) -> None:
+    """A file in the directory's place (or in place of one above it) is "not a directory", not a
+    directory that does not exist yet; once a directory replaces it, it is watched."""
+    blocker = tmp_path / "device-plugins"
+    blocker.write_text("not a directory")
+    directory = blocker / "sub" if below else blocker
+    assert dirwatch.file_in_the_way(directory) == blocker
+    assert dirwatch.file_in_the_way(tmp_path / "absent" / "sub") is None
+    with capture_logs() as logs:
+        watch = DirectoryWatch([directory])
+        try:
+            await asyncio.wait_for(watch.wait(0.001), T)
+            assert not live(watch)
+            blocker.unlink()
+            directory.mkdir(parents=True)
+            await asyncio.wait_for(watch.wait(0.001), T)
+            assert live(watch)
+        finally:
+            watch.close()
+    assert [(e["event"], e.get("reason")) for e in logs] == [
+        ("polling directories", f"{blocker} is not a directory"),
+        ("watching directories with inotify", None),
+    ]
+
+
 async def test_a_directory_removed_and_created_again_is_watched_again(tmp_path: Path) -> None:
     directory = tmp_path / "device-plugins"
     directory.mkdir()

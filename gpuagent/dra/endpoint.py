@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import stat
 from collections.abc import Callable, Sequence
@@ -24,7 +25,7 @@ import structlog
 from grpclib._typing import IServable
 
 from gpuagent._proto import pluginregistration as reg
-from gpuagent.dirwatch import DirectoryWatch
+from gpuagent.dirwatch import DirectoryWatch, file_in_the_way
 from gpuagent.grpcserver import GrpcServer
 
 log = structlog.get_logger("gpuagent.dra.endpoint")
@@ -96,6 +97,7 @@ class DraEndpoint:
         self.registered = False
         self.registrations = 0
         self.last_error = ""
+        self._serve_problem = ""  # why the sockets could not be served, as last logged
 
     def _status(self, registered: bool, error: str) -> None:
         self.registered = registered
@@ -120,12 +122,21 @@ class DraEndpoint:
             while True:
                 try:
                     await self._serve()
+                    if self._serve_problem:
+                        log.info("dra sockets served again", driver=self.driver)
+                        if self.last_error == self._serve_problem:
+                            self.last_error = ""
+                        self._serve_problem = ""
                     retry = self._timing.retry_initial
                     await self._watch(changes)
                     log.info("a dra socket disappeared; serving again")
                 except OSError as exc:
-                    self.last_error = f"cannot serve the DRA sockets: {exc}"
-                    log.error("dra endpoint failed; retrying", error=self.last_error)
+                    problem = f"cannot serve the DRA sockets: {_reason(exc)}"
+                    # Once per problem, not on every retry (they back off up to retry_max).
+                    (log.error if problem != self._serve_problem else log.debug)(
+                        "dra endpoint failed; retrying", error=problem, retry_in_s=retry
+                    )
+                    self._serve_problem = self.last_error = problem
                     await asyncio.sleep(retry)
                     retry = min(retry * 2, self._timing.retry_max)
                 finally:
@@ -153,7 +164,7 @@ class DraEndpoint:
             await server.start(path=str(path))
             os.chmod(path, SOCKET_MODE)
             self._servers.append((server, path, _socket_id(path)))
-            log.info("serving", socket=str(path))
+            (log.debug if self._serve_problem else log.info)("serving", socket=str(path))
 
     async def _watch(self, changes: DirectoryWatch) -> None:
         """Return once either socket is gone or replaced."""
@@ -181,6 +192,17 @@ class DraEndpoint:
 
 
 SocketId = tuple[int, int, int]
+
+
+def _reason(exc: OSError) -> str:
+    """Why a socket could not be served: "<path> is not a directory" for a file in the place of
+    its directory (or of one above it), else the error."""
+    if exc.filename is not None and exc.errno in (errno.EEXIST, errno.ENOTDIR):
+        path = Path(os.fsdecode(exc.filename))  # EEXIST: a directory to make; else under one
+        blocker = file_in_the_way(path if exc.errno == errno.EEXIST else path.parent)
+        if blocker is not None:
+            return f"{blocker} is not a directory"
+    return str(exc)
 
 
 def _socket_id(path: Path) -> SocketId | None:

@@ -517,10 +517,12 @@ class GpuMonitor:
     async def run(self) -> None:
         """Keep the store current until cancelled; retries driver initialisation until it works."""
         while not self._started:
+            before = self._store.snapshot.driver.error  # as the last failed start said it
             try:
                 await self.start()
             except DriverUnavailable as exc:
-                log.warning(
+                # Once per error, not every retry (a node without its driver retries for ever).
+                (log.warning if str(exc) != before else log.debug)(
                     "driver unavailable; retrying",
                     error=str(exc),
                     retry_in_s=self._init_retry_interval,

@@ -86,10 +86,12 @@ class SlicePublisher:
             except (ApiUnreachable, ApiError) as exc:
                 self.up = False
                 self.failures += 1
-                self.error = f"API server: {exc}"
-                log.warning(
-                    "resource slices not published; retrying", error=self.error, delay=delay
+                error = f"API server: {exc}"
+                # Once per error, not on every retry (they back off up to the maximum).
+                (log.warning if error != self.error else log.debug)(
+                    "resource slices not published; retrying", error=error, delay=delay
                 )
+                self.error = error
                 version = -1
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self._backoff.maximum)

@@ -23,7 +23,7 @@ from grpclib.client import Channel
 from grpclib.exceptions import StreamTerminatedError
 
 from gpuagent._proto import v1beta1 as pb
-from gpuagent.dirwatch import DirectoryWatch
+from gpuagent.dirwatch import DirectoryWatch, file_in_the_way
 from gpuagent.domain.devices import Registration
 from gpuagent.domain.store import DeviceStore
 from gpuagent.grpcserver import GrpcServer
@@ -101,9 +101,12 @@ class PluginEndpoint:
                 try:
                     registered = await self._cycle()
                 except OSError as exc:
-                    # The socket directory is missing, not writable, or the path too long: the
-                    # node must not lose its GPUs for good, so report it and try again.
-                    reason = exc.strerror or str(exc)
+                    # The socket directory is missing, not writable, a file, or the path too
+                    # long: the node must not lose its GPUs for good, so report it and try again.
+                    blocker = file_in_the_way(self._socket_path.parent)
+                    reason = (
+                        f"{blocker} is not a directory" if blocker else exc.strerror or str(exc)
+                    )
                     self._failed(
                         f"cannot serve the plugin socket {self._socket_path}: {reason} "
                         "(check --socket-dir and the agent's permissions there)"
@@ -160,25 +163,30 @@ class PluginEndpoint:
             await self._changed(left, left)
 
     async def _wait_for_kubelet(self) -> SocketId:
+        """Until the kubelet socket is there; what it waits for is logged when it changes."""
         delay = self._timing.backoff_initial
-        waiting = f"waiting for the kubelet socket {self._kubelet_socket}"
         loop = asyncio.get_running_loop()
         warn_at = loop.time() + self._timing.kubelet_grace
-        logged = warned = False
+        logged = ""
         while (identity := _socket_id(self._kubelet_socket)) is None:
-            if not logged:
-                log.info(waiting, resource=self._resource_name)
-                logged = True
-            if not warned and loop.time() >= warn_at:
+            waiting, emit = f"waiting for the kubelet socket {self._kubelet_socket}", log.info
+            blocker = file_in_the_way(self._kubelet_socket.parent)
+            if blocker is not None:  # replaced by a file while running (at start: exit 2)
+                waiting += f": {blocker} is not a directory"
+                emit = log.warning
+            elif loop.time() >= warn_at:
                 # Still absent: the kubelet is down, or the path is wrong.
                 waiting = (
                     f"the kubelet socket {self._kubelet_socket} has not appeared in "
                     f"{self._timing.kubelet_grace:g} s (is the kubelet running? check "
                     "--kubelet-socket / --socket-dir)"
                 )
-                log.warning(waiting, resource=self._resource_name)
-                warned = True
+                emit = log.warning
+            if waiting != logged:
+                emit(waiting, resource=self._resource_name)
+                logged = waiting
             self._publish(False, waiting)
+            warned = loop.time() >= warn_at
             await self._changed(delay, None if warned else max(0.0, warn_at - loop.time()))
             delay = min(delay * 2, self._timing.backoff_max)
         return identity
@@ -192,7 +200,11 @@ class PluginEndpoint:
         # Only the kubelet (root) and the agent itself need the socket; never world-writable.
         os.chmod(self._socket_path, SOCKET_MODE)
         self._server = server
-        log.info("serving device plugin", socket=str(self._socket_path))
+        # Once, not on every retry while registration keeps failing the same way (a stale
+        # kubelet.sock that nobody listens on is retried for ever, with a backoff).
+        (log.debug if self._logged else log.info)(
+            "serving device plugin", socket=str(self._socket_path)
+        )
         self._own_id = _socket_id(self._socket_path)
         return self._own_id
 

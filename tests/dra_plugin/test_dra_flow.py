@@ -16,6 +16,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+import structlog.testing
 from e2e.agentrun import RunningAgent, running_agent
 from referencing import Registry
 from referencing.jsonschema import DRAFT7
@@ -304,47 +305,54 @@ async def test_unreachable_api_server_leaves_the_device_plugin_working(
 ) -> None:
     await apiserver.stop()  # down before the agent starts (the port stays in the kubeconfig)
     watcher = FakePluginWatcher(dirs.registry, dra_stubs)
-    async with agent(dirs, device_plugin_dir, apiserver) as run:
-        (dp,) = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
-        assert len((await asyncio.to_thread(dp.next_update, T)).devices) == 2
-        await registered(watcher)
-        await until(
-            lambda: run.agent.dra is not None and run.agent.dra.publisher.failures >= 2, "retries"
-        )
-        status, body = await run.get("/readyz")
-        assert status == 503
-        # GPUs 2 and 3 left the device plugin and are in no slice: offered through neither API.
-        assert body.startswith(
-            "DRA: GPUs 2, 3 offered through neither API: ResourceSlices not published: API server"
-        )
-        _, metrics = await run.get("/metrics")
-        assert "gpuagent_dra_api_up 0" in metrics
-        assert "gpuagent_dra_unpublished_gpus 2" in metrics
-        assert "gpuagent_kubelet_registered 1" in metrics
+    with structlog.testing.capture_logs() as logs:
+        async with agent(dirs, device_plugin_dir, apiserver) as run:
+            (dp,) = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+            assert len((await asyncio.to_thread(dp.next_update, T)).devices) == 2
+            await registered(watcher)
+            await until(
+                lambda: run.agent.dra is not None and run.agent.dra.publisher.failures >= 3,
+                "retries",
+            )
+            # The unreachable API server is said once, not once per retry.
+            assert [e["log_level"] for e in logs if e["event"].startswith("resource slices not")][
+                :3
+            ] == ["warning", "debug", "debug"]
+            status, body = await run.get("/readyz")
+            assert status == 503
+            # GPUs 2 and 3 left the device plugin and are in no slice: offered through neither API.
+            assert body.startswith(
+                "DRA: GPUs 2, 3 offered through neither API: ResourceSlices not published: "
+                "API server"
+            )
+            _, metrics = await run.get("/metrics")
+            assert "gpuagent_dra_api_up 0" in metrics
+            assert "gpuagent_dra_unpublished_gpus 2" in metrics
+            assert "gpuagent_kubelet_registered 1" in metrics
 
-        # A claim cannot be read meanwhile: a clear per-claim error, and the agent stays up.
-        reg = watcher.registrations[-1]
-        response = await watcher.aprepare(reg, [("ns", "job", "u-1")])
-        assert "reading claim ns/job" in response.claims["u-1"].error
+            # A claim cannot be read meanwhile: a clear per-claim error, and the agent stays up.
+            reg = watcher.registrations[-1]
+            response = await watcher.aprepare(reg, [("ns", "job", "u-1")])
+            assert "reading claim ns/job" in response.claims["u-1"].error
 
-        await apiserver.start()  # back, same port
-        await until(lambda: len(apiserver.devices()) == 2, "published after the outage")
-        await until(lambda: run.agent.readiness() is None, "ready")
-        status, _ = await run.get("/readyz")
-        assert status == 200
-        _, metrics = await run.get("/metrics")
-        assert "gpuagent_dra_api_up 1" in metrics
-        assert "gpuagent_dra_unpublished_gpus 0" in metrics
-        assert apiserver.invalid == []
+            await apiserver.start()  # back, same port
+            await until(lambda: len(apiserver.devices()) == 2, "published after the outage")
+            await until(lambda: run.agent.readiness() is None, "ready")
+            status, _ = await run.get("/readyz")
+            assert status == 200
+            _, metrics = await run.get("/metrics")
+            assert "gpuagent_dra_api_up 1" in metrics
+            assert "gpuagent_dra_unpublished_gpus 0" in metrics
+            assert apiserver.invalid == []
 
-        # Down again: the slices stay in the API server and their GPUs offered; no GPU named.
-        await apiserver.stop()
-        await run.fault({"gpu": 2, "fault": "xid", "xid": 79})  # a change to publish: a taint
-        await until(lambda: "API server" in (run.agent.readiness() or ""), "retrying")
-        status, body = await run.get("/readyz")
-        assert (status, body.split(":")[:2]) == (503, ["DRA", " ResourceSlices not published"])
-        _, metrics = await run.get("/metrics")
-        assert "gpuagent_dra_unpublished_gpus 0" in metrics
+            # Down again: the slices stay in the API server and their GPUs offered; no GPU named.
+            await apiserver.stop()
+            await run.fault({"gpu": 2, "fault": "xid", "xid": 79})  # a change to publish: a taint
+            await until(lambda: "API server" in (run.agent.readiness() or ""), "retrying")
+            status, body = await run.get("/readyz")
+            assert (status, body.split(":")[:2]) == (503, ["DRA", " ResourceSlices not published"])
+            _, metrics = await run.get("/metrics")
+            assert "gpuagent_dra_unpublished_gpus 0" in metrics
 
 
 async def test_both_health_apis_send_every_device_of_the_pool(

@@ -139,3 +139,47 @@ async def test_cancel_as_a_server_finishes_closing_stops_the_endpoint(
     finally:
         task.cancel()
         await asyncio.wait({task})
+
+
+async def test_a_registry_directory_that_is_a_file_is_named_once(short_tmp_path: Path) -> None:
+    """A file where the plugin registry directory should be: one error naming it "not a
+    directory" (published for /readyz), retries without a line each, and once a directory is back
+    in its place the sockets are served and the error is gone."""
+    registry = short_tmp_path / "plugins_registry"
+    registry.write_text("not a directory")
+    endpoint = DraEndpoint(
+        [],
+        driver=DRIVER,
+        supported=("v1.DRAPlugin",),
+        plugins_dir=short_tmp_path / "plugins",
+        registry_dir=registry,
+        timing=EndpointTiming(watch_interval=HOUR, retry_initial=0.001, retry_max=0.001),
+    )
+    with structlog.testing.capture_logs() as logs:
+        task = asyncio.create_task(endpoint.run())
+        try:
+            await eventually(
+                lambda: sum(e["event"] == "dra endpoint failed; retrying" for e in logs) >= 5,
+                what="five retries",
+            )
+            assert (
+                endpoint.last_error
+                == f"cannot serve the DRA sockets: {registry} is not a directory"
+            )
+            registry.unlink()
+            await eventually(
+                lambda: any(e["event"] == "dra sockets served again" for e in logs),
+                what="the sockets served",
+            )
+            assert endpoint.last_error == ""
+        finally:
+            task.cancel()
+            await asyncio.wait({task})
+    lines = [(e["event"], e.get("error")) for e in logs if e["log_level"] not in ("debug",)]
+    failed = [line for line in lines if line[0] == "dra endpoint failed; retrying"]
+    assert failed == [
+        ("dra endpoint failed; retrying",
+         f"cannot serve the DRA sockets: {registry} is not a directory"),
+    ]  # fmt: skip
+    # The service socket's first serve (the registry failed after it); the retries' are debug.
+    assert sum(event == "serving" for event, _ in lines) == 1

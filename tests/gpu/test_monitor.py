@@ -166,6 +166,31 @@ async def test_start_with_driver_down(
         await asyncio.wait_for(monitor.close(), WAIT_S)
 
 
+async def test_a_driver_that_stays_down_is_logged_once(
+    store: DeviceStore, driver: SimDriver, tmp_path: Path
+) -> None:
+    """Initialisation is retried for ever while the driver is down, with one line for it (and
+    one more when the error changes), not one per retry."""
+    driver.fail("nvmlInitWithFlags", pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+    monitor = monitor_for(store, Nvml(tmp_path), init_retry_interval=0.001)
+    with structlog.testing.capture_logs() as logs:
+        async with running(monitor):
+            await eventually(lambda: driver.calls["nvmlInitWithFlags"] >= 4, what="four tries")
+            driver.fail("nvmlInitWithFlags", pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH)
+            await eventually(
+                lambda: (
+                    "mismatch" in store.snapshot.driver.error
+                    and driver.calls["nvmlInitWithFlags"] >= 8
+                ),
+                what="four tries more",
+            )
+    warned = [e["error"] for e in logs if e["log_level"] == "warning"]
+    assert warned == [
+        "Driver Not Loaded (NVML 9)",
+        "RM has detected an NVML/RM version mismatch. (NVML 18)",
+    ]
+
+
 HUNG_INIT = r"nvml did not answer: nvmlInit did not return within 0\.1s"
 
 

@@ -14,9 +14,11 @@ from support.grpcstubs import StubModules
 from support.nodes import gpu, node
 from support.waiting import eventually
 
+from gpuagent.dirwatch import file_in_the_way
 from gpuagent.domain.devices import Registration
 from gpuagent.domain.serving import ResourceView
 from gpuagent.domain.store import DeviceStore
+from gpuagent.kubelet import registration
 from gpuagent.kubelet.plugin import DevicePluginService
 from gpuagent.kubelet.registration import MAX_REASON, PluginEndpoint, Timing
 
@@ -79,6 +81,74 @@ async def test_an_absent_kubelet_socket_is_named_and_published(short_tmp_path: P
     assert str(kubelet) in error
     assert "--kubelet-socket" in error
     assert len(error) <= MAX_REASON
+
+
+async def test_a_stale_kubelet_socket_is_logged_once_not_per_retry(short_tmp_path: Path) -> None:
+    """A kubelet.sock nobody listens on (a kubelet that died without removing it): one line
+    for serving, one for the refused connection, then retries with a backoff and no more lines
+    until something changes."""
+    kubelet = short_tmp_path / "kubelet.sock"
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(kubelet))
+    stale.close()  # the file stays; nobody listens
+    store = DeviceStore(node(gpu(0)))
+    # Retries 1, 2, 4, … ms apart: the test, woken every 5 ms, sees the sixth serve before the
+    # seventh can start (it is cancelled in the back-off, never half-way through serving).
+    timing = Timing(backoff_initial=0.001, register_retry_max=HOUR)
+    plugin = endpoint(store, short_tmp_path / "nvidia-gpu.sock", kubelet, timing)
+    with capture_logs() as logs:
+        task = asyncio.create_task(plugin.run())
+        try:
+            await eventually(
+                lambda: sum(e["event"] == "serving device plugin" for e in logs) >= 6,
+                what="six serves",
+            )
+        finally:
+            task.cancel()
+            await asyncio.wait({task})
+    lines = [e["event"] for e in logs if e["log_level"] != "debug"]
+    assert lines == ["serving device plugin", lines[1]], lines
+    assert lines[1].startswith("kubelet unreachable: ConnectionRefusedError")
+
+
+async def test_a_socket_dir_replaced_by_a_file_is_named_once(
+    short_tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The socket directory (holding the kubelet socket) replaced by a file while the agent runs:
+    logged once as "not a directory" and published; the endpoint keeps waiting, and a directory
+    back in its place is seen."""
+    directory = short_tmp_path / "device-plugins"
+    directory.write_text("not a directory")
+    looks: list[Path] = []
+
+    def counted(path: Path) -> Path | None:
+        looks.append(path)
+        return file_in_the_way(path)
+
+    monkeypatch.setattr(registration, "file_in_the_way", counted)
+    store = DeviceStore(node(gpu(0)))
+    timing = Timing(backoff_initial=0.001, backoff_max=0.001)
+    kubelet = directory / "kubelet.sock"
+    plugin = endpoint(store, directory / "nvidia-gpu.sock", kubelet, timing)
+    with capture_logs() as logs:
+        task = asyncio.create_task(plugin.run())
+        try:
+            await eventually(lambda: "not a directory" in state(store).error, what="published")
+            await eventually(lambda: len(looks) >= 5, what="five looks at the directory")
+            directory.unlink()
+            directory.mkdir()
+            await eventually(lambda: "not a directory" not in state(store).error, what="seen")
+        finally:
+            task.cancel()
+            await asyncio.wait({task})
+    lines = [(e["event"], e["log_level"]) for e in logs if e["log_level"] != "debug"]
+    assert lines[:2] == [
+        ("polling directories", "info"),
+        (f"waiting for the kubelet socket {kubelet}: {directory} is not a directory", "warning"),
+    ]
+    assert f"{directory} is not a directory" in logs[0]["reason"]
+    assert (f"waiting for the kubelet socket {kubelet}", "info") in lines[2:]
+    assert sum("not a directory" in event for event, _ in lines) == 1
 
 
 def state(store: DeviceStore) -> Registration:
