@@ -42,7 +42,12 @@ def _main(args: list[str]) -> int:
     from gpuagent.app import Agent  # noqa: PLC0415
     from gpuagent.config import load_settings  # noqa: PLC0415
     from gpuagent.domain.errors import SettingError  # noqa: PLC0415
-    from gpuagent.plan import load_simulator, load_web_config, make_plan  # noqa: PLC0415
+    from gpuagent.plan import (  # noqa: PLC0415
+        check_socket_dirs,
+        load_simulator,
+        load_web_config,
+        make_plan,
+    )
 
     def settings_source() -> Settings:
         return load_settings(args, os.environ, stderr_isatty=sys.stderr.isatty())
@@ -53,6 +58,7 @@ def _main(args: list[str]) -> int:
         if settings.check_config is not None:
             load_web_config(settings)
             load_simulator(settings)
+            check_socket_dirs(settings, plan)
             print(json.dumps(settings.as_dict(), indent=2))
             return EXIT_OK
         logs.configure(settings.log_format, settings.log_level)

@@ -42,6 +42,7 @@ from gpuagent.kubelet.endpoints import PluginEndpoints
 from gpuagent.kubelet.registration import Timing
 from gpuagent.plan import (
     LIVE,
+    check_socket_dirs,
     driver_root_as_read,
     keep_restart_only,
     load_web_config,
@@ -119,6 +120,7 @@ class Agent:
         self.settings = settings
         self.node_name = node_name or settings.node_name
         self.store = DeviceStore(plan=plan or make_plan(settings))
+        check_socket_dirs(settings, self.store.plan)  # a file there: exit 2 before anything runs
         self.web_config = load_web_config(settings)
         self.simulator = simulator
         self.view = ResourceView(self.store)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuagent.config import CDI_SPEC_TOOLKIT, OPTIONS, ConfigError, Settings
+from gpuagent.dirwatch import file_in_the_way
 from gpuagent.domain.containers import CDI_KIND, CONTROL_NODES, TOOLKIT_CDI_KIND, ContainerSettings
 from gpuagent.domain.dra import DraGpus, DraPlan
 from gpuagent.domain.errors import SettingError
@@ -31,6 +32,7 @@ if TYPE_CHECKING:  # imported when used: neither is needed on most nodes
 
 __all__ = [
     "LIVE",
+    "check_socket_dirs",
     "driver_root_as_read",
     "keep_restart_only",
     "load_simulator",
@@ -153,6 +155,28 @@ def load_simulator(settings: Settings) -> sim.SimDriver | None:
     except SettingError as exc:
         raise _in_file("sim-config", settings.sim_config, exc) from exc
     return None
+
+
+def check_socket_dirs(settings: Settings, plan: Plan) -> None:
+    """Raise :class:`ConfigError` when a directory the agent keeps or finds sockets in is a file,
+    or lies under one: nothing could ever be served or found there. A directory that does not
+    exist yet is fine (it is made, or waited for)."""
+    dirs: list[tuple[str, Path]] = []
+    if settings.kubernetes:
+        dirs += [
+            ("--socket-dir", settings.socket_dir),
+            ("--kubelet-socket", settings.kubelet_socket.parent),
+            ("--pod-resources-socket", settings.pod_resources_socket.parent),
+        ]
+    if plan.dra.gpus.enabled:
+        dirs += [
+            ("--plugins-dir", settings.plugins_dir),
+            ("--plugins-registry-dir", settings.plugins_registry_dir),
+        ]
+    for option, directory in dirs:
+        blocker = file_in_the_way(directory)
+        if blocker is not None:
+            raise ConfigError(option, f"{blocker} is not a directory")
 
 
 def _in_file(option: str, path: Path | None, exc: SettingError) -> ConfigError:

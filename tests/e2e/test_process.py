@@ -353,3 +353,38 @@ def test_console_logs_are_in_colour_only_on_a_terminal(
     assert "running with config" in text
     assert "stopped" in text
     assert ("\x1b[" in text) is terminal, text[:300]
+
+
+@pytest.mark.parametrize(
+    ("option", "under"),
+    [
+        pytest.param("--socket-dir", False, id="socket-dir"),
+        pytest.param("--socket-dir", True, id="under-a-file"),
+        pytest.param("--pod-resources-socket", True, id="pod-resources-socket"),
+        pytest.param("--plugins-registry-dir", False, id="dra-registry"),
+    ],
+)
+@pytest.mark.parametrize("check", [False, True], ids=["start", "check-config"])
+def test_a_socket_directory_that_is_a_file_exits_2_in_one_line(
+    short_tmp_path: Path, option: str, under: bool, check: bool
+) -> None:
+    """A file where a socket directory should be (or above it) can never hold a socket: a
+    configuration error naming the option and the file, before anything starts."""
+    blocker = short_tmp_path / "not-a-dir"
+    blocker.write_text("a file")
+    value = blocker / "sub" if under else blocker
+    if option == "--pod-resources-socket":
+        value = value / "kubelet.sock"
+    args = ["--simulate", "1", "--metrics-address", f"127.0.0.1:{free_port()}"]
+    args += ["--socket-dir", str(short_tmp_path), option, str(value)]
+    if option == "--plugins-registry-dir":
+        args += ["--dra-gpus", "all"]
+    if check:
+        config = short_tmp_path / "gpuagent.yaml"
+        config.write_text("version: v1\n")
+        args += ["--check-config", str(config)]
+    result = run_to_end(*args)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        f"gpuagent: configuration error: {option}: {blocker} is not a directory"
+    ]
