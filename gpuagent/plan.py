@@ -180,6 +180,9 @@ def check_socket_dirs(settings: Settings, plan: Plan) -> None:
 
 
 def _in_file(option: str, path: Path | None, exc: SettingError) -> ConfigError:
-    """``exc``, a key inside the file ``option`` names, as an error of that option."""
+    """``exc``, a key inside the file ``option`` names, as an error of that option; an error of
+    the whole file (unreadable, not YAML: its reason names the file) as the option's own."""
+    if exc.key in ("file", option):
+        return ConfigError(option, exc.reason)
     where = f" (in {path})" if path is not None else ""
     return ConfigError(f"{option} {exc.key}", f"{exc.reason}{where}")

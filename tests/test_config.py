@@ -891,13 +891,19 @@ nvml-timeout: 120
             "expected a string, got null",
             id="null-value",
         ),
-        pytest.param("version: v1\nsocket-dir: [\n", "config", "invalid YAML", id="yaml-syntax"),
+        pytest.param(
+            "version: v1\nsocket-dir: [\n",
+            "config",
+            "gpuagent.yaml:3:1: expected the node content, but found '<stream end>' "
+            "(while parsing a flow node)",
+            id="yaml-syntax",
+        ),
         pytest.param("- version: v1\n", "config", "must hold a mapping", id="not-a-mapping"),
         pytest.param("", "config", "must hold a mapping of settings, got null", id="empty-file"),
         pytest.param(
             "version: v1\nsocket-dir: /a\nsocket-dir: /b\n",
             "config",
-            "duplicate key 'socket-dir'",
+            "gpuagent.yaml:3:1: duplicate key 'socket-dir'",
             id="duplicate-key",
         ),
     ],

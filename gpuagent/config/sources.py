@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from gpuagent.config.errors import ConfigError, Invalid
 from gpuagent.config.options import CONFIG_VERSION, FILE_KEYS, OPTIONS, Option
 from gpuagent.config.values import type_name
+from gpuagent.yamlerror import one_line
 
 if TYPE_CHECKING:
     import yaml
@@ -63,7 +64,7 @@ def read_config_file(path: Path) -> dict[str, object]:
     try:
         document = yaml.load(text, Loader=loader)
     except yaml.YAMLError as exc:
-        raise ConfigError("config", f"invalid YAML in {path}: {exc}") from None
+        raise ConfigError("config", one_line(exc, str(path), text)) from None
     if not isinstance(document, dict):
         raise ConfigError(
             "config", f"{path} must hold a mapping of settings, got {type_name(document)}"

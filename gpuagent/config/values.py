@@ -18,6 +18,7 @@ from gpuagent.domain.containers import DeviceListStrategy
 from gpuagent.domain.errors import SettingError
 from gpuagent.domain.naming import resource_name
 from gpuagent.domain.timeslicing import TimeSlicing
+from gpuagent.yamlerror import one_line
 
 E = TypeVar("E", bound=StrEnum)
 
@@ -129,7 +130,7 @@ def parse_sharing_value(raw: object) -> TimeSlicing:
         try:
             value = yaml.safe_load(raw)
         except yaml.YAMLError as exc:
-            raise Invalid(f"not valid YAML or JSON: {exc}") from None
+            raise Invalid(f"not valid YAML or JSON: {one_line(exc, text=raw)}") from None
     if value is None:
         return TimeSlicing()
     if not isinstance(value, dict):

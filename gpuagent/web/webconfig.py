@@ -40,6 +40,7 @@ import structlog
 import yaml
 
 from gpuagent.domain.errors import SettingError
+from gpuagent.yamlerror import one_line
 
 __all__ = [
     "AuthResult",
@@ -152,7 +153,7 @@ def load_web_config(path: Path) -> WebConfig:
     try:
         document = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise WebConfigError("file", f"invalid YAML in {path}: {exc}") from None
+        raise WebConfigError("file", one_line(exc, str(path), text)) from None
     return parse_web_config(document, path.parent)
 
 

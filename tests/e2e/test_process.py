@@ -388,3 +388,29 @@ def test_a_socket_directory_that_is_a_file_exits_2_in_one_line(
     assert result.stderr.splitlines() == [
         f"gpuagent: configuration error: {option}: {blocker} is not a directory"
     ]
+
+
+@pytest.mark.parametrize(
+    ("option", "key"),
+    [
+        pytest.param("--config", "config", id="config"),
+        pytest.param("--sim-config", "sim-config", id="sim-config"),
+        pytest.param("--web-config-file", "web-config-file", id="web-config"),
+    ],
+)
+def test_a_yaml_syntax_error_is_one_line_with_file_line_and_column(
+    short_tmp_path: Path, option: str, key: str
+) -> None:
+    """A YAML syntax error in any file the agent reads at start: ``FILE:LINE:COL: what``, on one
+    line, exit 2 (no traceback, no quoted lines and carets)."""
+    broken = short_tmp_path / "broken.yaml"
+    broken.write_text("version: v1\npoll-interval: [1\nsocket-dir: /x\n")
+    args = [option, str(broken)]
+    if option != "--sim-config":
+        args += ["--simulate", "1"]
+    result = run_to_end(*args)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        f"gpuagent: configuration error: {key}: {broken}:3:11: expected ',' or ']', but got ':' "
+        "(while parsing a flow sequence at 2:16)"
+    ]

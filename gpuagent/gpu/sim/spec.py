@@ -21,6 +21,7 @@ from gpuagent.gpu.sim.profiles import (
     gpu_instance_id,
     place_mig,
 )
+from gpuagent.yamlerror import one_line
 
 MAX_GPUS = 64
 MAX_NUMA_NODE = 1023
@@ -529,7 +530,11 @@ def load_sim_config(path: Path) -> SimNode:
     """Read and parse a ``--sim-config`` YAML file; unreadable or malformed → key ``sim-config``."""
     try:
         text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise SimConfigError("sim-config", f"cannot read {path}: {reason}") from None
+    try:
         data = yaml.safe_load(text)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise SimConfigError("sim-config", f"cannot read {path}: {exc}") from exc
+    except yaml.YAMLError as exc:
+        raise SimConfigError("sim-config", one_line(exc, str(path), text)) from None
     return node_from_mapping(data, base=path.parent)
