@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from gpuagent.config.options import CONFIG_VERSION, OPTIONS
 
@@ -49,8 +50,34 @@ class _Version(argparse.Action):
         parser.exit()
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line with a pointer to ``--help`` (argparse prints
+    the whole usage, ~30 lines, above it), and a misspelt flag gets the closest one named."""
+
+    # (typeshed overloads it on the namespace type; this one keeps argparse.Namespace)
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:  # (parse_args would say only "unrecognized arguments")
+            self.error(f"unrecognized arguments: {' '.join(extras)}{self._closest(extras)}")
+        return parsed, extras
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message}; see {self.prog} --help\n")
+
+    def _closest(self, extras: Sequence[str]) -> str:
+        known = [s for action in self._actions for s in action.option_strings]
+        for extra in extras:
+            if extra.startswith("--"):
+                close = difflib.get_close_matches(extra.split("=", 1)[0], known, n=1)
+                if close:
+                    return f" (did you mean {close[0]}?)"
+        return ""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="gpuagent",
         description="Kubernetes GPU node agent: device plugin, GPU health and metrics.",
         epilog="Every option is also settable as GPUAGENT_<OPTION> in the environment and, "

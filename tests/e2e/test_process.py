@@ -414,3 +414,24 @@ def test_a_yaml_syntax_error_is_one_line_with_file_line_and_column(
         f"gpuagent: configuration error: {key}: {broken}:3:11: expected ',' or ']', but got ':' "
         "(while parsing a flow sequence at 2:16)"
     ]
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        pytest.param(["--bogus"], "unrecognized arguments: --bogus", id="unknown-flag"),
+        pytest.param(["--sokcet-dir", "/x"],
+                     "unrecognized arguments: --sokcet-dir /x (did you mean --socket-dir?)",
+                     id="misspelt-flag"),
+        pytest.param(["--simulate"], "argument --simulate: expected one argument",
+                     id="missing-value"),
+        pytest.param(["--fail-on-init-error", "false"], "unrecognized arguments: false",
+                     id="bool-with-a-separate-value"),
+    ],
+)  # fmt: skip
+def test_a_usage_error_is_one_line_with_a_hint(args: list[str], line: str) -> None:
+    """A flag argparse cannot take: one line and where to look, not the ~30 lines of usage."""
+    result = run_to_end(*args)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [f"gpuagent: {line}; see gpuagent --help"]
+    assert result.stdout == ""
