@@ -222,8 +222,10 @@ class Agent:
         """Run until ``stop`` is set, then shut down.
 
         Raises :class:`FatalError` when the agent cannot go on, and :class:`ConfigError` when a
-        setting keeps it from starting (the metrics address cannot be bound).
+        setting keeps it from starting (the metrics address cannot be bound: said before anything
+        starts, so before any line of a shutdown).
         """
+        await self._listen()
         if self.simulator is not None:
             from gpuagent.gpu import sim  # noqa: PLC0415
 
@@ -242,10 +244,9 @@ class Agent:
             # collector off before its imports; this keeps it off until started.
             gc.disable()
         try:
-            # Register first: bind the metrics address (a taken one is a configuration error
-            # now), discover the GPUs (the device list must be true), serve the kubelet; then
-            # import and start what the kubelet does not need.
-            await self._listen()
+            # Register first (the metrics address is bound): discover the GPUs (the device list
+            # must be true), serve the kubelet; then import and start what the kubelet does not
+            # need.
             driver = asyncio.create_task(self._start_driver(monitor), name="driver-start")
             if self._keeps_cdi_spec and self.store.plan.writes_cdi_spec:
                 # The first device list waits for the spec from now on (NVIDIA's plugin, too,
@@ -390,7 +391,8 @@ class Agent:
             await self.listener.bind()
         except OSError as exc:
             host = self.settings.metrics_host or "*"
-            reason = exc.strerror or str(exc)
+            # (uvloop's strerror repeats the address: "error while attempting to bind on …")
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
             hint = " (another process holds it: dcgm-exporter?)" if "in use" in reason else ""
             raise ConfigError(
                 "--metrics-address",

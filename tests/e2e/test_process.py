@@ -287,11 +287,16 @@ def test_metrics_port_in_use_exits_2_in_one_line(short_tmp_path: Path) -> None:
             "--log-format", "json",
         )  # fmt: skip
     assert result.returncode == 2, result.stderr
-    assert "Traceback" not in result.stderr
-    entries = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
-    (error,) = [e for e in entries if e["level"] == "error"]
-    assert "--metrics-address" in error["error"]
-    assert "in use" in error["error"]
+    entries = [json.loads(line) for line in result.stderr.splitlines()]  # every line is JSON
+    # Said before anything starts: no shutdown lines before (or after) it.
+    assert [(e["event"], e["level"]) for e in entries] == [
+        ("running with config", "info"),
+        ("configuration error", "error"),
+    ]
+    assert entries[1]["error"] == (
+        f"--metrics-address: cannot listen on 127.0.0.1:{port}: Address already in use "
+        "(another process holds it: dcgm-exporter?)"
+    )
 
 
 def test_unknown_gpuagent_variable_exits_2() -> None:
