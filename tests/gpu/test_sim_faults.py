@@ -460,6 +460,7 @@ class TestControlPlane:
             "xid_count": 0,
             "ecc_dbe_count": 0,
             "hang_s": 0.0,
+            "hung_calls": 0,
             "not_supported": [],
             "call_errors": [],
             "function_not_found": [],
@@ -539,9 +540,11 @@ class TestCallFaults:
             assert blocked_in(thread.ident, "_hang_if_needed", via=("wait", "wait"))
             pynvml.nvmlDeviceGetTemperature(h0, pynvml.NVML_TEMPERATURE_GPU)
             assert not returned.is_set()  # GPU 0 answered while GPU 1's call is still blocked
+            assert [d["hung_calls"] for d in driver.describe()] == [0, 1, 0, 0]
         finally:
             driver.inject(1, "recover")
             thread.join(WAIT_S)
+        assert [d["hung_calls"] for d in driver.describe()] == [0, 0, 0, 0]
 
     def test_a_hang_ends_by_itself(self, driver: SimDriver) -> None:
         """Once its seconds are over, a hung GPU's calls answer (a short hang: only an end)."""

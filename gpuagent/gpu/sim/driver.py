@@ -107,6 +107,7 @@ class SimDriver:
         self._removed: set[str] = set()
         self._hangs: dict[int, float] = {}  # gpu index -> monotonic time the hang ends
         self._hang_released = threading.Event()
+        self._blocked: Counter[int] = Counter()  # gpu index -> calls blocked in its hang now
         # Cold GPUs: each is brought up by the first call that touches it after nvmlInit.
         self._warm_lock = threading.Lock()
         self._warming: dict[int, threading.Lock] = {}
@@ -190,10 +191,16 @@ class SimDriver:
         with self._state.cond:
             target = self._target(symbol, args)
             until = self._hangs.get(target) if target is not None else None
-        if until is not None:
+        if target is not None and until is not None:
             delay = until - time.monotonic()
             if delay > 0:
-                self._hang_released.wait(delay)
+                with self._state.cond:
+                    self._blocked[target] += 1
+                try:
+                    self._hang_released.wait(delay)
+                finally:
+                    with self._state.cond:
+                        self._blocked[target] -= 1
 
     def _target(self, symbol: Symbol, args: tuple[object, ...]) -> int | None:
         st = self._state
@@ -233,7 +240,8 @@ class SimDriver:
 
         Keys: index, uuid, name, memory_mib, pci_bus_id, numa_node, mig (list of profiles),
         state ("ok" or "lost"), recovery_action ("none", "gpu_reset", …), last_xid (int or None),
-        xid_count, ecc_dbe_count.
+        xid_count, ecc_dbe_count, hang_s (what is left of a hang), hung_calls (calls blocked in it
+        now), not_supported, call_errors, function_not_found.
         """
         return [self._describe(i) for i in range(len(self._state.gpus))]
 
@@ -347,6 +355,7 @@ class SimDriver:
         with self._state.cond:
             until = self._hangs.get(gpu)
             described["hang_s"] = max(0.0, until - time.monotonic()) if until else 0.0
+            described["hung_calls"] = self._blocked[gpu]
             described["not_supported"] = sorted(
                 n
                 for (n, g), rule in self._rules.items()
