@@ -8,8 +8,9 @@ the parts, runs them as tasks, reloads the plan, and shuts down:
 * shutdown ends ListAndWatch streams with ``UNAVAILABLE``, removes the plugin sockets, stops the
   HTTP server and releases the driver, within :data:`SHUTDOWN_SECONDS` in all. Nothing is
   released under an NVML call still running: the event thread releases the driver when its wait
-  returns (up to 5 s later), and a call that has not returned (a hung driver) is abandoned: its
-  thread is a daemon, and the process exits without ``nvmlShutdown``.
+  returns (up to 5 s later), and a call still running after :data:`SHUTDOWN_NVML_SECONDS` (a
+  hung driver) is abandoned: its thread is a daemon, and the process exits without
+  ``nvmlShutdown`` (the kernel closes the driver's files).
 """
 
 from __future__ import annotations
@@ -62,10 +63,13 @@ if TYPE_CHECKING:  # the rest is imported once the kubelet has its device plugin
 
 log = structlog.get_logger("gpuagent")
 
-SHUTDOWN_SECONDS = 4.0  # the whole shutdown; the DaemonSet's grace period is 10 s
+SHUTDOWN_SECONDS = 2.5  # the whole shutdown; the DaemonSet's grace period is 10 s
 SHUTDOWN_STREAMS_SECONDS = 0.5
 SHUTDOWN_TASKS_SECONDS = 1.0
 SHUTDOWN_HTTP_SECONDS = 1.0
+# How long the driver's release waits for a call in progress (a probe takes milliseconds; a hung
+# one is not waited out) and for nvmlShutdown itself.
+SHUTDOWN_NVML_SECONDS = 1.0
 # How long the rest waits for GPU discovery and the kubelet's first answer before it starts anyway:
 # a slow driver, or a kubelet that holds Register open, must not keep /metrics and the probes down.
 REGISTER_FIRST_SECONDS = 2.0
@@ -465,11 +469,7 @@ class Agent:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(budget(SHUTDOWN_HTTP_SECONDS)):
                     await self.dra.close()
-        try:
-            async with asyncio.timeout(budget(SHUTDOWN_SECONDS)):
-                await monitor.close()
-        except TimeoutError:
-            log.warning("the driver did not release in time; exiting without nvmlShutdown")
+        await monitor.close(wait=budget(SHUTDOWN_NVML_SECONDS))  # bounded by its own wait
         if self.simulator is not None:
             from gpuagent.gpu import sim  # noqa: PLC0415
 

@@ -545,8 +545,9 @@ class GpuMonitor:
         finally:
             self._stop_events.set()
 
-    async def close(self) -> None:
-        """Stop the threads and release the driver; returns at once, whatever NVML is doing.
+    async def close(self, wait: float | None = None) -> None:
+        """Stop the threads and release the driver, within ``wait`` seconds (a shutdown's share
+        of its budget; by default the per-call limit), whatever NVML is doing.
 
         nvml.h promises nothing for an event set freed, or NVML shut down, under a call still
         running on another thread. So a release never happens under one: when the event thread
@@ -555,13 +556,16 @@ class GpuMonitor:
         to the process's exit, where the kernel closes the driver's files.
         """
         self._closed = True
+        limit = self._call_timeout if wait is None else min(wait, self._call_timeout)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + limit
         for task in list(self._background):
             task.cancel()
         # A poll cut short finishes the probe it is in, a topology read the read it is in; both
-        # are waited for, up to the per-call limit (a hung call is not waited out).
+        # are waited for, up to the limit (a hung call is not waited out).
         running = [w.submit(_nothing) for w in (self._shared, self._control) if w and w.busy]
         if running:
-            await asyncio.wait(running, timeout=self._call_timeout)
+            await asyncio.wait(running, timeout=limit)
         with self._event_lock:
             self._stop_events.set()
             in_wait = self._events_in_nvml
@@ -569,7 +573,7 @@ class GpuMonitor:
         if in_wait:
             log.debug("nvml event wait in progress; the event thread releases the driver after it")
         else:
-            await self._release_on(self._control)
+            await self._release_on(self._control, max(0.0, deadline - loop.time()))
         self._control.close()
         for worker in {*self._lanes.values(), *([self._shared] if self._shared else [])}:
             worker.close()
@@ -580,13 +584,13 @@ class GpuMonitor:
         if self._event_thread is not None:
             await self._events_done.wait()
 
-    async def _release_on(self, worker: Worker) -> None:
-        """Release the driver on ``worker``, within the per-call limit."""
+    async def _release_on(self, worker: Worker, limit: float) -> None:
+        """Release the driver on ``worker``, within ``limit`` seconds."""
         if worker.busy:  # never queued behind a call that has not returned
             log.info("nvml left to the process's exit: a call has not returned")
             return
         try:  # (not wait_for, which may swallow a cancellation of close() as the call returns)
-            async with asyncio.timeout(self._call_timeout):
+            async with asyncio.timeout(limit):
                 await worker.submit(self._release)
         except TimeoutError:
             log.warning("nvml shutdown did not return in time")

@@ -107,7 +107,7 @@ def test_sigterm_ends_streams_removes_socket_exits_zero_quickly(
     # Bounded by its own budgets, and none of them was needed: every step finished by itself.
     assert "did not stop in time" not in stderr
     assert "did not close in time" not in stderr
-    assert "did not release in time" not in stderr
+    assert "nvml shutdown did not return in time" not in stderr
     assert reg.wait_ended(T).code.name == "UNAVAILABLE"
     assert not (device_plugin_dir / "nvidia-gpu.sock").exists()
     events = [json.loads(line)["event"] for line in stderr.splitlines() if line.startswith("{")]
@@ -440,3 +440,61 @@ def test_a_usage_error_is_one_line_with_a_hint(args: list[str], line: str) -> No
     assert result.returncode == 2
     assert result.stderr.splitlines() == [f"gpuagent: {line}; see gpuagent --help"]
     assert result.stdout == ""
+
+
+def hung_calls(port: int) -> int:
+    """Calls blocked in a hang on the simulated GPUs now (``/sim/gpus``)."""
+    _, body = http_get(port, "/sim/gpus")
+    return sum(int(gpu["hung_calls"]) for gpu in json.loads(body))
+
+
+def test_sigterm_while_every_gpu_hangs_ends_the_streams_and_exits_0(
+    fake_kubelet: FakeKubelet, device_plugin_dir: Path
+) -> None:
+    """Every GPU's NVML calls hang, one is blocked in the hang, and SIGTERM comes: the streams
+    still end, the socket is removed, the driver is left to the kernel, and the process exits 0
+    within the shutdown budget (2.5 s; measured, printed, not asserted: about 1.1 s here)."""
+    port = free_port()
+    proc = spawn(
+        "--simulate", "2",
+        "--socket-dir", str(device_plugin_dir),
+        "--metrics-address", f"127.0.0.1:{port}",
+        "--log-format", "json",
+        "--poll-interval", "0.1",
+    )  # fmt: skip
+    try:
+        (reg,) = fake_kubelet.wait_for_registrations(1, T)
+        reg.next_update(T)
+        wait_http(port, "/readyz", 200)
+        for gpu in (0, 1):
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{port}/sim/faults",
+                data=json.dumps({"gpu": gpu, "fault": "hang", "seconds": 600}).encode(),
+                method="POST",
+            )
+            with urllib.request.urlopen(request, timeout=2) as response:
+                assert response.status == 200
+        deadline = time.monotonic() + T
+        while hung_calls(port) < 1:
+            assert time.monotonic() < deadline, "no call ever blocked in the hang"
+            time.sleep(0.02)
+        began = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=T)
+        print(f"shutdown with every GPU hung: {time.monotonic() - began:.2f} s")
+        _, stderr = proc.communicate()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=T)
+    assert code == 0, stderr
+    events = [json.loads(line)["event"] for line in stderr.splitlines()]
+    assert events[events.index("signal received; shutting down") :] == [
+        "signal received; shutting down",
+        "shutting down",
+        "list-and-watch stream closed",
+        "nvml left to the process's exit: a call has not returned",
+        "stopped",
+    ]
+    assert reg.wait_ended(T).code.name == "UNAVAILABLE"
+    assert not (device_plugin_dir / "nvidia-gpu.sock").exists()
