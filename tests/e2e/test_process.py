@@ -74,15 +74,21 @@ def wait_http(port: int, path: str, status: int) -> str:
     raise AssertionError(f"{path} never answered {status}; last: {last}")
 
 
+def spawn_agent(socket_dir: Path, port: int, *more: str) -> subprocess.Popen[str]:
+    """The agent on two simulated GPUs, logging JSON, with ``more`` arguments."""
+    return spawn(
+        "--simulate", "2",
+        "--socket-dir", str(socket_dir),
+        "--metrics-address", f"127.0.0.1:{port}",
+        "--log-format", "json",
+        *more,
+    )  # fmt: skip
+
+
 @pytest.fixture
 def agent_process(device_plugin_dir: Path) -> Iterator[tuple[subprocess.Popen[str], int]]:
     port = free_port()
-    proc = spawn(
-        "--simulate", "2",
-        "--socket-dir", str(device_plugin_dir),
-        "--metrics-address", f"127.0.0.1:{port}",
-        "--log-format", "json",
-    )  # fmt: skip
+    proc = spawn_agent(device_plugin_dir, port)
     try:
         yield proc, port
     finally:
@@ -455,13 +461,7 @@ def test_sigterm_while_every_gpu_hangs_ends_the_streams_and_exits_0(
     still end, the socket is removed, the driver is left to the kernel, and the process exits 0
     within the shutdown budget (2.5 s; measured, printed, not asserted: about 1.1 s here)."""
     port = free_port()
-    proc = spawn(
-        "--simulate", "2",
-        "--socket-dir", str(device_plugin_dir),
-        "--metrics-address", f"127.0.0.1:{port}",
-        "--log-format", "json",
-        "--poll-interval", "0.1",
-    )  # fmt: skip
+    proc = spawn_agent(device_plugin_dir, port, "--poll-interval", "0.1")
     try:
         (reg,) = fake_kubelet.wait_for_registrations(1, T)
         reg.next_update(T)
