@@ -441,8 +441,9 @@ class Agent:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + SHUTDOWN_SECONDS
 
-        def budget(cap: float) -> float:
-            return max(0.0, min(cap, deadline - loop.time()))
+        def budget(cap: float, reserve: float = SHUTDOWN_NVML_SECONDS) -> float:
+            # The driver's release keeps its share whatever the steps before it take.
+            return max(0.0, min(cap, deadline - reserve - loop.time()))
 
         self.stopping.set()
         if self.endpoints is not None:
@@ -469,7 +470,7 @@ class Agent:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(budget(SHUTDOWN_HTTP_SECONDS)):
                     await self.dra.close()
-        await monitor.close(wait=budget(SHUTDOWN_NVML_SECONDS))  # bounded by its own wait
+        await monitor.close(wait=budget(SHUTDOWN_NVML_SECONDS, 0.0))  # bounded by its own wait
         if self.simulator is not None:
             from gpuagent.gpu import sim  # noqa: PLC0415
 
@@ -478,7 +479,7 @@ class Agent:
             # and the event thread releases the driver first.
             self.simulator.interrupt_waits()
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(budget(SHUTDOWN_HTTP_SECONDS)):
+                async with asyncio.timeout(budget(SHUTDOWN_HTTP_SECONDS, 0.0)):
                     await monitor.wait_closed()
             sim.uninstall()
         log.info("stopped")

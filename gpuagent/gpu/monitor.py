@@ -797,7 +797,6 @@ class GpuMonitor:
             if calls:
                 now = self._backend.calls.now()
                 return {"call": calls[0].name, "call_running_s": round(now - calls[0].started, 1)}
-            return {"error": event.error}
         return {}
 
     def _reregister_events(self) -> None:
