@@ -120,7 +120,7 @@ async def test_two_missing_directories_are_logged_once_together(tmp_path: Path) 
                 await asyncio.wait_for(watch.wait(0.001), T)
         finally:
             watch.close()
-    assert [(e["event"], e["reason"]) for e in logs] == [
+    assert [(e["event"], e["reason"]) for e in logs if "directories" in e] == [
         ("polling directories", f"{one} does not exist yet; {two} does not exist yet")
     ]
 
@@ -145,7 +145,7 @@ async def test_a_file_where_the_directory_should_be_is_named(tmp_path: Path, bel
             assert live(watch)
         finally:
             watch.close()
-    assert [(e["event"], e.get("reason")) for e in logs] == [
+    assert [(e["event"], e.get("reason")) for e in logs if "directories" in e] == [
         ("polling directories", f"{blocker} is not a directory"),
         ("watching directories with inotify", None),
     ]
