@@ -487,8 +487,10 @@ async def test_a_long_hang_is_one_series_and_two_log_lines(
         driver.inject(1, "recover")
         await asyncio.wait_for(monitor.close(), WAIT_S)
     assert len(series) == 1, sorted(series)
-    # (About GPU 1: an earlier test's daemon thread may still log while this one runs.)
-    lines = [e for e in logs if e["log_level"] != "debug" and e.get("gpu") == 1]
+    # The lines naming GPU 1 (a thread an earlier test left behind may log about its own GPU 1,
+    # by index, on the same simulated driver while this one runs).
+    uuid = gpu(store.snapshot, 1).uuid
+    lines = [e for e in logs if e["log_level"] != "debug" and e.get("uuid") == uuid]
     assert [(e["event"], e.get("health")) for e in lines] == [
         ("gpu health changed", "Unhealthy"),
         ("gpu health changed", "Healthy"),
@@ -512,14 +514,14 @@ async def test_health_log_lines_follow_the_set_of_conditions(
                 "ecc_dbe",
                 "recovery_action",
             ]
-            assert [e for e in logs if e.get("gpu") == 0] == []
+            assert [e for e in logs if e.get("uuid") == gpu(store.snapshot, 0).uuid] == []
             monitor.apply(1, XidError(13))  # the application's fault: health unchanged
             monitor.apply(1, XidError(79))
             monitor.apply(1, XidError(79))  # again: reordered nothing, changed nothing
     finally:
         await asyncio.wait_for(monitor.close(), WAIT_S)
-    # (About GPU 1: an earlier test's daemon thread may still log while this one runs.)
-    logs = [e for e in logs if e.get("gpu") == 1]
+    # The lines naming GPU 1 (a thread an earlier test left behind may still log by index).
+    logs = [e for e in logs if e.get("uuid") == gpu(store.snapshot, 1).uuid]
     assert [(e["event"], e["log_level"], e["xid"]) for e in logs] == [
         ("xid reported", "info", 13),
         ("gpu health changed", "warning", 79),
