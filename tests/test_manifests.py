@@ -894,6 +894,19 @@ def test_systemd_unit_verifies(tmp_path: Path) -> None:
     assert float(match.group(1)) <= 3.0, result.stdout
 
 
+def test_systemd_unit_leaves_gpu_processes_visible() -> None:
+    """Per-container accounting (on by default) reads ``/proc/<pid>/cgroup`` of other users'
+    processes: a hidepid mount (``ProtectProc=`` other than ``default``) would hide them from an
+    agent without CAP_SYS_PTRACE, and every process would go unattributed."""
+    (exec_start,) = _unit_values("ExecStart")
+    args = [
+        str(ROOT / "deploy" / "systemd" / "config.yaml") if a == "/etc/gpuagent/config.yaml" else a
+        for a in exec_start.split()[1:]
+    ]
+    assert load_settings(args, {}).container_accounting
+    assert _unit_values("ProtectProc") in ([], ["default"])
+
+
 def test_systemd_unit_command_line_is_valid_and_writes_only_where_needed() -> None:
     (exec_start,) = _unit_values("ExecStart")
     argv = exec_start.split()
