@@ -36,7 +36,6 @@ from gpuagent.domain.errors import SettingError
 from gpuagent.domain.plan import Plan
 from gpuagent.domain.readiness import readiness
 from gpuagent.domain.serving import ResourceView, cdi_gated
-from gpuagent.domain.store import DeviceStore
 from gpuagent.gpu.monitor import GpuMonitor
 from gpuagent.gpu.nvml import DriverUnavailable, Nvml
 from gpuagent.kubelet.endpoints import PluginEndpoints
@@ -50,6 +49,7 @@ from gpuagent.plan import (
     make_plan,
     restart_keys,
 )
+from gpuagent.state.store import DeviceStore
 from gpuagent.web.listener import Listener
 
 if TYPE_CHECKING:  # the rest is imported once the kubelet has its device plugin (_start_rest)

@@ -14,10 +14,8 @@ from typing import Any
 import structlog
 
 from gpuagent.domain.claims import ClaimUnavailable
-from gpuagent.domain.counters import DraCounters
 from gpuagent.domain.devices import Snapshot
 from gpuagent.domain.dra import DraDevice, unpublished_gpus
-from gpuagent.domain.store import DeviceStore
 from gpuagent.dra.claims import ClaimFiles
 from gpuagent.dra.endpoint import DraEndpoint, EndpointTiming
 from gpuagent.dra.service import (
@@ -34,6 +32,8 @@ from gpuagent.dra.service import (
 )
 from gpuagent.kube.client import ApiError, ApiUnreachable, KubeApi, KubeConfigError, load_config
 from gpuagent.kube.slices import Backoff, SlicePublisher
+from gpuagent.state.counters import DraCounters
+from gpuagent.state.store import DeviceStore
 
 __all__ = ["DraSide", "KubeConfigError"]
 

@@ -48,10 +48,10 @@ from gpuagent.domain.naming import mig_index
 from gpuagent.domain.plan import Plan
 from gpuagent.domain.resources import ResourceSettings
 from gpuagent.domain.serving import spec_devices
-from gpuagent.domain.store import DeviceStore
 from gpuagent.driverfiles import DriverRoot
 from gpuagent.hostfacts import DEFAULT_MACHINE_TYPE_FILE, read_host_facts
 from gpuagent.labels import DEFAULT_FEATURES_FILE, node_labels, sync_features
+from gpuagent.state.store import DeviceStore
 
 __all__ = [
     "CdiSpecKeeper",

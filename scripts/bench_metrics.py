@@ -72,7 +72,7 @@ def serve_synthetic(shape: str, port: int, poll: float, out: Path) -> None:
     """Serve /metrics for ``shape`` until SIGTERM; then write the handler durations to ``out``."""
     import uvloop  # noqa: PLC0415
 
-    from gpuagent.domain.store import DeviceStore  # noqa: PLC0415
+    from gpuagent.state.store import DeviceStore  # noqa: PLC0415
     from gpuagent.web.histogram import SCRAPE_BUCKETS, Histogram  # noqa: PLC0415
     from gpuagent.web.metrics import MetricsRenderer  # noqa: PLC0415
     from gpuagent.web.server import HttpServer, build_app  # noqa: PLC0415

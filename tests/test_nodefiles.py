@@ -31,7 +31,6 @@ from gpuagent.domain.devices import (
 )
 from gpuagent.domain.health import DISCOVERY
 from gpuagent.domain.serving import spec_devices
-from gpuagent.domain.store import DeviceStore
 from gpuagent.nodefiles import (
     CdiSpecKeeper,
     CdiTarget,
@@ -41,6 +40,7 @@ from gpuagent.nodefiles import (
     write_cdi,
 )
 from gpuagent.plan import driver_root_as_read, make_plan
+from gpuagent.state.store import DeviceStore
 
 NODE = node(gpu(0), gpu(1, migs=[mig(1, 7)]), driver=VERSION)
 

@@ -15,9 +15,9 @@ from structlog.testing import capture_logs
 
 from gpuagent._proto import v1beta1 as pb
 from gpuagent.domain.serving import ResourceView
-from gpuagent.domain.store import DeviceStore
 from gpuagent.kubelet.plugin import DevicePluginService
 from gpuagent.kubelet.registration import PluginEndpoint, Timing
+from gpuagent.state.store import DeviceStore
 
 
 async def test_close_does_not_wait_for_an_idle_client(short_tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ Everything a reload may change lives here, and every consumer derives from the s
 plan when it needs it — the resources offered to the kubelet and what a container receives
 (:class:`~gpuagent.domain.serving.ResourceView`), the node labels and the CDI spec, the resource
 names pods are attributed by, the health policy. A reload is one publication
-(:meth:`~gpuagent.domain.store.DeviceStore.publish`): no consumer can be left behind.
+(:meth:`~gpuagent.state.store.DeviceStore.publish`): no consumer can be left behind.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ before it registers.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from gpuagent.domain.containers import CDI_KIND, ContainerSettings
 from gpuagent.domain.devices import CdiSpec, Snapshot, Topology
@@ -24,10 +24,14 @@ from gpuagent.domain.naming import mig_index
 from gpuagent.domain.preferred import PairScores, SharedAllocationPolicy
 from gpuagent.domain.resources import NodeResources, ResourceSettings, build_resources
 
-if TYPE_CHECKING:
-    from gpuagent.domain.store import DeviceStore
-
-__all__ = ["ResourceView", "ServingPolicy", "awaits_cdi_spec", "cdi_gated", "spec_devices"]
+__all__ = [
+    "PlanSource",
+    "ResourceView",
+    "ServingPolicy",
+    "awaits_cdi_spec",
+    "cdi_gated",
+    "spec_devices",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,10 +45,22 @@ class ServingPolicy:
     dra_gpus: DraGpus = field(default_factory=DraGpus)
 
 
+class _Served(Protocol):
+    @property
+    def serving(self) -> ServingPolicy: ...
+
+
+class PlanSource(Protocol):
+    """Where the current plan is read: the store (:class:`~gpuagent.state.store.DeviceStore`)."""
+
+    @property
+    def plan(self) -> _Served: ...
+
+
 class ResourceView:
     """The node's resources for the latest snapshot under the store's plan, cached by version."""
 
-    def __init__(self, store: DeviceStore) -> None:
+    def __init__(self, store: PlanSource) -> None:
         self._store = store
         self._version = -1
         self._resources = NodeResources()

@@ -32,8 +32,8 @@ from gpuagent.domain.claims import (
 )
 from gpuagent.domain.devices import Snapshot
 from gpuagent.domain.dra import DraDevice
-from gpuagent.domain.store import DeviceStore
 from gpuagent.dra.claims import ClaimFiles, claim_spec, with_claim, without_claim
+from gpuagent.state.store import DeviceStore
 
 log = structlog.get_logger("gpuagent.dra")
 

@@ -57,11 +57,11 @@ from gpuagent.domain.health import (
     XidError,
     record_event,
 )
-from gpuagent.domain.store import DeviceStore
 from gpuagent.gpu.backend import Backend, DriverEvent, DriverUnavailable, EventWaitError, Probe
 from gpuagent.gpu.calls import CallStats, InFlight
 from gpuagent.gpu.topology import GpuLinks
 from gpuagent.gpu.workers import Worker
+from gpuagent.state.store import DeviceStore
 
 log = structlog.get_logger("gpuagent.monitor")
 T = TypeVar("T")

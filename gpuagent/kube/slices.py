@@ -19,8 +19,8 @@ import structlog
 
 from gpuagent.domain.devices import Snapshot
 from gpuagent.domain.dra import DraDevice, slice_manifests
-from gpuagent.domain.store import DeviceStore
 from gpuagent.kube.client import ApiError, ApiUnreachable, KubeApi
+from gpuagent.state.store import DeviceStore
 
 log = structlog.get_logger("gpuagent.dra.slices")
 

@@ -18,9 +18,9 @@ import structlog
 from gpuagent.domain.devices import Registration
 from gpuagent.domain.naming import socket_name
 from gpuagent.domain.serving import ResourceView, awaits_cdi_spec
-from gpuagent.domain.store import DeviceStore
 from gpuagent.kubelet.plugin import DevicePluginService
 from gpuagent.kubelet.registration import PluginEndpoint, Timing
+from gpuagent.state.store import DeviceStore
 
 __all__ = ["PluginEndpoints"]
 

@@ -23,7 +23,7 @@ from gpuagent.domain.devices import Snapshot
 from gpuagent.domain.preferred import preferred_allocation
 from gpuagent.domain.resources import Resource
 from gpuagent.domain.serving import ResourceView
-from gpuagent.domain.store import DeviceStore
+from gpuagent.state.store import DeviceStore
 
 log = structlog.get_logger("gpuagent.plugin")
 

@@ -33,7 +33,7 @@ from grpclib.encoding.proto import ProtoCodec
 
 from gpuagent._proto import v1 as pb
 from gpuagent.domain.devices import Allocated, Attribution, Snapshot
-from gpuagent.domain.store import DeviceStore
+from gpuagent.state.store import DeviceStore
 
 __all__ = ["MAX_RESPONSE_BYTES", "Clock", "LoopClock", "PodResourcesClient"]
 

@@ -25,9 +25,9 @@ from grpclib.exceptions import StreamTerminatedError
 from gpuagent._proto import v1beta1 as pb
 from gpuagent.dirwatch import DirectoryWatch, file_in_the_way
 from gpuagent.domain.devices import Registration
-from gpuagent.domain.store import DeviceStore
 from gpuagent.grpcserver import GrpcServer
 from gpuagent.kubelet.plugin import DevicePluginService, ResponseCodec
+from gpuagent.state.store import DeviceStore
 
 log = structlog.get_logger("gpuagent.registration")
 

@@ -16,13 +16,13 @@ from dataclasses import replace
 import structlog
 
 from gpuagent.domain.accounting import Ledger, account
-from gpuagent.domain.counters import CriStats, LogLinkStats
 from gpuagent.domain.devices import PodRef, Snapshot
-from gpuagent.domain.store import DeviceStore
 from gpuagent.domain.usage import Usage
 from gpuagent.runtime.cri import CriClient
 from gpuagent.runtime.loglinks import LogLinks
 from gpuagent.runtime.procfs import ProcReader
+from gpuagent.state.counters import CriStats, LogLinkStats
+from gpuagent.state.store import DeviceStore
 
 __all__ = ["Accountant"]
 

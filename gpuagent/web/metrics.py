@@ -22,16 +22,16 @@ from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 
 from gpuagent.domain.attribution import Target, attributions, by_device
-from gpuagent.domain.counters import (
+from gpuagent.domain.devices import Allocated, Gpu, MigDevice, PodRef, Snapshot
+from gpuagent.domain.plan import Plan
+from gpuagent.domain.usage import ContainerUsage
+from gpuagent.state.counters import (
     AgentCounters,
     DraCounters,
     NvmlCallStats,
     PodResourcesStats,
     ReloadStats,
 )
-from gpuagent.domain.devices import Allocated, Gpu, MigDevice, PodRef, Snapshot
-from gpuagent.domain.plan import Plan
-from gpuagent.domain.usage import ContainerUsage
 from gpuagent.web.dcgm import (
     DCGM_METRICS,
     INSTANCE_SCOPE,

@@ -22,7 +22,7 @@ import structlog
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from gpuagent.domain.store import DeviceStore
+from gpuagent.state.store import DeviceStore
 from gpuagent.web.connections import FirstBytes, ProbesOnly, evict_quietest
 from gpuagent.web.exposition import CONTENT_TYPE
 from gpuagent.web.listener import Listener

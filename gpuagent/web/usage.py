@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from gpuagent.domain.counters import CriStats, LogLinkStats
 from gpuagent.domain.devices import Gpu, Snapshot
 from gpuagent.domain.usage import ContainerUsage
+from gpuagent.state.counters import CriStats, LogLinkStats
 from gpuagent.web.exposition import Family, escape_label, format_value, header, label_pairs
 
 __all__ = ["SHARED_DCGM", "accounting_families", "render_usage"]

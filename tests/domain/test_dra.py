@@ -35,7 +35,7 @@ from gpuagent.domain.errors import SettingError
 from gpuagent.domain.plan import Plan
 from gpuagent.domain.resources import MigStrategy
 from gpuagent.domain.serving import ResourceView, ServingPolicy
-from gpuagent.domain.store import DeviceStore
+from gpuagent.state.store import DeviceStore
 
 DRIVER = "gpu.nvidia.com"
 

@@ -18,7 +18,7 @@ from gpuagent.domain.serving import (
     cdi_gated,
     spec_devices,
 )
-from gpuagent.domain.store import DeviceStore
+from gpuagent.state.store import DeviceStore
 
 CRI = ContainerSettings(strategies=(DeviceListStrategy.CDI_CRI,))
 ENVVAR = ContainerSettings()

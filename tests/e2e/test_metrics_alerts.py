@@ -17,9 +17,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from support.synthetic import synthetic_snapshot
 
 from gpuagent.domain import xids
-from gpuagent.domain.counters import AgentCounters, DraCounters, PodResourcesStats
 from gpuagent.domain.devices import Condition, GpuHealth
 from gpuagent.domain.usage import ContainerUsage, ProcessReading, Usage
+from gpuagent.state.counters import AgentCounters, DraCounters, PodResourcesStats
 from gpuagent.web.metrics import MetricsRenderer
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from gpuagent.domain.store import DeviceStore
 from gpuagent.gpu.monitor import GpuMonitor
 from gpuagent.gpu.nvml import Nvml
 from gpuagent.gpu.sim import SimDriver, installed, load_sim_config, node_from_mapping
 from gpuagent.gpu.sim.capture import load_capture
 from gpuagent.gpu.sim.spec import SimConfigError
 from gpuagent.gpu.sim.state import SUPPORTED_EVENTS
+from gpuagent.state.store import DeviceStore
 
 ROOT = Path(__file__).resolve().parents[2]
 CAPTURES = ROOT / "tests/data/captures"

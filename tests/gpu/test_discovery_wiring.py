@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from gpuagent.domain.devices import P2PLevel
-from gpuagent.domain.store import DeviceStore
 from gpuagent.gpu.monitor import GpuMonitor
 from gpuagent.gpu.nvml import Nvml
 from gpuagent.gpu.sim import SimDriver, installed, node_from_mapping
 from gpuagent.gpu.sim.spec import mig_minors_text
+from gpuagent.state.store import DeviceStore
 
 NODE = {
     "version": "v1",

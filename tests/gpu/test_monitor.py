@@ -29,11 +29,11 @@ from gpuagent.domain.health import (
     XidError,
 )
 from gpuagent.domain.plan import Plan
-from gpuagent.domain.store import DeviceStore
 from gpuagent.gpu.backend import Backend, DriverEvent, DriverUnavailable, Probe
 from gpuagent.gpu.monitor import GpuMonitor
 from gpuagent.gpu.nvml import Nvml
 from gpuagent.gpu.sim import SimDriver, installed, node_from_count
+from gpuagent.state.store import DeviceStore
 from gpuagent.web.metrics import MetricsRenderer
 
 GPUS = 4

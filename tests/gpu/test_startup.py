@@ -20,12 +20,12 @@ from support.clock import Sleeps
 from support.waiting import eventually
 
 from gpuagent.domain.devices import Gpu, Snapshot
-from gpuagent.domain.store import DeviceStore
 from gpuagent.gpu.calls import NO_GPU, NvmlCalls
 from gpuagent.gpu.monitor import GpuMonitor, startup_budget
 from gpuagent.gpu.nvml import Nvml
 from gpuagent.gpu.sim import SimDriver, installed, node_from_count
 from gpuagent.gpu.sim.spec import SimLatency, SimNode
+from gpuagent.state.store import DeviceStore
 
 WAIT_S = 30.0
 

@@ -17,8 +17,8 @@ from support.waiting import eventually
 
 from gpuagent.domain.attribution import Target, attributions, by_device
 from gpuagent.domain.devices import Attribution, PodRef, Snapshot
-from gpuagent.domain.store import DeviceStore
 from gpuagent.kubelet.podresources import PodResourcesClient
+from gpuagent.state.store import DeviceStore
 
 GPU = "nvidia.com/gpu"
 T = 10.0

@@ -19,10 +19,10 @@ from support.waiting import eventually
 from gpuagent.dirwatch import file_in_the_way
 from gpuagent.domain.devices import Registration
 from gpuagent.domain.serving import ResourceView
-from gpuagent.domain.store import DeviceStore
 from gpuagent.kubelet import registration
 from gpuagent.kubelet.plugin import DevicePluginService
 from gpuagent.kubelet.registration import MAX_REASON, PluginEndpoint, Timing
+from gpuagent.state.store import DeviceStore
 
 GPU = "nvidia.com/gpu"
 FAST = Timing(backoff_initial=0.001, backoff_max=0.001, register_retry_max=0.001)

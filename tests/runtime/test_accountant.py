@@ -15,12 +15,12 @@ from support.fake_cri import FakeCri, RuntimeContainer
 from support.synthetic import gpu_uuid, pods_by_device, synthetic_snapshot
 
 from gpuagent.domain.devices import PodRef, Snapshot
-from gpuagent.domain.store import DeviceStore
 from gpuagent.domain.usage import GpuProcess, ProcessReading, ProcessSample
 from gpuagent.runtime.accountant import Accountant
 from gpuagent.runtime.cri import CriClient
 from gpuagent.runtime.loglinks import LogLinks
 from gpuagent.runtime.procfs import ProcReader
+from gpuagent.state.store import DeviceStore
 
 GIB = 1024**3
 LAYOUT = Layout("containerd", "systemd", 2)

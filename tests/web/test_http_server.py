@@ -22,7 +22,7 @@ from support.tls import Pki, make_pki
 from support.waiting import eventually
 
 from gpuagent.domain.devices import Registration
-from gpuagent.domain.store import DeviceStore
+from gpuagent.state.store import DeviceStore
 from gpuagent.web.metrics import MetricsRenderer
 from gpuagent.web.server import HttpLimits, HttpServer, build_app
 from gpuagent.web.webconfig import WebConfigFile

@@ -10,8 +10,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from support.synthetic import synthetic_snapshot
 
 from gpuagent.domain import xids
-from gpuagent.domain.counters import AgentCounters
 from gpuagent.domain.devices import Snapshot
+from gpuagent.state.counters import AgentCounters
 from gpuagent.web.dcgm import xid_label, xid_message
 from gpuagent.web.metrics import MetricsRenderer
 

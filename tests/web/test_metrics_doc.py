@@ -10,7 +10,9 @@ from support.metricsdoc import DOC, label_drift, table_rows
 from support.synthetic import synthetic_snapshot
 
 from gpuagent.config import OPTIONS
-from gpuagent.domain.counters import (
+from gpuagent.domain.devices import Condition, GpuHealth
+from gpuagent.domain.usage import ContainerUsage, ProcessReading, Usage
+from gpuagent.state.counters import (
     AgentCounters,
     CriStats,
     DraCounters,
@@ -18,8 +20,6 @@ from gpuagent.domain.counters import (
     NvmlCallStats,
     PodResourcesStats,
 )
-from gpuagent.domain.devices import Condition, GpuHealth
-from gpuagent.domain.usage import ContainerUsage, ProcessReading, Usage
 from gpuagent.web.dcgm import DCGM_METRICS
 from gpuagent.web.metrics import MetricsRenderer
 from gpuagent.web.server import MAX_BODY, HttpLimits

@@ -15,7 +15,6 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.synthetic import full_telemetry, gpu_uuid, mig_uuid, pods_by_device, synthetic_snapshot
 
-from gpuagent.domain.counters import AgentCounters, NvmlCallStats, PodResourcesStats
 from gpuagent.domain.devices import (
     Attribution,
     Condition,
@@ -23,6 +22,7 @@ from gpuagent.domain.devices import (
     PodRef,
     Telemetry,
 )
+from gpuagent.state.counters import AgentCounters, NvmlCallStats, PodResourcesStats
 from gpuagent.web.dcgm import DCGM_METRICS, xid_message
 from gpuagent.web.exposition import escape_label, format_value
 from gpuagent.web.metrics import MetricsRenderer

@@ -11,9 +11,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.synthetic import full_telemetry, gpu_uuid, pods_by_device, synthetic_snapshot
 
-from gpuagent.domain.counters import AgentCounters, CriStats
 from gpuagent.domain.devices import PodRef, Snapshot
 from gpuagent.domain.usage import ContainerUsage, ProcessReading, Usage
+from gpuagent.state.counters import AgentCounters, CriStats
 from gpuagent.web.metrics import MetricsRenderer
 
 GIB = 2**30

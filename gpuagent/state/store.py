@@ -12,9 +12,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from types import MappingProxyType
 
-from gpuagent.domain.counters import Counters
 from gpuagent.domain.devices import Registration, Snapshot
 from gpuagent.domain.plan import Plan
+from gpuagent.state.counters import Counters
 
 __all__ = ["DeviceStore"]
 

@@ -9,7 +9,7 @@ from gpuagent.domain.devices import Registration, Snapshot
 from gpuagent.domain.plan import Plan
 from gpuagent.domain.preferred import SharedAllocationPolicy
 from gpuagent.domain.serving import ServingPolicy
-from gpuagent.domain.store import DeviceStore
+from gpuagent.state.store import DeviceStore
 
 GPU = "nvidia.com/gpu"
 
