@@ -40,9 +40,9 @@ from gpuagent.domain.allocation import (
     UnhealthyDevicesError,
     UnknownDevicesError,
 )
-from gpuagent.domain.devices import IdStrategy
+from gpuagent.domain.devices import Device, IdStrategy
 from gpuagent.domain.errors import SettingError
-from gpuagent.domain.resources import Device, Resource
+from gpuagent.domain.resources import Resource
 
 __all__ = [
     "CDI_ANNOTATION_PREFIX",

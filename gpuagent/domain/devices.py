@@ -1,4 +1,5 @@
-"""The device model: what the agent knows about each GPU, as immutable values."""
+"""The device model: what the agent knows about each GPU, as immutable values, and each device
+as a resource advertises it to the kubelet (:class:`Device`)."""
 
 from __future__ import annotations
 
@@ -337,3 +338,49 @@ class Snapshot:
 
     def by_device_id(self, strategy: IdStrategy) -> dict[str, Gpu]:
         return {gpu.device_id(strategy): gpu for gpu in self.gpus}
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """One device of a resource, as advertised.
+
+    ``id`` is what the kubelet sees (``replica`` annotated); :meth:`name` is what the container
+    is told, per ``--device-id-strategy``. ``gpu`` and ``minor`` are the physical GPU's index and
+    minor number; a MIG device also has its profile and its ``/dev/nvidia-caps`` nodes.
+    """
+
+    id: str
+    uuid: str
+    index: str
+    gpu: int
+    gpu_uuid: str
+    minor: int
+    healthy: bool = True
+    reason: str = ""
+    numa_node: int | None = None
+    replica: int | None = None
+    replicas: int = 1
+    mig_profile: str = ""
+    caps: tuple[str, ...] = ()
+    memory_mib: int = 0
+
+    @property
+    def health(self) -> str:
+        return HEALTHY if self.healthy else UNHEALTHY
+
+    @property
+    def is_mig(self) -> bool:
+        return bool(self.mig_profile)
+
+    @property
+    def is_replica(self) -> bool:
+        return self.replica is not None
+
+    def name(self, strategy: IdStrategy) -> str:
+        """The device's name for the container: its UUID, or ``"i"`` / ``"i:j"``."""
+        return self.uuid if strategy is IdStrategy.UUID else self.index
+
+    @property
+    def device_nodes(self) -> tuple[str, ...]:
+        """The character devices this device needs in a container (besides the control nodes)."""
+        return (f"/dev/nvidia{self.minor}", *self.caps)

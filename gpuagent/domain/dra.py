@@ -3,7 +3,7 @@
 A GPU is served by exactly one API: the device plugin (``nvidia.com/gpu``) or DRA
 (``resource.k8s.io/v1``), chosen by ``--dra-gpus`` (:class:`DraGpus`). The DRA side publishes one
 device per GPU, or per MIG device of a GPU in MIG mode under a MIG strategy, in ResourceSlices
-whose pool is the node (:func:`slice_manifests`).
+whose pool is the node (:func:`gpuagent.domain.slices.slice_manifests`).
 
 Names and attributes are those of NVIDIA's DRA driver (driver ``gpu.nvidia.com``; attributes
 ``type``, ``uuid``, ``productName``, ``architecture``, ``cudaComputeCapability``,
@@ -15,12 +15,10 @@ marks bad is tainted: ``NoSchedule``, or ``NoExecute`` where the GPU needs a res
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
 
 from gpuagent.domain.devices import Condition, Gpu, GpuHealth, MigDevice, Snapshot
 from gpuagent.domain.errors import SettingError
@@ -28,9 +26,7 @@ from gpuagent.domain.health import LOST, RECOVERY, ROW_REMAP_PENDING
 from gpuagent.domain.resources import MigStrategy
 
 __all__ = [
-    "API_VERSION",
     "DEFAULT_DRIVER",
-    "MAX_DEVICES_PER_SLICE",
     "DraDevice",
     "DraGpus",
     "DraPlan",
@@ -38,17 +34,12 @@ __all__ = [
     "Taint",
     "dra_devices",
     "semver",
-    "slice_manifests",
-    "slice_name",
     "unpublished_gpus",
 ]
 
-API_VERSION = "resource.k8s.io/v1"
 DEFAULT_DRIVER = "gpu.nvidia.com"
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 NUMA_NODE = "resource.kubernetes.io/numaNode"
-# The API's limit for a slice whose devices carry taints (128 without).
-MAX_DEVICES_PER_SLICE = 64
 MAX_TAINTS = 4
 MAX_STRING = 64  # an attribute's string or version value
 
@@ -371,91 +362,6 @@ class DraPlan:
 
     def devices(self, snapshot: Snapshot) -> tuple[DraDevice, ...]:
         return dra_devices(snapshot, self.gpus, driver=self.driver, mig_strategy=self.mig_strategy)
-
-
-def slice_name(node: str, driver: str, index: int) -> str:
-    """The name of the node's ``index``-th slice: ``<node>-<driver>-<index>`` (a DNS subdomain),
-    shortened with a hash when the node's name is long."""
-    name = f"{node}-{driver}-{index}"
-    if len(name) <= 253:
-        return name
-    digest = hashlib.sha256(f"{node}/{driver}".encode()).hexdigest()[:12]
-    return f"{node[:200].rstrip('.-')}-{digest}-{index}"
-
-
-def slice_manifests(
-    devices: Sequence[DraDevice],
-    *,
-    node: str,
-    node_uid: str,
-    driver: str,
-    generation: int,
-) -> list[dict[str, Any]]:
-    """The node's ResourceSlices (``resource.k8s.io/v1``) for ``devices`` at ``generation``.
-
-    Pool = node; owner = the Node (so the slices go when the Node does); at most
-    :data:`MAX_DEVICES_PER_SLICE` devices each. A node without devices publishes one empty
-    slice, so the scheduler knows the pool exists and is empty.
-    """
-    chunks = [
-        list(devices[i : i + MAX_DEVICES_PER_SLICE])
-        for i in range(0, len(devices), MAX_DEVICES_PER_SLICE)
-    ] or [[]]
-    owner = {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid, "controller": True}
-    return [
-        {
-            "apiVersion": API_VERSION,
-            "kind": "ResourceSlice",
-            "metadata": {
-                "name": slice_name(node, driver, index),
-                "labels": {"app.kubernetes.io/managed-by": "gpuagent"},
-                "ownerReferences": [owner],
-            },
-            "spec": {
-                "driver": driver,
-                "nodeName": node,
-                "pool": {
-                    "name": node,
-                    "generation": generation,
-                    "resourceSliceCount": len(chunks),
-                },
-                "devices": [_device_manifest(d) for d in chunk],
-            },
-        }
-        for index, chunk in enumerate(chunks)
-    ]
-
-
-def _device_manifest(device: DraDevice) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "name": device.name,
-        "attributes": {name: _attribute(value) for name, value in device.attributes.items()},
-        "capacity": {"memory": {"value": _quantity(device.memory_bytes)}},
-    }
-    if device.taints:
-        out["taints"] = [
-            {"key": t.key, "effect": t.effect.value, **({"value": t.value} if t.value else {})}
-            for t in device.taints
-        ]
-    return out
-
-
-def _attribute(value: str | int | bool | Version) -> dict[str, Any]:
-    if isinstance(value, Version):
-        return {"version": value.text}
-    if isinstance(value, bool):
-        return {"bool": value}
-    if isinstance(value, int):
-        return {"int": value}
-    return {"string": value}
-
-
-def _quantity(size: int) -> str:
-    """Bytes as a Kubernetes quantity in binary units (``81559Mi``)."""
-    for suffix, unit in (("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)):
-        if size and size % unit == 0:
-            return f"{size // unit}{suffix}"
-    return str(size)
 
 
 def unpublished_gpus(

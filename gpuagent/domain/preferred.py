@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
 
-from gpuagent.domain.devices import P2PLevel, Snapshot
-from gpuagent.domain.resources import Device, Resource
+from gpuagent.domain.devices import Device, P2PLevel, Snapshot
+from gpuagent.domain.resources import Resource
 
 __all__ = [
     "LINK_SCORES",

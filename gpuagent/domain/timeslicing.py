@@ -10,13 +10,10 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
+from gpuagent.domain.devices import Device
 from gpuagent.domain.errors import ResourceError, SettingError
 from gpuagent.domain.naming import SHARED_SUFFIX, annotated_id, resource_name
-
-if TYPE_CHECKING:
-    from gpuagent.domain.resources import Device
 
 __all__ = ["MAX_REPLICAS", "MIN_REPLICAS", "ReplicaRule", "TimeSlicing"]
 

@@ -18,7 +18,8 @@ from typing import Any
 import structlog
 
 from gpuagent.domain.devices import Snapshot
-from gpuagent.domain.dra import DraDevice, slice_manifests
+from gpuagent.domain.dra import DraDevice
+from gpuagent.domain.slices import slice_manifests
 from gpuagent.kube.client import ApiError, ApiUnreachable, KubeApi
 from gpuagent.state.store import DeviceStore
 

@@ -21,13 +21,11 @@ from gpuagent.domain.claims import (
 )
 from gpuagent.domain.devices import Condition, DriverState, GpuHealth, Snapshot
 from gpuagent.domain.dra import (
-    MAX_DEVICES_PER_SLICE,
     DraGpus,
     Effect,
     dra_devices,
     pci_bus_id,
     semver,
-    slice_manifests,
     taints,
     unpublished_gpus,
 )
@@ -35,6 +33,7 @@ from gpuagent.domain.errors import SettingError
 from gpuagent.domain.plan import Plan
 from gpuagent.domain.resources import MigStrategy
 from gpuagent.domain.serving import ResourceView, ServingPolicy
+from gpuagent.domain.slices import MAX_DEVICES_PER_SLICE, slice_manifests
 from gpuagent.state.store import DeviceStore
 
 DRIVER = "gpu.nvidia.com"
