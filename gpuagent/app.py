@@ -56,7 +56,8 @@ if TYPE_CHECKING:  # the rest is imported once the kubelet has its device plugin
     from gpuagent.draplugin import DraSide
     from gpuagent.gpu import sim
     from gpuagent.kubelet.podresources import PodResourcesClient
-    from gpuagent.nodefiles import CdiSpecKeeper, CdiTarget, NodeFiles
+    from gpuagent.nodefiles.cdikeeper import CdiSpecKeeper, CdiTarget
+    from gpuagent.nodefiles.labelkeeper import NodeFiles
     from gpuagent.runtime.accountant import Accountant
     from gpuagent.web.metrics import MetricsRenderer
     from gpuagent.web.server import HttpServer
@@ -86,7 +87,8 @@ _DEFERRED = (
     "gpuagent.runtime.cri",
     "gpuagent.runtime.loglinks",
     "gpuagent.runtime.procfs",
-    "gpuagent.nodefiles",
+    "gpuagent.nodefiles.cdikeeper",
+    "gpuagent.nodefiles.labelkeeper",
 )
 
 
@@ -196,7 +198,7 @@ class Agent:
     def _dra_side(self, options: Mapping[str, Any]) -> DraSide:
         """The DRA side (imported only when DRA is on: its API client costs memory)."""
         from gpuagent.draplugin import DraSide, KubeConfigError  # noqa: PLC0415
-        from gpuagent.nodefiles import NodeSpecs  # noqa: PLC0415
+        from gpuagent.nodefiles.cdikeeper import NodeSpecs  # noqa: PLC0415
 
         specs = NodeSpecs(_cdi_target(self.settings))
         store = self.store
@@ -309,8 +311,8 @@ class Agent:
 
     async def _keep_cdi_spec(self) -> None:
         """Keep the node's CDI spec (its module imported off the loop, beside NVML's start)."""
-        await asyncio.to_thread(_import, ("gpuagent.nodefiles",))
-        from gpuagent.nodefiles import CdiSpecKeeper  # noqa: PLC0415
+        await asyncio.to_thread(_import, ("gpuagent.nodefiles.cdikeeper",))
+        from gpuagent.nodefiles.cdikeeper import CdiSpecKeeper  # noqa: PLC0415
 
         self.cdi = CdiSpecKeeper(self.store, _cdi_target(self.settings))
         await self.cdi.run()
@@ -575,7 +577,7 @@ def _absent_dra_gpus(gpus: DraGpus, snapshot: Snapshot, count: int) -> str | Non
 
 def _cdi_target(settings: Settings) -> CdiTarget:
     """Where the CDI spec goes and how the driver's files are found (node spec and DRA claims)."""
-    from gpuagent.nodefiles import CdiTarget  # noqa: PLC0415
+    from gpuagent.nodefiles.cdikeeper import CdiTarget  # noqa: PLC0415
 
     return CdiTarget(
         spec_dir=settings.cdi_spec_dir,
@@ -591,8 +593,8 @@ def _node_files(
 ) -> NodeFiles:
     """The node's files this agent may write besides the CDI spec: simulated GPUs must not reach
     the host's real node-feature-discovery directory by default."""
-    from gpuagent.labels import DEFAULT_FEATURES_FILE  # noqa: PLC0415
-    from gpuagent.nodefiles import LabelTarget, NodeFiles  # noqa: PLC0415
+    from gpuagent.nodefiles.labelkeeper import LabelTarget, NodeFiles  # noqa: PLC0415
+    from gpuagent.nodefiles.labels import DEFAULT_FEATURES_FILE  # noqa: PLC0415
 
     labels: LabelTarget | None = LabelTarget(
         path=settings.node_labels_file,

@@ -688,9 +688,9 @@ def test_mounts_match_the_paths_the_agent_uses(name: str, tmp_path: Path) -> Non
 @pytest.mark.parametrize(
     ("module_name", "constant", "host_dir"),
     [
-        ("gpuagent.cdi", "DEFAULT_CDI_DIR", "/var/run/cdi"),
+        ("gpuagent.nodefiles.cdi", "DEFAULT_CDI_DIR", "/var/run/cdi"),
         (
-            "gpuagent.labels",
+            "gpuagent.nodefiles.labels",
             "DEFAULT_FEATURES_FILE",
             "/etc/kubernetes/node-feature-discovery/features.d",
         ),

@@ -114,7 +114,7 @@ def awaits_cdi_spec(snapshot: Snapshot, containers: ContainerSettings) -> bool:
 
 def spec_devices(snapshot: Snapshot) -> frozenset[tuple[str, str]]:
     """The ``(UUID, index name)`` of every GPU and MIG device of ``snapshot``: what its CDI spec
-    defines (:func:`gpuagent.cdi.build_spec`)."""
+    defines (:func:`gpuagent.nodefiles.cdi.build_spec`)."""
     pairs = set()
     for gpu in snapshot.gpus:
         pairs.add((gpu.uuid, str(gpu.index)))

@@ -6,9 +6,9 @@ either remembers the claim (and answers a repeated prepare from the checkpoint) 
 it on disk that an unprepare would not remove: the spec's path is derived from the claim's UID
 alone, and an unprepare of an unknown UID still removes it.
 
-The spec reuses the node's CDI spec (:func:`gpuagent.nodefiles.node_spec`) — its device edits and
-common edits: device nodes, control nodes, the driver's libraries, binaries, sockets, firmware and
-hooks — for the claim's devices only, renamed ``<claim UID>-<device>`` under kind
+The spec reuses the node's CDI spec (:func:`gpuagent.nodefiles.cdikeeper.node_spec`) — its device
+edits and common edits: device nodes, control nodes, the driver's libraries, binaries, sockets,
+firmware and hooks — for the claim's devices only, renamed ``<claim UID>-<device>`` under kind
 ``k8s.<driver>/claim``.
 """
 
@@ -19,8 +19,6 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from gpuagent.atomicfile import remove_if_present, write_if_changed
-from gpuagent.cdi import render_spec
 from gpuagent.domain.claims import (
     PreparedClaim,
     cdi_kind,
@@ -28,6 +26,8 @@ from gpuagent.domain.claims import (
     checkpoint_json,
     claims_from_checkpoint,
 )
+from gpuagent.nodefiles.atomicfile import remove_if_present, write_if_changed
+from gpuagent.nodefiles.cdi import render_spec
 
 __all__ = ["CHECKPOINT_FILE", "ClaimFiles", "claim_spec", "with_claim", "without_claim"]
 

@@ -36,8 +36,8 @@ from support.required import unavailable
 from support.waiting import eventually
 
 from e2e.agentrun import running_agent
-from gpuagent.driverfiles import sysfs_address
 from gpuagent.gpu.sim.spec import DRIVER_VERSION, node_from_count
+from gpuagent.nodefiles.driverfiles import sysfs_address
 
 T = 10.0
 CDI_DIR = Path("/var/run/cdi")

@@ -21,9 +21,9 @@ from support.fake_kubelet import FakeKubelet
 from support.grpcstubs import StubModules
 
 from e2e.agentrun import running_agent
-from gpuagent.cdi import SPEC_FILE_NAME
 from gpuagent.domain.containers import CDI_KIND
 from gpuagent.gpu.sim import SimDriver, node_from_count
+from gpuagent.nodefiles.cdi import SPEC_FILE_NAME
 
 T = 10.0
 

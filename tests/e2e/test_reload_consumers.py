@@ -22,7 +22,7 @@ from support.waiting import eventually
 
 from e2e.agentrun import running_agent
 from e2e.test_metrics_pods import pods_on, value
-from gpuagent.cdi import SPEC_FILE_NAME
+from gpuagent.nodefiles.cdi import SPEC_FILE_NAME
 
 T = 10.0
 SHARED_4 = """\

@@ -33,7 +33,7 @@ from gpuagent.gpu.nvml import (
 )
 from gpuagent.gpu.sim import SimDriver, install, node_from_count, node_from_mapping, uninstall
 from gpuagent.gpu.sim import telemetry as sim_telemetry
-from gpuagent.labels import node_labels
+from gpuagent.nodefiles.labels import node_labels
 
 MIB = 1024 * 1024
 GPUS = 4

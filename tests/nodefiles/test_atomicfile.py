@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuagent.atomicfile import remove_if_present, write_if_changed
+from gpuagent.nodefiles.atomicfile import remove_if_present, write_if_changed
 
 
 def test_writes_creates_directories_and_sets_mode(tmp_path: Path) -> None:

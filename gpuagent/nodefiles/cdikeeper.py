@@ -1,16 +1,12 @@
-"""The files the agent keeps current on the node for other programs.
+"""The node's CDI spec (:mod:`gpuagent.nodefiles.cdi`), kept current for the container runtime,
+which reads it for the ``cdi-annotations`` and ``cdi-cri`` strategies: built from the snapshot
+and the driver's files under the driver root (:mod:`gpuagent.nodefiles.driverfiles`), or — in
+``toolkit`` mode — none at all, the NVIDIA container toolkit's own spec being checked for the
+devices the agent hands out.
 
-* The CDI spec (:mod:`gpuagent.cdi`) the container runtime reads for the ``cdi-annotations`` and
-  ``cdi-cri`` strategies: built from the snapshot and the driver's files under the driver root
-  (:mod:`gpuagent.driverfiles`), or — in ``toolkit`` mode — none at all, the NVIDIA container
-  toolkit's own spec being checked for the devices the agent hands out.
-* The node-feature-discovery feature file with GPU feature discovery's labels
-  (:mod:`gpuagent.labels`), from the snapshot and what the host says about itself
-  (:mod:`gpuagent.hostfacts`).
-
-Each writer is blocking (run in a thread), replaces its file atomically and only when the content
+The writer is blocking (run in a thread), replaces the file atomically and only when the content
 changes, and returns whether it did; it raises :class:`OSError` when the file cannot be written.
-Health and readings enter neither file.
+Health and readings do not enter it.
 
 :class:`CdiSpecKeeper` keeps the spec current from the store's devices while the plan uses CDI,
 and records in the store which devices the spec on disk defines (:class:`~gpuagent.domain.devices.
@@ -18,23 +14,22 @@ CdiSpec`): the device plugin advertises a device only once its spec entry is on 
 registers only once the first spec is (:mod:`gpuagent.domain.serving`). A reload that turns a CDI
 strategy on writes the spec before the plan is published (:meth:`CdiSpecKeeper.sync`). A write
 that fails is retried at the next change of the snapshot, and logged when its error changes.
-
-:class:`NodeFiles` keeps the feature file current from the snapshot's devices and the plan: a
-reload that turns on time-slicing relabels the node. A write that fails is logged and retried at
-the next change.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from types import MappingProxyType
 
 import structlog
 
-from gpuagent.cdi import (
+from gpuagent.domain.containers import ContainerSettings
+from gpuagent.domain.devices import CdiSpec, Snapshot
+from gpuagent.domain.naming import mig_index
+from gpuagent.domain.serving import spec_devices
+from gpuagent.nodefiles.cdi import (
     TOOLKIT_SPEC_DIRS,
     Spec,
     build_spec,
@@ -42,27 +37,17 @@ from gpuagent.cdi import (
     sync_spec,
     toolkit_devices,
 )
-from gpuagent.domain.containers import ContainerSettings
-from gpuagent.domain.devices import CdiSpec, Gpu, GpuHealth, Snapshot, Telemetry
-from gpuagent.domain.naming import mig_index
-from gpuagent.domain.plan import Plan
-from gpuagent.domain.resources import ResourceSettings
-from gpuagent.domain.serving import spec_devices
-from gpuagent.driverfiles import DriverRoot
-from gpuagent.hostfacts import DEFAULT_MACHINE_TYPE_FILE, read_host_facts
-from gpuagent.labels import DEFAULT_FEATURES_FILE, node_labels, sync_features
+from gpuagent.nodefiles.described import described_devices
+from gpuagent.nodefiles.driverfiles import DriverRoot
 from gpuagent.state.store import DeviceStore
 
 __all__ = [
     "CdiSpecKeeper",
     "CdiTarget",
-    "LabelTarget",
-    "NodeFiles",
     "NodeSpecs",
     "expected_toolkit_names",
     "node_spec",
     "write_cdi",
-    "write_labels",
 ]
 
 log = structlog.get_logger("gpuagent.nodefiles")
@@ -90,15 +75,6 @@ class CdiTarget:
     hook_path: str = "/usr/bin/nvidia-ctk"
     toolkit_dirs: Sequence[Path] = TOOLKIT_SPEC_DIRS
     kernel_release: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class LabelTarget:
-    """Where the feature file goes, and where the host's facts are read."""
-
-    path: Path = DEFAULT_FEATURES_FILE
-    machine_type_file: Path = DEFAULT_MACHINE_TYPE_FILE
-    sysfs_root: Path = Path("/sys")
 
 
 class CdiSpecKeeper:
@@ -137,7 +113,7 @@ class CdiSpecKeeper:
     async def sync(self, snapshot: Snapshot, containers: ContainerSettings) -> None:
         """Bring the spec on disk in line with ``snapshot`` now (nothing when it is already);
         the store then says which devices it defines."""
-        key = (_devices(snapshot), containers.dev_root, containers.control_nodes)
+        key = (described_devices(snapshot), containers.dev_root, containers.control_nodes)
         loop = asyncio.get_running_loop()
         async with self._lock:
             if key == self._written or (key == self._failed and loop.time() < self._retry_at):
@@ -163,92 +139,6 @@ class CdiSpecKeeper:
     def _record(self, change: Callable[[CdiSpec], CdiSpec]) -> None:
         if self._target.mode == WRITE:
             self._store.update(lambda s: replace(s, cdi=change(s.cdi or CdiSpec())))
-
-
-class NodeFiles:
-    """Keeps the feature file (``labels``) current from the store; ``None``: it is never written
-    (node labels turned off, or a simulated node that must not reach the host's real
-    directories)."""
-
-    def __init__(self, store: DeviceStore, *, labels: LabelTarget | None) -> None:
-        self._store = store
-        self._labels = labels
-
-    @property
-    def wanted(self) -> bool:
-        """Whether there is any file this agent may write."""
-        return self._labels is not None
-
-    async def run(self) -> None:
-        """Rewrite the files after each change of devices or plan, until cancelled."""
-        written: object = None
-        version = -1
-        while True:
-            snapshot = await self._store.wait_newer(version)
-            version = snapshot.version
-            plan = self._store.plan
-            key = (_devices(snapshot), plan.generation)
-            if not snapshot.discovered or key == written:
-                continue
-            written = key
-            await self.write(snapshot, plan)
-
-    async def write(self, snapshot: Snapshot, plan: Plan) -> None:
-        """Write the files for ``snapshot`` under ``plan`` (those this agent may write)."""
-        if self._labels is not None:
-            resources = plan.serving.resources
-            await _write(
-                "node labels", self._labels.path, write_labels, snapshot, resources, self._labels
-            )
-
-
-def _devices(snapshot: Snapshot) -> object:
-    """What the files depend on: the driver and each device as described (so a GPU described
-    after an undescribed start counts), not health, readings or history (a MIG device's
-    telemetry changes every poll)."""
-    return (
-        snapshot.driver.version,
-        snapshot.driver.cuda_version,
-        tuple(_described(g) for g in snapshot.gpus),
-    )
-
-
-def _described(gpu: Gpu) -> Gpu:
-    migs = tuple(replace(m, telemetry=Telemetry(), health=GpuHealth()) for m in gpu.mig_devices)
-    return replace(
-        gpu,
-        health=GpuHealth(),
-        telemetry=Telemetry(),
-        xid_counts=_NO_XIDS,
-        last_xid=None,
-        processes=None,
-        mig_devices=migs,
-    )
-
-
-_NO_XIDS: Mapping[int, int] = MappingProxyType({})
-
-
-async def _write(what: str, path: Path, writer: Callable[..., bool], *args: object) -> None:
-    try:
-        changed = await asyncio.to_thread(writer, *args)
-    except OSError as exc:
-        log.warning("cannot write file", what=what, path=str(path), error=str(exc))
-    else:
-        if changed:
-            log.info("file updated", what=what, path=str(path))
-
-
-def write_labels(snapshot: Snapshot, resources: ResourceSettings, target: LabelTarget) -> bool:
-    """Bring the feature file in line with ``snapshot``; True if the file changed."""
-    host = read_host_facts(
-        [g.pci_bus_id for g in snapshot.gpus],
-        machine_type_file=target.machine_type_file,
-        sysfs_root=target.sysfs_root,
-    )
-    if snapshot.gpus and host.vgpus is None:
-        log.info("vgpu labels left out: the PCI configuration space is not fully readable")
-    return sync_features(node_labels(snapshot, resources, host=host), target.path)
 
 
 def write_cdi(snapshot: Snapshot, containers: ContainerSettings, target: CdiTarget) -> bool:
@@ -293,7 +183,7 @@ class NodeSpecs:
         self._spec: Spec | None = None
 
     def get(self, snapshot: Snapshot, containers: ContainerSettings) -> Spec | None:
-        key = (_devices(snapshot), containers.dev_root, containers.control_nodes)
+        key = (described_devices(snapshot), containers.dev_root, containers.control_nodes)
         if key != self._key:
             self._spec = node_spec(snapshot, containers, self._target)
             self._key = key

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuagent.hostfacts import Vgpu, read_host_facts, vgpu_from_config
+from gpuagent.nodefiles.hostfacts import Vgpu, read_host_facts, vgpu_from_config
 
 BUS = "00000000:05:00.0"
 

@@ -11,8 +11,8 @@ from support.nodes import gpu, mig, node
 from gpuagent.domain.devices import Snapshot
 from gpuagent.domain.resources import MigStrategy, ResourceSettings
 from gpuagent.domain.timeslicing import ReplicaRule, TimeSlicing
-from gpuagent.hostfacts import HostFacts, Vgpu
-from gpuagent.labels import arch_family, node_labels, render_features, sync_features
+from gpuagent.nodefiles.hostfacts import HostFacts, Vgpu
+from gpuagent.nodefiles.labels import arch_family, node_labels, render_features, sync_features
 
 H100_NODE = node(gpu(0, numa=0), gpu(1, numa=1), driver="550.54.15")
 COMMON = {

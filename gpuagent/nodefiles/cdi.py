@@ -3,9 +3,9 @@
 With the ``cdi-annotations`` or ``cdi-cri`` strategies, ``Allocate`` answers with CDI names
 (:func:`gpuagent.domain.containers.cdi_name`) and the runtime looks them up in the specs under
 ``/var/run/cdi``. This module builds that spec from a snapshot and the driver's files
-(:mod:`gpuagent.driverfiles`) — one device per GPU and per MIG device, under each naming (UUID
-and index, so whichever ``--device-id-strategy`` is set, the names ``Allocate`` returns resolve),
-and ``all`` — and writes it atomically when it changes.
+(:mod:`gpuagent.nodefiles.driverfiles`) — one device per GPU and per MIG device, under each
+naming (UUID and index, so whichever ``--device-id-strategy`` is set, the names ``Allocate``
+returns resolve), and ``all`` — and writes it atomically when it changes.
 
 What a container gets, as with the spec NVIDIA's device plugin writes through the container
 toolkit's library:
@@ -38,7 +38,6 @@ from typing import Any
 
 import yaml
 
-from gpuagent.atomicfile import remove_if_present, write_if_changed
 from gpuagent.domain.containers import (
     CDI_CLASS,
     CDI_KIND,
@@ -48,7 +47,8 @@ from gpuagent.domain.containers import (
 )
 from gpuagent.domain.devices import Gpu, IdStrategy, Snapshot
 from gpuagent.domain.naming import mig_index
-from gpuagent.driverfiles import DriverFiles, DrmNodes, Symlink
+from gpuagent.nodefiles.atomicfile import remove_if_present, write_if_changed
+from gpuagent.nodefiles.driverfiles import DriverFiles, DrmNodes, Symlink
 
 __all__ = [
     "DEFAULT_CDI_DIR",

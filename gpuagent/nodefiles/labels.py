@@ -6,7 +6,8 @@ lines into NFD's ``features.d`` directory, which NFD's ``local`` source turns in
 
 Inputs: the driver's versions (``cuda.driver*``, ``cuda.runtime*``), each GPU's name, memory,
 compute capability, MIG support and MIG devices with their attributes, all read by the NVML
-backend; the machine type, PCI classes and vGPUs the host reports (:mod:`gpuagent.hostfacts`).
+backend; the machine type, PCI classes and vGPUs the host reports
+(:mod:`gpuagent.nodefiles.hostfacts`).
 
 Differences from GFD, each deliberate: no ``gfd.timestamp`` (it would rewrite the file on every
 pass, and NFD relabels on every change); values are sanitised and cut to 63 characters, so that
@@ -26,11 +27,11 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from gpuagent.atomicfile import remove_if_present, write_if_changed
 from gpuagent.domain.devices import Gpu, MigDevice, Snapshot
 from gpuagent.domain.naming import mig_resource_name
 from gpuagent.domain.resources import MigStrategy, ResourceSettings
-from gpuagent.hostfacts import HostFacts
+from gpuagent.nodefiles.atomicfile import remove_if_present, write_if_changed
+from gpuagent.nodefiles.hostfacts import HostFacts
 
 __all__ = [
     "DEFAULT_FEATURES_FILE",

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from support.driverroot import LIBDIR, VERSION, can_mknod, make_driver_root
 
-from gpuagent.driverfiles import DriverRoot, DrmNodes, Symlink, sysfs_address
+from gpuagent.nodefiles.driverfiles import DriverRoot, DrmNodes, Symlink, sysfs_address
 
 BUS = "00000000:18:00.0"
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
-from gpuagent.driverfiles import sysfs_address
+from gpuagent.nodefiles.driverfiles import sysfs_address
 
 __all__ = [
     "DEFAULT_MACHINE_TYPE_FILE",

@@ -20,12 +20,12 @@ from typing import Any
 import pytest
 
 from gpuagent.domain.resources import MigStrategy, ResourceSettings
-from gpuagent.driverfiles import sysfs_address
 from gpuagent.gpu.monitor import GpuMonitor
 from gpuagent.gpu.nvml import Nvml
 from gpuagent.gpu.sim import SimDriver, installed, node_from_mapping
 from gpuagent.gpu.sim.spec import mig_minors_text
-from gpuagent.nodefiles import LabelTarget, write_labels
+from gpuagent.nodefiles.driverfiles import sysfs_address
+from gpuagent.nodefiles.labelkeeper import LabelTarget, write_labels
 from gpuagent.state.store import DeviceStore
 
 # What every node here has: driver 580.95.05 with CUDA 13.0, MIG-capable GPUs, no MPS.

@@ -13,15 +13,6 @@ from referencing.jsonschema import DRAFT7
 from support.driverroot import LIBDIR, VERSION, can_mknod, make_driver_root
 from support.nodes import gpu, gpu_uuid, mig, mig_uuid, node
 
-from gpuagent.cdi import (
-    SPEC_FILE_NAME,
-    TOOLKIT_KIND,
-    build_spec,
-    minimum_version,
-    render_spec,
-    sync_spec,
-    toolkit_devices,
-)
 from gpuagent.domain.containers import (
     CDI_KIND,
     CONTROL_NODES,
@@ -32,9 +23,18 @@ from gpuagent.domain.containers import (
 from gpuagent.domain.devices import IdStrategy, Snapshot
 from gpuagent.domain.resources import MigStrategy, ResourceSettings, build_resources
 from gpuagent.domain.timeslicing import ReplicaRule, TimeSlicing
-from gpuagent.driverfiles import DriverFiles, DriverRoot
+from gpuagent.nodefiles.cdi import (
+    SPEC_FILE_NAME,
+    TOOLKIT_KIND,
+    build_spec,
+    minimum_version,
+    render_spec,
+    sync_spec,
+    toolkit_devices,
+)
+from gpuagent.nodefiles.driverfiles import DriverFiles, DriverRoot
 
-SCHEMA_DIR = Path(__file__).parent / "data" / "cdi-schema"
+SCHEMA_DIR = Path(__file__).parents[1] / "data" / "cdi-schema"
 NODE = node(
     gpu(0, numa=0),
     gpu(1, numa=0, migs=[mig(1, 7), mig(1, 3, "2g.20gb")]),

@@ -16,8 +16,6 @@ from support.driverroot import LIBDIR, VERSION, make_driver_root
 from support.nodes import gpu, gpu_uuid, mig, mig_uuid, node
 from support.waiting import eventually
 
-from gpuagent import nodefiles
-from gpuagent.cdi import SPEC_FILE_NAME
 from gpuagent.config import load_settings
 from gpuagent.domain.containers import TOOLKIT_CDI_KIND, ContainerSettings, DeviceListStrategy
 from gpuagent.domain.devices import (
@@ -31,14 +29,15 @@ from gpuagent.domain.devices import (
 )
 from gpuagent.domain.health import DISCOVERY
 from gpuagent.domain.serving import spec_devices
-from gpuagent.nodefiles import (
+from gpuagent.nodefiles import labelkeeper
+from gpuagent.nodefiles.cdi import SPEC_FILE_NAME
+from gpuagent.nodefiles.cdikeeper import (
     CdiSpecKeeper,
     CdiTarget,
-    LabelTarget,
-    NodeFiles,
     expected_toolkit_names,
     write_cdi,
 )
+from gpuagent.nodefiles.labelkeeper import LabelTarget, NodeFiles
 from gpuagent.plan import driver_root_as_read, make_plan
 from gpuagent.state.store import DeviceStore
 
@@ -164,13 +163,13 @@ async def test_labels_follow_a_gpu_described_late_not_its_readings(
     """A GPU that starts undescribed (a slow or failing discovery) and is described later gets
     its labels rewritten; a MIG device's new readings or a health change write nothing."""
     writes: list[Snapshot] = []
-    real = nodefiles.write_labels
+    real = labelkeeper.write_labels
 
     def counting(snapshot: Snapshot, *args: Any) -> bool:
         writes.append(snapshot)
         return real(snapshot, *args)
 
-    monkeypatch.setattr(nodefiles, "write_labels", counting)
+    monkeypatch.setattr(labelkeeper, "write_labels", counting)
     features = tmp_path / "features"
     target = LabelTarget(features, tmp_path / "no-machine-type", tmp_path / "sys")
     store = DeviceStore()

@@ -1,0 +1,13 @@
+"""The files the agent keeps current on the node for other programs.
+
+* The CDI spec the container runtime reads (:mod:`~gpuagent.nodefiles.cdi`, kept by
+  :mod:`~gpuagent.nodefiles.cdikeeper`), with the driver's files found under the driver root
+  (:mod:`~gpuagent.nodefiles.driverfiles`).
+* The node-feature-discovery feature file with GPU feature discovery's labels
+  (:mod:`~gpuagent.nodefiles.labels`, kept by :mod:`~gpuagent.nodefiles.labelkeeper`), from the
+  snapshot and what the host says about itself (:mod:`~gpuagent.nodefiles.hostfacts`).
+
+Both are written from the devices as described (:mod:`~gpuagent.nodefiles.described`), atomically
+and only when their content changes (:mod:`~gpuagent.nodefiles.atomicfile`); DRA's per-claim
+specs (:mod:`gpuagent.dra.claims`) reuse the node's spec and the same atomic writes.
+"""
