@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuagent.config import CDI_SPEC_TOOLKIT, OPTIONS, ConfigError, Settings
-from gpuagent.dirwatch import file_in_the_way
 from gpuagent.domain.containers import CDI_KIND, CONTROL_NODES, TOOLKIT_CDI_KIND, ContainerSettings
 from gpuagent.domain.dra import DraGpus, DraPlan
 from gpuagent.domain.errors import SettingError
@@ -25,6 +24,7 @@ from gpuagent.domain.health import HealthCheckSpecError, HealthPolicy
 from gpuagent.domain.plan import Plan
 from gpuagent.domain.resources import ResourceSettings
 from gpuagent.domain.serving import ServingPolicy
+from gpuagent.sockets.dirwatch import file_in_the_way
 
 if TYPE_CHECKING:  # imported when used: neither is needed on most nodes
     from gpuagent.gpu import sim

@@ -6,8 +6,8 @@ kubelet's plugin watcher finds the registration socket by itself (at start-up an
 appears), asks ``GetInfo`` and reports its verdict with ``NotifyRegistrationStatus``; there is
 nothing for the plugin to dial. If either socket file disappears (a kubelet that cleans its
 directories, a person), both are served again so the watcher sees a fresh registration socket.
-The two directories are watched with inotify (:class:`~gpuagent.dirwatch.DirectoryWatch`), and
-polled (``EndpointTiming.watch_interval``) only where inotify cannot be had.
+The two directories are watched with inotify (:class:`~gpuagent.sockets.dirwatch.DirectoryWatch`),
+and polled (``EndpointTiming.watch_interval``) only where inotify cannot be had.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import structlog
 from grpclib._typing import IServable
 
 from gpuagent._proto import pluginregistration as reg
-from gpuagent.dirwatch import DirectoryWatch, file_in_the_way
-from gpuagent.grpcserver import GrpcServer
+from gpuagent.sockets.dirwatch import DirectoryWatch, file_in_the_way
+from gpuagent.sockets.grpcserver import GrpcServer
 
 log = structlog.get_logger("gpuagent.dra.endpoint")
 

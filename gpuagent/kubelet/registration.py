@@ -3,9 +3,9 @@
 The cycle, forever: wait for ``kubelet.sock`` → serve on our own socket → ``Register`` → watch
 both sockets. A restarting kubelet deletes every socket in the directory and recreates its own;
 either change ends the watch, and the cycle serves and registers again. The directories are
-watched with inotify (:class:`~gpuagent.dirwatch.DirectoryWatch`), so a restart is seen when it
-happens; where inotify cannot be had they are polled (``Timing.watch_interval``, and a backoff
-while the kubelet socket is absent).
+watched with inotify (:class:`~gpuagent.sockets.dirwatch.DirectoryWatch`), so a restart is seen
+when it happens; where inotify cannot be had they are polled (``Timing.watch_interval``, and a
+backoff while the kubelet socket is absent).
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from grpclib.client import Channel
 from grpclib.exceptions import StreamTerminatedError
 
 from gpuagent._proto import v1beta1 as pb
-from gpuagent.dirwatch import DirectoryWatch, file_in_the_way
 from gpuagent.domain.devices import Registration
-from gpuagent.grpcserver import GrpcServer
 from gpuagent.kubelet.plugin import DevicePluginService, ResponseCodec
+from gpuagent.sockets.dirwatch import DirectoryWatch, file_in_the_way
+from gpuagent.sockets.grpcserver import GrpcServer
 from gpuagent.state.store import DeviceStore
 
 log = structlog.get_logger("gpuagent.registration")

@@ -19,8 +19,8 @@ from gpuagent._proto import v1beta1 as pb
 from gpuagent.domain.containers import ContainerSettings, DeviceListStrategy
 from gpuagent.domain.devices import Telemetry
 from gpuagent.domain.serving import ResourceView
-from gpuagent.grpcserver import GrpcServer
 from gpuagent.kubelet.plugin import MAX_CACHED_RESPONSES, DevicePluginService, ResponseCodec
+from gpuagent.sockets.grpcserver import GrpcServer
 from gpuagent.state.store import DeviceStore
 
 

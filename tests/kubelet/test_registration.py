@@ -16,12 +16,12 @@ from support.grpcstubs import StubModules
 from support.nodes import gpu, node
 from support.waiting import eventually
 
-from gpuagent.dirwatch import file_in_the_way
 from gpuagent.domain.devices import Registration
 from gpuagent.domain.serving import ResourceView
 from gpuagent.kubelet import registration
 from gpuagent.kubelet.plugin import DevicePluginService
 from gpuagent.kubelet.registration import MAX_REASON, PluginEndpoint, Timing
+from gpuagent.sockets.dirwatch import file_in_the_way
 from gpuagent.state.store import DeviceStore
 
 GPU = "nvidia.com/gpu"

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from gpuagent import dirwatch
-from gpuagent.dirwatch import DirectoryWatch
+from gpuagent.sockets import dirwatch
+from gpuagent.sockets.dirwatch import DirectoryWatch
 
 HOUR = 3600.0
 T = 10.0  # a deadline for a broken build, not a timing
