@@ -7,31 +7,29 @@ appears), asks ``GetInfo`` and reports its verdict with ``NotifyRegistrationStat
 nothing for the plugin to dial. If either socket file disappears (a kubelet that cleans its
 directories, a person), both are served again so the watcher sees a fresh registration socket.
 The two directories are watched with inotify (:class:`~gpuagent.sockets.dirwatch.DirectoryWatch`),
-and polled (``EndpointTiming.watch_interval``) only where inotify cannot be had.
+and polled (``EndpointTiming.watch_interval``) only where inotify cannot be had. Each socket is
+served and closed by :class:`~gpuagent.sockets.grpcserver.ServedSocket`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import os
-import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
-from grpclib._typing import IServable
 
 from gpuagent._proto import pluginregistration as reg
+from gpuagent.overrides import IServable
 from gpuagent.sockets.dirwatch import DirectoryWatch, file_in_the_way
-from gpuagent.sockets.grpcserver import GrpcServer
+from gpuagent.sockets.grpcserver import ServedSocket, socket_id
 
 log = structlog.get_logger("gpuagent.dra.endpoint")
 
 PLUGIN_TYPE = "DRAPlugin"
-SOCKET_MODE = 0o660
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +91,7 @@ class DraEndpoint:
         self._supported = tuple(supported)
         self._timing = timing
         self._on_state = on_state
-        self._servers: list[tuple[GrpcServer, Path, SocketId | None]] = []
+        self._servers: list[ServedSocket] = []
         self.registered = False
         self.registrations = 0
         self.last_error = ""
@@ -157,41 +155,21 @@ class DraEndpoint:
             (self._services, self.dra_socket),
             ([registration], self.registration_socket),
         ):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-            server = GrpcServer(handlers)
-            await server.start(path=str(path))
-            os.chmod(path, SOCKET_MODE)
-            self._servers.append((server, path, _socket_id(path)))
+            self._servers.append(await ServedSocket.serve(handlers, path))
             (log.debug if self._serve_problem else log.info)("serving", socket=str(path))
 
     async def _watch(self, changes: DirectoryWatch) -> None:
         """Return once either socket is gone or replaced."""
-        while all(_socket_id(path) == ident for _, path, ident in self._servers):
+        while all(socket_id(s.path) == s.identity for s in self._servers):
             await changes.wait(self._timing.watch_interval)
 
     async def _close(self) -> None:
         # One server at a time off the list: a close cut short by a cancellation leaves the rest
         # to the next (run()'s last).
         while self._servers:
-            server, path, ident = self._servers.pop()
-            server.close()
-            await asyncio.sleep(0)
-            server.drop_connections()
-            # Not wait_for: before Python 3.12 it swallows a cancellation that arrives as the
-            # server finishes closing, and run() would then serve again instead of ending.
-            try:
-                async with asyncio.timeout(self._timing.close_timeout):
-                    await server.wait_closed()
-            except TimeoutError:
-                log.warning("dra server did not close in time", socket=str(path))
-            with contextlib.suppress(FileNotFoundError):
-                if ident is not None and _socket_id(path) == ident:
-                    path.unlink()
-
-
-SocketId = tuple[int, int, int]
+            served = self._servers.pop()
+            if not await served.close(self._timing.close_timeout):
+                log.warning("dra server did not close in time", socket=str(served.path))
 
 
 def _reason(exc: OSError) -> str:
@@ -203,11 +181,3 @@ def _reason(exc: OSError) -> str:
         if blocker is not None:
             return f"{blocker} is not a directory"
     return str(exc)
-
-
-def _socket_id(path: Path) -> SocketId | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_ctime_ns) if stat.S_ISSOCK(st.st_mode) else None

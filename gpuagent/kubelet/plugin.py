@@ -23,6 +23,7 @@ from gpuagent.domain.devices import Snapshot
 from gpuagent.domain.preferred import preferred_allocation
 from gpuagent.domain.resources import Resource
 from gpuagent.domain.serving import ResourceView
+from gpuagent.overrides import ClosingServerStreams
 from gpuagent.state.store import DeviceStore
 
 log = structlog.get_logger("gpuagent.plugin")
@@ -30,8 +31,13 @@ log = structlog.get_logger("gpuagent.plugin")
 DeviceList = tuple[tuple[str, str, int | None], ...]
 
 
-class DevicePluginService(pb.DevicePluginBase):
-    """Serves one resource's devices. Handlers never raise anything but :class:`GRPCError`."""
+class DevicePluginService(ClosingServerStreams, pb.DevicePluginBase):
+    """Serves one resource's devices. Handlers never raise anything but :class:`GRPCError`.
+
+    A ListAndWatch stream is closed as its handler ends (:class:`ClosingServerStreams`): its
+    ``finally`` — the open-stream count, the waiter's cancellation — runs then, not at some later
+    garbage collection.
+    """
 
     def __init__(
         self,
@@ -59,23 +65,6 @@ class DevicePluginService(pb.DevicePluginBase):
     async def wait_drained(self) -> None:
         """Return once no ListAndWatch stream is open."""
         await self._no_streams.wait()
-
-    async def _call_rpc_handler_server_stream(
-        self, handler: Callable[[Any], AsyncIterator[Any]], stream: Any, request: Any
-    ) -> None:
-        """betterproto2's streaming loop, with the stream closed when the handler ends.
-
-        Its own loop leaves a stream suspended at ``yield`` (when grpclib cancels the handler
-        while a message is being sent, e.g. the kubelet went away) to the garbage collector: its
-        ``finally`` — the open-stream count, the waiter's cancellation — would run at some later
-        collection, not now.
-        """
-        responses = handler(request)
-        try:
-            async for response in responses:
-                await stream.send_message(response)
-        finally:
-            await responses.aclose()  # type: ignore[attr-defined]
 
     async def get_device_plugin_options(self, message: pb.Empty) -> pb.DevicePluginOptions:
         return pb.DevicePluginOptions(

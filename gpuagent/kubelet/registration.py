@@ -5,15 +5,13 @@ both sockets. A restarting kubelet deletes every socket in the directory and rec
 either change ends the watch, and the cycle serves and registers again. The directories are
 watched with inotify (:class:`~gpuagent.sockets.dirwatch.DirectoryWatch`), so a restart is seen
 when it happens; where inotify cannot be had they are polled (``Timing.watch_interval``, and a
-backoff while the kubelet socket is absent).
+backoff while the kubelet socket is absent). The socket is served and closed by
+:class:`~gpuagent.sockets.grpcserver.ServedSocket`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,13 +24,12 @@ from gpuagent._proto import v1beta1 as pb
 from gpuagent.domain.devices import Registration
 from gpuagent.kubelet.plugin import DevicePluginService, ResponseCodec
 from gpuagent.sockets.dirwatch import DirectoryWatch, file_in_the_way
-from gpuagent.sockets.grpcserver import GrpcServer
+from gpuagent.sockets.grpcserver import ServedSocket, SocketId, socket_id
 from gpuagent.state.store import DeviceStore
 
 log = structlog.get_logger("gpuagent.registration")
 
 API_VERSION = "v1beta1"
-SOCKET_MODE = 0o660
 MAX_REASON = 300  # characters of a registration error kept for /readyz
 
 
@@ -83,8 +80,7 @@ class PluginEndpoint:
         self._kubelet_socket = kubelet_socket
         self._resource_name = resource_name
         self._timing = timing
-        self._server: GrpcServer | None = None
-        self._own_id: SocketId | None = None
+        self._served: ServedSocket | None = None
         self._kubelet_id: SocketId | None = None  # the kubelet socket of the current cycle
         self._logged = ""  # the failure last logged at error level
         self._changes: DirectoryWatch | None = None
@@ -158,7 +154,7 @@ class PluginEndpoint:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
         while (left := deadline - loop.time()) > 0:
-            if _socket_id(self._kubelet_socket) not in (self._kubelet_id, None):
+            if socket_id(self._kubelet_socket) not in (self._kubelet_id, None):
                 return
             await self._changed(left, left)
 
@@ -168,7 +164,7 @@ class PluginEndpoint:
         loop = asyncio.get_running_loop()
         warn_at = loop.time() + self._timing.kubelet_grace
         logged = ""
-        while (identity := _socket_id(self._kubelet_socket)) is None:
+        while (identity := socket_id(self._kubelet_socket)) is None:
             waiting, emit = f"waiting for the kubelet socket {self._kubelet_socket}", log.info
             blocker = file_in_the_way(self._kubelet_socket.parent)
             if blocker is not None:  # replaced by a file while running (at start: exit 2)
@@ -192,21 +188,14 @@ class PluginEndpoint:
         return identity
 
     async def _serve(self) -> SocketId | None:
-        self._socket_path.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            self._socket_path.unlink()  # a stale socket from an earlier run
-        server = GrpcServer([self._service], codec=ResponseCodec(self._service.encoded))
-        await server.start(path=str(self._socket_path))
-        # Only the kubelet (root) and the agent itself need the socket; never world-writable.
-        os.chmod(self._socket_path, SOCKET_MODE)
-        self._server = server
+        codec = ResponseCodec(self._service.encoded)
+        self._served = await ServedSocket.serve([self._service], self._socket_path, codec=codec)
         # Once, not on every retry while registration keeps failing the same way (a stale
         # kubelet.sock that nobody listens on is retried for ever, with a backoff).
         (log.debug if self._logged else log.info)(
             "serving device plugin", socket=str(self._socket_path)
         )
-        self._own_id = _socket_id(self._socket_path)
-        return self._own_id
+        return self._served.identity
 
     async def _register(self) -> bool:
         request = pb.RegisterRequest(
@@ -248,9 +237,9 @@ class PluginEndpoint:
         loop = asyncio.get_running_loop()
         gone_at: float | None = None
         while True:
-            if _socket_id(self._kubelet_socket) != kubelet_id:
+            if socket_id(self._kubelet_socket) != kubelet_id:
                 return
-            current = _socket_id(self._socket_path)
+            current = socket_id(self._socket_path)
             if own_id is None:
                 return
             if current is not None and current != own_id:
@@ -275,8 +264,8 @@ class PluginEndpoint:
         self._publish(False, "another plugin serves this socket")
         await self._close_server()
         while (
-            _socket_id(self._socket_path) is not None
-            and _socket_id(self._kubelet_socket) == kubelet_id
+            socket_id(self._socket_path) is not None
+            and socket_id(self._kubelet_socket) == kubelet_id
         ):
             await self._changed(self._timing.watch_interval)
 
@@ -287,26 +276,9 @@ class PluginEndpoint:
         await self._changes.wait(poll, at_most)
 
     async def _close_server(self) -> None:
-        server, self._server = self._server, None
-        if server is None:
-            return
-        server.close()
-        # Let cancelled handlers finish (streams send their status), then drop the connections:
-        # Python >= 3.12's wait_closed() waits for every client to go.
-        await asyncio.sleep(0)
-        server.drop_connections()
-        try:
-            # Not wait_for: on Python 3.11 it can swallow a cancellation that arrives as the
-            # server closes, and the endpoint would then outlive the agent's shutdown.
-            async with asyncio.timeout(self._timing.close_timeout):
-                await server.wait_closed()
-        except TimeoutError:
+        served, self._served = self._served, None
+        if served is not None and not await served.close(self._timing.close_timeout):
             log.warning("plugin server did not close in time")
-        # Remove our own socket only: after a takeover the path is another plugin's.
-        with contextlib.suppress(FileNotFoundError):
-            if self._own_id is not None and _socket_id(self._socket_path) == self._own_id:
-                self._socket_path.unlink()
-        self._own_id = None
 
     @property
     def resource_name(self) -> str:
@@ -316,17 +288,3 @@ class PluginEndpoint:
 def _short(text: str, limit: int = MAX_REASON) -> str:
     """A reason short enough for /readyz, however long the kubelet's error text was."""
     return text if len(text) <= limit else f"{text[: limit - 1]}…"
-
-
-# A socket file's identity. The inode number alone is not enough: a deleted socket's inode is
-# often reused at once by the socket that replaces it; the change time tells them apart.
-SocketId = tuple[int, int, int]
-
-
-def _socket_id(path: Path) -> SocketId | None:
-    """The identity of the Unix socket at ``path``, or ``None`` if there is none."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_ctime_ns) if stat.S_ISSOCK(st.st_mode) else None

@@ -1,29 +1,43 @@
-"""grpclib's server as both of our gRPC sides (the device plugin, the DRA plugin) serve it.
+"""grpclib's server as both of our gRPC sides (the device plugin, the DRA plugin) serve it, on a
+Unix socket, from bind to close.
 
-Two things are added to :class:`grpclib.server.Server`:
+Two things are added to :class:`grpclib.server.Server` (through
+:class:`~gpuagent.overrides.TrackedServer`, which reaches into grpclib):
 
 * **Corked writes.** grpclib writes a unary response's headers, message and trailers separately,
   so each call cost three system calls and woke the client three times; corked, the writes of one
   turn of the event loop leave as one, at the end of the turn.
 * **Dropping client connections.** ``Server.close()`` stops listening and cancels handlers but
-  leaves HTTP/2 connections open (grpclib#107: a proper fix needs GOAWAY); a dead kubelet's
-  connections, or ours at shutdown, would then linger. :meth:`GrpcServer.drop_connections` closes
-  them.
+  leaves HTTP/2 connections open; :meth:`ServedSocket.close` drops them, so a dead kubelet's
+  connections, or ours at shutdown, do not linger.
+
+:class:`ServedSocket` is the one lifecycle of a served socket: its directory made, a stale socket
+at its path removed, the server started and the socket made ``0660``; then closed, its handlers
+given a turn to finish, its connections dropped, and the socket file removed if it is still ours
+(another plugin may have taken the path). A serve cancelled while the server binds leaves nothing
+listening and no socket file: the bind is let finish, then undone.
 """
 
 from __future__ import annotations
 
 import asyncio
-import weakref
+import contextlib
+import os
+import stat
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, cast
 
-from grpclib._typing import IServable
 from grpclib.encoding.base import CodecBase
 from grpclib.protocol import H2Protocol
-from grpclib.server import Server
 
-__all__ = ["GrpcServer"]
+from gpuagent.overrides import IServable, TrackedServer
+
+__all__ = ["SOCKET_MODE", "GrpcServer", "ServedSocket", "SocketId", "socket_id"]
+
+# Only the kubelet (root) and the agent itself need a socket; never world-writable.
+SOCKET_MODE = 0o660
 
 
 class _CorkedTransport(asyncio.Transport):
@@ -71,22 +85,104 @@ class _CorkedProtocol(H2Protocol):
         super().connection_made(_CorkedTransport(plain, asyncio.get_running_loop()))
 
 
-class GrpcServer(Server):
+class GrpcServer(TrackedServer):
     """grpclib's server with corked writes and a way to drop its client connections."""
 
-    def __init__(self, handlers: Sequence[IServable], *, codec: CodecBase | None = None) -> None:
-        super().__init__(list(handlers), codec=codec)
-        self._protocols: weakref.WeakSet[H2Protocol] = weakref.WeakSet()
+    protocol_class = _CorkedProtocol
 
-    def _protocol_factory(self) -> H2Protocol:
-        plain = super()._protocol_factory()
-        protocol = _CorkedProtocol(plain.handler, plain.config, plain.h2_config)
-        self._protocols.add(protocol)
-        return protocol
 
-    def drop_connections(self) -> None:
-        """Close every client connection (after :meth:`close`, whose handlers have finished)."""
-        for protocol in list(self._protocols):
-            connection = getattr(protocol, "connection", None)
-            if connection is not None:
-                connection.close()
+# A socket file's identity. The inode number alone is not enough: a deleted socket's inode is
+# often reused at once by the socket that replaces it; the change time tells them apart.
+SocketId = tuple[int, int, int]
+
+
+def socket_id(path: Path) -> SocketId | None:
+    """The identity of the Unix socket at ``path``, or ``None`` if there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_ctime_ns) if stat.S_ISSOCK(st.st_mode) else None
+
+
+@dataclass(slots=True)
+class ServedSocket:
+    """A :class:`GrpcServer` serving on the Unix socket ``path`` (``identity``: the socket it
+    bound), from :meth:`serve` to :meth:`close`."""
+
+    server: GrpcServer
+    path: Path
+    identity: SocketId | None
+
+    @classmethod
+    async def serve(
+        cls, handlers: Sequence[IServable], path: Path, *, codec: CodecBase | None = None
+    ) -> ServedSocket:
+        """Serve ``handlers`` on ``path``; raises :class:`OSError` when the socket cannot be
+        served there (a directory that cannot be made, a path too long, …)."""
+        _make_way(path)
+        server = GrpcServer(handlers, codec=codec)
+        await _start(server, path)
+        try:
+            os.chmod(path, SOCKET_MODE)
+        except OSError:
+            _undo(server, path)
+            raise
+        return cls(server, path, socket_id(path))
+
+    @property
+    def ours(self) -> bool:
+        """Whether the socket at the path is still the one this server bound."""
+        return self.identity is not None and socket_id(self.path) == self.identity
+
+    async def close(self, within: float) -> bool:
+        """Stop serving and remove the socket file if it is still ours; ``False`` when the
+        server did not finish closing ``within`` seconds."""
+        server = self.server
+        server.close()
+        # Let cancelled handlers finish (streams send their status), then drop the connections:
+        # Python >= 3.12's wait_closed() waits for every client to go.
+        await asyncio.sleep(0)
+        server.drop_connections()
+        closed = True
+        try:
+            # Not wait_for: on Python 3.11 it can swallow a cancellation that arrives as the
+            # server closes, and the owner would then outlive the agent's shutdown.
+            async with asyncio.timeout(within):
+                await server.wait_closed()
+        except TimeoutError:
+            closed = False
+        # Remove our own socket only: after a takeover the path is another plugin's.
+        with contextlib.suppress(FileNotFoundError):
+            if self.ours:
+                self.path.unlink()
+        return closed
+
+
+def _make_way(path: Path) -> None:
+    """The socket's directory made, a stale socket from an earlier run removed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+
+
+async def _start(server: GrpcServer, path: Path) -> None:
+    """``server.start()`` on ``path``. Cancelled meanwhile (asyncio's ``create_unix_server``
+    yields once after it has bound and listens), the start still finishes, and is undone."""
+    starting = asyncio.ensure_future(server.start(path=str(path)))
+    try:
+        await asyncio.shield(starting)
+    except asyncio.CancelledError:
+        starting.add_done_callback(lambda done: _undo(server, path) if _started(done) else None)
+        raise
+
+
+def _started(start: asyncio.Future[Any]) -> bool:
+    return not start.cancelled() and start.exception() is None
+
+
+def _undo(server: GrpcServer, path: Path) -> None:
+    """Stop a server nobody will close, and remove the socket it bound."""
+    server.close()
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()

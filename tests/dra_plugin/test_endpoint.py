@@ -119,7 +119,7 @@ async def test_cancel_as_a_server_finishes_closing_stops_the_endpoint(
         await eventually(endpoint.registration_socket.exists, what="the endpoint serving")
         closing = asyncio.Event()
         closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        for server, _, _ in endpoint._servers:
+        for server in (s.server for s in endpoint._servers):
 
             async def finish_when_told(close: Callable[[], Any] = server.wait_closed) -> None:
                 await close()

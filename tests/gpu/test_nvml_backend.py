@@ -34,6 +34,7 @@ from gpuagent.gpu.nvml import (
 from gpuagent.gpu.sim import SimDriver, install, node_from_count, node_from_mapping, uninstall
 from gpuagent.gpu.sim import telemetry as sim_telemetry
 from gpuagent.nodefiles.labels import node_labels
+from gpuagent.overrides import nvml_library_users
 
 MIB = 1024 * 1024
 GPUS = 4
@@ -183,7 +184,7 @@ def test_init_without_any_library(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(DriverUnavailable, match=r"^NVML Shared Library Not Found \(NVML 12\)$"):
         Nvml().init()
     assert pynvml.nvmlLib is None
-    assert pynvml._nvmlLib_refcount == 0
+    assert nvml_library_users() == 0
 
 
 # ----- discovery ---------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from support.clock import FakeClock
 
 from gpuagent.gpu.sim import SimDriver, installed, node_from_mapping
 from gpuagent.gpu.sim.processes import SAMPLE_PERIOD_US
+from gpuagent.overrides import nvml_function
 
 MIB = 1024 * 1024
 NO_INSTANCE = 0xFFFF_FFFF
@@ -99,7 +100,7 @@ class TestRunningProcesses:
     def test_sizing_protocol(self, driver: SimDriver) -> None:
         for pid in (10, 11, 12):
             driver.add_process(0, pid, 1, 1)
-        fn = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetComputeRunningProcesses_v3")
+        fn = nvml_function("nvmlDeviceGetComputeRunningProcesses_v3")
         count = ctypes.c_uint(0)
         assert fn(handle(0), ctypes.byref(count), None) == pynvml.NVML_ERROR_INSUFFICIENT_SIZE
         assert count.value == 3
@@ -210,7 +211,7 @@ class TestProcessUtilization:
     def test_sizing_protocol(self, driver: SimDriver) -> None:
         driver.add_process(0, 9, 100, 40)
         driver.add_process(0, 10, 100, 25)
-        fn = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetProcessUtilization")
+        fn = nvml_function("nvmlDeviceGetProcessUtilization")
         count = ctypes.c_uint(0)
         assert fn(handle(0), None, ctypes.byref(count), ctypes.c_ulonglong(0)) == (
             pynvml.NVML_ERROR_INSUFFICIENT_SIZE
@@ -223,7 +224,7 @@ class TestProcessUtilization:
         )
         info = pynvml.c_nvmlProcessesUtilizationInfo_v1_t(0)
         info.version = 0x02000018
-        fn2 = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetProcessesUtilizationInfo")
+        fn2 = nvml_function("nvmlDeviceGetProcessesUtilizationInfo")
         assert fn2(handle(0), ctypes.byref(info)) == pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
 
     def test_not_supported_under_mig(self, driver: SimDriver) -> None:

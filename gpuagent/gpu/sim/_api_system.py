@@ -6,6 +6,7 @@ import pynvml
 
 from gpuagent.gpu.sim._abi import Symbol, as_bytes, as_int, out, write_str
 from gpuagent.gpu.sim.state import DriverState
+from gpuagent.overrides import nvml_error_text
 
 SUCCESS = int(pynvml.NVML_SUCCESS)
 
@@ -43,7 +44,7 @@ def _shutdown(st: DriverState) -> int:
 
 def _error_string(st: DriverState, code: object) -> bytes:
     value = as_int(code)
-    known = pynvml.NVMLError._errcode_to_string.get(value) or _ERROR_STRINGS.get(value)
+    known = nvml_error_text(value) or _ERROR_STRINGS.get(value)
     return str(known or "Unknown Error").encode()
 
 

@@ -24,6 +24,7 @@ from gpuagent.gpu.sim._abi import BadArgument, Symbol, as_bytes, as_int
 from gpuagent.gpu.sim.processes import new_process
 from gpuagent.gpu.sim.spec import SimNode
 from gpuagent.gpu.sim.state import FAULTS, DriverState, GpuState
+from gpuagent.overrides import use_nvml_library
 
 CALL_FAULTS = ("hang", "not_supported", "function_not_found", "call_error")
 # Every fault ``inject`` knows, for its error message and for /sim/faults'.
@@ -461,17 +462,12 @@ class SimDriver:
 
 def install(driver: SimDriver) -> None:
     """Make pynvml use ``driver`` as its NVML library (instead of loading libnvidia-ml.so.1)."""
-    with pynvml.libLoadLock:
-        pynvml.nvmlLib = driver
-        pynvml._nvmlGetFunctionPointer_cache.clear()
+    use_nvml_library(driver)
 
 
 def uninstall() -> None:
     """Forget any installed driver: pynvml loads the real library on the next ``nvmlInit``."""
-    with pynvml.libLoadLock:
-        pynvml.nvmlLib = None
-        pynvml._nvmlGetFunctionPointer_cache.clear()
-        pynvml._nvmlLib_refcount = 0
+    use_nvml_library(None)
 
 
 @contextmanager

@@ -1,0 +1,154 @@
+"""Every use the agent makes of a library's private API, in one place.
+
+A library may change what it does not document in any release; each use below says what it
+reaches, why, and the version it was written against (:data:`PINS`, the requirements of
+``pyproject.toml``). ``tests/test_overrides.py`` fails when a requirement changes or an attribute
+is gone or takes other arguments (:data:`PRIVATE`): an upgrade starts here.
+
+grpclib 0.4.9 (``grpclib==0.4.9``)
+
+* ``grpclib._typing.IServable``: the type of the service handlers a ``Server`` takes, which
+  grpclib names only in a private module (:data:`IServable`).
+* ``Server._protocol_factory()``, overridden by :class:`TrackedServer`: each client connection's
+  protocol is made again as ``protocol_class``, from the ``handler``, ``config`` and
+  ``h2_config`` that ``H2Protocol.__init__()`` keeps, and remembered, so that the agent's
+  servers can cork their writes (:mod:`gpuagent.sockets.grpcserver`) and drop their connections.
+* ``H2Protocol.connection``: closed by :meth:`TrackedServer.drop_connections`. ``Server.close()``
+  stops listening and cancels handlers but leaves HTTP/2 connections open (grpclib#107: a
+  proper fix needs GOAWAY); a dead kubelet's connections, or ours at shutdown, would linger.
+
+betterproto2 0.10.0 (``betterproto2[grpclib]==0.10.0``)
+
+* ``ServiceBase._call_rpc_handler_server_stream()``, overridden by :class:`ClosingServerStreams`:
+  its own loop leaves a stream suspended at ``yield`` (when grpclib cancels the handler while a
+  message is being sent, e.g. the kubelet went away) to the garbage collector, so the stream's
+  ``finally`` — its count of open streams, its waiter's cancellation — would run at some later
+  collection, not then.
+
+nvidia-ml-py 13.615 (``nvidia-ml-py>=13.615,<14``)
+
+* ``pynvml.nvmlLib`` and ``libLoadLock``, ``_nvmlGetFunctionPointer_cache`` and
+  ``_nvmlLib_refcount`` (:func:`use_nvml_library`): the simulated driver is installed below
+  pynvml as its library, so that the production NVML code runs against it; pynvml's cache of
+  function pointers must forget the other library's, and its count of users start again.
+* ``NVMLError._errcode_to_string`` (:func:`nvml_error_text`): the simulated driver's
+  ``nvmlErrorString`` answers with pynvml's own texts.
+* ``_nvmlGetFunctionPointer()`` (:func:`nvml_function`) and ``_nvmlLib_refcount``
+  (:func:`nvml_library_users`): the tests call a C symbol as pynvml finds it, and check that
+  the backend let go of the library.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import pynvml
+from betterproto2.grpclib.grpclib_server import ServiceBase
+from grpclib._typing import IServable
+from grpclib.encoding.base import CodecBase
+from grpclib.protocol import H2Protocol
+from grpclib.server import Server
+
+__all__ = [
+    "PINS",
+    "PRIVATE",
+    "ClosingServerStreams",
+    "IServable",
+    "TrackedServer",
+    "nvml_error_text",
+    "nvml_function",
+    "nvml_library_users",
+    "use_nvml_library",
+]
+
+# The requirements (pyproject.toml) the uses below were written against, by distribution.
+PINS = {
+    "grpclib": "==0.4.9",
+    "betterproto2": "==0.10.0",
+    "nvidia-ml-py": ">=13.615,<14",
+}
+# Each private name used, as (module, attribute, its parameters or None for a value).
+PRIVATE: Sequence[tuple[str, str, tuple[str, ...] | None]] = (
+    ("grpclib._typing", "IServable", None),
+    ("grpclib.server", "Server._protocol_factory", ("self",)),
+    ("grpclib.protocol", "H2Protocol.__init__", ("self", "handler", "config", "h2_config")),
+    ("grpclib.protocol", "H2Protocol.connection", None),
+    (
+        "betterproto2.grpclib.grpclib_server",
+        "ServiceBase._call_rpc_handler_server_stream",
+        ("self", "handler", "stream", "request"),
+    ),
+    ("pynvml", "nvmlLib", None),
+    ("pynvml", "libLoadLock", None),
+    ("pynvml", "_nvmlGetFunctionPointer_cache", None),
+    ("pynvml", "_nvmlLib_refcount", None),
+    ("pynvml", "NVMLError._errcode_to_string", None),
+    ("pynvml", "_nvmlGetFunctionPointer", ("name",)),
+)
+
+
+class TrackedServer(Server):
+    """grpclib's server, each connection's protocol a ``protocol_class`` and closable at will."""
+
+    protocol_class: type[H2Protocol] = H2Protocol
+
+    def __init__(self, handlers: Sequence[IServable], *, codec: CodecBase | None = None) -> None:
+        super().__init__(list(handlers), codec=codec)
+        self._protocols: weakref.WeakSet[H2Protocol] = weakref.WeakSet()
+
+    def _protocol_factory(self) -> H2Protocol:
+        plain = super()._protocol_factory()
+        protocol = self.protocol_class(plain.handler, plain.config, plain.h2_config)
+        self._protocols.add(protocol)
+        return protocol
+
+    def drop_connections(self) -> None:
+        """Close every client connection (after :meth:`close`, whose handlers have finished)."""
+        for protocol in list(self._protocols):
+            connection = getattr(protocol, "connection", None)
+            if connection is not None:
+                connection.close()
+
+
+class ClosingServerStreams(ServiceBase):
+    """A betterproto2 service whose server streams are closed when their handler ends."""
+
+    async def _call_rpc_handler_server_stream(
+        self, handler: Callable[[Any], AsyncIterator[Any]], stream: Any, request: Any
+    ) -> None:
+        """betterproto2's streaming loop, with the stream closed when the handler ends."""
+        responses = handler(request)
+        try:
+            async for response in responses:
+                await stream.send_message(response)
+        finally:
+            await responses.aclose()  # type: ignore[attr-defined]
+
+
+def use_nvml_library(library: object | None) -> None:
+    """Make pynvml call ``library`` as its NVML library; ``None``: load the real one (and count
+    its users from nothing) at the next ``nvmlInit``."""
+    with pynvml.libLoadLock:
+        pynvml.nvmlLib = library
+        pynvml._nvmlGetFunctionPointer_cache.clear()
+        if library is None:
+            pynvml._nvmlLib_refcount = 0
+
+
+def nvml_error_text(code: int) -> str | None:
+    """pynvml's text for NVML return code ``code``, if it has one."""
+    text: str | None = pynvml.NVMLError._errcode_to_string.get(code)
+    return text
+
+
+def nvml_function(name: str) -> Any:
+    """The C function ``name`` of the library pynvml uses, as pynvml finds it."""
+    return pynvml._nvmlGetFunctionPointer(name)
+
+
+def nvml_library_users() -> int:
+    """How many ``nvmlInit`` calls pynvml counts without their ``nvmlShutdown``."""
+    users: int = pynvml._nvmlLib_refcount
+    return users
