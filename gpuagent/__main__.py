@@ -41,13 +41,13 @@ def _main(args: list[str]) -> int:
     from gpuagent import logs  # noqa: PLC0415
     from gpuagent.app import Agent  # noqa: PLC0415
     from gpuagent.config import load_settings  # noqa: PLC0415
-    from gpuagent.domain.errors import SettingError  # noqa: PLC0415
-    from gpuagent.plan import (  # noqa: PLC0415
+    from gpuagent.config.planning import (  # noqa: PLC0415
         check_socket_dirs,
         load_simulator,
         load_web_config,
         make_plan,
     )
+    from gpuagent.domain.errors import SettingError  # noqa: PLC0415
 
     def settings_source() -> Settings:
         return load_settings(args, os.environ, stderr_isatty=sys.stderr.isatty())

@@ -1,8 +1,8 @@
 """The composition root: settings → plan → store → driver → services, as named, supervised tasks.
 
 Everything the agent serves is derived from the store: the snapshot (devices, health, pods,
-registrations) and the plan it is served under (:mod:`gpuagent.plan`). This module only builds
-the parts, runs them as tasks, reloads the plan, and shuts down:
+registrations) and the plan it is served under (:mod:`gpuagent.config.planning`). This module
+only builds the parts, runs them as tasks, reloads the plan, and shuts down:
 
 * a root task that ends has failed, and the agent stops (exit code 1);
 * shutdown ends ListAndWatch streams with ``UNAVAILABLE``, removes the plugin sockets, stops the
@@ -29,6 +29,15 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from gpuagent.config import CDI_SPEC_TOOLKIT, ConfigError, Settings
+from gpuagent.config.planning import (
+    LIVE,
+    check_socket_dirs,
+    driver_root_as_read,
+    keep_restart_only,
+    load_web_config,
+    make_plan,
+    restart_keys,
+)
 from gpuagent.domain.containers import CDI_SPEC_DIR
 from gpuagent.domain.devices import CdiSpec, Snapshot
 from gpuagent.domain.dra import DraGpus
@@ -40,15 +49,6 @@ from gpuagent.gpu.monitor import GpuMonitor
 from gpuagent.gpu.nvml import DriverUnavailable, Nvml
 from gpuagent.kubelet.endpoints import PluginEndpoints
 from gpuagent.kubelet.registration import Timing
-from gpuagent.plan import (
-    LIVE,
-    check_socket_dirs,
-    driver_root_as_read,
-    keep_restart_only,
-    load_web_config,
-    make_plan,
-    restart_keys,
-)
 from gpuagent.state.store import DeviceStore
 from gpuagent.web.listener import Listener
 

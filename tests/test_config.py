@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from gpuagent.config import ConfigError, Settings, load_settings
+from gpuagent.config.planning import make_plan
 from gpuagent.domain.timeslicing import ReplicaRule, TimeSlicing
-from gpuagent.plan import make_plan
 
 
 def write_config(tmp_path: Path, body: str) -> Path:

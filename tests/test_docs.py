@@ -32,9 +32,9 @@ from support.waiting import eventually
 from gpuagent import app
 from gpuagent.config import FILE_KEYS, OPTIONS, load_settings
 from gpuagent.config.cli import build_parser
+from gpuagent.config.planning import make_plan
 from gpuagent.gpu.sim import SimDriver, node_from_count
 from gpuagent.gpu.sim.spec import SimLatency
-from gpuagent.plan import make_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"

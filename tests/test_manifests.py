@@ -43,8 +43,8 @@ from support.nodes import gpu, node
 from support.required import unavailable
 
 from gpuagent.config import ConfigError, load_settings
+from gpuagent.config.planning import make_plan
 from gpuagent.domain.resources import build_resources
-from gpuagent.plan import make_plan
 from gpuagent.runtime.cri import DEFAULT_SOCKETS
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -3,7 +3,8 @@
 The package by noun: :mod:`.options` (every option: flag, key, environment names, help),
 :mod:`.values` (parsers of one raw value), :mod:`.sharing` (NVIDIA's time-slicing block),
 :mod:`.cli` (the argument parser), :mod:`.sources` (flags, environment, the config file),
-:mod:`.errors`, :mod:`.settings` (the resolved type) and :mod:`.load` (putting them together).
+:mod:`.errors`, :mod:`.settings` (the resolved type) and :mod:`.load` (putting them together);
+:mod:`.planning` says what resolved settings mean for the agent (the plan the store keeps).
 """
 
 from gpuagent.config.errors import ConfigError

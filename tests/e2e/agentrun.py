@@ -15,9 +15,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpuagent.app import Agent
 from gpuagent.config import load_settings
+from gpuagent.config.planning import load_simulator
 from gpuagent.gpu.sim import SimDriver
 from gpuagent.kubelet.registration import Timing
-from gpuagent.plan import load_simulator
 
 FAST = Timing(
     watch_interval=0.02,

@@ -16,7 +16,7 @@ from support.waiting import eventually
 from e2e.agentrun import RunningAgent, running_agent
 from gpuagent.app import Agent
 from gpuagent.config import load_settings
-from gpuagent.plan import load_simulator
+from gpuagent.config.planning import load_simulator
 
 T = 10.0  # generous bound for anything that should take milliseconds
 

@@ -13,7 +13,7 @@ from support.fake_kubelet import FakeKubelet
 from gpuagent import app
 from gpuagent.app import Agent
 from gpuagent.config import load_settings
-from gpuagent.plan import load_simulator
+from gpuagent.config.planning import load_simulator
 
 T = 10.0  # generous bound for anything that should take milliseconds
 

@@ -17,6 +17,7 @@ from support.nodes import gpu, gpu_uuid, mig, mig_uuid, node
 from support.waiting import eventually
 
 from gpuagent.config import load_settings
+from gpuagent.config.planning import driver_root_as_read, make_plan
 from gpuagent.domain.containers import TOOLKIT_CDI_KIND, ContainerSettings, DeviceListStrategy
 from gpuagent.domain.devices import (
     CdiSpec,
@@ -38,7 +39,6 @@ from gpuagent.nodefiles.cdikeeper import (
     write_cdi,
 )
 from gpuagent.nodefiles.labelkeeper import LabelTarget, NodeFiles
-from gpuagent.plan import driver_root_as_read, make_plan
 from gpuagent.state.store import DeviceStore
 
 NODE = node(gpu(0), gpu(1, migs=[mig(1, 7)]), driver=VERSION)

@@ -16,7 +16,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuagent.config import CDI_SPEC_TOOLKIT, OPTIONS, ConfigError, Settings
+from gpuagent.config.errors import ConfigError
+from gpuagent.config.options import CDI_SPEC_TOOLKIT, OPTIONS
+from gpuagent.config.settings import Settings
 from gpuagent.domain.containers import CDI_KIND, CONTROL_NODES, TOOLKIT_CDI_KIND, ContainerSettings
 from gpuagent.domain.dra import DraGpus, DraPlan
 from gpuagent.domain.errors import SettingError
