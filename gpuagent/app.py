@@ -53,7 +53,7 @@ from gpuagent.state.store import DeviceStore
 from gpuagent.web.listener import Listener
 
 if TYPE_CHECKING:  # the rest is imported once the kubelet has its device plugin (_start_rest)
-    from gpuagent.draplugin import DraSide
+    from gpuagent.dra.side import DraSide
     from gpuagent.gpu import sim
     from gpuagent.kubelet.podresources import PodResourcesClient
     from gpuagent.nodefiles.cdikeeper import CdiSpecKeeper, CdiTarget
@@ -197,7 +197,7 @@ class Agent:
 
     def _dra_side(self, options: Mapping[str, Any]) -> DraSide:
         """The DRA side (imported only when DRA is on: its API client costs memory)."""
-        from gpuagent.draplugin import DraSide, KubeConfigError  # noqa: PLC0415
+        from gpuagent.dra.side import DraSide, KubeConfigError  # noqa: PLC0415
         from gpuagent.nodefiles.cdikeeper import NodeSpecs  # noqa: PLC0415
 
         specs = NodeSpecs(_cdi_target(self.settings))

@@ -1,1 +1,1 @@
-"""The kubelet adapter: DevicePlugin service, registration, restart watch; the only gRPC code."""
+"""The kubelet adapter: DevicePlugin service, registration, restart watch, pod-resources client."""
