@@ -37,7 +37,7 @@ import bench_metrics  # noqa: E402
 import bench_plugin  # noqa: E402
 from bench_preferred import bench_preferred  # noqa: E402
 from support.fake_kubelet import FakeKubelet  # noqa: E402
-from support.grpcstubs import StubModules, generate  # noqa: E402
+from support.grpcstubs import StubModules, kubelet_stubs  # noqa: E402
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -272,7 +272,7 @@ def main() -> int:
         print(table(bench_dra.rows(args, Row)))
         return 0
     with tempfile.TemporaryDirectory() as stubs_dir:
-        stubs = generate(Path(stubs_dir))
+        stubs = kubelet_stubs()
         if not args.no_bytecode_cache:
             bench_plugin.bytecode_cache(Path(stubs_dir) / "pycache")
         if args.only_accounting:

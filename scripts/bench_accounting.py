@@ -33,11 +33,9 @@ sys.path.insert(0, str(ROOT))
 
 from support.cgroups import LAYOUTS, cgroup_file, write_proc  # noqa: E402
 from support.clock import FakeClock  # noqa: E402
-from support.cristubs import CriStubs  # noqa: E402
-from support.cristubs import generate as generate_cri  # noqa: E402
 from support.fake_cri import FakeCri, RuntimeContainer  # noqa: E402
 from support.fake_podresources import FakePodResources, Held  # noqa: E402
-from support.grpcstubs import StubModules  # noqa: E402
+from support.grpcstubs import CriStubs, StubModules, cri_stubs, kubelet_stubs  # noqa: E402
 
 GPUS = 8
 PER_GPU = 50
@@ -297,9 +295,7 @@ def rows(
                    _ms(poll["accounting_per_gpu"]), "", None))  # fmt: skip
     out.append(row("/metrics 8 GPUs x 50 containers: new version, render+gzip p50",
                    _ms(poll["render"]), "", None))  # fmt: skip
-    with tempfile.TemporaryDirectory() as tmp:
-        cri_stubs = generate_cri(Path(tmp))
-        r = bench_agent(stubs, cri_stubs, agent, tempdir, args.cri_window, args.accounting_scrapes)
+    r = bench_agent(stubs, cri_stubs(), agent, tempdir, args.cri_window, args.accounting_scrapes)
     out.append(row(f"CRI calls naming 400 containers / at rest ({r['at_rest']} in "
                    f"{r['window']:.0f} s of 1 s polls)",
                    f"{r['refreshes']} / {r['per_minute']:.1f}/min", "0/min beyond the refresh",
@@ -324,14 +320,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main() -> int:
     import bench  # noqa: PLC0415
-    from support.grpcstubs import generate  # noqa: PLC0415
 
     parser = argparse.ArgumentParser(description=__doc__)
     add_arguments(parser)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as stubs_dir:
-        stubs = generate(Path(stubs_dir))
-        out = rows(stubs, args, bench.agent, bench.tempdir, bench.Row)
+    out = rows(kubelet_stubs(), args, bench.agent, bench.tempdir, bench.Row)
     print(bench.table(out))
     return 0
 

@@ -25,9 +25,9 @@ from typing import Any
 
 import uvloop
 from e2e.agentrun import running_agent
-from support.drastubs import generate as generate_dra_stubs
 from support.fake_apiserver import FakeApiServer, claim
 from support.fake_plugin_watcher import FakePluginWatcher
+from support.grpcstubs import dra_stubs
 
 from gpuagent import logs
 from gpuagent.dra.endpoint import EndpointTiming
@@ -58,7 +58,7 @@ async def _wait(check: Any) -> None:
 async def _measure(gpus: int, claims: int, faults: int, root: Path) -> dict[str, list[float]]:
     api = FakeApiServer(node=NODE)
     await api.start()
-    stubs = generate_dra_stubs(root / "stubs")
+    stubs = dra_stubs()
     watcher = FakePluginWatcher(root / "registry", stubs)
     args = (
         "--simulate", str(gpus), "--dra-gpus", "all",

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import uvloop
-from support import cristubs
+from support import grpcstubs
 from support.fake_kubelet import FakeKubelet
-from support.grpcstubs import StubModules, generate
+from support.grpcstubs import CriStubs, DraStubs, StubModules
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -64,15 +64,21 @@ async def no_task_left_behind() -> AsyncIterator[None]:
 
 
 @pytest.fixture(scope="session")
-def grpc_stubs(tmp_path_factory: pytest.TempPathFactory) -> StubModules:
-    """grpcio stubs for both protos, generated once per session by protoc."""
-    return generate(tmp_path_factory.mktemp("grpcstubs"))
+def grpc_stubs() -> StubModules:
+    """grpcio stubs for the kubelet's device-plugin and pod-resources protos."""
+    return grpcstubs.kubelet_stubs()
 
 
 @pytest.fixture(scope="session")
-def cri_stubs(tmp_path_factory: pytest.TempPathFactory) -> cristubs.CriStubs:
-    """grpcio stubs for the CRI proto (the container runtime stand-in), once per session."""
-    return cristubs.generate(tmp_path_factory.mktemp("cristubs"))
+def cri_stubs() -> CriStubs:
+    """grpcio stubs for the CRI proto (the container runtime stand-in)."""
+    return grpcstubs.cri_stubs()
+
+
+@pytest.fixture(scope="session")
+def dra_stubs() -> DraStubs:
+    """grpcio stubs for the DRA protos (the plugin watcher stand-in)."""
+    return grpcstubs.dra_stubs()
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from support.fake_kubelet import (
     go_status_text,
     is_extended_resource_name,
 )
-from support.grpcstubs import StubModules, generate
+from support.grpcstubs import StubModules, kubelet_stubs
 
 RESOURCE = "example.com/tiny"
 TIMEOUT = 10.0
@@ -422,13 +422,11 @@ def test_go_status_text() -> None:
     )
 
 
-def test_generate_again_reuses_the_imported_modules(
-    grpc_stubs: StubModules, tmp_path: Path
-) -> None:
-    again = generate(tmp_path / "again")
-    assert again is grpc_stubs
-    assert (tmp_path / "again" / "deviceplugin" / "v1beta1" / "api_pb2_grpc.py").is_file()
-    assert (tmp_path / "again" / "podresources" / "v1" / "api_pb2.pyi").is_file()
+def test_generate_again_reuses_the_imported_modules(grpc_stubs: StubModules) -> None:
+    assert kubelet_stubs() is grpc_stubs
+    generated = Path(grpc_stubs.dp_grpc.__file__ or "").parents[2]
+    assert (generated / "deviceplugin" / "v1beta1" / "api_pb2_grpc.py").is_file()
+    assert (generated / "podresources" / "v1" / "api_pb2.pyi").is_file()
     # Same-named messages of the two packages stay distinct.
     assert grpc_stubs.dp_pb2.NUMANode.DESCRIPTOR.full_name == "v1beta1.NUMANode"
     assert grpc_stubs.pr_pb2.NUMANode.DESCRIPTOR.full_name == "v1.NUMANode"

@@ -20,12 +20,11 @@ import structlog.testing
 from e2e.agentrun import RunningAgent, running_agent
 from referencing import Registry
 from referencing.jsonschema import DRAFT7
-from support.drastubs import DraStubs
-from support.drastubs import generate as generate_dra_stubs
 from support.driverroot import LIBDIR, make_driver_root
 from support.fake_apiserver import FakeApiServer, claim
 from support.fake_kubelet import FakeKubelet
 from support.fake_plugin_watcher import FakePluginWatcher, Registration
+from support.grpcstubs import DraStubs
 
 from gpuagent.dra.endpoint import EndpointTiming
 from gpuagent.dra.service import DraConfig
@@ -40,11 +39,6 @@ FAST_DRA = {
     "api_timeout": 2.0,
     "health_resend_s": 0.2,
 }
-
-
-@pytest.fixture(scope="session")
-def dra_stubs(tmp_path_factory: pytest.TempPathFactory) -> DraStubs:
-    return generate_dra_stubs(tmp_path_factory.mktemp("drastubs"))
 
 
 @pytest.fixture

@@ -14,9 +14,8 @@ from typing import Any
 
 import pytest
 import structlog.testing
-from support.drastubs import DraStubs
-from support.drastubs import generate as generate_dra_stubs
 from support.fake_plugin_watcher import FakePluginWatcher
+from support.grpcstubs import DraStubs
 from support.waiting import eventually
 
 from gpuagent.dra.endpoint import DraEndpoint, EndpointTiming
@@ -45,11 +44,6 @@ def served_again(logs: list[MutableMapping[str, Any]], times: int) -> bool:
 
 def new_socket(path: Path, before: tuple[int, int] | None) -> bool:
     return socket_id(path) not in (None, before)
-
-
-@pytest.fixture(scope="module")
-def dra_stubs(tmp_path_factory: pytest.TempPathFactory) -> DraStubs:
-    return generate_dra_stubs(tmp_path_factory.mktemp("drastubs"))
 
 
 @pytest.mark.parametrize("timing", [ON_INOTIFY, POLLING], ids=["inotify", "polling"])

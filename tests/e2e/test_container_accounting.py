@@ -12,10 +12,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 from support.cgroups import LAYOUTS, Layout, cgroup_file, host_cgroup_file, write_proc
-from support.cristubs import CriStubs
 from support.fake_cri import FakeCri, RuntimeContainer
 from support.fake_podresources import FakePodResources, Held
-from support.grpcstubs import StubModules
+from support.grpcstubs import CriStubs, StubModules
 
 from e2e.agentrun import RunningAgent, running_agent
 from gpuagent.gpu.sim import load_sim_config

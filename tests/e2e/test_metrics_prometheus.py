@@ -23,10 +23,9 @@ import aiohttp
 import pytest
 import yaml
 from support.cgroups import Layout, cgroup_file, write_proc
-from support.cristubs import CriStubs
 from support.fake_cri import FakeCri, RuntimeContainer
 from support.fake_podresources import FakePodResources, Held
-from support.grpcstubs import StubModules
+from support.grpcstubs import CriStubs, StubModules
 
 from e2e.agentrun import running_agent
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 from support.cgroups import Layout, cgroup_file, write_proc
-from support.cristubs import CriStubs
 from support.fake_cri import FakeCri, RuntimeContainer
+from support.grpcstubs import CriStubs
 from support.synthetic import gpu_uuid, pods_by_device, synthetic_snapshot
 
 from gpuagent.domain.devices import PodRef, Snapshot

@@ -9,8 +9,8 @@ import grpc
 import pytest
 import structlog.testing
 from support.clock import FakeClock
-from support.cristubs import CriStubs
 from support.fake_cri import FakeCri, RuntimeContainer
+from support.grpcstubs import CriStubs
 
 from gpuagent.domain.devices import PodRef
 from gpuagent.runtime.cri import CriClient

@@ -24,7 +24,7 @@ import pytest
 from e2e.agentrun import RunningAgent, running_agent
 from prometheus_client.parser import text_string_to_metric_families
 from support.containerd import ContainerdUnavailable, CriRuntime, PrivateContainerd
-from support.cristubs import CriStubs
+from support.grpcstubs import CriStubs
 from support.required import unavailable
 
 from gpuagent.domain.cgroups import container_of

@@ -10,7 +10,7 @@ runs the test's containers.
 
 :class:`CriRuntime` runs a pod the way the kubelet does, through the CRI (``RunPodSandbox``,
 ``CreateContainer`` with the kubelet's labels, ``StartContainer``), with the tests' grpcio stubs
-(:mod:`support.cristubs`), and tells a container's host PID (``ContainerStatus`` verbose).
+(:mod:`support.grpcstubs`), and tells a container's host PID (``ContainerStatus`` verbose).
 
 Pods get the cgroupfs layout the kubelet gives them (``…/kubepods/<qos>/pod<uid>/<container
 id>``) under a parent unique to the test, on cgroup v1 and v2 alike, with runc's cgroupfs driver
@@ -41,7 +41,7 @@ from typing import Any, Self
 
 import grpc
 
-from .cristubs import CriStubs
+from .grpcstubs import CriStubs
 
 __all__ = [
     "IMAGE",

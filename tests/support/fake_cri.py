@@ -19,7 +19,7 @@ from typing import Any, Self
 
 import grpc
 
-from .cristubs import CriStubs
+from .grpcstubs import CriStubs
 
 __all__ = ["FakeCri", "RuntimeContainer"]
 

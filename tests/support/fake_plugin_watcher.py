@@ -21,7 +21,7 @@ from typing import Any
 
 import grpc
 
-from .drastubs import DraStubs
+from .grpcstubs import DraStubs
 
 __all__ = ["DRA_SERVICES", "FakePluginWatcher", "Registration"]
 
