@@ -9,7 +9,6 @@ import stat
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from support.fake_kubelet import (
     go_status_text,
     is_extended_resource_name,
 )
+from support.grpcserver import UnixGrpcServer
 from support.grpcstubs import StubModules, kubelet_stubs
 
 RESOURCE = "example.com/tiny"
@@ -47,20 +47,19 @@ class TinyPlugin:
         self.options = self.pb.DevicePluginOptions(get_preferred_allocation_available=True)
         self.allocations: list[list[str]] = []
         self._stop = threading.Event()
-        self._server: Any = None
+        self._server = UnixGrpcServer(
+            self.socket_path,
+            lambda server: stubs.dp_grpc.add_DevicePluginServicer_to_server(self, server),
+            name="tiny-plugin",
+        )
 
     def start(self) -> None:
         self._stop.clear()
-        self._server = grpc.server(ThreadPoolExecutor(max_workers=4))
-        self.stubs.dp_grpc.add_DevicePluginServicer_to_server(self, self._server)
-        self._server.add_insecure_port(f"unix:{self.socket_path}")
         self._server.start()
 
     def stop(self) -> None:
         """Stop serving at once: open streams are cut, not finished."""
-        if self._server is not None:
-            self._server.stop(None).wait(TIMEOUT)
-            self._server = None
+        self._server.stop()
         self._stop.set()
 
     def register(
@@ -266,15 +265,10 @@ def test_register_fails_when_the_plugin_is_not_serving(
 def test_options_failure_fails_register(device_plugin_dir: Path, grpc_stubs: StubModules) -> None:
     with FakeKubelet(device_plugin_dir, grpc_stubs) as kubelet:
         # A server that serves nothing: the dial succeeds, GetDevicePluginOptions does not.
-        empty_server = grpc.server(ThreadPoolExecutor(max_workers=1))
-        empty_server.add_insecure_port(f"unix:{device_plugin_dir / 'empty.sock'}")
-        empty_server.start()
-        try:
+        with UnixGrpcServer(device_plugin_dir / "empty.sock", lambda _: None, name="empty"):
             plugin = TinyPlugin(device_plugin_dir, grpc_stubs, endpoint="empty.sock")
             with pytest.raises(grpc.RpcError) as caught:
                 plugin.register(kubelet.kubelet_socket)
-        finally:
-            empty_server.stop(None).wait(TIMEOUT)
         error: Any = caught.value
         assert error.code() == grpc.StatusCode.UNKNOWN
         assert error.details().startswith(

@@ -8,23 +8,17 @@ back as a restarted runtime does. Not gpuagent's gRPC stack: its own protoc-gene
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
-import grpc
-
+from .grpcserver import StandInServer
 from .grpcstubs import CriStubs
 
 __all__ = ["FakeCri", "RuntimeContainer"]
 
 RUNNING = 1
-_STOP_GRACE_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -69,18 +63,17 @@ class _Servicer:
         return self._fake._list(request, context)
 
 
-class FakeCri:
+class FakeCri(StandInServer):
     """The runtime's CRI server."""
 
     def __init__(self, socket_path: Path, stubs: CriStubs) -> None:
-        self.socket_path = Path(socket_path)
+        super().__init__(
+            socket_path,
+            lambda server: stubs.grpc.add_RuntimeServiceServicer_to_server(_Servicer(self), server),
+            name="fake-cri",
+        )
         self._stubs = stubs
-        self._lock = threading.Lock()
         self._containers: tuple[RuntimeContainer, ...] = ()
-        self._calls: list[float] = []
-        self._fail: grpc.StatusCode | None = None
-        self._server: Any = None
-        self._executor: ThreadPoolExecutor | None = None
 
     def set(self, containers: Iterable[RuntimeContainer]) -> None:
         with self._lock:
@@ -90,27 +83,11 @@ class FakeCri:
         with self._lock:
             self._containers = (*self._containers, *containers)
 
-    def fail_with(self, code: grpc.StatusCode | None) -> None:
-        """Answer with an error status from now on (None: answer normally again)."""
-        with self._lock:
-            self._fail = code
-
-    @property
-    def calls(self) -> int:
-        with self._lock:
-            return len(self._calls)
-
-    def calls_since(self, t: float) -> int:
-        with self._lock:
-            return sum(1 for c in self._calls if c >= t)
-
     def _list(self, request: Any, context: Any) -> Any:
         pb = self._stubs.pb2
+        self.answering(context)
         with self._lock:
-            self._calls.append(time.monotonic())
-            containers, fail = self._containers, self._fail
-        if fail is not None:
-            context.abort(fail, "stand-in told to fail")
+            containers = self._containers
         wanted = request.filter if request.HasField("filter") else None
         out = []
         for c in containers:
@@ -138,43 +115,3 @@ class FakeCri:
                 )
             )
         return pb.ListContainersResponse(containers=out)
-
-    # -- lifecycle ---------------------------------------------------------------------------
-    def start(self) -> None:
-        with self._lock:
-            if self._server is not None:
-                return
-            self.socket_path.parent.mkdir(parents=True, exist_ok=True)
-            self.socket_path.unlink(missing_ok=True)
-            executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="fake-cri")
-            server = grpc.server(executor)
-            self._stubs.grpc.add_RuntimeServiceServicer_to_server(_Servicer(self), server)
-            server.add_insecure_port(f"unix:{self.socket_path}")
-            server.start()
-            self._server, self._executor = server, executor
-
-    def stop(self) -> None:
-        with self._lock:
-            server, executor = self._server, self._executor
-            self._server = self._executor = None
-        if server is not None:
-            server.stop(None).wait(_STOP_GRACE_S)
-        if executor is not None:
-            executor.shutdown(wait=False, cancel_futures=True)
-        self.socket_path.unlink(missing_ok=True)
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

@@ -28,14 +28,13 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import grpc
 
+from .grpcserver import StartStop, UnixGrpcServer
 from .grpcstubs import StubModules
 
 __all__ = [
@@ -365,7 +364,7 @@ class _RegistrationServicer:
         return self._kubelet._register(request, context, self._generation)
 
 
-class FakeKubelet:
+class FakeKubelet(StartStop):
     """The kubelet's device manager, as seen by a device plugin over its Unix sockets."""
 
     def __init__(
@@ -390,15 +389,20 @@ class FakeKubelet:
         self.call_timeout = call_timeout
         """Bound on calls the kubelet makes without a deadline (options, allocate, preferred)."""
         self.create_deprecation_file = create_deprecation_file
-        self._max_workers = max_workers
         self._pb = stubs.dp_pb2
         self._cond = threading.Condition()
         self._registrations: list[Registration] = []
         self._attempts: list[RegisterAttempt] = []
         self._restarts: list[float] = []
         self._generation = 0
-        self._server: Any = None
-        self._executor: ThreadPoolExecutor | None = None
+        # A killed kubelet leaves its socket; start() removes it with the others.
+        self._server = UnixGrpcServer(
+            self.kubelet_socket,
+            self._add_servicers,
+            name="fake-kubelet",
+            max_workers=max_workers,
+            leave_socket=True,
+        )
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -408,53 +412,35 @@ class FakeKubelet:
 
     @property
     def running(self) -> bool:
-        with self._cond:
-            return self._server is not None
+        return self._server.running
 
     def start(self) -> None:
         """Start the registration server as the kubelet does; a no-op when already running."""
         with self._cond:
-            if self._server is not None:
+            if self._server.running:
                 return
             self.socket_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
             _remove_sockets(self.socket_dir)
             if self.create_deprecation_file:
                 (self.socket_dir / "DEPRECATION").touch()
-            self.kubelet_socket.unlink(missing_ok=True)
             self._generation += 1
-            executor = ThreadPoolExecutor(
-                max_workers=self._max_workers, thread_name_prefix="fake-kubelet"
-            )
-            server = grpc.server(executor)
-            self.stubs.dp_grpc.add_RegistrationServicer_to_server(
-                _RegistrationServicer(self, self._generation), server
-            )
-            try:
-                server.add_insecure_port(f"unix:{self.kubelet_socket}")
-                server.start()
-            except BaseException:
-                server.stop(None)
-                executor.shutdown(wait=False, cancel_futures=True)
-                raise
-            self._server = server
-            self._executor = executor
+            self._server.start()
+
+    def _add_servicers(self, server: grpc.Server) -> None:
+        servicer = _RegistrationServicer(self, self._generation)
+        self.stubs.dp_grpc.add_RegistrationServicer_to_server(servicer, server)
 
     def _shutdown(self) -> None:
         """What the kubelet's death does: the server and every plugin connection go away."""
         with self._cond:
-            server, executor = self._server, self._executor
-            self._server = self._executor = None
             self._generation += 1  # a Register still in flight is dropped
             registrations = list(self._registrations)
-        if server is not None:
-            server.stop(None).wait(_JOIN_TIMEOUT_S)
+        self._server.stop()
         for registration in registrations:
             registration._close(by_kubelet=True)
         deadline = time.monotonic() + _JOIN_TIMEOUT_S
         for registration in registrations:
             registration._join(max(0.0, deadline - time.monotonic()))
-        if executor is not None:
-            executor.shutdown(wait=False, cancel_futures=True)
 
     def restart(self) -> None:
         """A kubelet restart: stop, delete every socket in the directory, start again."""
@@ -468,18 +454,6 @@ class FakeKubelet:
     def stop(self) -> None:
         """Stop serving and close every plugin connection. Idempotent."""
         self._shutdown()
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # -- Register ---------------------------------------------------------------------------
 

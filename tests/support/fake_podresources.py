@@ -8,22 +8,17 @@ than the 4 MiB gRPC default can be served (dcgm-exporter #509).
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import grpc
 
+from .grpcserver import StandInServer
 from .grpcstubs import StubModules
 
 __all__ = ["FakePodResources", "Held"]
-
-_STOP_GRACE_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -51,18 +46,20 @@ class _Servicer:
         context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this stand-in")
 
 
-class FakePodResources:
+class FakePodResources(StandInServer):
     """The kubelet's pod-resources server."""
 
     def __init__(self, socket_path: Path, stubs: StubModules) -> None:
-        self.socket_path = Path(socket_path)
+        super().__init__(
+            socket_path,
+            lambda server: stubs.pr_grpc.add_PodResourcesListerServicer_to_server(
+                _Servicer(self), server
+            ),
+            name="fake-podresources",
+            options=[("grpc.max_send_message_length", -1)],
+        )
         self._stubs = stubs
-        self._lock = threading.Lock()
         self._held: tuple[Held, ...] = ()
-        self._calls: list[float] = []
-        self._fail: grpc.StatusCode | None = None
-        self._server: Any = None
-        self._executor: ThreadPoolExecutor | None = None
         self.padding = 0
         """Extra bytes of filler pods added to each response (to exceed 4 MiB)."""
 
@@ -71,27 +68,11 @@ class FakePodResources:
         with self._lock:
             self._held = tuple(held)
 
-    def fail_with(self, code: grpc.StatusCode | None) -> None:
-        """Answer List with an error status from now on (None: answer normally again)."""
-        with self._lock:
-            self._fail = code
-
-    @property
-    def calls(self) -> int:
-        with self._lock:
-            return len(self._calls)
-
-    def calls_since(self, t: float) -> int:
-        with self._lock:
-            return sum(1 for c in self._calls if c >= t)
-
     def _list(self, context: Any) -> Any:
         pb = self._stubs.pr_pb2
+        self.answering(context)
         with self._lock:
-            self._calls.append(time.monotonic())
-            held, fail, padding = self._held, self._fail, self.padding
-        if fail is not None:
-            context.abort(fail, "stand-in told to fail")
+            held, padding = self._held, self.padding
         pods: dict[tuple[str, str], Any] = {}
         for item in held:
             pod = pods.get((item.namespace, item.pod))
@@ -114,53 +95,3 @@ class FakePodResources:
             padding -= 260
             n += 1
         return response
-
-    # -- lifecycle ---------------------------------------------------------------------------
-    @property
-    def running(self) -> bool:
-        with self._lock:
-            return self._server is not None
-
-    def start(self) -> None:
-        with self._lock:
-            if self._server is not None:
-                return
-            self.socket_path.parent.mkdir(parents=True, exist_ok=True)
-            self.socket_path.unlink(missing_ok=True)
-            executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="fake-podresources")
-            server = grpc.server(
-                executor,
-                options=[("grpc.max_send_message_length", -1)],
-            )
-            self._stubs.pr_grpc.add_PodResourcesListerServicer_to_server(_Servicer(self), server)
-            server.add_insecure_port(f"unix:{self.socket_path}")
-            server.start()
-            self._server, self._executor = server, executor
-
-    def stop(self) -> None:
-        """The socket goes away (kubelet down, or the directory not mounted)."""
-        with self._lock:
-            server, executor = self._server, self._executor
-            self._server = self._executor = None
-        if server is not None:
-            server.stop(None).wait(_STOP_GRACE_S)
-        if executor is not None:
-            executor.shutdown(wait=False, cancel_futures=True)
-        self.socket_path.unlink(missing_ok=True)
-
-    def restart(self) -> None:
-        """A kubelet restart: the old socket is deleted and a new one created."""
-        self.stop()
-        self.start()
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
