@@ -8,11 +8,15 @@ and newline escaped, HELP text with ``\\`` and newline escaped, every line endin
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import TypeVar
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 Labels = Sequence[tuple[str, str]]
+T = TypeVar("T")
+Single = tuple[str, str, str, Callable[[T], float]]
+"""A family of one unlabelled sample: name, kind, help and how to read its value from a source."""
 
 
 def escape_label(value: str) -> str:
@@ -95,3 +99,17 @@ class Family:
 
 def render(families: Iterable[Family]) -> str:
     return "".join(f.render() for f in families)
+
+
+def single(name: str, kind: str, help_text: str, labels: Labels, value: float) -> Family:
+    """A family of one sample."""
+    family = Family(name, kind, help_text)
+    family.add(labels, value)
+    return family
+
+
+def singles(table: Iterable[Single[T]], source: T) -> list[Family]:
+    """One family of one unlabelled sample per row of ``table``, read from ``source``."""
+    return [
+        single(name, kind, help_text, (), read(source)) for name, kind, help_text, read in table
+    ]

@@ -16,7 +16,15 @@ from collections.abc import Callable, Mapping
 from gpuagent.domain.devices import Gpu, Snapshot
 from gpuagent.domain.usage import ContainerUsage
 from gpuagent.state.counters import CriStats, LogLinkStats
-from gpuagent.web.exposition import Family, escape_label, format_value, header, label_pairs
+from gpuagent.web.exposition import (
+    Family,
+    Single,
+    escape_label,
+    format_value,
+    header,
+    label_pairs,
+    singles,
+)
 
 __all__ = ["SHARED_DCGM", "accounting_families", "render_usage"]
 
@@ -177,52 +185,54 @@ def accounting_families(
 
 
 def _log_link_families(stats: LogLinkStats | None) -> list[Family]:
-    if stats is None:
-        return []
-    listings = Family(
-        "gpuagent_container_log_links_listings_total",
-        "counter",
-        "Listings of the kubelet's container log links (only when a GPU process's container "
-        "was not named yet).",
-    )
-    listings.add((), stats.listings)
-    errors = Family(
-        "gpuagent_container_log_links_errors_total",
-        "counter",
-        "Listings of the kubelet's container log links that failed (directory absent or "
-        "unreadable).",
-    )
-    errors.add((), stats.errors)
-    containers = Family(
-        "gpuagent_container_log_links",
-        "gauge",
-        "Containers named by the last good listing of the kubelet's container log links.",
-    )
-    containers.add((), stats.containers)
-    return [listings, errors, containers]
+    return [] if stats is None else singles(_LOG_LINKS, stats)
 
 
 def _cri_families(stats: CriStats | None) -> list[Family]:
     """The CRI client's counters (agent part)."""
-    if stats is None:
-        return []
-    requests = Family(
+    return [] if stats is None else singles(_CRI, stats)
+
+
+_LOG_LINKS: tuple[Single[LogLinkStats], ...] = (
+    (
+        "gpuagent_container_log_links_listings_total",
+        "counter",
+        "Listings of the kubelet's container log links (only when a GPU process's container "
+        "was not named yet).",
+        lambda s: s.listings,
+    ),
+    (
+        "gpuagent_container_log_links_errors_total",
+        "counter",
+        "Listings of the kubelet's container log links that failed (directory absent or "
+        "unreadable).",
+        lambda s: s.errors,
+    ),
+    (
+        "gpuagent_container_log_links",
+        "gauge",
+        "Containers named by the last good listing of the kubelet's container log links.",
+        lambda s: s.containers,
+    ),
+)
+_CRI: tuple[Single[CriStats], ...] = (
+    (
         "gpuagent_cri_requests_total",
         "counter",
         "CRI ListContainers calls made (only when a GPU process's container was never seen).",
-    )
-    requests.add((), stats.requests)
-    errors = Family(
+        lambda s: s.requests,
+    ),
+    (
         "gpuagent_cri_errors_total",
         "counter",
         "CRI ListContainers calls that failed, or were not made for want of the configured "
         "socket (no socket at all is no error: the CRI is optional).",
-    )
-    errors.add((), stats.errors)
-    containers = Family(
+        lambda s: s.errors,
+    ),
+    (
         "gpuagent_cri_containers",
         "gauge",
         "Containers with the kubelet's labels in the last good CRI ListContainers answer.",
-    )
-    containers.add((), stats.containers)
-    return [requests, errors, containers]
+        lambda s: s.containers,
+    ),
+)

@@ -1,0 +1,168 @@
+"""The agent's own families, rendered on every scrape: the kubelet, configuration reloads,
+pod-resources, NVML calls and the DRA side (per-container accounting's are in
+:mod:`gpuagent.web.usage`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gpuagent.domain.devices import Snapshot
+from gpuagent.state.counters import DraCounters, NvmlCallStats, PodResourcesStats, ReloadStats
+from gpuagent.web.exposition import Family, Single, format_value, label_pairs, single, singles
+
+__all__ = [
+    "config_families",
+    "dra_families",
+    "nvml_families",
+    "pod_resources_families",
+]
+
+
+def config_families(generation: int, reloads: ReloadStats) -> list[Family]:
+    total = Family(
+        "gpuagent_config_reloads_total",
+        "counter",
+        "Configuration reloads (SIGHUP or a changed config file), by result: changed (applied), "
+        "unchanged (nothing to apply), invalid (refused; the running configuration stays).",
+    )
+    for result in ("changed", "unchanged", "invalid"):
+        total.add((("result", result),), getattr(reloads, result))
+    return [
+        single("gpuagent_config_generation", "gauge",
+               "Reloads that changed the running configuration since the agent started.", (),
+               generation),
+        single("gpuagent_config_last_reload_successful", "gauge",
+               "Whether the last configuration reload was applied (1; also before any) or "
+               "refused as invalid (0).", (), 1 if reloads.last_successful else 0),
+        total,
+    ]  # fmt: skip
+
+
+def dra_families(dra: DraCounters | None) -> list[Family]:
+    return [] if dra is None else singles(_DRA, dra)
+
+
+def nvml_families(calls: tuple[NvmlCallStats, ...]) -> list[Family]:
+    if not calls:
+        return []
+    seconds = Family(
+        "gpuagent_nvml_call_duration_seconds",
+        "summary",
+        "Time spent in NVML calls, per kind of call.",
+    )
+    errors = Family(
+        "gpuagent_nvml_call_errors_total", "counter", "NVML calls that failed, per kind of call."
+    )
+    for stats in sorted(calls, key=lambda s: s.call):
+        block = "{" + label_pairs((("call", stats.call),)) + "}"
+        seconds.samples.append(f"{seconds.name}_sum{block} {format_value(stats.seconds)}\n")
+        seconds.samples.append(f"{seconds.name}_count{block} {stats.count}\n")
+        errors.add(block, stats.errors)
+    return [seconds, errors]
+
+
+def pod_resources_families(
+    snapshot: Snapshot,
+    stats: PodResourcesStats | None,
+    device_ids: int,
+    monotonic: Callable[[], float],
+    wall: Callable[[], float],
+) -> list[Family]:
+    if stats is None:
+        return []
+    pods = snapshot.pods
+    out = [
+        single("gpuagent_pod_resources_up", "gauge",
+               "Whether the last pod-resources List succeeded (1) or not (0).", (),
+               1 if pods.refreshed_at is not None and not pods.error else 0),
+        single("gpuagent_pod_resources_socket_present", "gauge",
+               "Whether the kubelet pod-resources socket exists (1) or not (0).", (),
+               1 if stats.socket_present else 0),
+        single("gpuagent_pod_resources_requests_total", "counter",
+               "pod-resources List calls made.", (), stats.requests),
+        single("gpuagent_pod_resources_errors_total", "counter",
+               "pod-resources List calls that failed (socket absent, kubelet down, error).",
+               (), stats.errors),
+        single("gpuagent_pod_resources_devices", "gauge",
+               "Device IDs in the last known pod-resources mapping.", (),
+               device_ids),
+    ]  # fmt: skip
+    if pods.refreshed_at is not None:
+        age = max(0.0, monotonic() - pods.refreshed_at)
+        out.append(
+            single("gpuagent_pod_resources_age_seconds", "gauge",
+                   "Seconds since the pod attribution was last refreshed successfully.",
+                   (), round(age, 3))
+        )  # fmt: skip
+        out.append(
+            single("gpuagent_pod_resources_last_success_timestamp_seconds", "gauge",
+                   "Unix time of the last successful pod-resources List.", (),
+                   round(wall() - age, 3))
+        )  # fmt: skip
+    return out
+
+
+_DRA: tuple[Single[DraCounters], ...] = (
+    (
+        "gpuagent_dra_api_up",
+        "gauge",
+        "Whether the last ResourceSlice publication reached the API server (1) or not (0).",
+        lambda d: 1 if d.api_up else 0,
+    ),
+    (
+        "gpuagent_dra_api_errors_total",
+        "counter",
+        "ResourceSlice publications that failed (API server unreachable or refusing).",
+        lambda d: d.api_errors,
+    ),
+    (
+        "gpuagent_dra_slice_writes_total",
+        "counter",
+        "ResourceSlices created or replaced.",
+        lambda d: d.slice_writes,
+    ),
+    (
+        "gpuagent_dra_slice_generation",
+        "gauge",
+        "Generation of the node's ResourceSlice pool as last published.",
+        lambda d: d.slice_generation,
+    ),
+    ("gpuagent_dra_devices", "gauge", "Devices this node serves through DRA.", lambda d: d.devices),
+    (
+        "gpuagent_dra_unpublished_gpus",
+        "gauge",
+        "GPUs given to DRA whose devices are in no published ResourceSlice, so offered "
+        "through neither API.",
+        lambda d: d.unpublished_gpus,
+    ),
+    (
+        "gpuagent_dra_registered",
+        "gauge",
+        "Whether the kubelet accepted the DRA plugin (1) or not (0).",
+        lambda d: 1 if d.registered else 0,
+    ),
+    (
+        "gpuagent_dra_prepared_claims",
+        "gauge",
+        "ResourceClaims prepared on this node (checkpointed).",
+        lambda d: d.prepared_claims,
+    ),
+    (
+        "gpuagent_dra_prepares_total",
+        "counter",
+        "Claims prepared by NodePrepareResources.",
+        lambda d: d.prepares,
+    ),
+    (
+        "gpuagent_dra_prepare_errors_total",
+        "counter",
+        "Claims NodePrepareResources could not prepare.",
+        lambda d: d.prepare_errors,
+    ),
+    (
+        "gpuagent_dra_unprepares_total",
+        "counter",
+        "Claims unprepared by NodeUnprepareResources.",
+        lambda d: d.unprepares,
+    ),
+)

@@ -1,0 +1,131 @@
+"""What the device series' labels depend on, kept while only readings change.
+
+A layout holds each series' label blocks (one per container holding its GPU or MIG device, or
+one unattributed) and the identity families; :class:`gpuagent.web.metrics.MetricsRenderer`
+builds a new one only when a GPU's identity, the driver, the pods or the served resources change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from gpuagent.domain.attribution import Target, attributions, by_device
+from gpuagent.domain.devices import Allocated, Gpu, MigDevice, PodRef, Snapshot
+from gpuagent.web.exposition import escape_label, label_pairs
+from gpuagent.web.gpufamilies import identity_families
+
+__all__ = ["Layout", "Series", "build_layout", "identity"]
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    """One series' device and label blocks (one per container holding it, or one unattributed).
+
+    ``gpu`` and ``mig`` are positions in ``snapshot.gpus`` and that GPU's ``mig_devices``.
+    """
+
+    target: Target
+    gpu: int
+    mig: int | None
+    blocks: tuple[bytes, ...]
+    refs: tuple[PodRef, ...] = ()  # the container of each block (none when unattributed)
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """What stays put while only readings change: series, label blocks and identity families."""
+
+    gpus: tuple[object, ...]
+    driver: str
+    allocated: tuple[Allocated, ...]
+    served: frozenset[str]
+    device_ids: int  # device IDs of served resources the kubelet lists as held
+    series: tuple[Series, ...]
+    static: bytes
+
+
+def build_layout(
+    snapshot: Snapshot, served: Collection[str], gpus: tuple[object, ...], host: str
+) -> Layout:
+    """The layout of ``snapshot`` under ``served``; ``gpus`` are its GPUs' :func:`identity`,
+    ``host`` the host label (``,Hostname="..."``, or empty)."""
+    driver = snapshot.driver.version
+    allocated = snapshot.pods.allocated
+    mapping = by_device(allocated, served)
+    pods = attributions(snapshot, mapping)
+    tail = f'{host},DCGM_FI_DRIVER_VERSION="{escape_label(driver)}"'
+    series = []
+    for position, gpu in enumerate(snapshot.gpus):
+        base = label_pairs(
+            (
+                ("gpu", str(gpu.index)),
+                ("UUID", gpu.uuid),
+                ("pci_bus_id", gpu.pci_bus_id),
+                ("device", f"nvidia{gpu.index}"),  # dcgm-exporter: the index, not the minor
+                ("modelName", gpu.name),
+            )
+        )
+        instances = _gpu_instances(gpu) if gpu.mig_enabled else []
+        if not instances:
+            target = Target(gpu.index)
+            refs = pods.get(target, ())
+            series.append(Series(target, position, None, _blocks(base + tail, refs), refs))
+            continue
+        for mig_position, mig in instances:
+            target = Target(gpu.index, mig.gpu_instance_id)
+            labels = (
+                f'{base},GPU_I_PROFILE="{escape_label(mig.profile)}"'
+                f',GPU_I_ID="{mig.gpu_instance_id}"{tail}'
+            )
+            series.append(
+                Series(target, position, mig_position, _blocks(labels, pods.get(target, ())))
+            )
+    return Layout(
+        gpus=gpus,
+        driver=driver,
+        allocated=allocated,
+        served=frozenset(served),
+        device_ids=len(mapping),
+        series=tuple(series),
+        static=identity_families(snapshot, pods).encode(),
+    )
+
+
+def identity(gpu: Gpu) -> object:
+    """What a GPU's series labels depend on (not its readings or health)."""
+    return (
+        gpu.index,
+        gpu.uuid,
+        gpu.minor,
+        gpu.name,
+        gpu.pci_bus_id,
+        gpu.numa_node,
+        gpu.mig_enabled,
+        tuple(
+            (m.uuid, m.gpu_instance_id, m.compute_instance_id, m.profile) for m in gpu.mig_devices
+        ),
+    )
+
+
+def _gpu_instances(gpu: Gpu) -> list[tuple[int, MigDevice]]:
+    """One MIG device per GPU instance (dcgm-exporter reports GPU instances, not CIs)."""
+    seen: dict[int, tuple[int, MigDevice]] = {}
+    for position, mig in enumerate(gpu.mig_devices):
+        seen.setdefault(mig.gpu_instance_id, (position, mig))
+    return [seen[gi] for gi in sorted(seen)]
+
+
+_EMPTY_POD = ',container="",namespace="",pod=""'
+
+
+def _blocks(labels: str, refs: tuple[PodRef, ...]) -> tuple[bytes, ...]:
+    if not refs:
+        return ((labels + _EMPTY_POD).encode(),)
+    return tuple(
+        (
+            f'{labels},container="{escape_label(r.container)}"'
+            f',namespace="{escape_label(r.namespace)}",pod="{escape_label(r.pod)}"'
+        ).encode()
+        for r in refs
+    )
