@@ -38,12 +38,12 @@ def links_dir(tmp_path: Path) -> Path:
     return directory
 
 
-def links(directory: Path, clock: FakeClock) -> LogLinks:
-    return LogLinks(directory, min_interval=2.0, retry_interval=30.0, monotonic=clock)
+@pytest.fixture
+def source(links_dir: Path, clock: FakeClock) -> LogLinks:
+    return LogLinks(links_dir, min_interval=2.0, retry_interval=30.0, monotonic=clock)
 
 
-def test_names_come_from_the_link_names_listed_once(links_dir: Path, clock: FakeClock) -> None:
-    source = links(links_dir, clock)
+def test_names_come_from_the_link_names_listed_once(source: LogLinks, clock: FakeClock) -> None:
     assert source.resolve({cid(1), cid(2)}) == {
         cid(1): PodRef("ml", "trainer-0", "main"),
         cid(2): PodRef("ml", "trainer-0", "sidecar"),
@@ -57,9 +57,8 @@ def test_names_come_from_the_link_names_listed_once(links_dir: Path, clock: Fake
 
 
 def test_a_new_container_lists_again_at_most_every_min_interval(
-    links_dir: Path, clock: FakeClock
+    source: LogLinks, links_dir: Path, clock: FakeClock
 ) -> None:
-    source = links(links_dir, clock)
     source.resolve({cid(1)})
     add_link(links_dir, "trainer-1", "ml", "main", cid(3))
     assert source.resolve({cid(1), cid(3)}) == {cid(1): PodRef("ml", "trainer-0", "main")}
@@ -70,9 +69,8 @@ def test_a_new_container_lists_again_at_most_every_min_interval(
 
 
 def test_an_unnamed_id_is_looked_for_again_only_after_the_retry_interval(
-    links_dir: Path, clock: FakeClock
+    source: LogLinks, links_dir: Path, clock: FakeClock
 ) -> None:
-    source = links(links_dir, clock)
     host_process_container = cid(9)  # e.g. a container outside Kubernetes: never linked
     assert source.resolve({host_process_container}) == {}
     for _ in range(10):
@@ -89,9 +87,8 @@ def test_an_unnamed_id_is_looked_for_again_only_after_the_retry_interval(
 
 
 def test_an_absent_directory_is_an_error_logged_once_and_the_last_names_stay(
-    links_dir: Path, clock: FakeClock
+    source: LogLinks, links_dir: Path, clock: FakeClock
 ) -> None:
-    source = links(links_dir, clock)
     source.resolve({cid(1)})
     moved = links_dir.with_name("moved")
     links_dir.rename(moved)
