@@ -299,11 +299,17 @@ class FakeApiServer:
         self.slices[obj["metadata"]["name"]] = obj
         return obj
 
-    async def _create_slice(self, request: web.Request) -> web.Response:
+    async def _received(
+        self, verb: str, request: web.Request
+    ) -> tuple[dict[str, Any], web.Response | None]:
+        """A write as it arrives: recorded, then checked (the refusal, if any)."""
         obj = await request.json()
-        self.requests.append(("CREATE", request.path))
-        self.writes.append(("create", obj))
-        refused = self._check("create", obj)
+        self.requests.append((verb.upper(), request.path))
+        self.writes.append((verb, obj))
+        return obj, self._check(verb, obj)
+
+    async def _create_slice(self, request: web.Request) -> web.Response:
+        obj, refused = await self._received("create", request)
         if refused is not None:
             return refused
         if obj["metadata"]["name"] in self.slices:
@@ -311,10 +317,7 @@ class FakeApiServer:
         return _json(self._stored(obj), status=201)
 
     async def _replace_slice(self, request: web.Request) -> web.Response:
-        obj = await request.json()
-        self.requests.append(("REPLACE", request.path))
-        self.writes.append(("replace", obj))
-        refused = self._check("replace", obj)
+        obj, refused = await self._received("replace", request)
         if refused is not None:
             return refused
         old = self.slices.get(request.match_info["name"])

@@ -29,6 +29,8 @@ __all__ = ["DRA_SERVICES", "FakePluginWatcher", "Registration"]
 DRA_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 HEALTH_SERVICES = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
 CALL_TIMEOUT = 10.0
+Claims = Sequence[tuple[str, str, str]]
+"""``(namespace, name, uid)`` of each claim."""
 
 
 @dataclass
@@ -89,44 +91,31 @@ class FakePluginWatcher:
         self.registrations.append(registration)
         return registration
 
-    def _dra(self, registration: Registration, version: str | None) -> tuple[Any, Any]:
+    def _claims_call(
+        self, method: str, registration: Registration, claims: Claims, version: str
+    ) -> Any:
+        """``Node{method}Resources`` for ``(namespace, name, uid)`` claims, on the service the
+        watcher chose (or ``version``)."""
         chosen = version or registration.service
-        if chosen == "v1.DRAPlugin":
-            return self.stubs.v1, self.stubs.v1_grpc
-        return self.stubs.v1beta1, self.stubs.v1beta1_grpc
+        pb, pb_grpc = (
+            (self.stubs.v1, self.stubs.v1_grpc)
+            if chosen == "v1.DRAPlugin"
+            else (self.stubs.v1beta1, self.stubs.v1beta1_grpc)
+        )
+        with grpc.insecure_channel(f"unix://{registration.endpoint}") as channel:
+            request = getattr(pb, f"Node{method}ResourcesRequest")(
+                claims=[pb.Claim(namespace=ns, name=name, uid=uid) for ns, name, uid in claims]
+            )
+            call = getattr(pb_grpc.DRAPluginStub(channel), f"Node{method}Resources")
+            return call(request, timeout=CALL_TIMEOUT)
 
-    def prepare(
-        self,
-        registration: Registration,
-        claims: Sequence[tuple[str, str, str]],
-        *,
-        version: str | None = None,
-    ) -> Any:
+    def prepare(self, registration: Registration, claims: Claims, *, version: str = "") -> Any:
         """``NodePrepareResources`` for ``(namespace, name, uid)`` claims."""
-        pb, pb_grpc = self._dra(registration, version)
-        with grpc.insecure_channel(f"unix://{registration.endpoint}") as channel:
-            request = pb.NodePrepareResourcesRequest(
-                claims=[pb.Claim(namespace=ns, name=name, uid=uid) for ns, name, uid in claims]
-            )
-            return pb_grpc.DRAPluginStub(channel).NodePrepareResources(
-                request, timeout=CALL_TIMEOUT
-            )
+        return self._claims_call("Prepare", registration, claims, version)
 
-    def unprepare(
-        self,
-        registration: Registration,
-        claims: Sequence[tuple[str, str, str]],
-        *,
-        version: str | None = None,
-    ) -> Any:
-        pb, pb_grpc = self._dra(registration, version)
-        with grpc.insecure_channel(f"unix://{registration.endpoint}") as channel:
-            request = pb.NodeUnprepareResourcesRequest(
-                claims=[pb.Claim(namespace=ns, name=name, uid=uid) for ns, name, uid in claims]
-            )
-            return pb_grpc.DRAPluginStub(channel).NodeUnprepareResources(
-                request, timeout=CALL_TIMEOUT
-            )
+    def unprepare(self, registration: Registration, claims: Claims, *, version: str = "") -> Any:
+        """``NodeUnprepareResources`` for ``(namespace, name, uid)`` claims."""
+        return self._claims_call("Unprepare", registration, claims, version)
 
     def watch_health(
         self, registration: Registration, *, alpha: bool = False
@@ -150,12 +139,8 @@ class FakePluginWatcher:
     async def aregister(self, socket: Path, *, accept: bool = True) -> Registration:
         return await asyncio.to_thread(self.register, socket, accept=accept)
 
-    async def aprepare(
-        self, registration: Registration, claims: Sequence[tuple[str, str, str]], **kw: Any
-    ) -> Any:
+    async def aprepare(self, registration: Registration, claims: Claims, **kw: Any) -> Any:
         return await asyncio.to_thread(lambda: self.prepare(registration, claims, **kw))
 
-    async def aunprepare(
-        self, registration: Registration, claims: Sequence[tuple[str, str, str]], **kw: Any
-    ) -> Any:
+    async def aunprepare(self, registration: Registration, claims: Claims, **kw: Any) -> Any:
         return await asyncio.to_thread(lambda: self.unprepare(registration, claims, **kw))
