@@ -12,6 +12,7 @@ from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
+from support.fake_kubelet import FakeKubelet
 
 from gpuagent.app import Agent
 from gpuagent.config import load_settings
@@ -41,6 +42,11 @@ class RunningAgent:
     def sim(self) -> SimDriver:
         assert self.agent.simulator is not None
         return self.agent.simulator
+
+    @property
+    def uuids(self) -> list[str]:
+        """The simulated GPUs' UUIDs, by index."""
+        return [str(g["uuid"]) for g in self.sim.describe()]
 
     async def get(self, path: str) -> tuple[int, str]:
         async with self.http.get(self.base_url + path) as response:
@@ -140,6 +146,16 @@ async def running_agent(
         finally:
             if not task.done():
                 await running.shutdown()
+
+
+@asynccontextmanager
+async def registered_agent(
+    kubelet: FakeKubelet, socket_dir: Path, args: Sequence[str] = ("--simulate", "4")
+) -> AsyncIterator[RunningAgent]:
+    """:func:`running_agent`, once ``kubelet`` has registered its device plugin (within 10 s)."""
+    async with running_agent(socket_dir, args) as run:
+        await asyncio.to_thread(kubelet.wait_for_registrations, 1, 10.0)
+        yield run
 
 
 def _probes(text: str) -> float:

@@ -35,7 +35,7 @@ from support.podman import PODMAN, RUN_LIMITS
 from support.required import unavailable
 from support.waiting import eventually
 
-from e2e.agentrun import running_agent
+from e2e.agentrun import registered_agent
 from gpuagent.gpu.sim.spec import DRIVER_VERSION, node_from_count
 from gpuagent.nodefiles.driverfiles import sysfs_address
 
@@ -177,12 +177,11 @@ async def test_a_container_started_from_the_spec_sees_the_driver(
     args = ("--simulate", "2", "--device-list-strategy", "cdi-cri",
             "--cdi-spec-dir", str(cdi_dir), "--nvidia-driver-root", str(driver),
             "--nvidia-cdi-hook-path", str(hook), "--node-labels=false")  # fmt: skip
-    async with running_agent(device_plugin_dir, args) as run:
-        await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+    async with registered_agent(fake_kubelet, device_plugin_dir, args) as run:
         spec_file = cdi_dir / "k8s.device-plugin.nvidia.com-gpu.json"
         await eventually(spec_file.exists, what=f"{spec_file} written")
         spec = json.loads(spec_file.read_text())
-        uuid = str(run.sim.describe()[0]["uuid"])
+        uuid = run.uuids[0]
         response = await asyncio.to_thread(fake_kubelet.allocate, [uuid])
         (name,) = [c.name for c in response.container_responses[0].cdi_devices]
     assert name == f"k8s.device-plugin.nvidia.com/gpu={uuid}"

@@ -133,10 +133,6 @@ async def end(run: RunningAgent, pid: int) -> None:
         assert response.status == 200, await response.text()
 
 
-async def gpu_uuid(run: RunningAgent, index: int) -> str:
-    return str(run.sim.describe()[index]["uuid"])
-
-
 async def test_time_sliced_containers_get_their_own_share(
     device_plugin_dir: Path, pod_resources: FakePodResources, runtime: FakeCri, proc_root: Path
 ) -> None:
@@ -150,7 +146,7 @@ async def test_time_sliced_containers_get_their_own_share(
     async with running_agent(
         device_plugin_dir, ("--simulate", "2", *args(pod_resources, runtime, proc_root))
     ) as run:
-        uuid = await gpu_uuid(run, 0)
+        uuid = run.uuids[0]
         await start(run, 0, TRAINER.pid, 10_000, 30)
         await start(run, 0, NOTEBOOK.pid, 6_000, 45)
         # A probe reads memory, then the processes: one that straddled a start reads them apart.
@@ -235,7 +231,7 @@ async def test_unknown_containers_and_unallocated_use(
     async with running_agent(
         device_plugin_dir, ("--simulate", "2", *args(pod_resources, runtime, proc_root))
     ) as run:
-        uuid1 = await gpu_uuid(run, 1)
+        uuid1 = run.uuids[1]
         await start(run, 0, TRAINER.pid, 1_000, 10)
         # A privileged pod seeing every GPU runs on GPU 1, which nobody was allocated.
         await start(run, 1, MINER.pid, 3_000, 90)

@@ -22,7 +22,7 @@ async def test_hung_gpu_turns_unhealthy_alone_and_returns(
     async with running_agent(device_plugin_dir, nvml_call_timeout=0.2) as run:
         (reg,) = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
         await asyncio.to_thread(reg.next_update, T)
-        uuids = [str(g["uuid"]) for g in run.sim.describe()]
+        uuids = run.uuids
         status, state = await run.fault({"gpu": 1, "fault": "hang", "seconds": 1.5})
         assert status == 200
         assert isinstance(state, dict)
@@ -74,8 +74,8 @@ async def test_not_supported_value_disappears_for_that_gpu_only(device_plugin_di
 
         text = await run.metrics_until(lambda text: temperatures_of(text) == {"1"}, within=T)
         assert samples(text, "gpuagent_gpu_healthy") == {
-            (("gpu", "0"), ("uuid", str(run.sim.describe()[0]["uuid"]))): 1,
-            (("gpu", "1"), ("uuid", str(run.sim.describe()[1]["uuid"]))): 1,
+            (("gpu", "0"), ("uuid", run.uuids[0])): 1,
+            (("gpu", "1"), ("uuid", run.uuids[1])): 1,
         }
 
 

@@ -67,7 +67,7 @@ async def test_failing_telemetry_calls_leave_the_gpu_healthy(
     rises poll after poll, and the kubelet never hears it Unhealthy; recover brings them back."""
     async with running_agent(device_plugin_dir, ("--simulate", "2")) as run:
         reg = await first_stream(fake_kubelet)
-        uuid = str(run.sim.describe()[1]["uuid"])
+        uuid = run.uuids[1]
         for symbol in ("nvmlDeviceGetTemperature", "nvmlDeviceGetPowerUsage"):
             await fault(
                 run, {"gpu": 1, "fault": "call_error", "symbol": symbol, "error": "unknown"}
@@ -113,7 +113,7 @@ async def test_recovery_action_keeps_then_clears(
     (the field read on the event — whose data is 0 — not the event's data) brings it back."""
     async with running_agent(device_plugin_dir, ("--simulate", "2")) as run:
         reg = await first_stream(fake_kubelet)
-        uuid = str(run.sim.describe()[0]["uuid"])
+        uuid = run.uuids[0]
         await fault(run, {"gpu": 0, "fault": "xid", "xid": 48})
         await fault(run, {"gpu": 0, "fault": "recovery_action", "action": "gpu_reset"})
         await asyncio.to_thread(reg.wait_until, shows(uuid, "Unhealthy"), T)
@@ -199,7 +199,7 @@ async def test_recovery_on_a_driver_without_the_field(
                                       "driver_version": "560.35.03"}))  # fmt: skip
     async with running_agent(device_plugin_dir, ("--sim-config", str(config))) as run:
         reg = await first_stream(fake_kubelet)
-        uuids = [str(g["uuid"]) for g in run.sim.describe()]
+        uuids = run.uuids
         await fault(run, {"gpu": 0, "fault": "lost"})
         await fault(run, {"gpu": 1, "fault": "ecc_dbe"})
         await asyncio.to_thread(

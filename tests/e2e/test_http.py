@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.fake_kubelet import FakeKubelet
 
-from e2e.agentrun import RunningAgent, running_agent
+from e2e.agentrun import RunningAgent, registered_agent, running_agent
 from gpuagent.gpu.sim.driver import FAULT_KINDS
 
 T = 10.0
@@ -125,9 +125,8 @@ async def test_probes(fake_kubelet: FakeKubelet, device_plugin_dir: Path) -> Non
 async def test_metrics_report_health_and_xids(
     fake_kubelet: FakeKubelet, device_plugin_dir: Path
 ) -> None:
-    async with running_agent(device_plugin_dir) as run:
-        await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
-        uuid = str(run.sim.describe()[1]["uuid"])
+    async with registered_agent(fake_kubelet, device_plugin_dir) as run:
+        uuid = run.uuids[1]
         text = await wait_for_metric(run, "gpuagent_kubelet_registered", {}, 1)
         assert samples(text, "gpuagent_gpu_healthy")[(("gpu", "1"), ("uuid", uuid))] == 1
         # XID 46 needs a GPU reset, but the simulated driver posts no recovery action beside it.
@@ -182,8 +181,7 @@ async def test_own_families_pass_promtool(
         if os.environ.get("TESTS_REQUIRE_PROMTOOL"):
             pytest.fail("promtool is required here (TESTS_REQUIRE_PROMTOOL is set)")
         pytest.skip("promtool not installed")
-    async with running_agent(device_plugin_dir) as run:
-        await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+    async with registered_agent(fake_kubelet, device_plugin_dir) as run:
         await run.fault({"gpu": 0, "fault": "xid", "xid": 79})
         text = await wait_for_metric(run, "gpuagent_gpu_healthy", {"gpu": "0"}, 0)
     own = "".join(line + "\n" for line in text.splitlines() if "gpuagent_" in line)

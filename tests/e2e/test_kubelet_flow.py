@@ -13,7 +13,7 @@ from structlog.testing import capture_logs
 from support.fake_kubelet import FakeKubelet
 from support.waiting import eventually
 
-from e2e.agentrun import RunningAgent, running_agent
+from e2e.agentrun import RunningAgent, registered_agent, running_agent
 from gpuagent.app import Agent
 from gpuagent.config import load_settings
 from gpuagent.config.planning import load_simulator
@@ -57,10 +57,10 @@ async def test_registers_with_the_kubelets_fields(
 async def test_first_list_is_every_gpu_healthy_with_numa(
     fake_kubelet: FakeKubelet, device_plugin_dir: Path
 ) -> None:
-    async with running_agent(device_plugin_dir) as run:
-        (reg,) = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+    async with registered_agent(fake_kubelet, device_plugin_dir) as run:
+        reg = fake_kubelet.latest()
         first = await asyncio.to_thread(reg.next_update, T)
-        uuids = [str(g["uuid"]) for g in run.sim.describe()]
+        uuids = run.uuids
         assert devices(first) == [
             (uuids[0], "Healthy", [0]),
             (uuids[1], "Healthy", [0]),
@@ -73,9 +73,8 @@ async def test_first_list_is_every_gpu_healthy_with_numa(
 async def test_allocate_returns_visible_devices(
     fake_kubelet: FakeKubelet, device_plugin_dir: Path
 ) -> None:
-    async with running_agent(device_plugin_dir) as run:
-        await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
-        uuids = [str(g["uuid"]) for g in run.sim.describe()]
+    async with registered_agent(fake_kubelet, device_plugin_dir) as run:
+        uuids = run.uuids
         response = await asyncio.to_thread(fake_kubelet.allocate, [uuids[2], uuids[0]])
         (container,) = response.container_responses
         assert dict(container.envs) == {"NVIDIA_VISIBLE_DEVICES": f"{uuids[2]},{uuids[0]}"}
@@ -88,10 +87,10 @@ async def test_index_strategy_lists_uuids_and_hands_out_indexes(
     """As NVIDIA's plugin: the kubelet always sees UUIDs (stable across renumbering, which its
     checkpoint relies on); --device-id-strategy index changes what the container receives."""
     args = ("--simulate", "2", "--device-id-strategy", "index")
-    async with running_agent(device_plugin_dir, args) as run:
-        (reg,) = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+    async with registered_agent(fake_kubelet, device_plugin_dir, args) as run:
+        reg = fake_kubelet.latest()
         first = await asyncio.to_thread(reg.next_update, T)
-        uuids = [str(g["uuid"]) for g in run.sim.describe()]
+        uuids = run.uuids
         assert [d.ID for d in first.devices] == uuids
         response = await asyncio.to_thread(fake_kubelet.allocate, [uuids[1]])
         assert dict(response.container_responses[0].envs) == {"NVIDIA_VISIBLE_DEVICES": "1"}
@@ -100,9 +99,8 @@ async def test_index_strategy_lists_uuids_and_hands_out_indexes(
 async def test_unknown_ids_are_invalid_argument_naming_them(
     fake_kubelet: FakeKubelet, device_plugin_dir: Path
 ) -> None:
-    async with running_agent(device_plugin_dir) as run:
-        await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
-        good = str(run.sim.describe()[0]["uuid"])
+    async with registered_agent(fake_kubelet, device_plugin_dir) as run:
+        good = run.uuids[0]
         code, details = await asyncio.to_thread(
             fake_kubelet.allocate_error, [good, "GPU-nope", "also-bad"]
         )
@@ -115,9 +113,9 @@ async def test_unknown_ids_are_invalid_argument_naming_them(
 async def test_unhealthy_ids_are_failed_precondition(
     fake_kubelet: FakeKubelet, device_plugin_dir: Path
 ) -> None:
-    async with running_agent(device_plugin_dir) as run:
-        (reg,) = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
-        uuid = str(run.sim.describe()[1]["uuid"])
+    async with registered_agent(fake_kubelet, device_plugin_dir) as run:
+        reg = fake_kubelet.latest()
+        uuid = run.uuids[1]
         status, _ = await run.fault({"gpu": 1, "fault": "xid", "xid": 79})
         assert status == 200
         await asyncio.to_thread(reg.wait_until, lambda u: health_of(u)[uuid] == "Unhealthy", T)
@@ -138,9 +136,9 @@ async def test_unhealthy_ids_are_failed_precondition(
 async def test_fault_turns_only_that_gpu_unhealthy_then_recovers(
     fake_kubelet: FakeKubelet, device_plugin_dir: Path, fault: dict[str, object], reason: str
 ) -> None:
-    async with running_agent(device_plugin_dir) as run:
-        (reg,) = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
-        uuids = [str(g["uuid"]) for g in run.sim.describe()]
+    async with registered_agent(fake_kubelet, device_plugin_dir) as run:
+        reg = fake_kubelet.latest()
+        uuids = run.uuids
         await asyncio.to_thread(reg.next_update, T)
 
         status, _ = await run.fault({"gpu": 2, **fault})
@@ -171,8 +169,8 @@ async def test_fault_turns_only_that_gpu_unhealthy_then_recovers(
 async def test_application_xid_keeps_gpu_healthy(
     fake_kubelet: FakeKubelet, device_plugin_dir: Path
 ) -> None:
-    async with running_agent(device_plugin_dir) as run:
-        (reg,) = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+    async with registered_agent(fake_kubelet, device_plugin_dir) as run:
+        reg = fake_kubelet.latest()
         await asyncio.to_thread(reg.next_update, T)
         status, _ = await run.fault({"gpu": 0, "fault": "xid", "xid": 13})
         assert status == 200
@@ -189,8 +187,8 @@ async def test_disabled_healthchecks_keep_gpus_healthy(
     fake_kubelet: FakeKubelet, device_plugin_dir: Path
 ) -> None:
     args = ("--simulate", "2", "--disable-healthchecks", "all")
-    async with running_agent(device_plugin_dir, args) as run:
-        (reg,) = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+    async with registered_agent(fake_kubelet, device_plugin_dir, args) as run:
+        reg = fake_kubelet.latest()
         await asyncio.to_thread(reg.next_update, T)
         await run.fault({"gpu": 0, "fault": "xid", "xid": 79})
         await eventually(lambda: last_xid(run, 0) == 79, what="XID 79 seen")
@@ -200,8 +198,7 @@ async def test_disabled_healthchecks_keep_gpus_healthy(
 async def test_kubelet_restart_reregisters(
     fake_kubelet: FakeKubelet, device_plugin_dir: Path
 ) -> None:
-    async with running_agent(device_plugin_dir) as run:
-        await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+    async with registered_agent(fake_kubelet, device_plugin_dir) as run:
         for n in (2, 3):
             await asyncio.to_thread(fake_kubelet.restart)
             regs = await asyncio.to_thread(fake_kubelet.wait_for_registrations, n, T)
@@ -218,9 +215,8 @@ async def test_kubelet_restart_reregisters(
 async def test_state_survives_kubelet_restart(
     fake_kubelet: FakeKubelet, device_plugin_dir: Path
 ) -> None:
-    async with running_agent(device_plugin_dir) as run:
-        await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
-        uuid = str(run.sim.describe()[3]["uuid"])
+    async with registered_agent(fake_kubelet, device_plugin_dir) as run:
+        uuid = run.uuids[3]
         await run.fault({"gpu": 3, "fault": "xid", "xid": 48})
         await asyncio.to_thread(
             fake_kubelet.latest().wait_until, lambda u: health_of(u)[uuid] == "Unhealthy", T
@@ -244,8 +240,8 @@ async def test_waits_for_kubelet_then_registers(device_plugin_dir: Path, grpc_st
 async def test_shutdown_ends_streams_with_status_and_removes_socket(
     fake_kubelet: FakeKubelet, device_plugin_dir: Path
 ) -> None:
-    async with running_agent(device_plugin_dir) as run:
-        (reg,) = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+    async with registered_agent(fake_kubelet, device_plugin_dir) as run:
+        reg = fake_kubelet.latest()
         await asyncio.to_thread(reg.next_update, T)
         with capture_logs() as logs:
             await run.shutdown()
@@ -266,9 +262,8 @@ async def test_shutdown_ends_streams_with_status_and_removes_socket(
 async def test_preferred_allocation_honours_must_include_and_size(
     fake_kubelet: FakeKubelet, device_plugin_dir: Path
 ) -> None:
-    async with running_agent(device_plugin_dir) as run:
-        await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
-        uuids = [str(g["uuid"]) for g in run.sim.describe()]
+    async with registered_agent(fake_kubelet, device_plugin_dir) as run:
+        uuids = run.uuids
         chosen = await asyncio.to_thread(fake_kubelet.preferred, uuids, [uuids[3]], 2)
         assert chosen == [uuids[3], uuids[2]]  # same NUMA node as the must-include GPU
 
@@ -276,9 +271,8 @@ async def test_preferred_allocation_honours_must_include_and_size(
 async def test_pre_start_container_is_a_no_op(
     fake_kubelet: FakeKubelet, device_plugin_dir: Path
 ) -> None:
-    async with running_agent(device_plugin_dir) as run:
-        await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
-        uuid = str(run.sim.describe()[0]["uuid"])
+    async with registered_agent(fake_kubelet, device_plugin_dir) as run:
+        uuid = run.uuids[0]
         response = await asyncio.to_thread(fake_kubelet.pre_start, [uuid])
         assert response.ByteSize() == 0
 

@@ -12,7 +12,7 @@ from support.fake_kubelet import FakeKubelet
 from support.fake_podresources import FakePodResources, Held
 from support.grpcstubs import StubModules
 
-from e2e.agentrun import running_agent
+from e2e.agentrun import registered_agent, running_agent
 
 T = 10.0
 GPU = "nvidia.com/gpu"
@@ -54,8 +54,8 @@ async def test_pod_labels_follow_allocate_disappearance_and_return(
 ) -> None:
     args = ("--simulate", "2", "--pod-resources-socket", str(pod_resources.socket_path),
             "--pod-resources-interval", "3600")  # fmt: skip
-    async with running_agent(device_plugin_dir, args) as run:
-        (reg,) = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+    async with registered_agent(fake_kubelet, device_plugin_dir, args) as run:
+        reg = fake_kubelet.latest()
         ids = [d.ID for d in (await asyncio.to_thread(reg.next_update, T)).devices]
         # Pod-resources answered, and the first probe's series are out (they may come later).
         text = await run.metrics_until(
@@ -177,11 +177,11 @@ async def test_renamed_time_slicing_replicas_are_attributed(
     )
     args = ("--simulate", "2", "--sharing", sharing, "--pod-resources-interval", "3600",
             "--pod-resources-socket", str(pod_resources.socket_path))  # fmt: skip
-    async with running_agent(device_plugin_dir, args) as run:
-        (reg,) = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+    async with registered_agent(fake_kubelet, device_plugin_dir, args) as run:
+        reg = fake_kubelet.latest()
         assert reg.resource_name == "nvidia.com/gpu.shared"
         ids = sorted(d.ID for d in (await asyncio.to_thread(reg.next_update, T)).devices)
-        uuid0 = str(run.sim.describe()[0]["uuid"])
+        uuid0 = run.uuids[0]
         replicas = [i for i in ids if i.startswith(uuid0)]
         await asyncio.to_thread(
             fake_kubelet.allocate, replicas[:1], resource="nvidia.com/gpu.shared"

@@ -20,7 +20,7 @@ from support.fake_podresources import FakePodResources, Held
 from support.grpcstubs import StubModules
 from support.waiting import eventually
 
-from e2e.agentrun import running_agent
+from e2e.agentrun import registered_agent, running_agent
 from e2e.test_metrics_pods import pods_on, value
 from gpuagent.nodefiles.cdi import SPEC_FILE_NAME
 
@@ -84,8 +84,8 @@ async def test_cdi_strategy_by_reload_writes_the_spec(
     config.write_text("version: v1\n")
     cdi_dir = short_tmp_path / "cdi"
     args = ("--simulate", "2", "--config", str(config), "--cdi-spec-dir", str(cdi_dir))
-    async with running_agent(device_plugin_dir, args) as run:
-        (reg,) = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+    async with registered_agent(fake_kubelet, device_plugin_dir, args) as run:
+        reg = fake_kubelet.latest()
         ids = [d.ID for d in (await asyncio.to_thread(reg.next_update, T)).devices]
         assert not (cdi_dir / SPEC_FILE_NAME).exists()
         generation = run.agent.store.plan.generation
@@ -117,8 +117,8 @@ async def test_renamed_resource_gets_pod_attribution_after_reload(
     args = ("--simulate", "2", "--config", str(config),
             "--pod-resources-socket", str(pod_resources.socket_path),
             "--pod-resources-interval", "3600")  # fmt: skip
-    async with running_agent(device_plugin_dir, args) as run:
-        (reg,) = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+    async with registered_agent(fake_kubelet, device_plugin_dir, args) as run:
+        reg = fake_kubelet.latest()
         uuid = (await asyncio.to_thread(reg.next_update, T)).devices[0].ID
         # A container holds a replica of GPU 0 under a name this agent does not serve (yet).
         pod_resources.set([Held("ml", "train-0", "worker", "example.com/shared-gpu",
@@ -146,8 +146,8 @@ async def test_reload_to_an_invalid_file_keeps_the_running_plan(
     config.write_text(SHARED_4)
     labels = short_tmp_path / "features.d" / "gpuagent"
     args = ("--simulate", "2", "--config", str(config), "--node-labels-file", str(labels))
-    async with running_agent(device_plugin_dir, args) as run:
-        (reg,) = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+    async with registered_agent(fake_kubelet, device_plugin_dir, args) as run:
+        reg = fake_kubelet.latest()
         assert len((await asyncio.to_thread(reg.next_update, T)).devices) == 8
         await eventually(lambda: "nvidia.com/gpu.replicas=4\n" in read(labels), what="labels")
 

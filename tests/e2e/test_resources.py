@@ -9,7 +9,7 @@ from pathlib import Path
 import grpc
 from support.fake_kubelet import FakeKubelet
 
-from e2e.agentrun import running_agent
+from e2e.agentrun import registered_agent, running_agent
 
 T = 10.0
 NODE = """\
@@ -40,7 +40,7 @@ async def test_mig_mixed_registers_one_resource_per_profile_and_survives_restart
         }
         assert len({r.endpoint for r in regs}) == 3
         full = await asyncio.to_thread(by_name["nvidia.com/gpu"].next_update, T)
-        assert [d.ID for d in full.devices] == [str(run.sim.describe()[2]["uuid"])]
+        assert [d.ID for d in full.devices] == [run.uuids[2]]
         small = await asyncio.to_thread(by_name["nvidia.com/mig-1g.10gb"].next_update, T)
         assert len(small.devices) == 3
         assert all(d.ID.startswith("MIG-") for d in small.devices)
@@ -71,9 +71,8 @@ async def test_volume_mounts_and_device_specs(
 ) -> None:
     args = ("--simulate", "2", "--device-list-strategy", "volume-mounts",
             "--pass-device-specs")  # fmt: skip
-    async with running_agent(device_plugin_dir, args) as run:
-        await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
-        uuid = str(run.sim.describe()[1]["uuid"])
+    async with registered_agent(fake_kubelet, device_plugin_dir, args) as run:
+        uuid = run.uuids[1]
         response = await asyncio.to_thread(fake_kubelet.allocate, [uuid])
         (container,) = response.container_responses
         assert dict(container.envs) == {
@@ -88,9 +87,8 @@ async def test_volume_mounts_and_device_specs(
 
 async def test_cdi_annotations(fake_kubelet: FakeKubelet, device_plugin_dir: Path) -> None:
     args = ("--simulate", "2", "--device-list-strategy", "cdi-annotations")
-    async with running_agent(device_plugin_dir, args) as run:
-        await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
-        uuids = [str(g["uuid"]) for g in run.sim.describe()]
+    async with registered_agent(fake_kubelet, device_plugin_dir, args) as run:
+        uuids = run.uuids
         response = await asyncio.to_thread(fake_kubelet.allocate, uuids)
         (container,) = response.container_responses
         ((key, value),) = dict(container.annotations).items()
@@ -105,8 +103,7 @@ async def test_cdi_spec_and_node_labels_are_written(
     labels = short_tmp_path / "features.d" / "gpuagent"
     args = ("--simulate", "2", "--device-list-strategy", "cdi-cri",
             "--cdi-spec-dir", str(cdi_dir), "--node-labels-file", str(labels))  # fmt: skip
-    async with running_agent(device_plugin_dir, args) as run:
-        await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+    async with registered_agent(fake_kubelet, device_plugin_dir, args) as run:
         spec_file = cdi_dir / "k8s.device-plugin.nvidia.com-gpu.json"
         for _ in range(500):
             if spec_file.exists() and labels.exists():
@@ -114,7 +111,7 @@ async def test_cdi_spec_and_node_labels_are_written(
             await asyncio.sleep(0.01)
         spec = json.loads(spec_file.read_text())
         names = {d["name"] for d in spec["devices"]}
-        uuids = {str(g["uuid"]) for g in run.sim.describe()}
+        uuids = set(run.uuids)
         assert uuids | {"0", "1", "all"} <= names
         lines = dict(line.split("=", 1) for line in labels.read_text().splitlines())
         assert lines["nvidia.com/gpu.count"] == "2"
@@ -132,11 +129,11 @@ async def test_time_slicing_replicas(fake_kubelet: FakeKubelet, device_plugin_di
         ' "resources": [{"name": "nvidia.com/gpu", "replicas": 3}]}}'
     )
     args = ("--simulate", "2", "--sharing", sharing)
-    async with running_agent(device_plugin_dir, args) as run:
-        (reg,) = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+    async with registered_agent(fake_kubelet, device_plugin_dir, args) as run:
+        reg = fake_kubelet.latest()
         assert reg.resource_name == "nvidia.com/gpu.shared"
         first = await asyncio.to_thread(reg.next_update, T)
-        uuids = [str(g["uuid"]) for g in run.sim.describe()]
+        uuids = run.uuids
         assert sorted(d.ID for d in first.devices) == sorted(
             f"{u}::{n}" for u in uuids for n in range(3)
         )

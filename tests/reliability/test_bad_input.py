@@ -11,7 +11,7 @@ from typing import Any
 
 import aiohttp
 import grpc
-from e2e.agentrun import RunningAgent, running_agent
+from e2e.agentrun import RunningAgent, registered_agent, running_agent
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.fake_kubelet import FakeKubelet
@@ -26,7 +26,7 @@ SOCKET = "nvidia-gpu.sock"
 
 async def serving(run: RunningAgent, kubelet: FakeKubelet) -> None:
     """The agent still answers the kubelet and HTTP after whatever a test did to it."""
-    uuid = str(run.sim.describe()[0]["uuid"])
+    uuid = run.uuids[0]
     response = await asyncio.to_thread(kubelet.allocate, [uuid])
     assert dict(response.container_responses[0].envs) == {"NVIDIA_VISIBLE_DEVICES": uuid}
     assert (await run.get("/healthz"))[0] == 200
@@ -36,8 +36,7 @@ async def serving(run: RunningAgent, kubelet: FakeKubelet) -> None:
 async def test_ten_thousand_unknown_ids_get_a_bounded_invalid_argument(
     fake_kubelet: FakeKubelet, device_plugin_dir: Path
 ) -> None:
-    async with running_agent(device_plugin_dir) as run:
-        await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+    async with registered_agent(fake_kubelet, device_plugin_dir) as run:
         ids = [f"GPU-bogus-{i:05d}" for i in range(10_000)]
         code, details = await asyncio.to_thread(fake_kubelet.allocate_error, ids)
         assert code == grpc.StatusCode.INVALID_ARGUMENT
@@ -48,8 +47,7 @@ async def test_ten_thousand_unknown_ids_get_a_bounded_invalid_argument(
 
 
 async def test_oversized_id_is_refused(fake_kubelet: FakeKubelet, device_plugin_dir: Path) -> None:
-    async with running_agent(device_plugin_dir) as run:
-        await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+    async with registered_agent(fake_kubelet, device_plugin_dir) as run:
         code, _ = await asyncio.to_thread(fake_kubelet.allocate_error, ["X" * 1_000_000])
         assert code == grpc.StatusCode.INVALID_ARGUMENT
         await serving(run, fake_kubelet)
@@ -58,9 +56,8 @@ async def test_oversized_id_is_refused(fake_kubelet: FakeKubelet, device_plugin_
 async def test_empty_and_duplicate_requests(
     fake_kubelet: FakeKubelet, device_plugin_dir: Path
 ) -> None:
-    async with running_agent(device_plugin_dir) as run:
-        await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
-        uuid = str(run.sim.describe()[0]["uuid"])
+    async with registered_agent(fake_kubelet, device_plugin_dir) as run:
+        uuid = run.uuids[0]
         for ids in ([], [uuid, uuid]):
             code, _ = await asyncio.to_thread(fake_kubelet.allocate_error, ids)
             assert code == grpc.StatusCode.INVALID_ARGUMENT
@@ -89,7 +86,7 @@ def test_arbitrary_allocate_requests_never_break_the_plugin(
     shared_agent: tuple[RunningAgent, FakeKubelet, asyncio.AbstractEventLoop], ids: list[str]
 ) -> None:
     run, kubelet, _ = shared_agent
-    uuids = {str(g["uuid"]) for g in run.sim.describe()}
+    uuids = set(run.uuids)
     valid = bool(ids) and set(ids) <= uuids and len(set(ids)) == len(ids)
     if valid:
         assert kubelet.allocate(ids).container_responses
@@ -101,8 +98,7 @@ def test_arbitrary_allocate_requests_never_break_the_plugin(
 async def test_garbage_and_half_open_connections_on_the_plugin_socket(
     fake_kubelet: FakeKubelet, device_plugin_dir: Path
 ) -> None:
-    async with running_agent(device_plugin_dir) as run:
-        await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+    async with registered_agent(fake_kubelet, device_plugin_dir) as run:
         path = str(device_plugin_dir / SOCKET)
 
         def abuse() -> list[socket.socket]:
@@ -221,7 +217,7 @@ def test_arbitrary_preferred_allocation_requests_are_answered(
 ) -> None:
     """GetPreferredAllocation is advice: whatever the request, an answer and never an error."""
     run, kubelet, _ = shared_agent
-    uuids = [str(g["uuid"]) for g in run.sim.describe()]
+    uuids = run.uuids
     chosen = kubelet.preferred([*available, *uuids[:2]], must, size)
     assert set(chosen) <= {*available, *uuids[:2], *must}
     assert len(chosen) == len(set(chosen))

@@ -16,7 +16,7 @@ from typing import Any
 
 import aiohttp
 import grpc
-from e2e.agentrun import RunningAgent, running_agent
+from e2e.agentrun import RunningAgent, registered_agent
 from support.fake_kubelet import FakeKubelet
 from support.grpcstubs import StubModules
 
@@ -47,8 +47,7 @@ def healthy_everywhere(update: Any) -> bool:
 
 async def test_many_kubelet_restarts(fake_kubelet: FakeKubelet, device_plugin_dir: Path) -> None:
     restarts = 20 * SCALE
-    async with running_agent(device_plugin_dir) as run:
-        await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+    async with registered_agent(fake_kubelet, device_plugin_dir) as run:
         await asyncio.to_thread(fake_kubelet.latest().next_update, T)
         fds, tasks = open_fds(), len(asyncio.all_tasks())
         for n in range(2, restarts + 2):
@@ -66,8 +65,7 @@ async def test_many_streams_opened_and_dropped(
     fake_kubelet: FakeKubelet, device_plugin_dir: Path, grpc_stubs: StubModules
 ) -> None:
     streams = 200 * SCALE
-    async with running_agent(device_plugin_dir) as run:
-        await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+    async with registered_agent(fake_kubelet, device_plugin_dir) as run:
         fds, tasks = open_fds(), len(asyncio.all_tasks())
         target = f"unix://{device_plugin_dir / 'nvidia-gpu.sock'}"
         pb, rpc = grpc_stubs.dp_pb2, grpc_stubs.dp_grpc
@@ -98,10 +96,10 @@ async def test_scrapes_allocations_and_faults_at_once(
     fake_kubelet: FakeKubelet, device_plugin_dir: Path
 ) -> None:
     seconds = 2.0 * SCALE
-    async with running_agent(device_plugin_dir) as run:
-        (reg,) = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+    async with registered_agent(fake_kubelet, device_plugin_dir) as run:
+        reg = fake_kubelet.latest()
         await asyncio.to_thread(reg.next_update, T)
-        uuids = [str(g["uuid"]) for g in run.sim.describe()]
+        uuids = run.uuids
         fds, tasks = open_fds(), len(asyncio.all_tasks())
         deadline = time.monotonic() + seconds
         stop = threading.Event()
