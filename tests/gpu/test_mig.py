@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
@@ -10,6 +9,7 @@ from pathlib import Path
 import pynvml
 import pytest
 import structlog.testing
+from support.simnvml import Run
 
 from gpuagent.domain.devices import MigDevice
 from gpuagent.gpu.mig import (
@@ -38,21 +38,6 @@ LAYOUTS = {
         {"name": "H100"},
     ],
 }
-
-Run = Callable[[SimNode], SimDriver]
-
-
-@pytest.fixture
-def run() -> Iterator[Run]:
-    """``run(node)`` installs a driver for ``node``, initialises NVML and returns the driver."""
-    with ExitStack() as stack:
-
-        def start(node: SimNode) -> SimDriver:
-            driver = stack.enter_context(installed(SimDriver(node)))
-            pynvml.nvmlInit()
-            return driver
-
-        yield start
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ from typing import Any
 import pynvml
 import pytest
 from support.clock import FakeClock
+from support.simnvml import nvml_on
 
 from gpuagent.gpu.sim import SimDriver, installed, node_from_count, node_from_mapping
 from gpuagent.gpu.sim import telemetry as sim_telemetry
@@ -38,12 +39,8 @@ def driver(clock: FakeClock) -> Iterator[SimDriver]:
             "nvlinks": [[1, 2, 4]],
         }
     )
-    with installed(SimDriver(node, clock=clock)) as drv:
-        pynvml.nvmlInit()
-        try:
-            yield drv
-        finally:
-            pynvml.nvmlShutdown()
+    with nvml_on(SimDriver(node, clock=clock)) as drv:
+        yield drv
 
 
 def handle(index: int) -> Any:

@@ -15,8 +15,9 @@ from typing import Any
 import pynvml
 import pytest
 from support.clock import FakeClock
+from support.simnvml import nvml_on
 
-from gpuagent.gpu.sim import SimDriver, installed, node_from_mapping
+from gpuagent.gpu.sim import SimDriver, node_from_mapping
 from gpuagent.gpu.sim.processes import SAMPLE_PERIOD_US
 from gpuagent.overrides import nvml_function
 
@@ -43,12 +44,8 @@ def driver(clock: FakeClock) -> Iterator[SimDriver]:
             ],
         }
     )
-    with installed(SimDriver(node, clock=clock)) as drv:
-        pynvml.nvmlInit()
-        try:
-            yield drv
-        finally:
-            pynvml.nvmlShutdown()
+    with nvml_on(SimDriver(node, clock=clock)) as drv:
+        yield drv
 
 
 def handle(index: int) -> Any:

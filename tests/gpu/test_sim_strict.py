@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import ctypes
 import threading
-import time
-from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -17,9 +15,10 @@ from typing import Any
 import pynvml
 import pytest
 from support.clock import WAIT_S, Sleeps, blocked_in
+from support.simnvml import Run
 
 from gpuagent.gpu.sim import SimDriver, installed, node_from_count, node_from_mapping
-from gpuagent.gpu.sim.spec import SimConfigError, SimLatency, SimNode, load_sim_config
+from gpuagent.gpu.sim.spec import SimConfigError, SimLatency, load_sim_config
 
 XID = pynvml.nvmlEventTypeXidCriticalError
 DBE = pynvml.nvmlEventTypeDoubleBitEccError
@@ -37,23 +36,6 @@ def recovery_field(index: int) -> tuple[int, int]:
         handle(index), [pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION]
     )
     return int(slot.nvmlReturn), int(slot.value.uiVal)
-
-
-@pytest.fixture
-def run() -> Iterator[Any]:
-    """``run(node, sleep)``: install a driver for ``node`` and initialise NVML."""
-    drivers: list[Any] = []
-
-    def start(node: SimNode, sleep: Callable[[float], None] = time.sleep) -> SimDriver:
-        context = installed(SimDriver(node, sleep=sleep))
-        driver = context.__enter__()
-        drivers.append(context)
-        pynvml.nvmlInit()
-        return driver
-
-    yield start
-    for context in drivers:
-        context.__exit__(None, None, None)
 
 
 def events(driver: SimDriver, mask: int, gpus: range) -> Any:
@@ -93,7 +75,7 @@ class TestRecoveryAction:
         ],
     )
     def test_sets_the_field_and_announces_it_with_data_0(
-        self, run: Any, action: str, value: int
+        self, run: Run, action: str, value: int
     ) -> None:
         driver = run(node_from_count(2))
         event_set = events(driver, XID | DBE | RECOVERY, range(2))
@@ -102,7 +84,7 @@ class TestRecoveryAction:
         assert recovery_field(1) == (pynvml.NVML_SUCCESS, value)
         assert drain(event_set) == [(RECOVERY, 0, NO_INSTANCE, NO_INSTANCE)]
 
-    def test_driver_before_r565(self, run: Any) -> None:
+    def test_driver_before_r565(self, run: Run) -> None:
         """R560: no recovery-action event type, no field; an XID still arrives."""
         driver = run(replace(node_from_count(2), driver_version="560.35.03"))
         supported = pynvml.nvmlDeviceGetSupportedEventTypes(handle(0))
@@ -121,10 +103,11 @@ MIG_NODE = {"version": "v1", "gpus": [{"mig": ["3g.40gb", "2g.20gb", "1g.10gb"]}
 
 
 class TestMigEvents:
-    def test_instance_ids_on_the_event(self, run: Any) -> None:
+    def test_instance_ids_on_the_event(self, run: Run) -> None:
         driver = run(node_from_mapping(MIG_NODE))
         event_set = events(driver, XID, range(2))
-        gis = [m["gpu_instance"] for m in driver.describe()[0]["mig_devices"]]
+        devices: Any = driver.describe()[0]["mig_devices"]
+        gis = [m["gpu_instance"] for m in devices]
         driver.inject(0, "xid", 31, gpu_instance=gis[1], compute_instance=0)
         driver.inject(0, "xid", 43, gpu_instance=gis[2])
         driver.inject(0, "xid", 13)
@@ -145,15 +128,15 @@ class TestMigEvents:
         ],
     )
     def test_instances_that_do_not_exist(
-        self, run: Any, gpu: int, params: dict[str, object], message: str
+        self, run: Run, gpu: int, params: dict[str, object], message: str
     ) -> None:
         driver = run(node_from_mapping(MIG_NODE))
         with pytest.raises(ValueError, match=message):
             driver.inject(gpu, "xid", 31, **params)
 
-    def test_describe_names_instance_ids(self, run: Any) -> None:
+    def test_describe_names_instance_ids(self, run: Run) -> None:
         driver = run(node_from_mapping(MIG_NODE))
-        devices = driver.describe()[0]["mig_devices"]
+        devices: Any = driver.describe()[0]["mig_devices"]
         assert sorted(d["profile"] for d in devices) == ["1g.10gb", "2g.20gb", "3g.40gb"]
         for device in devices:
             mig = pynvml.nvmlDeviceGetHandleByUUID(device["uuid"])
@@ -170,7 +153,7 @@ class TestCallErrors:
             ("timeout", pynvml.NVMLError_Timeout),
         ],
     )
-    def test_on_one_gpu_until_recover(self, run: Any, error: str, raised: type) -> None:
+    def test_on_one_gpu_until_recover(self, run: Run, error: str, raised: type) -> None:
         driver = run(node_from_count(2))
         state = driver.inject(1, "call_error", symbol="nvmlDeviceGetPowerUsage", error=error)
         assert state["call_errors"] == ["nvmlDeviceGetPowerUsage"]
@@ -182,7 +165,7 @@ class TestCallErrors:
         assert pynvml.nvmlDeviceGetPowerUsage(handle(1)) > 0
         assert driver.describe()[1]["call_errors"] == []
 
-    def test_a_call_for_no_gpu_fails_driver_wide(self, run: Any) -> None:
+    def test_a_call_for_no_gpu_fails_driver_wide(self, run: Run) -> None:
         """An event wait names no GPU: its error applies to every wait, until that GPU recovers."""
         driver = run(node_from_count(2))
         event_set = events(driver, XID, range(2))
@@ -202,7 +185,7 @@ class TestPrivileges:
     def test_default_is_the_base_manifests(self) -> None:
         assert node_from_count(1).cap_sys_admin is False
 
-    def test_liveness_call(self, run: Any) -> None:
+    def test_liveness_call(self, run: Run) -> None:
         run(node_from_count(1))
         assert pynvml.nvmlDeviceGetPerformanceState(handle(0)) == pynvml.NVML_PSTATE_0
 
@@ -210,7 +193,7 @@ class TestPrivileges:
 class TestLatency:
     """Latencies are asked of the driver's ``sleep``; the tests record what was asked."""
 
-    def test_each_call_takes_its_time(self, run: Any) -> None:
+    def test_each_call_takes_its_time(self, run: Run) -> None:
         node = node_from_count(1)
         sleeps = Sleeps()
         latency = SimLatency(default_s=0.0, calls={"nvmlDeviceGetPowerUsage": 0.05})
@@ -221,7 +204,7 @@ class TestLatency:
         pynvml.nvmlDeviceGetPowerUsage(h)
         assert sleeps.seconds == [0.05, 0.05]
 
-    def test_the_default_applies_to_calls_not_named(self, run: Any) -> None:
+    def test_the_default_applies_to_calls_not_named(self, run: Run) -> None:
         node = node_from_count(1)
         sleeps = Sleeps()
         latency = SimLatency(default_s=0.001, calls={"nvmlDeviceGetPowerUsage": 0.05})
@@ -230,7 +213,7 @@ class TestLatency:
         pynvml.nvmlDeviceGetTemperature(handle(0), pynvml.NVML_TEMPERATURE_GPU)
         assert sleeps.seconds == [0.001, 0.001]  # the handle lookup, then the call
 
-    def test_a_cold_gpu_is_brought_up_by_its_first_call(self, run: Any) -> None:
+    def test_a_cold_gpu_is_brought_up_by_its_first_call(self, run: Run) -> None:
         """The first call on each GPU pays the bring-up; other calls on it wait for it."""
         node = node_from_count(2)
         sleeps = Sleeps(hold=0.2)
@@ -264,7 +247,7 @@ class TestLatency:
         pynvml.nvmlDeviceGetPowerUsage(handle(1))
         assert sleeps.seconds == [0.2, 0.2]  # GPU 0's, once; warm GPUs cost nothing more
 
-    def test_cold_again_after_the_last_client_leaves(self, run: Any) -> None:
+    def test_cold_again_after_the_last_client_leaves(self, run: Run) -> None:
         node = node_from_count(1)
         sleeps = Sleeps()
         latency = SimLatency(default_s=0.0, calls={}, cold_start_s=0.1)

@@ -3,23 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack
 from typing import Any
 
 import pynvml
 import pytest
 import structlog.testing
+from support.simnvml import Run
 
 from gpuagent.domain.devices import Link, P2PLevel, Topology
 from gpuagent.gpu.sim import (
     SimDriver,
-    installed,
     node_from_count,
     node_from_mapping,
     uninstall,
 )
-from gpuagent.gpu.sim.spec import SimNode, node_with_nvswitches, switch_bus_id
+from gpuagent.gpu.sim.spec import node_with_nvswitches, switch_bus_id
 from gpuagent.gpu.topology import bus_key, p2p_level, read_topology
 
 NODE, SYSTEM = P2PLevel.NODE, P2PLevel.SYSTEM
@@ -27,22 +25,6 @@ UNKNOWN = int(pynvml.NVML_ERROR_UNKNOWN)
 NOT_SUPPORTED = int(pynvml.NVML_ERROR_NOT_SUPPORTED)
 LOST_LOG = "gpu lost; its topology is unknown"
 NO_NVLINK_API_LOG = "nvlink queries not offered; nvlink counts are 0"
-
-
-Run = Callable[[SimNode], SimDriver]
-
-
-@pytest.fixture
-def run() -> Iterator[Run]:
-    """``run(node)`` installs a driver for ``node``, initialises NVML and returns the driver."""
-    with ExitStack() as stack:
-
-        def start(node: SimNode) -> SimDriver:
-            driver = stack.enter_context(installed(SimDriver(node)))
-            pynvml.nvmlInit()
-            return driver
-
-        yield start
 
 
 def handles(driver: SimDriver) -> dict[int, Any]:
