@@ -11,6 +11,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,9 @@ from support.fake_apiserver import FakeApiServer, claim
 from support.fake_kubelet import FakeKubelet
 from support.fake_plugin_watcher import FakePluginWatcher, Registration
 from support.grpcstubs import DraStubs
+from support.waiting import eventually
 
+from gpuagent.domain.devices import Gpu
 from gpuagent.dra.endpoint import EndpointTiming
 from gpuagent.dra.service import DraConfig
 from gpuagent.kube.slices import Backoff
@@ -76,25 +79,34 @@ def dirs(short_tmp_path: Path) -> Dirs:
     return Dirs(short_tmp_path)
 
 
-def agent(dirs: Dirs, device_plugin_dir: Path, apiserver: FakeApiServer, **kw: Any) -> Any:
-    return running_agent(
+DraAgent = Callable[..., AbstractAsyncContextManager[RunningAgent]]
+
+
+@pytest.fixture
+def dra_agent(dirs: Dirs, device_plugin_dir: Path, apiserver: FakeApiServer) -> DraAgent:
+    """``dra_agent(**kw)``: an agent on ``dirs`` and ``apiserver`` (``kw``: :meth:`Dirs.args`)."""
+    return lambda **kw: running_agent(
         device_plugin_dir,
         dirs.args(apiserver, **kw),
         agent_options={"node_name": NODE, "dra_options": FAST_DRA},
     )
 
 
-async def until(check: Callable[[], object], what: str) -> None:
-    """Wait (on the loop, letting the agent run) until ``check()`` is truthy."""
-    deadline = asyncio.get_running_loop().time() + T
-    while not check():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
+@pytest.fixture
+def watcher(dirs: Dirs, dra_stubs: DraStubs) -> FakePluginWatcher:
+    """The kubelet's plugin watcher, on the agent's registry directory."""
+    return FakePluginWatcher(dirs.registry, dra_stubs)
 
 
 async def registered(watcher: FakePluginWatcher) -> Registration:
     return await watcher.aregister(await watcher.afind())
+
+
+async def serving(watcher: FakePluginWatcher, apiserver: FakeApiServer) -> Registration:
+    """The plugin registered, and the pool's two devices published."""
+    registration = await registered(watcher)
+    await eventually(lambda: len(apiserver.devices()) == 2, what="two devices published")
+    return registration
 
 
 def device_of(apiserver: FakeApiServer, uuid: str) -> dict[str, Any]:
@@ -104,22 +116,21 @@ def device_of(apiserver: FakeApiServer, uuid: str) -> dict[str, Any]:
     return device
 
 
-def gpu_uuid(run: RunningAgent, index: int) -> str:
-    snapshot = run.agent.store.snapshot
-    gpu = snapshot.gpu(index)
+def gpu_of(run: RunningAgent, index: int) -> Gpu:
+    """GPU ``index`` as the agent knows it."""
+    gpu = run.agent.store.snapshot.gpu(index)
     assert gpu is not None
-    return gpu.uuid
+    return gpu
 
 
 async def test_plugin_watcher_registers_and_a_claim_is_prepared_and_unprepared(
+    dra_agent: DraAgent,
     fake_kubelet: FakeKubelet,
-    device_plugin_dir: Path,
     apiserver: FakeApiServer,
     dirs: Dirs,
-    dra_stubs: DraStubs,
+    watcher: FakePluginWatcher,
 ) -> None:
-    watcher = FakePluginWatcher(dirs.registry, dra_stubs)
-    async with agent(dirs, device_plugin_dir, apiserver) as run:
+    async with dra_agent() as run:
         reg = await registered(watcher)
         assert reg.socket == dirs.registry / f"{DRIVER}-reg.sock"
         assert reg.name == DRIVER
@@ -127,12 +138,14 @@ async def test_plugin_watcher_registers_and_a_claim_is_prepared_and_unprepared(
         assert reg.versions[:2] == ("v1.DRAPlugin", "v1beta1.DRAPlugin")
         assert reg.service == "v1.DRAPlugin"
         assert not reg.error
-        await until(lambda: run.agent.dra is not None and run.agent.dra.endpoint.registered, "ok")
+        await eventually(
+            lambda: run.agent.dra is not None and run.agent.dra.endpoint.registered, what="ok"
+        )
 
         # The pool: GPUs 2 and 3 only, every write valid.
-        await until(lambda: len(apiserver.devices()) == 2, "two devices published")
+        await eventually(lambda: len(apiserver.devices()) == 2, what="two devices published")
         assert apiserver.invalid == []
-        uuid2, uuid3 = gpu_uuid(run, 2), gpu_uuid(run, 3)
+        uuid2, uuid3 = gpu_of(run, 2).uuid, gpu_of(run, 3).uuid
         assert {d["attributes"]["uuid"]["string"] for d in apiserver.devices().values()} == {
             uuid2,
             uuid3,
@@ -145,7 +158,7 @@ async def test_plugin_watcher_registers_and_a_claim_is_prepared_and_unprepared(
         # Ownership: the device plugin advertises GPUs 0 and 1 only.
         (dp,) = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
         ids = {d.ID for d in (await asyncio.to_thread(dp.next_update, T)).devices}
-        assert ids == {gpu_uuid(run, 0), gpu_uuid(run, 1)}
+        assert ids == {gpu_of(run, 0).uuid, gpu_of(run, 1).uuid}
 
         # Prepare a claim for GPU 2.
         name2 = device_of(apiserver, uuid2)["name"]
@@ -161,7 +174,7 @@ async def test_plugin_watcher_registers_and_a_claim_is_prepared_and_unprepared(
         spec = json.loads(spec_path.read_text())
         assert spec["kind"] == f"k8s.{DRIVER}/claim"
         assert [d["name"] for d in spec["devices"]] == [f"uid-1-{name2}"]
-        minor = run.agent.store.snapshot.gpu(2).minor
+        minor = gpu_of(run, 2).minor
         nodes = [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
         assert nodes == [f"/dev/nvidia{minor}"]
         cdi_validator().validate(spec)
@@ -188,17 +201,15 @@ async def test_plugin_watcher_registers_and_a_claim_is_prepared_and_unprepared(
 
 
 async def test_a_claim_spec_carries_the_driver_like_the_node_spec(
-    device_plugin_dir: Path, apiserver: FakeApiServer, dirs: Dirs, dra_stubs: DraStubs
+    dra_agent: DraAgent, apiserver: FakeApiServer, dirs: Dirs, watcher: FakePluginWatcher
 ) -> None:
     """A DRA container gets a working CUDA: the claim's spec has the driver's libraries, tools
     and hooks found under --nvidia-driver-root, as the device plugin's CDI spec has them."""
     fake = make_driver_root(dirs.root / "driver", version="580.95.05")
-    watcher = FakePluginWatcher(dirs.registry, dra_stubs)
     extra = ("--nvidia-driver-root", str(fake.root))
-    async with agent(dirs, device_plugin_dir, apiserver, extra=extra) as run:
-        reg = await registered(watcher)
-        await until(lambda: len(apiserver.devices()) == 2, "two devices published")
-        name2 = device_of(apiserver, gpu_uuid(run, 2))["name"]
+    async with dra_agent(extra=extra) as run:
+        reg = await serving(watcher, apiserver)
+        name2 = device_of(apiserver, gpu_of(run, 2).uuid)["name"]
         apiserver.add_claim(claim("team-a", "cuda", "u-drv", [("gpu", DRIVER, NODE, name2)]))
         response = await watcher.aprepare(reg, [("team-a", "cuda", "u-drv")])
         assert response.claims["u-drv"].error == ""
@@ -213,14 +224,12 @@ async def test_a_claim_spec_carries_the_driver_like_the_node_spec(
 
 
 async def test_claims_this_node_cannot_serve_get_their_own_error(
-    device_plugin_dir: Path, apiserver: FakeApiServer, dirs: Dirs, dra_stubs: DraStubs
+    dra_agent: DraAgent, apiserver: FakeApiServer, watcher: FakePluginWatcher
 ) -> None:
-    watcher = FakePluginWatcher(dirs.registry, dra_stubs)
-    async with agent(dirs, device_plugin_dir, apiserver) as run:
-        reg = await registered(watcher)
-        await until(lambda: len(apiserver.devices()) == 2, "devices published")
-        good = device_of(apiserver, gpu_uuid(run, 3))["name"]
-        minor0 = run.agent.store.snapshot.gpu(0).minor
+    async with dra_agent() as run:
+        reg = await serving(watcher, apiserver)
+        good = device_of(apiserver, gpu_of(run, 3).uuid)["name"]
+        minor0 = gpu_of(run, 0).minor
         apiserver.add_claim(claim("ns", "ok", "u-ok", [("gpu", DRIVER, NODE, good)]))
         apiserver.add_claim(claim("ns", "pending", "u-pending", None))
         apiserver.add_claim(claim("ns", "elsewhere", "u-else", [("gpu", DRIVER, "other", good)]))
@@ -257,15 +266,13 @@ async def test_claims_this_node_cannot_serve_get_their_own_error(
 
 
 async def test_a_restart_mid_claim_loses_nothing(
-    device_plugin_dir: Path, apiserver: FakeApiServer, dirs: Dirs, dra_stubs: DraStubs
+    dra_agent: DraAgent, apiserver: FakeApiServer, dirs: Dirs, watcher: FakePluginWatcher
 ) -> None:
     """Prepared, agent restarted, claim deleted from the API server: the new agent still answers
     a repeated prepare and unprepares (removing the spec) without the claim."""
-    watcher = FakePluginWatcher(dirs.registry, dra_stubs)
-    async with agent(dirs, device_plugin_dir, apiserver) as run:
-        reg = await registered(watcher)
-        await until(lambda: len(apiserver.devices()) == 2, "devices published")
-        name = device_of(apiserver, gpu_uuid(run, 2))["name"]
+    async with dra_agent() as run:
+        reg = await serving(watcher, apiserver)
+        name = device_of(apiserver, gpu_of(run, 2).uuid)["name"]
         apiserver.add_claim(claim("ns", "job", "u-1", [("gpu", DRIVER, NODE, name)]))
         first = await watcher.aprepare(reg, [("ns", "job", "u-1")])
         assert first.claims["u-1"].error == ""
@@ -274,7 +281,7 @@ async def test_a_restart_mid_claim_loses_nothing(
     assert spec_path.exists()
     del apiserver.claims[("ns", "job")]
     writes = len(apiserver.writes)
-    async with agent(dirs, device_plugin_dir, apiserver) as run:
+    async with dra_agent() as run:
         reg = await registered(watcher)
         again = await watcher.aprepare(reg, [("ns", "job", "u-1")])
         assert again.claims["u-1"].error == ""
@@ -285,28 +292,28 @@ async def test_a_restart_mid_claim_loses_nothing(
         assert done.claims["u-1"].error == ""
         assert not spec_path.exists()
         # The restarted agent found its slices as it left them: no new generation, no write.
-        await until(lambda: run.agent.dra is not None and run.agent.dra.publisher.up, "synced")
+        await eventually(
+            lambda: run.agent.dra is not None and run.agent.dra.publisher.up, what="synced"
+        )
         assert apiserver.generation() == generation
         assert len(apiserver.writes) == writes
 
 
 async def test_unreachable_api_server_leaves_the_device_plugin_working(
+    dra_agent: DraAgent,
     fake_kubelet: FakeKubelet,
-    device_plugin_dir: Path,
     apiserver: FakeApiServer,
-    dirs: Dirs,
-    dra_stubs: DraStubs,
+    watcher: FakePluginWatcher,
 ) -> None:
     await apiserver.stop()  # down before the agent starts (the port stays in the kubeconfig)
-    watcher = FakePluginWatcher(dirs.registry, dra_stubs)
     with structlog.testing.capture_logs() as logs:
-        async with agent(dirs, device_plugin_dir, apiserver) as run:
+        async with dra_agent() as run:
             (dp,) = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
             assert len((await asyncio.to_thread(dp.next_update, T)).devices) == 2
             await registered(watcher)
-            await until(
+            await eventually(
                 lambda: run.agent.dra is not None and run.agent.dra.publisher.failures >= 3,
-                "retries",
+                what="retries",
             )
             # The unreachable API server is said once, not once per retry.
             assert [e["log_level"] for e in logs if e["event"].startswith("resource slices not")][
@@ -330,8 +337,10 @@ async def test_unreachable_api_server_leaves_the_device_plugin_working(
             assert "reading claim ns/job" in response.claims["u-1"].error
 
             await apiserver.start()  # back, same port
-            await until(lambda: len(apiserver.devices()) == 2, "published after the outage")
-            await until(lambda: run.agent.readiness() is None, "ready")
+            await eventually(
+                lambda: len(apiserver.devices()) == 2, what="published after the outage"
+            )
+            await eventually(lambda: run.agent.readiness() is None, what="ready")
             status, _ = await run.get("/readyz")
             assert status == 200
             _, metrics = await run.get("/metrics")
@@ -342,7 +351,7 @@ async def test_unreachable_api_server_leaves_the_device_plugin_working(
             # Down again: the slices stay in the API server and their GPUs offered; no GPU named.
             await apiserver.stop()
             await run.fault({"gpu": 2, "fault": "xid", "xid": 79})  # a change to publish: a taint
-            await until(lambda: "API server" in (run.agent.readiness() or ""), "retrying")
+            await eventually(lambda: "API server" in (run.agent.readiness() or ""), what="retrying")
             status, body = await run.get("/readyz")
             assert (status, body.split(":")[:2]) == (503, ["DRA", " ResourceSlices not published"])
             _, metrics = await run.get("/metrics")
@@ -350,15 +359,13 @@ async def test_unreachable_api_server_leaves_the_device_plugin_working(
 
 
 async def test_both_health_apis_send_every_device_of_the_pool(
-    device_plugin_dir: Path, apiserver: FakeApiServer, dirs: Dirs, dra_stubs: DraStubs
+    dra_agent: DraAgent, apiserver: FakeApiServer, watcher: FakePluginWatcher, dra_stubs: DraStubs
 ) -> None:
     """The kubelet reads ``v1`` or ``v1alpha1`` DRAResourceHealth, whichever it knows: the same
     full list from both, in each API's own messages."""
-    watcher = FakePluginWatcher(dirs.registry, dra_stubs)
-    async with agent(dirs, device_plugin_dir, apiserver) as run:
-        reg = await registered(watcher)
-        await until(lambda: len(apiserver.devices()) == 2, "devices published")
-        names = {device_of(apiserver, gpu_uuid(run, i))["name"] for i in (2, 3)}
+    async with dra_agent() as run:
+        reg = await serving(watcher, apiserver)
+        names = {device_of(apiserver, gpu_of(run, i).uuid)["name"] for i in (2, 3)}
         for alpha, api in ((False, dra_stubs.health), (True, dra_stubs.health_alpha)):
             stream = watcher.watch_health(reg, alpha=alpha)
             try:
@@ -379,13 +386,11 @@ async def test_both_health_apis_send_every_device_of_the_pool(
 
 
 async def test_a_fault_taints_the_device_in_its_slice_and_recovery_clears_it(
-    device_plugin_dir: Path, apiserver: FakeApiServer, dirs: Dirs, dra_stubs: DraStubs
+    dra_agent: DraAgent, apiserver: FakeApiServer, watcher: FakePluginWatcher, dra_stubs: DraStubs
 ) -> None:
-    watcher = FakePluginWatcher(dirs.registry, dra_stubs)
-    async with agent(dirs, device_plugin_dir, apiserver) as run:
-        reg = await registered(watcher)
-        await until(lambda: len(apiserver.devices()) == 2, "devices published")
-        uuid = gpu_uuid(run, 2)
+    async with dra_agent() as run:
+        reg = await serving(watcher, apiserver)
+        uuid = gpu_of(run, 2).uuid
         generation = apiserver.generation()
         health = watcher.watch_health(reg)
         first = await asyncio.to_thread(next, health)
@@ -395,7 +400,9 @@ async def test_a_fault_taints_the_device_in_its_slice_and_recovery_clears_it(
         assert status == 200
         # XID 79 (fallen off the bus): the simulated driver also asks for a GPU reset, as a real
         # one does, so the device gets the XID's NoSchedule and the reset's NoExecute.
-        await until(lambda: len(device_of(apiserver, uuid).get("taints", [])) == 2, "taints")
+        await eventually(
+            lambda: len(device_of(apiserver, uuid).get("taints", [])) == 2, what="taints"
+        )
         taints = {
             (t["key"], t.get("value", ""), t["effect"])
             for t in device_of(apiserver, uuid)["taints"]
@@ -405,7 +412,7 @@ async def test_a_fault_taints_the_device_in_its_slice_and_recovery_clears_it(
             (f"{DRIVER}/recovery-action", "gpu_reset", "NoExecute"),
         }
         assert apiserver.generation() > generation
-        assert "taints" not in device_of(apiserver, gpu_uuid(run, 3))
+        assert "taints" not in device_of(apiserver, gpu_of(run, 3).uuid)
 
         # The kubelet's health stream says so too (full list per message). The stream sends every
         # change: a probe may read the reset request before the XID event is taken from the
@@ -437,7 +444,7 @@ async def test_a_fault_taints_the_device_in_its_slice_and_recovery_clears_it(
         assert bad.device.device_name == device_of(apiserver, uuid)["name"]
 
         await run.fault({"gpu": 2, "fault": "recover"})
-        await until(lambda: "taints" not in device_of(apiserver, uuid), "taints cleared")
+        await eventually(lambda: "taints" not in device_of(apiserver, uuid), what="taints cleared")
         assert apiserver.invalid == []
 
 
@@ -451,7 +458,7 @@ gpus:
 
 
 async def test_mig_devices_are_published_and_prepared_with_their_caps(
-    device_plugin_dir: Path, apiserver: FakeApiServer, dirs: Dirs, dra_stubs: DraStubs
+    device_plugin_dir: Path, apiserver: FakeApiServer, dirs: Dirs, watcher: FakePluginWatcher
 ) -> None:
     node = dirs.root / "node.yaml"
     node.write_text(MIG_NODE)
@@ -461,11 +468,10 @@ async def test_mig_devices_are_published_and_prepared_with_their_caps(
         "--plugins-dir", str(dirs.plugins), "--plugins-registry-dir", str(dirs.registry),
         "--cdi-spec-dir", str(dirs.cdi),
     )  # fmt: skip
-    watcher = FakePluginWatcher(dirs.registry, dra_stubs)
     options = {"node_name": NODE, "dra_options": FAST_DRA}
     async with running_agent(device_plugin_dir, args, agent_options=options) as run:
         reg = await registered(watcher)
-        await until(lambda: len(apiserver.devices()) == 2, "two MIG devices published")
+        await eventually(lambda: len(apiserver.devices()) == 2, what="two MIG devices published")
         assert apiserver.invalid == []
         gpu = run.agent.store.snapshot.gpu(1)
         assert gpu is not None
