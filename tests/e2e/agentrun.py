@@ -12,7 +12,7 @@ from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
-from support.fake_kubelet import FakeKubelet
+from support.fake_kubelet import FakeKubelet, Registration
 
 from gpuagent.app import Agent
 from gpuagent.config import load_settings
@@ -156,6 +156,14 @@ async def registered_agent(
     async with running_agent(socket_dir, args) as run:
         await asyncio.to_thread(kubelet.wait_for_registrations, 1, 10.0)
         yield run
+
+
+async def first_stream(kubelet: FakeKubelet, resource: str | None = None) -> Registration:
+    """The kubelet's registration (for ``resource``) once its stream has sent a first list."""
+    await asyncio.to_thread(kubelet.wait_for_registrations, 1, 10.0)
+    reg = kubelet.latest(resource) if resource else kubelet.latest()
+    await asyncio.to_thread(reg.next_update, 10.0)
+    return reg
 
 
 def _probes(text: str) -> float:

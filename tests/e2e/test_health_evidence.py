@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from support.fake_kubelet import FakeKubelet, Registration
+from support.fake_kubelet import FakeKubelet
 from support.waiting import eventually
 
-from e2e.agentrun import RunningAgent, running_agent
+from e2e.agentrun import RunningAgent, first_stream, running_agent
 from e2e.test_http import samples
 
 T = 10.0
@@ -34,13 +34,6 @@ def health(update: Any) -> dict[str, str]:
 
 def shows(device: str, state: str) -> Callable[[Any], bool]:
     return lambda update: health(update).get(device) == state
-
-
-async def first_stream(kubelet: FakeKubelet, resource: str | None = None) -> Registration:
-    await asyncio.to_thread(kubelet.wait_for_registrations, 1, T)
-    reg = kubelet.latest(resource) if resource else kubelet.latest()
-    await asyncio.to_thread(reg.next_update, T)
-    return reg
 
 
 async def fault(run: RunningAgent, body: dict[str, object]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from structlog.testing import capture_logs
 from support.fake_kubelet import FakeKubelet
 from support.waiting import eventually
 
-from e2e.agentrun import RunningAgent, registered_agent, running_agent
+from e2e.agentrun import RunningAgent, first_stream, registered_agent, running_agent
 from gpuagent.app import Agent
 from gpuagent.config import load_settings
 from gpuagent.config.planning import load_simulator
@@ -170,8 +170,7 @@ async def test_application_xid_keeps_gpu_healthy(
     fake_kubelet: FakeKubelet, device_plugin_dir: Path
 ) -> None:
     async with registered_agent(fake_kubelet, device_plugin_dir) as run:
-        reg = fake_kubelet.latest()
-        await asyncio.to_thread(reg.next_update, T)
+        reg = await first_stream(fake_kubelet)
         status, _ = await run.fault({"gpu": 0, "fault": "xid", "xid": 13})
         assert status == 200
         # The XID is seen (and counted) but the GPU stays healthy.
@@ -188,8 +187,7 @@ async def test_disabled_healthchecks_keep_gpus_healthy(
 ) -> None:
     args = ("--simulate", "2", "--disable-healthchecks", "all")
     async with registered_agent(fake_kubelet, device_plugin_dir, args) as run:
-        reg = fake_kubelet.latest()
-        await asyncio.to_thread(reg.next_update, T)
+        reg = await first_stream(fake_kubelet)
         await run.fault({"gpu": 0, "fault": "xid", "xid": 79})
         await eventually(lambda: last_xid(run, 0) == 79, what="XID 79 seen")
         assert all(d.health == "Healthy" for d in reg.last_update.devices)
@@ -241,8 +239,7 @@ async def test_shutdown_ends_streams_with_status_and_removes_socket(
     fake_kubelet: FakeKubelet, device_plugin_dir: Path
 ) -> None:
     async with registered_agent(fake_kubelet, device_plugin_dir) as run:
-        reg = fake_kubelet.latest()
-        await asyncio.to_thread(reg.next_update, T)
+        reg = await first_stream(fake_kubelet)
         with capture_logs() as logs:
             await run.shutdown()
         # Every step of the shutdown finished by itself: no budget ran out.

@@ -19,6 +19,7 @@ import pytest
 import structlog.testing
 from support.backends import Delegating
 from support.clock import FakeClock, Sleeps, blocked_in
+from support.tasks import running as running_task
 from support.waiting import eventually
 
 from gpuagent.domain.devices import Condition, DriverState, Gpu, Snapshot, Telemetry, Topology
@@ -82,13 +83,10 @@ def monitor_for(
 @asynccontextmanager
 async def running(monitor: GpuMonitor) -> AsyncIterator[asyncio.Task[None]]:
     """``monitor.run()`` as a task; cancelled and the monitor closed on the way out."""
-    task = asyncio.create_task(monitor.run())
     try:
-        yield task
+        async with running_task(monitor.run()) as task:
+            yield task
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
         await asyncio.wait_for(monitor.close(), WAIT_S)
 
 

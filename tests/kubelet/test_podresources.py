@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -13,6 +12,7 @@ from support.clock import ManualClock
 from support.fake_podresources import FakePodResources, Held
 from support.grpcstubs import StubModules
 from support.synthetic import gpu_uuid, mig_uuid, synthetic_snapshot
+from support.tasks import running
 from support.waiting import eventually
 
 from gpuagent.domain.attribution import Target, attributions, by_device
@@ -49,17 +49,6 @@ def counts(store: DeviceStore) -> tuple[int, int, bool]:
 
 def held(pod: str, *ids: str, resource: str = GPU, container: str = "main") -> Held:
     return Held("ns", pod, container, resource, ids)
-
-
-@contextlib.asynccontextmanager
-async def running(client: PodResourcesClient) -> AsyncIterator[asyncio.Task[None]]:
-    task = asyncio.create_task(client.run())
-    try:
-        yield task
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 async def test_list_maps_served_devices(kubelet: FakePodResources, socket_path: Path) -> None:
@@ -124,7 +113,7 @@ async def test_never_present_socket_is_not_an_error_loop(socket_path: Path) -> N
     store = DeviceStore(synthetic_snapshot(1))
     clock = ManualClock()
     client = PodResourcesClient(store, socket_path, interval=0.05, clock=clock)
-    async with running(client):
+    async with running(client.run()):
         await eventually(lambda: clock.waiting == 1)
         await clock.advance(0.3)
     # One look at start and one per interval: no tight loop, no crash; no pod labels.
@@ -197,7 +186,7 @@ async def test_allocate_refreshes_without_waiting_for_the_timer(
     store = DeviceStore(synthetic_snapshot(2))
     clock = ManualClock()
     client = PodResourcesClient(store, socket_path, interval=3600, debounce=0.02, clock=clock)
-    async with running(client):
+    async with running(client.run()):
         await eventually(lambda: kubelet.calls == 1 and clock.waiting == 1)
         kubelet.set([held("new", gpu_uuid(1))])
         client.poke()
@@ -217,7 +206,7 @@ async def test_allocate_follow_ups_until_the_kubelet_records_it(
         store, socket_path, interval=3600, debounce=0.01, follow_ups=(0.05, 0.1, 0.2),
         clock=clock,
     )  # fmt: skip
-    async with running(client):
+    async with running(client.run()):
         await eventually(lambda: kubelet.calls == 1 and clock.waiting == 1)
         client.poke()  # the kubelet has not recorded the allocation yet
         await eventually(lambda: clock.waiting == 1)
@@ -242,7 +231,7 @@ async def test_a_burst_of_allocates_is_one_list(
     client = PodResourcesClient(
         store, socket_path, interval=3600, debounce=0.05, follow_ups=(), clock=clock
     )
-    async with running(client):
+    async with running(client.run()):
         await eventually(lambda: kubelet.calls == 1 and clock.waiting == 1)
         kubelet.set([held("a", gpu_uuid(0)), held("b", gpu_uuid(1))])
         for _ in range(20):  # a burst: no time passes between pokes
@@ -261,7 +250,7 @@ async def test_calls_at_rest_follow_the_interval(
     store = DeviceStore(synthetic_snapshot(1))
     clock = ManualClock()
     client = PodResourcesClient(store, socket_path, interval=0.1, clock=clock)
-    async with running(client):
+    async with running(client.run()):
         await eventually(lambda: kubelet.calls == 1 and clock.waiting == 1)
         await clock.advance(1.0)
         assert kubelet.calls == 1 + 10  # one per interval, never a tight loop
@@ -273,7 +262,7 @@ async def test_default_interval_means_one_call_at_start(
     store = DeviceStore(synthetic_snapshot(1))
     clock = ManualClock()
     client = PodResourcesClient(store, socket_path, clock=clock)  # 30 s backstop
-    async with running(client):
+    async with running(client.run()):
         await eventually(lambda: kubelet.calls == 1 and clock.waiting == 1)
         await clock.advance(29.9)
         assert kubelet.calls == 1  # ≤ 2 per minute at rest

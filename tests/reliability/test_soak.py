@@ -16,7 +16,7 @@ from typing import Any
 
 import aiohttp
 import grpc
-from e2e.agentrun import RunningAgent, registered_agent
+from e2e.agentrun import RunningAgent, first_stream, registered_agent
 from support.fake_kubelet import FakeKubelet
 from support.grpcstubs import StubModules
 
@@ -97,8 +97,7 @@ async def test_scrapes_allocations_and_faults_at_once(
 ) -> None:
     seconds = 2.0 * SCALE
     async with registered_agent(fake_kubelet, device_plugin_dir) as run:
-        reg = fake_kubelet.latest()
-        await asyncio.to_thread(reg.next_update, T)
+        reg = await first_stream(fake_kubelet)
         uuids = run.uuids
         fds, tasks = open_fds(), len(asyncio.all_tasks())
         deadline = time.monotonic() + seconds

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,6 +12,7 @@ from support.cgroups import Layout, cgroup_file, write_proc
 from support.fake_cri import FakeCri, RuntimeContainer
 from support.grpcstubs import CriStubs
 from support.synthetic import gpu_uuid, pods_by_device, synthetic_snapshot
+from support.tasks import running
 
 from gpuagent.domain.devices import PodRef, Snapshot
 from gpuagent.domain.usage import GpuProcess, ProcessReading, ProcessSample
@@ -62,17 +62,6 @@ def with_reading(snapshot: Snapshot, reading: ProcessReading | None) -> Snapshot
     return replace(snapshot, gpus=gpus)
 
 
-@contextlib.asynccontextmanager
-async def running(accountant: Accountant) -> AsyncIterator[None]:
-    task = asyncio.create_task(accountant.run())
-    try:
-        yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-
 async def settle(accountant: Accountant, updates: int) -> None:
     for _ in range(500):
         if accountant.updates >= updates:
@@ -92,7 +81,7 @@ async def test_usage_follows_readings_without_cri_calls_at_rest(
         processes=(GpuProcess(100, 2 * GIB), GpuProcess(200, GIB)),
         samples=(ProcessSample(100, 40), ProcessSample(200, 20)),
     )
-    async with running(accountant):
+    async with running(accountant.run()):
         store.update(lambda s: with_reading(s, reading))
         await settle(accountant, 1)
         usage = store.snapshot.usage
@@ -127,7 +116,7 @@ async def test_names_from_the_log_links_first_and_the_cri_only_for_the_rest(
     cri = CriClient(short_tmp_path / "cri.sock")
     accountant = Accountant(store, ProcReader(proc), cri, links)
     reading = ProcessReading(processes=(GpuProcess(100, GIB), GpuProcess(200, GIB)), samples=())
-    async with running(accountant):
+    async with running(accountant.run()):
         store.update(lambda s: with_reading(s, reading))
         await settle(accountant, 1)
     names = {(u.namespace, u.pod, u.container) for u in store.snapshot.usage.containers}
@@ -147,7 +136,7 @@ async def test_only_the_log_links_when_they_name_every_container(
         store, ProcReader(proc), CriClient(short_tmp_path / "cri.sock"), LogLinks(links_dir)
     )
     reading = ProcessReading(processes=(GpuProcess(100, GIB), GpuProcess(200, GIB)), samples=())
-    async with running(accountant):
+    async with running(accountant.run()):
         store.update(lambda s: with_reading(s, reading))
         await settle(accountant, 1)
     assert {u.pod for u in store.snapshot.usage.containers} == {"a", "b"}
