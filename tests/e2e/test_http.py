@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import gzip
-import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.fake_kubelet import FakeKubelet
+from support.promtool import check_metrics, prometheus_tool
 
 from e2e.agentrun import RunningAgent, registered_agent, running_agent
 from gpuagent.gpu.sim.driver import FAULT_KINDS
@@ -176,24 +174,13 @@ async def test_metrics_gzip(device_plugin_dir: Path) -> None:
 async def test_own_families_pass_promtool(
     fake_kubelet: FakeKubelet, device_plugin_dir: Path
 ) -> None:
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        if os.environ.get("TESTS_REQUIRE_PROMTOOL"):
-            pytest.fail("promtool is required here (TESTS_REQUIRE_PROMTOOL is set)")
-        pytest.skip("promtool not installed")
+    prometheus_tool("promtool")
     async with registered_agent(fake_kubelet, device_plugin_dir) as run:
         await run.fault({"gpu": 0, "fault": "xid", "xid": 79})
         text = await wait_for_metric(run, "gpuagent_gpu_healthy", {"gpu": "0"}, 0)
     own = "".join(line + "\n" for line in text.splitlines() if "gpuagent_" in line)
     assert "gpuagent_gpu_condition" in own
-    result = await asyncio.to_thread(
-        subprocess.run,
-        [promtool, "check", "metrics"],
-        input=own,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    result = await asyncio.to_thread(check_metrics, own)
     assert result.returncode == 0, result.stderr + result.stdout
     assert result.stderr.strip() == ""
 

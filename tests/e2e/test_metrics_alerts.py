@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
 from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
 
-import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
+from support.promtool import prometheus_tool
 from support.synthetic import synthetic_snapshot
 
 from gpuagent.domain import xids
@@ -25,15 +23,6 @@ from gpuagent.web.metrics import MetricsRenderer
 ROOT = Path(__file__).resolve().parents[2]
 MONITORING = ROOT / "manifests" / "monitoring"
 NAME = re.compile(r"\b(DCGM_FI_[A-Z0-9_]+|gpuagent_[a-z0-9_]+)")
-
-
-def promtool() -> str:
-    found = shutil.which("promtool")
-    if found is None:
-        if os.environ.get("TESTS_REQUIRE_PROMTOOL"):
-            pytest.fail("promtool is required here (TESTS_REQUIRE_PROMTOOL is set)")
-        pytest.skip("promtool not installed")
-    return found
 
 
 def emitted_sample_names() -> set[str]:
@@ -60,7 +49,7 @@ def emitted_sample_names() -> set[str]:
 
 
 def test_alert_rules_pass_promtool_check_and_unit_tests() -> None:
-    tool = promtool()
+    tool = prometheus_tool("promtool")
     check = subprocess.run(
         [tool, "check", "rules", str(MONITORING / "alerts.yaml")],
         capture_output=True, text=True, check=False, timeout=60,

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -26,6 +24,7 @@ from support.cgroups import Layout, cgroup_file, write_proc
 from support.fake_cri import FakeCri, RuntimeContainer
 from support.fake_podresources import FakePodResources, Held
 from support.grpcstubs import CriStubs, StubModules
+from support.promtool import prometheus_tool
 
 from e2e.agentrun import running_agent
 
@@ -73,17 +72,6 @@ RANGES = {
 }
 
 
-def prometheus_binary() -> str:
-    found = shutil.which("prometheus") or (
-        "/usr/bin/prometheus" if os.access("/usr/bin/prometheus", os.X_OK) else None
-    )
-    if found is None:
-        if os.environ.get("TESTS_REQUIRE_PROMTOOL"):
-            pytest.fail("prometheus is required here (TESTS_REQUIRE_PROMTOOL is set)")
-        pytest.skip("prometheus not installed")
-    return found
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -98,7 +86,7 @@ class Prometheus:
 
 @pytest.fixture
 def prometheus_factory(tmp_path: Path) -> Iterator[Any]:
-    binary = prometheus_binary()
+    binary = prometheus_tool("prometheus")
     procs: list[subprocess.Popen[bytes]] = []
 
     def start(target: str) -> Prometheus:

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import gzip
 import math
-import os
 import re
-import shutil
-import subprocess
 from dataclasses import replace
 from types import MappingProxyType
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from support.promtool import check_metrics
 from support.synthetic import full_telemetry, gpu_uuid, mig_uuid, pods_by_device, synthetic_snapshot
 
 from gpuagent.domain.devices import (
@@ -427,27 +425,18 @@ def full_render() -> str:
 
 
 def test_own_families_pass_promtool() -> None:
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        if os.environ.get("TESTS_REQUIRE_PROMTOOL"):
-            pytest.fail("promtool is required here (TESTS_REQUIRE_PROMTOOL is set)")
-        pytest.skip("promtool not installed")
     text = full_render()
     own = "".join(line + "\n" for line in text.splitlines() if "gpuagent_" in line)
     for family in ("gpuagent_device_allocated", "gpuagent_scrape_duration_seconds",
                    "gpuagent_nvml_call_duration_seconds", "gpuagent_pod_resources_age_seconds",
                    "gpuagent_gpu_condition", "gpuagent_build_info"):  # fmt: skip
         assert f"# TYPE {family} " in own
-    result = subprocess.run(
-        [promtool, "check", "metrics"], input=own, capture_output=True, text=True, check=False
-    )
+    result = check_metrics(own)
     assert result.returncode == 0, result.stderr + result.stdout
     assert result.stderr.strip() == ""
     # The whole exposition parses for promtool too; only dcgm-exporter's own names are linted
     # (upper-case _TOTAL-less counters and the camelCase modelName label: reference §8.5).
-    whole = subprocess.run(
-        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False
-    )
+    whole = check_metrics(text)
     assert whole.returncode in (0, 3), whole.stderr
     for line in whole.stderr.splitlines():
         assert line.startswith("DCGM_"), line

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 from dataclasses import replace
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from support.promtool import check_metrics, prometheus_tool
 from support.synthetic import full_telemetry, gpu_uuid, pods_by_device, synthetic_snapshot
 
 from gpuagent.domain.devices import PodRef, Snapshot
@@ -159,11 +156,7 @@ def test_cri_counters() -> None:
 def test_container_families_pass_promtool_but_for_dcgm_label_spelling() -> None:
     """Lint-clean except the camelCase ``modelName`` they share with dcgm-exporter's series (to
     join them); promtool reports exactly that and nothing else."""
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        if os.environ.get("TESTS_REQUIRE_PROMTOOL"):
-            pytest.fail("promtool is required here (TESTS_REQUIRE_PROMTOOL is set)")
-        pytest.skip("promtool not installed")
+    prometheus_tool("promtool")
     miner = PodRef("sneaky", "miner", "main")
     text = MetricsRenderer("n", "1").render(
         node(use(A), use(miner, gpu=1, allocated=False)), AgentCounters(cri=CriStats(1, 0, 1))
@@ -177,9 +170,7 @@ def test_container_families_pass_promtool_but_for_dcgm_label_spelling() -> None:
     )
     for family in FAMILIES:
         assert f"# TYPE {family} " in own
-    result = subprocess.run(
-        [promtool, "check", "metrics"], input=own, capture_output=True, text=True, check=False
-    )
+    result = check_metrics(own)
     findings = set((result.stdout + result.stderr).strip().splitlines())
     assert findings == {
         f"{f} label names should be written in 'snake_case' not 'camelCase'" for f in FAMILIES
