@@ -2,36 +2,22 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from support.fake_kubelet import FakeKubelet
 
-from e2e.test_process import wait_http
+from e2e.agentprocess import free_port, spawn_agent, wait_http
 
 pytestmark = pytest.mark.slow
 T = 15.0
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _spawn(socket_dir: Path) -> tuple[subprocess.Popen[str], int]:
-    port = _port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gpuagent", "--simulate", "2", "--socket-dir", str(socket_dir),
-         "--metrics-address", f"127.0.0.1:{port}", "--log-format", "json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ),
-    )  # fmt: skip
-    return proc, port
+    port = free_port()
+    return spawn_agent(socket_dir, port), port
 
 
 def test_new_agent_takes_over_and_the_old_one_stands_by(

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ from support.fake_podresources import FakePodResources, Held
 from support.grpcstubs import CriStubs, StubModules
 from support.promtool import prometheus_tool
 
+from e2e.agentprocess import free_port
 from e2e.agentrun import running_agent
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,12 +70,6 @@ RANGES = {
     "GPU Framebuffer Mem Used": (0, 200_000),
     "Tensor Core Utilization": (0, 1),
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -20,81 +20,25 @@ import pytest
 from support.fake_apiserver import FakeApiServer
 from support.fake_kubelet import FakeKubelet
 
+from e2e.agentprocess import (
+    T,
+    free_port,
+    http_get,
+    reaped,
+    run_to_end,
+    spawn,
+    spawn_agent,
+    wait_http,
+)
+
 pytestmark = pytest.mark.slow
-
-T = 15.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def spawn(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "gpuagent", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, **(env or {})},
-    )
-
-
-def run_to_end(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gpuagent", *args],
-        capture_output=True,
-        text=True,
-        timeout=T,
-        env={**os.environ, **(env or {})},
-        check=False,
-    )
-
-
-def http_get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
-
-
-def wait_http(port: int, path: str, status: int) -> str:
-    deadline = time.monotonic() + T
-    last: tuple[int, str] | None = None
-    while time.monotonic() < deadline:
-        try:
-            last = http_get(port, path)
-        except OSError:
-            last = None
-        if last is not None and last[0] == status:
-            return last[1]
-        time.sleep(0.02)
-    raise AssertionError(f"{path} never answered {status}; last: {last}")
-
-
-def spawn_agent(socket_dir: Path, port: int, *more: str) -> subprocess.Popen[str]:
-    """The agent on two simulated GPUs, logging JSON, with ``more`` arguments."""
-    return spawn(
-        "--simulate", "2",
-        "--socket-dir", str(socket_dir),
-        "--metrics-address", f"127.0.0.1:{port}",
-        "--log-format", "json",
-        *more,
-    )  # fmt: skip
 
 
 @pytest.fixture
 def agent_process(device_plugin_dir: Path) -> Iterator[tuple[subprocess.Popen[str], int]]:
     port = free_port()
-    proc = spawn_agent(device_plugin_dir, port)
-    try:
+    with reaped(spawn_agent(device_plugin_dir, port)) as proc:
         yield proc, port
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate(timeout=T)
 
 
 def test_sigterm_ends_streams_removes_socket_exits_zero_quickly(
@@ -189,12 +133,12 @@ def test_no_driver_with_fail_on_init_error_exits_1(short_tmp_path: Path) -> None
 
 def test_no_driver_without_fail_on_init_error_serves_probes(short_tmp_path: Path) -> None:
     port = free_port()
-    proc = spawn(
+    args = (
         "--fail-on-init-error=false",
         "--socket-dir", str(short_tmp_path),
         "--metrics-address", f"127.0.0.1:{port}",
     )  # fmt: skip
-    try:
+    with reaped(spawn(*args)) as proc:
         body = wait_http(port, "/readyz", 503)
         assert "driver unavailable" in body
         wait_http(port, "/healthz", 200)
@@ -202,10 +146,6 @@ def test_no_driver_without_fail_on_init_error_serves_probes(short_tmp_path: Path
         assert "gpuagent_driver_up 0" in metrics
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=T) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate(timeout=T)
 
 
 def test_check_config_prints_the_effective_settings_and_starts_nothing(
@@ -346,7 +286,7 @@ def test_console_logs_are_in_colour_only_on_a_terminal(
         reader.start()
     else:
         proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
+    with reaped(proc):
         wait_http(port, "/readyz", 200)
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=T)
@@ -356,10 +296,6 @@ def test_console_logs_are_in_colour_only_on_a_terminal(
             os.close(master)
         else:
             written.append(stderr)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate(timeout=T)
     text = b"".join(written).decode()
     assert "running with config" in text
     assert "stopped" in text
@@ -461,8 +397,7 @@ def test_sigterm_while_every_gpu_hangs_ends_the_streams_and_exits_0(
     still end, the socket is removed, the driver is left to the kernel, and the process exits 0
     within the shutdown budget (2.5 s; measured, printed, not asserted: about 1.1 s here)."""
     port = free_port()
-    proc = spawn_agent(device_plugin_dir, port, "--poll-interval", "0.1")
-    try:
+    with reaped(spawn_agent(device_plugin_dir, port, "--poll-interval", "0.1")) as proc:
         (reg,) = fake_kubelet.wait_for_registrations(1, T)
         reg.next_update(T)
         wait_http(port, "/readyz", 200)
@@ -483,10 +418,6 @@ def test_sigterm_while_every_gpu_hangs_ends_the_streams_and_exits_0(
         code = proc.wait(timeout=T)
         print(f"shutdown with every GPU hung: {time.monotonic() - began:.2f} s")
         _, stderr = proc.communicate()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate(timeout=T)
     assert code == 0, stderr
     events = [json.loads(line)["event"] for line in stderr.splitlines()]
     assert events[events.index("signal received; shutting down") :] == [

@@ -12,8 +12,8 @@ import pytest
 from structlog.testing import capture_logs
 from support.fake_kubelet import FakeKubelet
 
+from e2e.agentprocess import free_port, reaped, spawn
 from e2e.agentrun import RunningAgent, running_agent
-from e2e.test_process import free_port, spawn
 from e2e.test_reload_consumers import reloads
 
 T = 10.0
@@ -151,13 +151,13 @@ def test_sighup_reloads_the_config_file(
 ) -> None:
     config = short_tmp_path / "gpuagent.yaml"
     config.write_text("version: v1\n")
-    proc = spawn(
+    args = (
         "--simulate", "2",
         "--socket-dir", str(device_plugin_dir),
         "--metrics-address", f"127.0.0.1:{free_port()}",
         "--config", str(config),
     )  # fmt: skip
-    try:
+    with reaped(spawn(*args)) as proc:
         (reg,) = fake_kubelet.wait_for_registrations(1, T)
         assert reg.resource_name == "nvidia.com/gpu"
         config.write_text(
@@ -170,7 +170,3 @@ def test_sighup_reloads_the_config_file(
         assert len(regs[1].next_update(T).devices) == 4
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=T) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate(timeout=T)
