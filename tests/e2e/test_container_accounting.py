@@ -4,7 +4,8 @@ version), a CRI stand-in on grpcio and the kubelet's pod-resources stand-in."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,6 +99,24 @@ def args(
     )  # fmt: skip
 
 
+AccountingAgent = Callable[..., AbstractAsyncContextManager[RunningAgent]]
+
+
+@pytest.fixture
+def accounting_agent(
+    device_plugin_dir: Path, pod_resources: FakePodResources, runtime: FakeCri, proc_root: Path
+) -> AccountingAgent:
+    """``accounting_agent(*options)``: an agent with ``options`` (the node: ``--simulate N`` or
+    ``--sim-config FILE``, and any other) and :func:`args`, on this module's stand-ins."""
+
+    def start(*options: str) -> AbstractAsyncContextManager[RunningAgent]:
+        return running_agent(
+            device_plugin_dir, (*options, *args(pod_resources, runtime, proc_root))
+        )
+
+    return start
+
+
 Sample = tuple[dict[str, str], float]
 
 
@@ -134,7 +153,7 @@ async def end(run: RunningAgent, pid: int) -> None:
 
 
 async def test_time_sliced_containers_get_their_own_share(
-    device_plugin_dir: Path, pod_resources: FakePodResources, runtime: FakeCri, proc_root: Path
+    accounting_agent: AccountingAgent, pod_resources: FakePodResources, runtime: FakeCri
 ) -> None:
     # Two time-slicing replicas of GPU 0 (index form), allocated before the agent starts.
     pod_resources.set(
@@ -143,9 +162,7 @@ async def test_time_sliced_containers_get_their_own_share(
             Held("ds", "notebook", "main", GPU, ("0::1",)),
         ]
     )
-    async with running_agent(
-        device_plugin_dir, ("--simulate", "2", *args(pod_resources, runtime, proc_root))
-    ) as run:
+    async with accounting_agent("--simulate", "2") as run:
         uuid = run.uuids[0]
         await start(run, 0, TRAINER.pid, 10_000, 30)
         await start(run, 0, NOTEBOOK.pid, 6_000, 45)
@@ -199,16 +216,15 @@ async def test_time_sliced_containers_get_their_own_share(
 
 
 async def test_dcgm_series_carry_each_containers_share_when_asked(
-    device_plugin_dir: Path, pod_resources: FakePodResources, runtime: FakeCri, proc_root: Path
+    accounting_agent: AccountingAgent, pod_resources: FakePodResources
 ) -> None:
-    extra = args(pod_resources, runtime, proc_root, "--dcgm-container-shares")
     pod_resources.set(
         [
             Held("ml", "trainer", "main", GPU, ("0::0",)),
             Held("ds", "notebook", "main", GPU, ("0::1",)),
         ]
     )
-    async with running_agent(device_plugin_dir, ("--simulate", "1", *extra)) as run:
+    async with accounting_agent("--simulate", "1", "--dcgm-container-shares") as run:
         await start(run, 0, TRAINER.pid, 4_000, 20)
         await start(run, 0, NOTEBOOK.pid, 2_000, 50)
 
@@ -225,12 +241,10 @@ async def test_dcgm_series_carry_each_containers_share_when_asked(
 
 
 async def test_unknown_containers_and_unallocated_use(
-    device_plugin_dir: Path, pod_resources: FakePodResources, runtime: FakeCri, proc_root: Path
+    accounting_agent: AccountingAgent, pod_resources: FakePodResources, runtime: FakeCri
 ) -> None:
     pod_resources.set([Held("ml", "trainer", "main", GPU, ("0",))])
-    async with running_agent(
-        device_plugin_dir, ("--simulate", "2", *args(pod_resources, runtime, proc_root))
-    ) as run:
+    async with accounting_agent("--simulate", "2") as run:
         uuid1 = run.uuids[1]
         await start(run, 0, TRAINER.pid, 1_000, 10)
         # A privileged pod seeing every GPU runs on GPU 1, which nobody was allocated.
@@ -267,11 +281,7 @@ async def test_unknown_containers_and_unallocated_use(
 
 
 async def test_a_mig_instances_process_is_credited_to_that_instance(
-    device_plugin_dir: Path,
-    pod_resources: FakePodResources,
-    runtime: FakeCri,
-    proc_root: Path,
-    tmp_path: Path,
+    accounting_agent: AccountingAgent, pod_resources: FakePodResources, tmp_path: Path
 ) -> None:
     node = tmp_path / "node.yaml"
     node.write_text("version: v1\ngpus:\n  - name: H100\n    mig: [3g.40gb, 2g.20gb, 1g.10gb]\n")
@@ -283,9 +293,7 @@ async def test_a_mig_instances_process_is_credited_to_that_instance(
             Held("ds", "notebook", "main", "nvidia.com/mig-1g.10gb", (migs[2],)),
         ]
     )
-    async with running_agent(
-        device_plugin_dir, ("--sim-config", str(node), *args(pod_resources, runtime, proc_root))
-    ) as run:
+    async with accounting_agent("--sim-config", str(node)) as run:
         assert [m.uuid for m in run.sim.node.gpus[0].mig_devices] == migs
         await start(run, 0, TRAINER.pid, 7_000, 60, gpu_instance=gis[1])
         await start(run, 0, NOTEBOOK.pid, 3_000, 60, gpu_instance=gis[2])
@@ -342,14 +350,13 @@ async def test_every_cgroup_layout_end_to_end(
 
 
 async def test_switched_off_accounting_says_so_and_reads_no_processes(
-    device_plugin_dir: Path, pod_resources: FakePodResources, runtime: FakeCri, proc_root: Path
+    accounting_agent: AccountingAgent, pod_resources: FakePodResources, runtime: FakeCri
 ) -> None:
     """The base DaemonSet's setting (no host PID namespace): an allocated GPU with a process on
     it yields no per-container series, no per-process NVML calls and no CRI calls, and the
     gauge tells "not enabled" apart from "nothing runs"."""
     pod_resources.set([Held("ml", "trainer", "main", GPU, ("0",))])
-    extra = args(pod_resources, runtime, proc_root, "--container-accounting=false")
-    async with running_agent(device_plugin_dir, ("--simulate", "1", *extra)) as run:
+    async with accounting_agent("--simulate", "1", "--container-accounting=false") as run:
         await start(run, 0, TRAINER.pid, 1_000, 10)
         await run.polls(3)
         text = await run.metrics_until(lambda t: "gpuagent_pod_resources_up 1" in t)
