@@ -183,15 +183,20 @@ def only(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
 
 
 def container(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    pod = only(docs, "DaemonSet")["spec"]["template"]["spec"]
+    return daemonset(docs)[2]
+
+
+def daemonset(docs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The build's DaemonSet, its pod spec and the agent's container."""
+    ds = only(docs, "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
     (ctr,) = [c for c in pod["containers"] if c["name"] == "gpuagent"]
-    return dict(ctr)
+    return ds, pod, dict(ctr)
 
 
 def config_text(docs: list[dict[str, Any]]) -> str:
     """The agent's config file as the DaemonSet mounts it (``--config`` in a configMap mount)."""
-    ctr = container(docs)
-    pod = only(docs, "DaemonSet")["spec"]["template"]["spec"]
+    _, pod, ctr = daemonset(docs)
     (config_arg,) = [a for a in ctr.get("args", []) if a.startswith("--config=")]
     path = Path(config_arg.partition("=")[2])
     (mount,) = [m for m in ctr["volumeMounts"] if path.parent == Path(m["mountPath"])]
@@ -310,10 +315,10 @@ def test_the_validators_reject_unknown_and_mistyped_fields() -> None:
     """The schema checks are real, strict and offline: a typo'd field or a wrong type fails."""
     kv = module("kubernetes_validate")
     docs = build("prometheus-operator")
-    daemonset = only(docs, "DaemonSet")
-    daemonset["spec"]["template"]["spec"]["containers"][0]["readOnlyRootFileSystem"] = True
+    ds = only(docs, "DaemonSet")
+    ds["spec"]["template"]["spec"]["containers"][0]["readOnlyRootFileSystem"] = True
     with pytest.raises(kv.ValidationError):
-        validate(daemonset)
+        validate(ds)
     service = only(docs, "Service")
     service["spec"]["ports"][0]["port"] = "9400"
     with pytest.raises(kv.ValidationError):
@@ -328,9 +333,7 @@ def test_the_validators_reject_unknown_and_mistyped_fields() -> None:
 def test_references_inside_the_build_resolve(name: str) -> None:
     """What the API server or the controllers would only find out at run time."""
     docs = build(name)
-    ds = only(docs, "DaemonSet")
-    pod = ds["spec"]["template"]["spec"]
-    ctr = container(docs)
+    ds, pod, ctr = daemonset(docs)
     labels = ds["spec"]["template"]["metadata"]["labels"]
     assert ds["spec"]["selector"]["matchLabels"].items() <= labels.items()
     # Volumes, ConfigMaps, the ServiceAccount.
@@ -566,7 +569,7 @@ def test_the_base_grants_no_host_namespace_runtime_socket_or_host_root() -> None
 )  # fmt: skip
 def test_the_grants_table_sees_a_changed_grant(change: Any, seen: str) -> None:
     docs = build("base")
-    pod = only(docs, "DaemonSet")["spec"]["template"]["spec"]
+    _, pod, _ = daemonset(docs)
     (ctr,) = pod["containers"]
     change(pod, ctr)
     found, expected = grants_of(docs), expected_grants("base")
@@ -587,9 +590,7 @@ def test_the_grants_table_sees_a_changed_rbac_rule() -> None:
 @pytest.mark.parametrize("name", ALL_BUILDS)
 def test_daemonset_runs_as_a_node_critical_least_privileged_plugin(name: str) -> None:
     docs = build(name)
-    ds = only(docs, "DaemonSet")
-    pod = ds["spec"]["template"]["spec"]
-    ctr = container(docs)
+    ds, pod, ctr = daemonset(docs)
     assert pod["priorityClassName"] == "system-node-critical"
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in (
         pod["tolerations"]
@@ -631,8 +632,7 @@ def test_mounts_match_the_paths_the_agent_uses(name: str, tmp_path: Path) -> Non
     env and config file resolve to — is a hostPath mounted at the same path in the container,
     for the features the build turns on (DRA, CDI, per-container accounting) and no others."""
     docs = build(name)
-    pod = only(docs, "DaemonSet")["spec"]["template"]["spec"]
-    ctr = container(docs)
+    _, pod, ctr = daemonset(docs)
     host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
     mounted: dict[Path, bool] = {}
     for mount in ctr["volumeMounts"]:
@@ -751,7 +751,7 @@ def test_time_slicing_overlay_really_slices(tmp_path: Path) -> None:
 def test_cdi_overlay_mounts_the_driver_root_where_the_agent_reads_it(tmp_path: Path) -> None:
     docs = build("cdi")
     settings = effective_settings(docs, tmp_path)
-    pod = only(docs, "DaemonSet")["spec"]["template"]["spec"]
+    _, pod, _ = daemonset(docs)
     (volume,) = [v for v in pod["volumes"] if v["name"] == "driver-root"]
     (mount,) = [m for m in container(docs)["volumeMounts"] if m["name"] == "driver-root"]
     assert volume["hostPath"]["path"] == str(settings.nvidia_driver_root)
@@ -971,7 +971,7 @@ def daemonset_agent(
     """
     docs = build("base")
     ctr = container(docs)
-    pod = only(docs, "DaemonSet")["spec"]["template"]["spec"]
+    _, pod, _ = daemonset(docs)
     config = short_tmp_path / "config.yaml"
     config.write_text(config_text(docs), encoding="utf-8")
     args = [f"--config={config}" if a.startswith("--config=") else a for a in ctr["args"]]
@@ -1035,7 +1035,7 @@ def test_dra_overlay_grants_only_what_the_dra_side_uses_to_its_own_service_accou
     docs = build("dra")
     settings = effective_settings(docs, tmp_path)
     assert settings.dra_gpus == "all"
-    pod = only(docs, "DaemonSet")["spec"]["template"]["spec"]
+    _, pod, _ = daemonset(docs)
     account = pod["serviceAccountName"]
     namespace = only(docs, "DaemonSet")["metadata"]["namespace"]
     env = manifest_env(container(docs))

@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 from referencing import Registry
 from referencing.jsonschema import DRAFT7
-from support.driverroot import LIBDIR, VERSION, can_mknod, make_driver_root
+from support.driverroot import LIBDIR, LIBRARY_PATHS, VERSION, can_mknod, make_driver_root
 from support.nodes import gpu, gpu_uuid, mig, mig_uuid, node
 
 from gpuagent.domain.containers import (
@@ -141,12 +141,7 @@ def test_driver_files_are_mounted_read_only_from_the_driver_root(tmp_path: Path)
     )
     assert all(h == ROOT + c for c, h in host.items())
     assert [m["containerPath"] for m in mounts] == [
-        f"{LIBDIR}/libGLX_nvidia.so.{VERSION}",
-        f"{LIBDIR}/libcuda.so.{VERSION}",
-        f"{LIBDIR}/libnvidia-ml.so.{VERSION}",
-        f"{LIBDIR}/libnvidia-opticalflow.so.{VERSION}",
-        f"{LIBDIR}/libnvidia-ptxjitcompiler.so.{VERSION}",
-        f"{LIBDIR}/vdpau/libvdpau_nvidia.so.{VERSION}",
+        *LIBRARY_PATHS,
         "/usr/bin/nvidia-smi",
         "/usr/sbin/nvidia-persistenced",
         "/usr/bin/nvidia-cuda-mps-control",

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
-from support.driverroot import LIBDIR, VERSION, can_mknod, make_driver_root
+from support.driverroot import LIBDIR, LIBRARY_PATHS, VERSION, can_mknod, make_driver_root
 
 from gpuagent.nodefiles.driverfiles import DriverRoot, DrmNodes, Symlink, sysfs_address
 
@@ -21,14 +21,7 @@ def test_everything_of_the_running_version(tmp_path: Path) -> None:
     fake = make_driver_root(tmp_path)
     files = driver_root(tmp_path).find(VERSION)
     assert files.version == VERSION
-    assert files.libraries == (
-        f"{LIBDIR}/libGLX_nvidia.so.{VERSION}",
-        f"{LIBDIR}/libcuda.so.{VERSION}",
-        f"{LIBDIR}/libnvidia-ml.so.{VERSION}",
-        f"{LIBDIR}/libnvidia-opticalflow.so.{VERSION}",
-        f"{LIBDIR}/libnvidia-ptxjitcompiler.so.{VERSION}",
-        f"{LIBDIR}/vdpau/libvdpau_nvidia.so.{VERSION}",
-    )
+    assert files.libraries == LIBRARY_PATHS
     assert set(files.libraries) == set(fake.libraries)
     assert files.library_dirs == (LIBDIR, f"{LIBDIR}/vdpau")
     # Binaries: the executable ones, each at the first PATH directory that has it.

@@ -20,6 +20,15 @@ LIBRARIES = (
     ("libnvidia-opticalflow.so", None),
     ("libGLX_nvidia.so", "libGLX_nvidia.so.0"),
 )
+# What a lookup of VERSION in the fake root finds, by path (the vdpau one included).
+LIBRARY_PATHS = (
+    f"{LIBDIR}/libGLX_nvidia.so.{VERSION}",
+    f"{LIBDIR}/libcuda.so.{VERSION}",
+    f"{LIBDIR}/libnvidia-ml.so.{VERSION}",
+    f"{LIBDIR}/libnvidia-opticalflow.so.{VERSION}",
+    f"{LIBDIR}/libnvidia-ptxjitcompiler.so.{VERSION}",
+    f"{LIBDIR}/vdpau/libvdpau_nvidia.so.{VERSION}",
+)
 NULL_DEVICE = (1, 3)  # major, minor of /dev/null: harmless to open inside a container
 
 
