@@ -46,27 +46,18 @@ def handle(index: int) -> Any:
     return pynvml.nvmlDeviceGetHandleByIndex(index)
 
 
-def drain(event_set: Any) -> list[tuple[int, int, int]]:
-    """Every queued event as ``(gpu index, event type, event data)``, until a wait times out."""
+def drain(event_set: Any, *, until_lost: bool = False) -> list[tuple[int, int, int]]:
+    """Every queued event as ``(gpu index, event type, event data)``, until a wait times out
+    (``until_lost``: until the wait answers GPU_IS_LOST, as for a set holding a lost GPU)."""
+    end, wait_ms = (
+        (pynvml.NVMLError_GpuIsLost, 1000) if until_lost else (pynvml.NVMLError_Timeout, 0)
+    )
     addresses = {ctypes.addressof(handle(i).contents): i for i in range(4)}
     seen: list[tuple[int, int, int]] = []
     while True:
         try:
-            data = pynvml.nvmlEventSetWait_v2(event_set, 0)
-        except pynvml.NVMLError_Timeout:
-            return seen
-        gpu = addresses[ctypes.addressof(data.device.contents)]
-        seen.append((gpu, int(data.eventType), int(data.eventData)))
-
-
-def drain_until_lost(event_set: Any) -> list[tuple[int, int, int]]:
-    """Every queued event until the wait answers GPU_IS_LOST (a set holding a lost GPU)."""
-    addresses = {ctypes.addressof(handle(i).contents): i for i in range(4)}
-    seen: list[tuple[int, int, int]] = []
-    while True:
-        try:
-            data = pynvml.nvmlEventSetWait_v2(event_set, 1000)
-        except pynvml.NVMLError_GpuIsLost:
+            data = pynvml.nvmlEventSetWait_v2(event_set, wait_ms)
+        except end:
             return seen
         gpu = addresses[ctypes.addressof(data.device.contents)]
         seen.append((gpu, int(data.eventType), int(data.eventData)))
@@ -167,7 +158,7 @@ class TestLost:
     def test_event_and_state(self, driver: SimDriver, events: Any) -> None:
         """Losing a GPU raises XID 79 (which needs a reset) and shows it lost."""
         state = driver.inject(3, "lost")
-        assert drain_until_lost(events) == [(3, XID, 79), (3, RECOVERY, 0)]
+        assert drain(events, until_lost=True) == [(3, XID, 79), (3, RECOVERY, 0)]
         assert (state["state"], state["last_xid"]) == ("lost", 79)
 
     def test_waits_keep_answering_lost(self, driver: SimDriver, events: Any) -> None:
@@ -176,7 +167,7 @@ class TestLost:
         As a real driver does: a caller that retries at once spins.
         """
         driver.inject(3, "lost")
-        drain_until_lost(events)
+        drain(events, until_lost=True)
         for _ in range(3):
             # At once: with a ten-minute timeout, a wait that blocked would outlast the test.
             with pytest.raises(pynvml.NVMLError_GpuIsLost):
@@ -197,7 +188,7 @@ class TestLost:
     def test_recover(self, driver: SimDriver, events: Any) -> None:
         """Recovering answers again, clears the recovery action and announces NONE."""
         driver.inject(3, "lost")
-        drain_until_lost(events)
+        drain(events, until_lost=True)
         state = driver.inject(3, "recover")
         assert pynvml.nvmlDeviceGetUUID(handle(3)) == driver.node.gpus[3].uuid
         assert recovery_action(3) == NONE

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import contextlib
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import grpc
@@ -17,7 +18,7 @@ from support.waiting import eventually
 
 from gpuagent.domain.attribution import Target, attributions, by_device
 from gpuagent.domain.devices import Attribution, PodRef, Snapshot
-from gpuagent.kubelet.podresources import PodResourcesClient
+from gpuagent.kubelet.podresources import MAX_RESPONSE_BYTES, PodResourcesClient
 from gpuagent.state.store import DeviceStore
 
 GPU = "nvidia.com/gpu"
@@ -47,6 +48,19 @@ def counts(store: DeviceStore) -> tuple[int, int, bool]:
     return stats.requests, stats.errors, stats.socket_present
 
 
+@contextlib.asynccontextmanager
+async def connected(
+    socket_path: Path, gpus: int = 1, *, max_response_bytes: int = MAX_RESPONSE_BYTES
+) -> AsyncIterator[tuple[DeviceStore, PodResourcesClient]]:
+    """A store of ``gpus`` synthetic GPUs and a client of ``socket_path`` for it (closed after)."""
+    store = DeviceStore(synthetic_snapshot(gpus))
+    client = PodResourcesClient(store, socket_path, max_response_bytes=max_response_bytes)
+    try:
+        yield store, client
+    finally:
+        client.close()
+
+
 def held(pod: str, *ids: str, resource: str = GPU, container: str = "main") -> Held:
     return Held("ns", pod, container, resource, ids)
 
@@ -58,9 +72,7 @@ async def test_list_maps_served_devices(kubelet: FakePodResources, socket_path: 
         held("c", "fpga-0", resource="example.com/fpga"),
         held("m", mig_uuid(2, 7), resource="nvidia.com/mig-1g.10gb"),
     ])  # fmt: skip
-    store = DeviceStore(synthetic_snapshot(2))
-    client = PodResourcesClient(store, socket_path)
-    try:
+    async with connected(socket_path, 2) as (store, client):
         assert await client.refresh() is True
         pods = store.snapshot.pods
         assert mapping(store.snapshot) == {
@@ -76,17 +88,13 @@ async def test_list_maps_served_devices(kubelet: FakePodResources, socket_path: 
         assert await client.refresh() is False  # nothing changed
         assert counts(store)[:2] == (2, 0)
         assert kubelet.calls == 2
-    finally:
-        client.close()
 
 
 async def test_socket_absent_keeps_mapping_and_logs_once(
     kubelet: FakePodResources, socket_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     kubelet.set([held("a", gpu_uuid(0))])
-    store = DeviceStore(synthetic_snapshot(1))
-    client = PodResourcesClient(store, socket_path)
-    try:
+    async with connected(socket_path) as (store, client):
         await client.refresh()
         refreshed = store.snapshot.pods.refreshed_at
         kubelet.stop()
@@ -105,8 +113,6 @@ async def test_socket_absent_keeps_mapping_and_logs_once(
         assert store.snapshot.pods.error == ""
         assert mapping(store.snapshot)[gpu_uuid(0)] == (PodRef("ns", "b", "main"),)
         assert "works again" in capsys.readouterr().out
-    finally:
-        client.close()
 
 
 async def test_never_present_socket_is_not_an_error_loop(socket_path: Path) -> None:
@@ -125,24 +131,18 @@ async def test_never_present_socket_is_not_an_error_loop(socket_path: Path) -> N
 
 async def test_kubelet_restart_reconnects(kubelet: FakePodResources, socket_path: Path) -> None:
     kubelet.set([held("a", gpu_uuid(0))])
-    store = DeviceStore(synthetic_snapshot(1))
-    client = PodResourcesClient(store, socket_path)
-    try:
+    async with connected(socket_path) as (store, client):
         await client.refresh()
         kubelet.restart()  # a new socket file, the old connection is gone
         kubelet.set([held("z", gpu_uuid(0))])
         assert await client.refresh() is True
         assert mapping(store.snapshot)[gpu_uuid(0)] == (PodRef("ns", "z", "main"),)
         assert counts(store)[1] == 0
-    finally:
-        client.close()
 
 
 async def test_error_status_keeps_mapping(kubelet: FakePodResources, socket_path: Path) -> None:
     kubelet.set([held("a", gpu_uuid(0))])
-    store = DeviceStore(synthetic_snapshot(1))
-    client = PodResourcesClient(store, socket_path)
-    try:
+    async with connected(socket_path) as (store, client):
         await client.refresh()
         kubelet.fail_with(grpc.StatusCode.RESOURCE_EXHAUSTED)
         assert await client.refresh() is False
@@ -151,33 +151,23 @@ async def test_error_status_keeps_mapping(kubelet: FakePodResources, socket_path
         kubelet.fail_with(None)
         await client.refresh()
         assert store.snapshot.pods.error == ""
-    finally:
-        client.close()
 
 
 async def test_response_larger_than_4_mib(kubelet: FakePodResources, socket_path: Path) -> None:
     kubelet.set([held("a", gpu_uuid(0))])
     kubelet.padding = 6 * 1024 * 1024
-    store = DeviceStore(synthetic_snapshot(1))
-    client = PodResourcesClient(store, socket_path)
-    try:
+    async with connected(socket_path) as (store, client):
         assert await client.refresh() is True
         assert mapping(store.snapshot) == {gpu_uuid(0): (PodRef("ns", "a", "main"),)}
-    finally:
-        client.close()
 
 
 async def test_response_over_the_bound_is_an_error(
     kubelet: FakePodResources, socket_path: Path
 ) -> None:
     kubelet.padding = 64 * 1024
-    store = DeviceStore(synthetic_snapshot(1))
-    client = PodResourcesClient(store, socket_path, max_response_bytes=16 * 1024)
-    try:
+    async with connected(socket_path, max_response_bytes=16 * 1024) as (store, client):
         assert await client.refresh() is False
         assert "exceeds" in store.snapshot.pods.error
-    finally:
-        client.close()
 
 
 async def test_allocate_refreshes_without_waiting_for_the_timer(

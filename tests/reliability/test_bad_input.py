@@ -20,6 +20,20 @@ from gpuagent.app import Agent
 from gpuagent.config import load_settings
 from gpuagent.gpu.sim import SimDriver, installed, node_from_count
 
+SharedAgent = tuple[RunningAgent, FakeKubelet, asyncio.AbstractEventLoop]
+"""The ``shared_agent`` fixture: the agent, its kubelet stand-in and the agent's loop."""
+
+
+def fuzzed(examples: int) -> settings:
+    """Hypothesis settings for a test of ``examples`` inputs against the shared agent (no
+    deadline: the agent answers on its own loop; the fixture is shared on purpose)."""
+    return settings(
+        max_examples=examples,
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture],
+    )
+
+
 T = 10.0
 SOCKET = "nvidia-gpu.sock"
 
@@ -76,14 +90,10 @@ async def test_empty_and_duplicate_requests(
         await serving(run, fake_kubelet)
 
 
-@settings(
-    max_examples=40,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
-)
+@fuzzed(40)
 @given(ids=st.lists(st.text(max_size=80), max_size=12))
 def test_arbitrary_allocate_requests_never_break_the_plugin(
-    shared_agent: tuple[RunningAgent, FakeKubelet, asyncio.AbstractEventLoop], ids: list[str]
+    shared_agent: SharedAgent, ids: list[str]
 ) -> None:
     run, kubelet, _ = shared_agent
     uuids = set(run.uuids)
@@ -199,18 +209,14 @@ async def test_sim_endpoints_are_absent_outside_simulation(
             await asyncio.wait_for(task, T)
 
 
-@settings(
-    max_examples=40,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
-)
+@fuzzed(40)
 @given(
     available=st.lists(st.text(max_size=60), max_size=12),
     must=st.lists(st.text(max_size=60), max_size=4),
     size=st.integers(min_value=-5, max_value=20),
 )
 def test_arbitrary_preferred_allocation_requests_are_answered(
-    shared_agent: tuple[RunningAgent, FakeKubelet, asyncio.AbstractEventLoop],
+    shared_agent: SharedAgent,
     available: list[str],
     must: list[str],
     size: int,
@@ -224,14 +230,10 @@ def test_arbitrary_preferred_allocation_requests_are_answered(
     assert set(must) <= set(chosen) or size <= 0 or len(set(must)) > size
 
 
-@settings(
-    max_examples=20,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
-)
+@fuzzed(20)
 @given(ids=st.lists(st.text(max_size=80), max_size=8))
 def test_arbitrary_pre_start_requests_are_answered(
-    shared_agent: tuple[RunningAgent, FakeKubelet, asyncio.AbstractEventLoop], ids: list[str]
+    shared_agent: SharedAgent, ids: list[str]
 ) -> None:
     _, kubelet, _ = shared_agent
     assert kubelet.pre_start(ids).ByteSize() == 0
