@@ -10,6 +10,7 @@ import errno
 import os
 import shutil
 import socket
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -31,8 +32,7 @@ async def woken(watch: DirectoryWatch) -> None:
 
 
 async def test_a_created_or_deleted_entry_wakes_the_waiter(tmp_path: Path) -> None:
-    watch = DirectoryWatch([tmp_path])
-    try:
+    with closing(DirectoryWatch([tmp_path])) as watch:
         assert live(watch)
         waiter = asyncio.create_task(woken(watch))
         await asyncio.sleep(0)
@@ -44,65 +44,50 @@ async def test_a_created_or_deleted_entry_wakes_the_waiter(tmp_path: Path) -> No
         waiter = asyncio.create_task(woken(watch))
         (tmp_path / "kubelet.sock").unlink()
         await waiter
-    finally:
-        watch.close()
 
 
 async def test_a_change_between_two_waits_is_not_lost(tmp_path: Path) -> None:
-    watch = DirectoryWatch([tmp_path])
-    try:
+    with closing(DirectoryWatch([tmp_path])) as watch:
         (tmp_path / "a").touch()
         await asyncio.sleep(0)  # the loop reads the event while nobody waits
         await woken(watch)
         (tmp_path / "a").rename(tmp_path / "b")
         await woken(watch)
-    finally:
-        watch.close()
 
 
 async def test_without_a_change_the_waiter_sleeps_until_its_timeout(tmp_path: Path) -> None:
-    watch = DirectoryWatch([tmp_path])
-    try:
+    with closing(DirectoryWatch([tmp_path])) as watch:
         waiter = asyncio.create_task(watch.wait(HOUR, at_most=HOUR))
         for _ in range(20):
             await asyncio.sleep(0)
         assert not waiter.done()
         waiter.cancel()
         await asyncio.wait({waiter})
-    finally:
-        watch.close()
 
 
 async def test_every_directory_is_watched(tmp_path: Path) -> None:
     one, two = tmp_path / "plugins", tmp_path / "kubelet"
     one.mkdir()
     two.mkdir()
-    watch = DirectoryWatch([one, two, one])
-    try:
+    with closing(DirectoryWatch([one, two, one])) as watch:
         assert live(watch)
         for directory in (one, two):
             waiter = asyncio.create_task(woken(watch))
             (directory / "x.sock").touch()
             await waiter
-    finally:
-        watch.close()
 
 
 async def test_a_missing_directory_is_polled_until_it_appears(tmp_path: Path) -> None:
     missing = tmp_path / "device-plugins"
-    with capture_logs() as logs:
-        watch = DirectoryWatch([missing])
-        try:
-            assert not live(watch)
-            await asyncio.wait_for(watch.wait(0.001), T)  # polls
-            missing.mkdir()
-            await asyncio.wait_for(watch.wait(0.001), T)  # arms the watch again
-            assert live(watch)
-            waiter = asyncio.create_task(woken(watch))
-            (missing / "kubelet.sock").touch()
-            await waiter
-        finally:
-            watch.close()
+    with capture_logs() as logs, closing(DirectoryWatch([missing])) as watch:
+        assert not live(watch)
+        await asyncio.wait_for(watch.wait(0.001), T)  # polls
+        missing.mkdir()
+        await asyncio.wait_for(watch.wait(0.001), T)  # arms the watch again
+        assert live(watch)
+        waiter = asyncio.create_task(woken(watch))
+        (missing / "kubelet.sock").touch()
+        await waiter
     assert [e["event"] for e in logs] == [
         "polling directories", "watching directories with inotify",
     ]  # fmt: skip
@@ -113,13 +98,9 @@ async def test_two_missing_directories_are_logged_once_together(tmp_path: Path) 
     """The reasons for polling are logged once for all directories, not once per directory and
     wake-up (they would take turns)."""
     one, two = tmp_path / "plugins", tmp_path / "registry"
-    with capture_logs() as logs:
-        watch = DirectoryWatch([one, two])
-        try:
-            for _ in range(5):
-                await asyncio.wait_for(watch.wait(0.001), T)
-        finally:
-            watch.close()
+    with capture_logs() as logs, closing(DirectoryWatch([one, two])) as watch:
+        for _ in range(5):
+            await asyncio.wait_for(watch.wait(0.001), T)
     assert [(e["event"], e["reason"]) for e in logs if "directories" in e] == [
         ("polling directories", f"{one} does not exist yet; {two} does not exist yet")
     ]
@@ -134,17 +115,13 @@ async def test_a_file_where_the_directory_should_be_is_named(tmp_path: Path, bel
     directory = blocker / "sub" if below else blocker
     assert dirwatch.file_in_the_way(directory) == blocker
     assert dirwatch.file_in_the_way(tmp_path / "absent" / "sub") is None
-    with capture_logs() as logs:
-        watch = DirectoryWatch([directory])
-        try:
-            await asyncio.wait_for(watch.wait(0.001), T)
-            assert not live(watch)
-            blocker.unlink()
-            directory.mkdir(parents=True)
-            await asyncio.wait_for(watch.wait(0.001), T)
-            assert live(watch)
-        finally:
-            watch.close()
+    with capture_logs() as logs, closing(DirectoryWatch([directory])) as watch:
+        await asyncio.wait_for(watch.wait(0.001), T)
+        assert not live(watch)
+        blocker.unlink()
+        directory.mkdir(parents=True)
+        await asyncio.wait_for(watch.wait(0.001), T)
+        assert live(watch)
     assert [(e["event"], e.get("reason")) for e in logs if "directories" in e] == [
         ("polling directories", f"{blocker} is not a directory"),
         ("watching directories with inotify", None),
@@ -154,8 +131,7 @@ async def test_a_file_where_the_directory_should_be_is_named(tmp_path: Path, bel
 async def test_a_directory_removed_and_created_again_is_watched_again(tmp_path: Path) -> None:
     directory = tmp_path / "device-plugins"
     directory.mkdir()
-    watch = DirectoryWatch([directory])
-    try:
+    with closing(DirectoryWatch([directory])) as watch:
         waiter = asyncio.create_task(woken(watch))
         shutil.rmtree(directory)
         await waiter
@@ -165,15 +141,12 @@ async def test_a_directory_removed_and_created_again_is_watched_again(tmp_path: 
         waiter = asyncio.create_task(woken(watch))
         (directory / "kubelet.sock").touch()
         await waiter
-    finally:
-        watch.close()
 
 
 async def test_a_moved_directory_is_no_longer_watched_under_its_old_name(tmp_path: Path) -> None:
     directory = tmp_path / "device-plugins"
     directory.mkdir()
-    watch = DirectoryWatch([directory])
-    try:
+    with closing(DirectoryWatch([directory])) as watch:
         waiter = asyncio.create_task(woken(watch))
         directory.rename(tmp_path / "elsewhere")
         await waiter
@@ -182,17 +155,12 @@ async def test_a_moved_directory_is_no_longer_watched_under_its_old_name(tmp_pat
         directory.mkdir()
         await asyncio.wait_for(watch.wait(0.001), T)
         assert live(watch)
-    finally:
-        watch.close()
 
 
 async def test_polling_only_when_asked(tmp_path: Path) -> None:
-    watch = DirectoryWatch([tmp_path], inotify=False)
-    try:
+    with closing(DirectoryWatch([tmp_path], inotify=False)) as watch:
         assert not live(watch)
         await asyncio.wait_for(watch.wait(0.001), T)  # returns after the poll interval
-    finally:
-        watch.close()
 
 
 async def test_no_inotify_instance_left_falls_back_to_polling(
