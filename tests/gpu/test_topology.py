@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import MutableMapping
 from typing import Any
 
 import pynvml
@@ -31,8 +32,27 @@ def handles(driver: SimDriver) -> dict[int, Any]:
     return {g.index: pynvml.nvmlDeviceGetHandleByIndex(g.index) for g in driver.node.gpus}
 
 
-def pairs(topology: Topology) -> dict[tuple[int, int], tuple[P2PLevel | None, int]]:
+Pairs = dict[tuple[int, int], tuple[P2PLevel | None, int]]
+Logs = list[MutableMapping[str, Any]]
+
+
+def pairs(topology: Topology) -> Pairs:
     return {(link.a, link.b): (link.p2p, link.nvlinks) for link in topology.links}
+
+
+def read_failing(run: Run, symbol: str, code: int, **where: int) -> tuple[Pairs, Logs]:
+    """:data:`ASYMMETRIC` read while ``symbol`` fails with ``code`` (``where``: ``gpu``,
+    ``count``), and what was logged meanwhile."""
+    driver = run(node_from_mapping(ASYMMETRIC))
+    driver.fail(symbol, code, **where)
+    return read_logged(driver)
+
+
+def read_logged(driver: SimDriver) -> tuple[Pairs, Logs]:
+    """The pairs read from every GPU of ``driver``, and what was logged meanwhile."""
+    with structlog.testing.capture_logs() as logs:
+        got = pairs(read_topology(handles(driver)))
+    return got, logs
 
 
 ASYMMETRIC = {
@@ -146,8 +166,7 @@ class TestNvSwitch:
         base = node_from_mapping({"version": "v1", "gpus": [{}, {}, {}], "nvlinks": [[0, 2, 2]]})
         driver = run(dataclasses.replace(base, nvswitch_links=((0, 0, 4), (1, 0, 3))))
         driver.remove("nvmlDeviceGetNvLinkRemoteDeviceType")
-        with structlog.testing.capture_logs() as logs:
-            got = pairs(read_topology(handles(driver)))
+        got, logs = read_logged(driver)
         assert {pair: links for pair, (_, links) in got.items()} == {
             (0, 1): 0,
             (0, 2): 2,
@@ -263,8 +282,7 @@ class TestFailures:
         driver = run(node_from_mapping(ASYMMETRIC))
         driver.fail("nvmlDeviceGetFieldValues", NOT_SUPPORTED, gpu=0)
         driver.fail("nvmlDeviceGetNvLinkState", NOT_SUPPORTED, gpu=0)
-        with structlog.testing.capture_logs() as logs:
-            got = pairs(read_topology(handles(driver)))
+        got, logs = read_logged(driver)
         assert got[(0, 1)] == (NODE, 0)
         assert got[(0, 2)] == (SYSTEM, 0)
         assert got[(1, 2)] == (SYSTEM, 4)
@@ -274,10 +292,7 @@ class TestFailures:
 
     def test_remote_not_supported_on_active_links(self, run: Run) -> None:
         """Active links whose remote the driver will not name are not counted (logged once)."""
-        driver = run(node_from_mapping(ASYMMETRIC))
-        driver.fail("nvmlDeviceGetNvLinkRemotePciInfo_v2", NOT_SUPPORTED, gpu=3)
-        with structlog.testing.capture_logs() as logs:
-            got = pairs(read_topology(handles(driver)))
+        got, logs = read_failing(run, "nvmlDeviceGetNvLinkRemotePciInfo_v2", NOT_SUPPORTED, gpu=3)
         assert got[(3, 4)] == (SYSTEM, 0)
         assert got[(0, 1)] == (NODE, 6)
         assert len([e for e in logs if e["event"].startswith("nvlink remote not offered")]) == 1
@@ -287,20 +302,14 @@ class TestFailures:
     )
     def test_failing_gpu(self, run: Run, symbol: str) -> None:
         """A GPU whose topology calls fail has unknown pairs; the failure is logged once."""
-        driver = run(node_from_mapping(ASYMMETRIC))
-        driver.fail(symbol, UNKNOWN, gpu=2)
-        with structlog.testing.capture_logs() as logs:
-            got = pairs(read_topology(handles(driver)))
+        got, logs = read_failing(run, symbol, UNKNOWN, gpu=2)
         assert all(got[p] == (None, 0) for p in got if 2 in p)
         assert got[(0, 1)] == (NODE, 6)
         assert [(e["event"], e["gpu"]) for e in logs] == [("gpu topology unreadable", 2)]
 
     def test_common_ancestor_failing_for_one_pair(self, run: Run) -> None:
         """A pair whose P2P level cannot be read keeps its NVLink count."""
-        driver = run(node_from_mapping(ASYMMETRIC))
-        driver.fail("nvmlDeviceGetTopologyCommonAncestor", UNKNOWN, count=1)
-        with structlog.testing.capture_logs() as logs:
-            got = pairs(read_topology(handles(driver)))
+        got, logs = read_failing(run, "nvmlDeviceGetTopologyCommonAncestor", UNKNOWN, count=1)
         assert got[(0, 1)] == (None, 6)
         assert got[(0, 2)] == (SYSTEM, 2)
         assert [e["gpus"] for e in logs] == [[0, 1]]
