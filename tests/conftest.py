@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import uvloop
 from support import grpcstubs
+from support.clock import FakeClock
 from support.fake_kubelet import FakeKubelet
 from support.grpcstubs import CriStubs, DraStubs, StubModules
 
@@ -79,6 +80,12 @@ def cri_stubs() -> CriStubs:
 def dra_stubs() -> DraStubs:
     """grpcio stubs for the DRA protos (the plugin watcher stand-in)."""
     return grpcstubs.dra_stubs()
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    """A clock that moves only when the test sets ``clock.now`` (it starts at 1000 s)."""
+    return FakeClock()
 
 
 @pytest.fixture

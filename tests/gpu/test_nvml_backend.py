@@ -73,11 +73,6 @@ def discover_on(driver: SimDriver, sysfs_root: Path) -> list[Gpu]:
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
 def driver(clock: FakeClock) -> Iterator[SimDriver]:
     """A 4-GPU simulated node installed below pynvml (not initialised); uninstalled afterwards."""
     drv = SimDriver(node_from_count(GPUS), clock=clock)

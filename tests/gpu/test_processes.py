@@ -24,11 +24,6 @@ H100, H100_MIG, A100 = 0, 1, 2
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(2000.0)
-
-
-@pytest.fixture
 def driver(clock: FakeClock, tmp_path: Path) -> Iterator[tuple[SimDriver, ProcessReader]]:
     node = node_from_mapping(
         {

@@ -17,11 +17,6 @@ MIB = 1024 * 1024
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
 def driver(clock: FakeClock) -> Iterator[SimDriver]:
     """An 8-GPU HGX-like node, installed below pynvml and initialised."""
     with installed(SimDriver(node_from_count(8), clock=clock)) as drv:

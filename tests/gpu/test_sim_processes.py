@@ -26,11 +26,6 @@ NO_INSTANCE = 0xFFFF_FFFF
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(1000.0)
-
-
-@pytest.fixture
 def driver(clock: FakeClock) -> Iterator[SimDriver]:
     """GPU 0 and 1 H100s, GPU 2 an H100 in MIG mode, GPU 3 an A100 (no detail list)."""
     node = node_from_mapping(

@@ -38,11 +38,6 @@ def runtime(socket_path: Path, cri_stubs: CriStubs) -> Iterator[FakeCri]:
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(100.0)
-
-
-@pytest.fixture
 async def cri(socket_path: Path, clock: FakeClock) -> AsyncIterator[CriClient]:
     """A client of ``socket_path``, closed on the test's loop afterwards."""
     cri = CriClient(socket_path, monotonic=clock, min_interval=2.0, retry_interval=30.0)

@@ -26,11 +26,6 @@ def add_link(directory: Path, pod: str, namespace: str, container: str, containe
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(100.0)
-
-
-@pytest.fixture
 def links_dir(tmp_path: Path) -> Path:
     directory = tmp_path / "containers"
     add_link(directory, "trainer-0", "ml", "main", cid(1))
