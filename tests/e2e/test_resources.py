@@ -8,6 +8,7 @@ from pathlib import Path
 
 import grpc
 from support.fake_kubelet import FakeKubelet
+from support.waiting import eventually
 
 from e2e.agentrun import registered_agent, running_agent
 
@@ -105,10 +106,9 @@ async def test_cdi_spec_and_node_labels_are_written(
             "--cdi-spec-dir", str(cdi_dir), "--node-labels-file", str(labels))  # fmt: skip
     async with registered_agent(fake_kubelet, device_plugin_dir, args) as run:
         spec_file = cdi_dir / "k8s.device-plugin.nvidia.com-gpu.json"
-        for _ in range(500):
-            if spec_file.exists() and labels.exists():
-                break
-            await asyncio.sleep(0.01)
+        await eventually(
+            lambda: spec_file.exists() and labels.exists(), what="the CDI spec and the labels"
+        )
         spec = json.loads(spec_file.read_text())
         names = {d["name"] for d in spec["devices"]}
         uuids = set(run.uuids)

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.waiting import eventually
 
 from gpuagent.gpu.monitor import GpuMonitor
 from gpuagent.gpu.nvml import Nvml
@@ -80,15 +81,14 @@ async def test_the_capture_covers_every_call_the_agent_makes(tmp_path: Path) -> 
         monitor = GpuMonitor(store, Nvml(tmp_path), poll_interval=0.12, event_wait_ms=50)
         task = asyncio.create_task(monitor.run())
         try:
-            for _ in range(500):
-                if driver.calls["nvmlGpmMetricsGet"] >= 1 and driver.calls["nvmlEventSetWait_v2"]:
-                    break
-                await asyncio.sleep(0.01)
+            await eventually(
+                lambda: driver.calls["nvmlGpmMetricsGet"] and driver.calls["nvmlEventSetWait_v2"],
+                what="GPM readings and an event wait",
+            )
             driver.inject(1, "recovery_action", action="gpu_reset")
-            for _ in range(500):
-                if driver.calls["nvmlDeviceGetFieldValues"] > 20:
-                    break
-                await asyncio.sleep(0.01)
+            await eventually(
+                lambda: driver.calls["nvmlDeviceGetFieldValues"] > 20, what="21 field reads"
+            )
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -13,6 +12,7 @@ from support.fake_cri import FakeCri, RuntimeContainer
 from support.grpcstubs import CriStubs
 from support.synthetic import gpu_uuid, pods_by_device, synthetic_snapshot
 from support.tasks import running
+from support.waiting import eventually
 
 from gpuagent.domain.devices import PodRef, Snapshot
 from gpuagent.domain.usage import GpuProcess, ProcessReading, ProcessSample
@@ -63,11 +63,7 @@ def with_reading(snapshot: Snapshot, reading: ProcessReading | None) -> Snapshot
 
 
 async def settle(accountant: Accountant, updates: int) -> None:
-    for _ in range(500):
-        if accountant.updates >= updates:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"accountant made {accountant.updates} updates, wanted {updates}")
+    await eventually(lambda: accountant.updates >= updates, what=f"{updates} accountant updates")
 
 
 async def test_usage_follows_readings_without_cri_calls_at_rest(
