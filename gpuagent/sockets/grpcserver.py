@@ -152,10 +152,12 @@ class ServedSocket:
                 await server.wait_closed()
         except TimeoutError:
             closed = False
-        # Remove our own socket only: after a takeover the path is another plugin's.
-        with contextlib.suppress(FileNotFoundError):
-            if self.ours:
-                self.path.unlink()
+        finally:
+            # Removed even when a cancellation cuts the wait short (the owner's shutdown).
+            # Our own socket only: after a takeover the path is another plugin's.
+            with contextlib.suppress(FileNotFoundError):
+                if self.ours:
+                    self.path.unlink()
         return closed
 
 
