@@ -24,10 +24,7 @@ from support.waiting import eventually
 
 from gpuagent.domain.devices import Condition, DriverState, Gpu, Snapshot, Telemetry, Topology
 from gpuagent.domain.health import (
-    DoubleBitEccError,
     HealthPolicy,
-    RecoveryActionChanged,
-    XidError,
 )
 from gpuagent.domain.plan import Plan
 from gpuagent.gpu.backend import Backend, DriverEvent, DriverUnavailable, Probe
@@ -496,46 +493,6 @@ async def test_a_long_hang_is_one_series_and_two_log_lines(
     assert lines[0]["call"] == "nvmlDeviceGetPerformanceState"
 
 
-async def test_health_log_lines_follow_the_set_of_conditions(
-    store: DeviceStore, driver: SimDriver, tmp_path: Path
-) -> None:
-    """A line per change of the set of conditions, none when only their order changes; an XID's
-    line names its catalog meaning and immediate action, whether or not it changes health."""
-    monitor = monitor_for(store, Nvml(tmp_path))
-    await monitor.start()
-    try:
-        monitor.apply(0, RecoveryActionChanged(1))
-        monitor.apply(0, DoubleBitEccError())
-        with structlog.testing.capture_logs() as logs:
-            monitor.apply(0, RecoveryActionChanged(1))  # the same action again: reordered only
-            assert [c.kind for c in gpu(store.snapshot, 0).health.conditions] == [
-                "ecc_dbe",
-                "recovery_action",
-            ]
-            assert [e for e in logs if e.get("uuid") == gpu(store.snapshot, 0).uuid] == []
-            monitor.apply(1, XidError(13))  # the application's fault: health unchanged
-            monitor.apply(1, XidError(79))
-            monitor.apply(1, XidError(79))  # again: reordered nothing, changed nothing
-    finally:
-        await asyncio.wait_for(monitor.close(), WAIT_S)
-    # The lines naming GPU 1 (a thread an earlier test left behind may still log by index).
-    logs = [e for e in logs if e.get("uuid") == gpu(store.snapshot, 1).uuid]
-    assert [(e["event"], e["log_level"], e["xid"]) for e in logs] == [
-        ("xid reported", "info", 13),
-        ("gpu health changed", "warning", 79),
-        ("xid reported", "warning", 79),
-    ]
-    assert (logs[0]["xid_meaning"], logs[0]["xid_action"]) == (
-        "Graphics Engine Exception",
-        "RESTART_APP",
-    )
-    assert (logs[1]["xid_meaning"], logs[1]["xid_action"], logs[1]["reason"]) == (
-        "GPU has fallen off the bus",
-        "RESTART_BM",
-        "xid 79",
-    )
-
-
 # ----- close -------------------------------------------------------------------------------------
 def nvml_threads() -> dict[str, threading.Thread]:
     return {t.name: t for t in threading.enumerate() if t.name.startswith("nvml-")}
@@ -710,7 +667,7 @@ async def test_cancel_as_a_topology_refresh_returns_drops_it(
         before = store.snapshot.topology
         assert before != Topology()
         answer: asyncio.Future[Topology] = asyncio.get_running_loop().create_future()
-        monkeypatch.setattr(monitor._control, "submit", lambda _fn: answer)
+        monkeypatch.setattr(monitor._lanes.control, "submit", lambda _fn: answer)
         monitor._spawn_refresh()
         (task,) = monitor._background
         for _ in range(3):
@@ -913,7 +870,7 @@ async def test_a_hung_gpu_keeps_its_thread_and_gives_it_back(
         assert [i for i, _ in nvml.threads[4:]] == [0, 2, 3]  # GPU 1 is still in its call
         nvml.release.set()
         async with asyncio.timeout(WAIT_S):
-            while monitor._busy(1):  # noqa: ASYNC110 (the hung call returns on its thread)
+            while monitor._lanes.busy(1):  # noqa: ASYNC110 (the hung call returns on its thread)
                 await asyncio.sleep(0.01)
         await monitor.poll_once()
         assert [i for i, _ in nvml.threads[7:]] == [0, 1, 2, 3]
@@ -957,7 +914,7 @@ async def test_abandoned_probe_exception_is_retrieved(
         backend.release.set()
         assert await asyncio.to_thread(backend.raised.wait, WAIT_S)
         async with asyncio.timeout(WAIT_S):
-            while monitor._busy(1):  # noqa: ASYNC110 (the late exception reaches the future …
+            while monitor._lanes.busy(1):  # noqa: ASYNC110 (the late exception reaches the future …
                 await asyncio.sleep(0.01)
         for _ in range(3):
             await asyncio.sleep(0)  # … and its callbacks run on the loop)
@@ -968,38 +925,3 @@ async def test_abandoned_probe_exception_is_retrieved(
         backend.release.set()
         loop.set_exception_handler(previous)
         await asyncio.wait_for(monitor.close(), WAIT_S)
-
-
-# ----- NVLink bandwidth: DCGM's rate from the counter -------------------------------------------
-async def test_nvlink_bandwidth_is_a_rate(store: DeviceStore, tmp_path: Path) -> None:
-    """The poller turns the NVLink data counter into MB/s since the GPU's last reading."""
-    clock = FakeClock()
-    with installed(SimDriver(node_from_count(2), clock=clock)) as driver:
-        monitor = monitor_for(store, Nvml(tmp_path, clock=clock), poll_interval=60.0)
-        try:
-            await monitor.start()
-            await monitor.poll_once()
-            assert gpu(store.snapshot, 0).telemetry.nvlink_bandwidth_total is None  # one reading
-            handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-            before = nvlink_kib(handle)
-            clock.now += 5.0
-            after = nvlink_kib(handle)
-            await monitor.poll_once()
-            rate = gpu(store.snapshot, 0).telemetry.nvlink_bandwidth_total
-            assert rate is not None
-            assert rate == pytest.approx((after - before) / 1024 / 5.0)
-            assert 1_000 < rate < 1e6  # tens of GB/s, in MB/s
-            del driver
-        finally:
-            await asyncio.wait_for(monitor.close(), WAIT_S)
-
-
-def nvlink_kib(handle: object) -> float:
-    tx, rx = pynvml.nvmlDeviceGetFieldValues(
-        handle,
-        [
-            (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 0xFFFF_FFFF),
-            (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, 0xFFFF_FFFF),
-        ],
-    )
-    return float(tx.value.ullVal + rx.value.ullVal)

@@ -21,10 +21,11 @@ from support.waiting import eventually
 
 from gpuagent.domain.devices import Gpu, Snapshot
 from gpuagent.gpu.calls import NO_GPU, NvmlCalls
-from gpuagent.gpu.monitor import GpuMonitor, startup_budget
+from gpuagent.gpu.monitor import GpuMonitor
 from gpuagent.gpu.nvml import Nvml
 from gpuagent.gpu.sim import SimDriver, installed, node_from_count
 from gpuagent.gpu.sim.spec import SimLatency, SimNode
+from gpuagent.gpu.startup import startup_budget
 from gpuagent.state.store import DeviceStore
 
 WAIT_S = 30.0
