@@ -1,10 +1,12 @@
 """The NVML backend: every driver call the agent makes, through the real pynvml wrappers.
 
-This module, with :mod:`~gpuagent.gpu.telemetry`, :mod:`~gpuagent.gpu.topology`,
-:mod:`~gpuagent.gpu.mig` and :mod:`~gpuagent.gpu.calls`, is the only code that imports
-:mod:`pynvml`. All methods block; the monitor runs each GPU's work on that GPU's worker thread.
-NVML exceptions never leave it: callers see :class:`DriverUnavailable`, :class:`EventWaitError`,
-domain health events and ``None`` for values the GPU does not offer or failed to deliver.
+This module and the readers it drives (:mod:`~gpuagent.gpu.eventset`,
+:mod:`~gpuagent.gpu.telemetry`, :mod:`~gpuagent.gpu.gpm`, :mod:`~gpuagent.gpu.processes`,
+:mod:`~gpuagent.gpu.topology`, :mod:`~gpuagent.gpu.mig`, all through
+:mod:`~gpuagent.gpu.calls`) are the only code that imports :mod:`pynvml`. All methods block;
+the monitor runs each GPU's work on that GPU's worker thread. NVML exceptions never leave it:
+callers see :class:`DriverUnavailable`, :class:`EventWaitError`, domain health events and
+``None`` for values the GPU does not offer or failed to deliver.
 
 Health from evidence (docs/health.md): a probe's liveness check is one designated call,
 ``nvmlDeviceGetPerformanceState`` — live GPU state that every data-centre GPU offers and that no
@@ -14,10 +16,8 @@ call is evidence too. Every other error only leaves a reading absent.
 
 from __future__ import annotations
 
-import ctypes
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import MappingProxyType
@@ -26,7 +26,6 @@ from typing import Any
 import pynvml
 import structlog
 
-from gpuagent.domain import xids
 from gpuagent.domain.devices import (
     Condition,
     DriverState,
@@ -38,34 +37,24 @@ from gpuagent.domain.devices import (
 from gpuagent.domain.health import (
     DISCOVERY,
     LOST,
-    DoubleBitEccError,
     GpuLost,
     HealthEvent,
     LivenessFailed,
-    RecoveryActionChanged,
     Responding,
-    XidError,
 )
 from gpuagent.gpu.backend import DriverEvent, DriverUnavailable, EventWaitError, Pair, Probe
 from gpuagent.gpu.calls import ABSENT, NO_GPU, NvmlCalls, describe
+from gpuagent.gpu.eventset import EventSet
 from gpuagent.gpu.mig import DEFAULT_MIG_MINORS, read_mig_with_total
 from gpuagent.gpu.processes import ProcessReader
-from gpuagent.gpu.telemetry import FIELDS, TelemetryReader, read_fields
+from gpuagent.gpu.telemetry import TelemetryReader
 from gpuagent.gpu.topology import GpuLinks, TopologyReader, read_topology
 
 log = structlog.get_logger("gpuagent.nvml")
 
-__all__ = ["HEALTH_EVENTS", "DriverUnavailable", "EventWaitError", "Nvml", "Probe", "describe"]
+__all__ = ["DriverUnavailable", "EventWaitError", "Nvml", "Probe", "describe"]
 
-HEALTH_EVENTS = (
-    pynvml.nvmlEventTypeXidCriticalError
-    | pynvml.nvmlEventTypeDoubleBitEccError
-    | pynvml.nvmlEventTypeGpuRecoveryAction
-)
-#: ``gpuInstanceId``/``computeInstanceId`` of an event attributed to no MIG instance.
-NO_INSTANCE = 0xFFFF_FFFF
 MIB = 1024 * 1024
-_RECOVERY_FIELD = [f for f in FIELDS if f[0] == "recovery_action"]
 
 
 class Nvml:
@@ -94,10 +83,7 @@ class Nvml:
         self._gpus: dict[int, Gpu] = {}
         # Each MIG-enabled GPU's devices: (UUID, GPU-instance ID, handle), for their telemetry.
         self._migs: dict[int, tuple[tuple[str, int, Any], ...]] = {}
-        self._by_address: dict[int, int] = {}
-        self._by_uuid: dict[str, tuple[int, int | None, int | None]] = {}
-        self._event_set: Any = None
-        self._drained: deque[DriverEvent] = deque()
+        self._events = EventSet(self._calls, self._handle)
         self._topology: TopologyReader | None = None
         self._reader = TelemetryReader(self._calls, clock)
         self._processes = ProcessReader(self._calls)
@@ -137,12 +123,7 @@ class Nvml:
             log.debug("the nvml library initialised is gone; nothing to release")
             return
         self._reader.close()
-        event_set, self._event_set = self._event_set, None
-        if event_set is not None:
-            try:
-                self._calls.call(NO_GPU, pynvml.nvmlEventSetFree, event_set)
-            except pynvml.NVMLError as exc:
-                log.warning("freeing the nvml event set failed", error=describe(exc))
+        self._events.free()
         try:
             self._calls.call(NO_GPU, pynvml.nvmlShutdown)
         except pynvml.NVMLError as exc:
@@ -191,8 +172,7 @@ class Nvml:
         with self._lock:
             self._handles[index] = handle
             self._uuids[index] = uuid
-            self._by_address[ctypes.addressof(handle.contents)] = index
-            self._by_uuid[uuid] = (index, None, None)
+        self._events.name_gpu(index, handle, uuid)
         try:
             gpu = self._describe(index, handle, uuid)
         except pynvml.NVMLError as exc:
@@ -203,8 +183,7 @@ class Nvml:
             return Gpu.undescribed(index, uuid, Condition(kind, detail))
         with self._lock:
             self._gpus[index] = gpu
-            for mig in gpu.mig_devices:
-                self._by_uuid[mig.uuid] = (index, mig.gpu_instance_id, mig.compute_instance_id)
+        self._events.name_migs(index, gpu.mig_devices)
         return gpu
 
     def _describe(self, index: int, handle: Any, uuid: str) -> Gpu:
@@ -331,169 +310,36 @@ class Nvml:
     # ----- events ------------------------------------------------------------------------------
     def create_event_set(self) -> str | None:
         """Create the event set; the error when it cannot be (GPUs then rely on probes)."""
-        try:
-            self._event_set = self._calls.call(NO_GPU, pynvml.nvmlEventSetCreate)
-        except pynvml.NVMLError as exc:
-            log.error("cannot create nvml event set", error=describe(exc))
-            return describe(exc)
-        return None
+        return self._events.create()
 
-    def register_events(self, index: int, mask: int = HEALTH_EVENTS) -> str | None:
-        """Register GPU ``index`` for health events (again, after it was lost); the error if not.
-
-        A GPU (or driver) without event support is logged and left to the liveness check.
-        """
-        with self._lock:
-            handle = self._handles.get(index)
-        if self._event_set is None or handle is None:
-            return "no event set"
-        try:
-            supported = int(
-                self._calls.call(index, pynvml.nvmlDeviceGetSupportedEventTypes, handle)
-            )
-            self._calls.call(
-                index, pynvml.nvmlDeviceRegisterEvents, handle, mask & supported, self._event_set
-            )
-        except pynvml.NVMLError as exc:
-            if exc.value in ABSENT:
-                log.warning("gpu does not support health events", gpu=index)
-                return None
-            log.error("gpu event registration failed", gpu=index, error=describe(exc))
-            return describe(exc)
-        if not supported & pynvml.nvmlEventTypeGpuRecoveryAction:
-            log.info("no recovery-action event on this driver; the field is read by probes",
-                     gpu=index)  # fmt: skip
-        return None
+    def register_events(self, index: int) -> str | None:
+        """Register GPU ``index`` for health events (again, after it was lost); the error if not."""
+        return self._events.register(index)
 
     def rebuild_events(self, indexes: tuple[int, ...]) -> dict[int, str]:
-        """A fresh event set holding only ``indexes`` (a set that holds a lost GPU fails every
-        wait); the old set is drained, then freed. Only between waits, from the waiting thread.
-
-        An event raised while the new set is being registered may be read from both sets (a
-        duplicate count); none is lost.
-        """
-        old = self._event_set
-        error = self.create_event_set()
-        if error is not None:
-            self._event_set = old
-            return dict.fromkeys(indexes, error)
-        failed = {}
-        for index in indexes:
-            problem = self.register_events(index)
-            if problem is not None:
-                failed[index] = problem
-        if old is not None:
-            self._drain(old)
-            try:
-                self._calls.call(NO_GPU, pynvml.nvmlEventSetFree, old)
-            except pynvml.NVMLError as exc:
-                log.warning("freeing the old nvml event set failed", error=describe(exc))
-        log.info("health events registered again", gpus=list(indexes))
-        return failed
-
-    def _drain(self, event_set: Any) -> None:
-        """Keep the events still queued in a set about to be freed (for :meth:`wait_event`)."""
-        while True:
-            try:
-                data = self._calls.call(NO_GPU, pynvml.nvmlEventSetWait_v2, event_set, 0)
-            except pynvml.NVMLError:
-                return  # empty (TIMEOUT), or it holds a lost GPU: nothing more to read
-            event = self._decode(data)
-            if event is not None:
-                self._drained.append(event)
+        """A fresh event set holding only ``indexes``, the old one drained and freed."""
+        return self._events.rebuild(indexes)
 
     def open_events(self) -> dict[int, str]:
         """:meth:`create_event_set` and :meth:`register_events` for every described GPU, in turn."""
-        error = self.create_event_set()
+        error = self._events.create()
         indexes = list(self._described_handles())
         if error is not None:
             return dict.fromkeys(indexes, error)
         failed = {}
         for index in indexes:
-            problem = self.register_events(index)
+            problem = self._events.register(index)
             if problem is not None:
                 failed[index] = problem
         return failed
 
     def wait_event(self, timeout_ms: int) -> DriverEvent | None:
-        """The next health event, or ``None`` after ``timeout_ms`` or for an event to skip.
+        """The next health event, or ``None`` after ``timeout_ms`` or for an event to skip."""
+        return self._events.wait(timeout_ms)
 
-        The recovery-action event is acted on by reading the recovery-action field at once (the
-        event's ``eventData`` is 0 by nvml.h); an XID value outside the XID range is refused.
-        """
-        if self._drained:
-            return self._drained.popleft()
-        if self._event_set is None:
-            raise EventWaitError("no event set", lost=False)
-        try:
-            data = self._calls.call(NO_GPU, pynvml.nvmlEventSetWait_v2, self._event_set, timeout_ms)
-        except pynvml.NVMLError as exc:
-            if exc.value == pynvml.NVML_ERROR_TIMEOUT:
-                return None
-            lost = exc.value == pynvml.NVML_ERROR_GPU_IS_LOST
-            raise EventWaitError(describe(exc), lost=lost) from exc
-        return self._decode(data)
-
-    def _decode(self, data: Any) -> DriverEvent | None:
-        found = self._event_gpu(data)
-        if found is None:
-            log.warning("event for an unknown device", event_type=hex(int(data.eventType)))
-            return None
-        index, gi, ci = found
-        event = self._health_event(index, data, gi, ci)
-        return None if event is None else DriverEvent(index, event)
-
-    def _event_gpu(self, data: Any) -> tuple[int, int | None, int | None] | None:
-        """``(GPU index, GPU instance, compute instance)`` the event names: handle, then UUID."""
-        if not data.device:
-            return None
+    def _handle(self, index: int) -> Any:
         with self._lock:
-            index = self._by_address.get(ctypes.addressof(data.device.contents))
-        if index is not None:
-            return index, _instance(data.gpuInstanceId), _instance(data.computeInstanceId)
-        try:
-            uuid = str(self._calls.call(NO_GPU, pynvml.nvmlDeviceGetUUID, data.device))
-        except pynvml.NVMLError as exc:
-            log.warning("event device cannot be named", error=describe(exc))
-            return None
-        with self._lock:
-            found = self._by_uuid.get(uuid)
-        if found is None:
-            return None
-        index, gi, ci = found
-        if gi is None:  # the GPU itself: the event's own instance IDs apply
-            return index, _instance(data.gpuInstanceId), _instance(data.computeInstanceId)
-        return index, gi, ci  # a MIG device handle: that instance
-
-    def _health_event(
-        self, index: int, data: Any, gi: int | None, ci: int | None
-    ) -> HealthEvent | None:
-        event_type = int(data.eventType)
-        if event_type & pynvml.nvmlEventTypeXidCriticalError:
-            xid = int(data.eventData)
-            if not xids.is_valid(xid):
-                self._calls.refused(index, "nvmlEventSetWait_v2", f"xid {xid} out of range")
-                return None
-            return XidError(xid, gi, ci)
-        if event_type & pynvml.nvmlEventTypeDoubleBitEccError:
-            return DoubleBitEccError()
-        if event_type & pynvml.nvmlEventTypeGpuRecoveryAction:
-            return self._recovery_action(index)
-        return None
-
-    def _recovery_action(self, index: int) -> HealthEvent | None:
-        """The recovery-action field of GPU ``index`` read now, as an event (``GpuLost`` if the
-        GPU is lost); ``None`` when it cannot be read (the next probe reads it)."""
-        with self._lock:
-            handle = self._handles.get(index)
-        if handle is None:
-            return None
-        try:
-            values = read_fields(self._calls, index, handle, _RECOVERY_FIELD)
-        except pynvml.NVMLError_GpuIsLost:
-            return GpuLost()
-        value = values.get("recovery_action")
-        return None if value is None else RecoveryActionChanged(int(value))
+            return self._handles.get(index)
 
     # ----- liveness and telemetry --------------------------------------------------------------
     def probe(self, index: int) -> Probe:
@@ -575,12 +421,6 @@ def cuda_version(value: int | None) -> tuple[int, int] | None:
     if value is None or value <= 0:
         return None
     return value // 1000, (value % 1000) // 10
-
-
-def _instance(value: int) -> int | None:
-    """An event's GPU/compute instance ID; ``None`` for 0xFFFFFFFF (the whole GPU)."""
-    value = int(value)
-    return None if value == NO_INSTANCE else value
 
 
 def _text(value: bytes | str) -> str:

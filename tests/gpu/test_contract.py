@@ -22,9 +22,9 @@ from support.clock import FakeClock
 
 from gpuagent.domain.devices import Gpu, Telemetry
 from gpuagent.domain.health import Responding
+from gpuagent.gpu.gpm import GPM_METRICS
 from gpuagent.gpu.nvml import Nvml
 from gpuagent.gpu.sim import SimDriver, install, node_from_count, uninstall
-from gpuagent.gpu.telemetry import GPM_METRICS
 
 UUID = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 BUS_ID = re.compile(r"^[0-9A-F]{8}:[0-9A-F]{2}:[0-9A-F]{2}\.[0-7]$")

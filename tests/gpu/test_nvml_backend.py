@@ -517,7 +517,7 @@ class TestEvents:
         self, ready: Nvml, driver: SimDriver
     ) -> None:
         """An event whose device handle the backend has not seen is matched by its UUID."""
-        ready._by_address.clear()  # as if the driver handed out a new handle for the GPU
+        ready._events._by_address.clear()  # as if the driver handed out a new handle for the GPU
         driver.inject(3, "xid", 48)
         assert ready.wait_event(1000) == DriverEvent(3, XidError(48))
 

@@ -18,6 +18,7 @@ from support.clock import FakeClock
 
 from gpuagent.domain.devices import Telemetry
 from gpuagent.domain.health import GpuLost, Responding
+from gpuagent.gpu.gpm import GPM_METRICS
 from gpuagent.gpu.nvml import Nvml
 from gpuagent.gpu.sim import (
     SimDriver,
@@ -28,7 +29,7 @@ from gpuagent.gpu.sim import (
     uninstall,
 )
 from gpuagent.gpu.sim import telemetry as sim_telemetry
-from gpuagent.gpu.telemetry import FIELDS, GPM_METRICS, TelemetryReader
+from gpuagent.gpu.telemetry import FIELDS, TelemetryReader
 
 MIB = 1024 * 1024
 GPUS = 4
