@@ -18,7 +18,8 @@ from support.clock import WAIT_S, Sleeps, blocked_in
 from support.simnvml import Run
 
 from gpuagent.gpu.sim import SimDriver, installed, node_from_count, node_from_mapping
-from gpuagent.gpu.sim.spec import SimConfigError, SimLatency, load_sim_config
+from gpuagent.gpu.sim.config import load_sim_config
+from gpuagent.gpu.sim.spec import SimConfigError, SimLatency
 
 XID = pynvml.nvmlEventTypeXidCriticalError
 DBE = pynvml.nvmlEventTypeDoubleBitEccError

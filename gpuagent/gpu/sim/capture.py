@@ -21,6 +21,7 @@ from typing import Any
 
 import pynvml
 
+from gpuagent.gpu.sim.driver import SYMBOLS
 from gpuagent.gpu.sim.spec import (
     CUDA_DRIVER_VERSION,
     DEFAULT_CALL_LATENCY_S,
@@ -28,7 +29,8 @@ from gpuagent.gpu.sim.spec import (
     SimConfigError,
     SimLatency,
     SimNode,
-    node_from_mapping,
+    driver_version_from,
+    gpus_from,
 )
 
 FORMAT = "gpuagent-nvml-capture/1"
@@ -53,19 +55,14 @@ def node_from_capture(data: object) -> SimNode:
     if not isinstance(gpus, list) or not gpus:
         raise SimConfigError("capture.gpus", "must list the captured GPUs")
     layout = [_gpu_config(_mapping(g, f"capture.gpus[{i}]")) for i, g in enumerate(gpus)]
-    base = node_from_mapping(
-        {
-            "version": "v1",
-            "gpus": layout,
-            "driver_version": str(driver.get("version", "")),
-        }
-    )
+    specs = gpus_from(layout)
+    driver_version = driver_version_from(str(driver.get("version", "")))
     cuda = driver.get("cuda_version")
     symbols = _symbols()
     calls = [c for g in gpus for c in _records(g)] + _records(data.get("system", {}))
     return SimNode(
-        gpus=base.gpus,
-        driver_version=base.driver_version,
+        gpus=specs,
+        driver_version=driver_version,
         cuda_driver_version=int(cuda)
         if isinstance(cuda, int) and cuda > 0
         else CUDA_DRIVER_VERSION,
@@ -122,8 +119,6 @@ def _records(holder: object) -> list[Mapping[str, Any]]:
 
 
 def _symbols() -> frozenset[str]:
-    from gpuagent.gpu.sim.driver import SYMBOLS  # noqa: PLC0415 (the driver imports spec)
-
     return frozenset(SYMBOLS)
 
 

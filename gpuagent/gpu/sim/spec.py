@@ -1,15 +1,12 @@
-"""What a simulated node is made of: ``--simulate N`` and the ``--sim-config`` YAML document."""
+"""What a simulated node is made of: ``--simulate N``, and the parts of a ``--sim-config`` document
+(its GPUs, NVLinks and driver version; the document itself: :mod:`~gpuagent.gpu.sim.config`)."""
 
 from __future__ import annotations
 
-import math
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import MappingProxyType
-
-import yaml
 
 from gpuagent.domain.errors import SettingError
 from gpuagent.gpu.sim.profiles import (
@@ -21,7 +18,6 @@ from gpuagent.gpu.sim.profiles import (
     gpu_instance_id,
     place_mig,
 )
-from gpuagent.yamlerror import one_line
 
 MAX_GPUS = 64
 MAX_NUMA_NODE = 1023
@@ -40,8 +36,6 @@ DRIVER_VERSION = "580.95.05"
 CUDA_DRIVER_VERSION = 13000
 #: The first driver branch with the recovery-action field (230) and its event (0x8000).
 RECOVERY_ACTION_BRANCH = 565
-MAX_LATENCY_MS = 60_000.0
-MAX_COLD_START_MS = 600_000.0
 
 #: How long a call takes in the simulated driver when nothing else is configured: plausible
 #: figures for a warm driver (persistence mode on), not measurements. A capture of a real node
@@ -62,10 +56,6 @@ DEFAULT_CALL_LATENCY_S: Mapping[str, float] = MappingProxyType(
 
 _UUID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://gpuagent.invalid/sim")
 _GPU_KEYS = frozenset({"name", "memory_mib", "numa_node", "mig"})
-_TOP_KEYS = frozenset(
-    {"version", "gpus", "nvlinks", "driver_version", "cap_sys_admin", "latency", "capture"}
-)
-_LATENCY_KEYS = frozenset({"default_ms", "calls", "cold_start_ms"})
 
 
 class SimConfigError(SettingError):
@@ -402,7 +392,7 @@ def _gpu_from(item: object, index: int, count: int) -> SimGpuSpec:
     )
 
 
-def _nvlinks(value: object, gpus: Sequence[SimGpuSpec]) -> tuple[tuple[int, int, int], ...]:
+def nvlinks_from(value: object, gpus: Sequence[SimGpuSpec]) -> tuple[tuple[int, int, int], ...]:
     if value is None:
         return ()
     if not isinstance(value, list | tuple):
@@ -432,109 +422,17 @@ def _nvlinks(value: object, gpus: Sequence[SimGpuSpec]) -> tuple[tuple[int, int,
     return tuple(links)
 
 
-def node_from_mapping(data: object, *, base: Path | None = None) -> SimNode:
-    """Parse a loaded ``--sim-config`` document.
-
-    Keys: ``version: v1``, ``gpus:``, ``nvlinks:``, and for the driver ``driver_version:``
-    (a version before 565 has no recovery-action field or event), ``cap_sys_admin:`` (default
-    false), ``latency: {default_ms, calls: {symbol: ms}, cold_start_ms}`` and ``capture: FILE``
-    (a capture by ``scripts/nvml-capture``, relative to ``base``, whose driver, GPUs and latencies
-    are the defaults of the other keys). Raises :class:`SimConfigError` naming the dotted key of
-    the first invalid value.
-    """
-    if not isinstance(data, Mapping):
-        raise SimConfigError("sim-config", "must be a mapping with version, gpus and nvlinks")
-    for key in data:
-        if key not in _TOP_KEYS:
-            known = ", ".join(sorted(_TOP_KEYS))
-            raise SimConfigError(str(key), f"unknown key (known: {known})")
-    if data.get("version") != "v1":
-        raise SimConfigError("version", f"must be v1, got {data.get('version')!r}")
-    node = None
-    if "capture" in data:
-        from gpuagent.gpu.sim.capture import load_capture  # noqa: PLC0415 (imports this module)
-
-        raw = data["capture"]
-        if not isinstance(raw, str) or not raw:
-            raise SimConfigError("capture", f"must be a file name, got {raw!r}")
-        path = Path(raw) if base is None or Path(raw).is_absolute() else base / raw
-        node = load_capture(path)
-    if node is not None and "gpus" not in data:
-        gpus = node.gpus
-    else:
-        items = data.get("gpus")
-        if not isinstance(items, list | tuple) or not items:
-            raise SimConfigError("gpus", "must be a non-empty list of GPUs")
-        if len(items) > MAX_GPUS:
-            raise SimConfigError("gpus", f"at most {MAX_GPUS} GPUs, got {len(items)}")
-        gpus = tuple(_gpu_from(item, i, len(items)) for i, item in enumerate(items))
-    driver = data.get("driver_version", node.driver_version if node else DRIVER_VERSION)
-    if not isinstance(driver, str) or not driver.split(".", 1)[0].isdigit():
-        raise SimConfigError("driver_version", f"must be a version such as 580.95.05: {driver!r}")
-    cap = data.get("cap_sys_admin", False)
-    if not isinstance(cap, bool):
-        raise SimConfigError("cap_sys_admin", f"must be true or false, got {cap!r}")
-    latency = node.latency if node is not None else SimLatency()
-    if "latency" in data:
-        latency = _latency(data["latency"], latency)
-    return SimNode(
-        gpus=gpus,
-        nvlinks=_nvlinks(data.get("nvlinks"), gpus),
-        driver_version=driver,
-        cuda_driver_version=node.cuda_driver_version if node else CUDA_DRIVER_VERSION,
-        cap_sys_admin=cap,
-        latency=latency,
-        absent_calls=node.absent_calls if node else frozenset(),
-        absent_fields=node.absent_fields if node else frozenset(),
-        supported_events=node.supported_events if node else None,
-    )
+def gpus_from(items: object) -> tuple[SimGpuSpec, ...]:
+    """The GPUs a node description lists (``gpus:``); :class:`SimConfigError` naming the key."""
+    if not isinstance(items, list | tuple) or not items:
+        raise SimConfigError("gpus", "must be a non-empty list of GPUs")
+    if len(items) > MAX_GPUS:
+        raise SimConfigError("gpus", f"at most {MAX_GPUS} GPUs, got {len(items)}")
+    return tuple(_gpu_from(item, i, len(items)) for i, item in enumerate(items))
 
 
-def _milliseconds(value: object, key: str, high: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise SimConfigError(key, f"must be a number of milliseconds, got {value!r}")
-    if not 0 <= value <= high:
-        raise SimConfigError(key, f"must be from 0 to {high:g} ms, got {value}")
-    return float(value) / 1000.0
-
-
-def _latency(value: object, base: SimLatency) -> SimLatency:
-    """``latency: {default_ms, calls: {symbol: ms}, cold_start_ms}`` over ``base``."""
-    from gpuagent.gpu.sim.driver import SYMBOLS  # noqa: PLC0415 (the driver imports this module)
-
-    if not isinstance(value, Mapping):
-        raise SimConfigError("latency", "must be a mapping of default_ms, calls, cold_start_ms")
-    for key in value:
-        if key not in _LATENCY_KEYS:
-            known = ", ".join(sorted(_LATENCY_KEYS))
-            raise SimConfigError(f"latency.{key}", f"unknown key (known: {known})")
-    default = base.default_s
-    if "default_ms" in value:
-        default = _milliseconds(value["default_ms"], "latency.default_ms", MAX_LATENCY_MS)
-    calls = dict(base.calls)
-    raw_calls = value.get("calls", {})
-    if not isinstance(raw_calls, Mapping):
-        raise SimConfigError("latency.calls", "must map NVML symbols to milliseconds")
-    for symbol, ms in raw_calls.items():
-        key = f"latency.calls.{symbol}"
-        if symbol not in SYMBOLS:
-            raise SimConfigError(key, "not a C symbol of the simulated driver")
-        calls[symbol] = _milliseconds(ms, key, MAX_LATENCY_MS)
-    cold = base.cold_start_s
-    if "cold_start_ms" in value:
-        cold = _milliseconds(value["cold_start_ms"], "latency.cold_start_ms", MAX_COLD_START_MS)
-    return SimLatency(default_s=default, calls=MappingProxyType(calls), cold_start_s=cold)
-
-
-def load_sim_config(path: Path) -> SimNode:
-    """Read and parse a ``--sim-config`` YAML file; unreadable or malformed → key ``sim-config``."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise SimConfigError("sim-config", f"cannot read {path}: {reason}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise SimConfigError("sim-config", one_line(exc, str(path), text)) from None
-    return node_from_mapping(data, base=path.parent)
+def driver_version_from(value: object) -> str:
+    """A driver version (``driver_version:``), such as ``580.95.05``."""
+    if not isinstance(value, str) or not value.split(".", 1)[0].isdigit():
+        raise SimConfigError("driver_version", f"must be a version such as 580.95.05: {value!r}")
+    return value

@@ -1,0 +1,134 @@
+"""The ``--sim-config`` document: a simulated node in YAML (or a capture of a real one).
+
+Keys: ``version: v1``, ``gpus:``, ``nvlinks:``, ``driver_version:``, ``cap_sys_admin:``,
+``latency:`` and ``capture:`` (:mod:`~gpuagent.gpu.sim.capture`); what the GPUs, links and driver
+version may be is :mod:`~gpuagent.gpu.sim.spec`'s.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from types import MappingProxyType
+
+import yaml
+
+from gpuagent.gpu.sim.capture import load_capture
+from gpuagent.gpu.sim.driver import SYMBOLS
+from gpuagent.gpu.sim.spec import (
+    CUDA_DRIVER_VERSION,
+    DRIVER_VERSION,
+    SimConfigError,
+    SimLatency,
+    SimNode,
+    driver_version_from,
+    gpus_from,
+    nvlinks_from,
+)
+from gpuagent.yamlerror import one_line
+
+__all__ = ["load_sim_config", "node_from_mapping"]
+
+MAX_LATENCY_MS = 60_000.0
+MAX_COLD_START_MS = 600_000.0
+_TOP_KEYS = frozenset(
+    {"version", "gpus", "nvlinks", "driver_version", "cap_sys_admin", "latency", "capture"}
+)
+_LATENCY_KEYS = frozenset({"default_ms", "calls", "cold_start_ms"})
+
+
+def node_from_mapping(data: object, *, base: Path | None = None) -> SimNode:
+    """Parse a loaded ``--sim-config`` document.
+
+    Keys: ``version: v1``, ``gpus:``, ``nvlinks:``, and for the driver ``driver_version:``
+    (a version before 565 has no recovery-action field or event), ``cap_sys_admin:`` (default
+    false), ``latency: {default_ms, calls: {symbol: ms}, cold_start_ms}`` and ``capture: FILE``
+    (a capture by ``scripts/nvml-capture``, relative to ``base``, whose driver, GPUs and latencies
+    are the defaults of the other keys). Raises :class:`SimConfigError` naming the dotted key of
+    the first invalid value.
+    """
+    if not isinstance(data, Mapping):
+        raise SimConfigError("sim-config", "must be a mapping with version, gpus and nvlinks")
+    for key in data:
+        if key not in _TOP_KEYS:
+            known = ", ".join(sorted(_TOP_KEYS))
+            raise SimConfigError(str(key), f"unknown key (known: {known})")
+    if data.get("version") != "v1":
+        raise SimConfigError("version", f"must be v1, got {data.get('version')!r}")
+    node = None
+    if "capture" in data:
+        raw = data["capture"]
+        if not isinstance(raw, str) or not raw:
+            raise SimConfigError("capture", f"must be a file name, got {raw!r}")
+        path = Path(raw) if base is None or Path(raw).is_absolute() else base / raw
+        node = load_capture(path)
+    gpus = node.gpus if node is not None and "gpus" not in data else gpus_from(data.get("gpus"))
+    driver = driver_version_from(
+        data.get("driver_version", node.driver_version if node else DRIVER_VERSION)
+    )
+    cap = data.get("cap_sys_admin", False)
+    if not isinstance(cap, bool):
+        raise SimConfigError("cap_sys_admin", f"must be true or false, got {cap!r}")
+    latency = node.latency if node is not None else SimLatency()
+    if "latency" in data:
+        latency = _latency(data["latency"], latency)
+    return SimNode(
+        gpus=gpus,
+        nvlinks=nvlinks_from(data.get("nvlinks"), gpus),
+        driver_version=driver,
+        cuda_driver_version=node.cuda_driver_version if node else CUDA_DRIVER_VERSION,
+        cap_sys_admin=cap,
+        latency=latency,
+        absent_calls=node.absent_calls if node else frozenset(),
+        absent_fields=node.absent_fields if node else frozenset(),
+        supported_events=node.supported_events if node else None,
+    )
+
+
+def _milliseconds(value: object, key: str, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise SimConfigError(key, f"must be a number of milliseconds, got {value!r}")
+    if not 0 <= value <= high:
+        raise SimConfigError(key, f"must be from 0 to {high:g} ms, got {value}")
+    return float(value) / 1000.0
+
+
+def _latency(value: object, base: SimLatency) -> SimLatency:
+    """``latency: {default_ms, calls: {symbol: ms}, cold_start_ms}`` over ``base``."""
+    if not isinstance(value, Mapping):
+        raise SimConfigError("latency", "must be a mapping of default_ms, calls, cold_start_ms")
+    for key in value:
+        if key not in _LATENCY_KEYS:
+            known = ", ".join(sorted(_LATENCY_KEYS))
+            raise SimConfigError(f"latency.{key}", f"unknown key (known: {known})")
+    default = base.default_s
+    if "default_ms" in value:
+        default = _milliseconds(value["default_ms"], "latency.default_ms", MAX_LATENCY_MS)
+    calls = dict(base.calls)
+    raw_calls = value.get("calls", {})
+    if not isinstance(raw_calls, Mapping):
+        raise SimConfigError("latency.calls", "must map NVML symbols to milliseconds")
+    for symbol, ms in raw_calls.items():
+        key = f"latency.calls.{symbol}"
+        if symbol not in SYMBOLS:
+            raise SimConfigError(key, "not a C symbol of the simulated driver")
+        calls[symbol] = _milliseconds(ms, key, MAX_LATENCY_MS)
+    cold = base.cold_start_s
+    if "cold_start_ms" in value:
+        cold = _milliseconds(value["cold_start_ms"], "latency.cold_start_ms", MAX_COLD_START_MS)
+    return SimLatency(default_s=default, calls=MappingProxyType(calls), cold_start_s=cold)
+
+
+def load_sim_config(path: Path) -> SimNode:
+    """Read and parse a ``--sim-config`` YAML file; unreadable or malformed → key ``sim-config``."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise SimConfigError("sim-config", f"cannot read {path}: {reason}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SimConfigError("sim-config", one_line(exc, str(path), text)) from None
+    return node_from_mapping(data, base=path.parent)
