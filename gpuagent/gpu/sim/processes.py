@@ -15,13 +15,12 @@ Guarded by the driver's lock (the caller holds ``DriverState.cond``).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from gpuagent.gpu.sim.spec import SimGpuSpec, SimMigSpec
 from gpuagent.gpu.sim.telemetry import Sample, reserved_mib
-
-if TYPE_CHECKING:
-    from gpuagent.gpu.sim.state import GpuState
 
 __all__ = ["KINDS", "SAMPLE_PERIOD_US", "ProcessTable", "SimProcess"]
 
@@ -31,6 +30,26 @@ MAX_PID = 0xFFFF_FFFF
 MIB = 1024 * 1024
 #: Kinds of GPU context: which of NVML's process lists a process appears in.
 KINDS = ("compute", "graphics", "mps")
+
+
+class _Mig(Protocol):
+    @property
+    def spec(self) -> SimMigSpec: ...
+
+
+class GpuHandle(Protocol):
+    """What the table needs of a GPU (or MIG device) handle's state (``state.GpuState``)."""
+
+    @property
+    def spec(self) -> SimGpuSpec: ...
+    @property
+    def index(self) -> int: ...
+    @property
+    def mig_enabled(self) -> bool: ...
+    @property
+    def migs(self) -> Sequence[_Mig]: ...
+    @property
+    def mig(self) -> _Mig | None: ...
 
 
 @dataclass(frozen=True)
@@ -87,7 +106,7 @@ class ProcessTable:
     def all(self) -> list[SimProcess]:
         return [p for gpu in sorted(self._by_gpu) for p in self._by_gpu[gpu].values()]
 
-    def on(self, gpu: GpuState) -> list[SimProcess]:
+    def on(self, gpu: GpuHandle) -> list[SimProcess]:
         """Processes on a GPU handle: all of a full GPU's (every MIG device's on a MIG-enabled
         GPU), or only one MIG device's on a MIG device handle."""
         processes = list(self._by_gpu.get(gpu.index, {}).values())
@@ -96,13 +115,13 @@ class ProcessTable:
             processes = [p for p in processes if (p.gpu_instance, p.compute_instance) == (gi, ci)]
         return processes
 
-    def memory_used_mib(self, gpu: GpuState, gpu_instance: int | None = None) -> float:
+    def memory_used_mib(self, gpu: GpuHandle, gpu_instance: int | None = None) -> float:
         processes = self.on(gpu)
         if gpu_instance is not None:
             processes = [p for p in processes if p.gpu_instance == gpu_instance]
         return sum(p.memory_mib for p in processes)
 
-    def apply(self, gpu: GpuState, sample: Sample) -> Sample:
+    def apply(self, gpu: GpuHandle, sample: Sample) -> Sample:
         """``sample`` with the GPU's utilisation and used memory following its processes."""
         processes = self.on(gpu)
         if not processes:
@@ -123,7 +142,7 @@ def sample_time_us(clock_s: float) -> int:
 
 
 def new_process(
-    gpu: GpuState,
+    gpu: GpuHandle,
     table: ProcessTable,
     *,
     pid: object,
@@ -164,7 +183,7 @@ def new_process(
 
 
 def _placement(
-    gpu: GpuState, gpu_instance: object, compute_instance: object
+    gpu: GpuHandle, gpu_instance: object, compute_instance: object
 ) -> tuple[int | None, int | None, float]:
     """GPU and compute instance IDs and the memory (MiB) processes may use there."""
     if not gpu.mig_enabled:
