@@ -460,7 +460,7 @@ async def test_a_long_hang_is_one_series_and_two_log_lines(
                 ]
             )
             assert await asyncio.to_thread(
-                blocked_in, poller, "_hang_if_needed", ("wait", "wait")
+                blocked_in, poller, "hang_if_needed", ("wait", "wait")
             ), "GPU 1's probe never blocked in the hang"
             clock.now += 1.0  # past the per-call limit: GPU 1 keeps the thread, the rest go on
             await first

@@ -528,7 +528,7 @@ class TestCallFaults:
         thread, returned = call_in_thread(h1)
         try:
             assert thread.ident is not None
-            assert blocked_in(thread.ident, "_hang_if_needed", via=("wait", "wait"))
+            assert blocked_in(thread.ident, "hang_if_needed", via=("wait", "wait"))
             pynvml.nvmlDeviceGetTemperature(h0, pynvml.NVML_TEMPERATURE_GPU)
             assert not returned.is_set()  # GPU 0 answered while GPU 1's call is still blocked
             assert [d["hung_calls"] for d in driver.describe()] == [0, 1, 0, 0]
@@ -553,7 +553,7 @@ class TestCallFaults:
         driver.inject(1, "hang", seconds=600)
         thread, done = call_in_thread(h1)
         assert thread.ident is not None
-        assert blocked_in(thread.ident, "_hang_if_needed", via=("wait", "wait"))
+        assert blocked_in(thread.ident, "hang_if_needed", via=("wait", "wait"))
         assert not done.is_set()
         driver.inject(1, "recover")
         assert done.wait(WAIT_S)

@@ -7,7 +7,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from functools import partial
 
 import pynvml
 
@@ -21,21 +21,14 @@ from gpuagent.gpu.sim import (
     _api_topology,
 )
 from gpuagent.gpu.sim._abi import BadArgument, Symbol, as_bytes, as_int
+from gpuagent.gpu.sim.callfaults import CALL_FAULTS, CallFaults
 from gpuagent.gpu.sim.processes import new_process
 from gpuagent.gpu.sim.spec import SimNode
 from gpuagent.gpu.sim.state import FAULTS, DriverState, GpuState
 from gpuagent.overrides import use_nvml_library
 
-CALL_FAULTS = ("hang", "not_supported", "function_not_found", "call_error")
 # Every fault ``inject`` knows, for its error message and for /sim/faults'.
 FAULT_KINDS = (*FAULTS, *CALL_FAULTS)
-MAX_HANG_S = 3600.0
-#: The errors ``call_error`` can inject, by the names the fault takes.
-CALL_ERRORS = {
-    "unknown": int(pynvml.NVML_ERROR_UNKNOWN),
-    "no_permission": int(pynvml.NVML_ERROR_NO_PERMISSION),
-    "timeout": int(pynvml.NVML_ERROR_TIMEOUT),
-}
 
 SYMBOLS: dict[str, Symbol] = {
     **_api_system.SYMBOLS,
@@ -46,12 +39,6 @@ SYMBOLS: dict[str, Symbol] = {
     **_api_gpm.SYMBOLS,
     **_api_process.SYMBOLS,
 }
-
-
-@dataclass
-class _Rule:
-    code: int
-    remaining: int | None
 
 
 class _Entry:
@@ -102,13 +89,7 @@ class SimDriver:
         self._state = DriverState(node, clock)
         self._sleep = sleep
         self.calls = Counter()
-        self._rules: dict[tuple[str, int | None], _Rule] = {}
-        # Driver-wide call errors injected "on" a GPU, cleared when that GPU recovers.
-        self._owned: dict[int, set[str]] = {}
-        self._removed: set[str] = set()
-        self._hangs: dict[int, float] = {}  # gpu index -> monotonic time the hang ends
-        self._hang_released = threading.Event()
-        self._blocked: Counter[int] = Counter()  # gpu index -> calls blocked in its hang now
+        self._faults = CallFaults(self._state.cond, len(self._state.gpus), SYMBOLS, self.remove)
         # Cold GPUs: each is brought up by the first call that touches it after nvmlInit.
         self._warm_lock = threading.Lock()
         self._warming: dict[int, threading.Lock] = {}
@@ -137,14 +118,15 @@ class SimDriver:
     # ----- dispatch ----------------------------------------------------------------------------
     def _call(self, name: str, symbol: Symbol, args: tuple[object, ...]) -> int | bytes:
         st = self._state
-        if self._hangs:
-            self._hang_if_needed(symbol, args)
+        target = partial(self._target, symbol, args)
+        if self._faults.hanging:
+            self._faults.hang_if_needed(target)
         self._spend_time(name, symbol, args)
         with st.cond:
             self.calls[name] += 1
-            if name in self._removed:
+            if name in self._faults.removed:
                 return int(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
-            injected = self._injected(name, symbol, args)
+            injected = self._faults.injected(name, target)
             if injected is not None:
                 return injected
             if symbol.needs_init and st.init_count == 0:
@@ -187,22 +169,6 @@ class SimDriver:
             with self._state.cond:
                 self._state.warm.add(gpu)
 
-    def _hang_if_needed(self, symbol: Symbol, args: tuple[object, ...]) -> None:
-        """Block (outside the lock, like a driver call stuck in the kernel) on a hung GPU."""
-        with self._state.cond:
-            target = self._target(symbol, args)
-            until = self._hangs.get(target) if target is not None else None
-        if target is not None and until is not None:
-            delay = until - time.monotonic()
-            if delay > 0:
-                with self._state.cond:
-                    self._blocked[target] += 1
-                try:
-                    self._hang_released.wait(delay)
-                finally:
-                    with self._state.cond:
-                        self._blocked[target] -= 1
-
     def _target(self, symbol: Symbol, args: tuple[object, ...]) -> int | None:
         st = self._state
         try:
@@ -219,21 +185,6 @@ class SimDriver:
         except (BadArgument, IndexError):
             return None
         return None if gpu is None else gpu.index
-
-    def _injected(self, name: str, symbol: Symbol, args: tuple[object, ...]) -> int | None:
-        key: tuple[str, int | None] = (name, None)
-        if any(n == name and gpu is not None for n, gpu in self._rules):
-            target = self._target(symbol, args)
-            if (name, target) in self._rules:
-                key = (name, target)
-        rule = self._rules.get(key)
-        if rule is None:
-            return None
-        if rule.remaining is not None:
-            rule.remaining -= 1
-            if rule.remaining == 0:
-                del self._rules[key]
-        return rule.code
 
     # ----- control plane -----------------------------------------------------------------------
     def describe(self) -> list[dict[str, object]]:
@@ -283,7 +234,8 @@ class SimDriver:
         if fault in CALL_FAULTS:
             if any(v is not None for v in (action, gpu_instance, compute_instance)):
                 raise ValueError(f"fault {fault!r} takes no action or instance")
-            return self._call_fault(gpu, fault, xid, seconds, symbol, error)
+            self._faults.inject(gpu, fault, xid, seconds, symbol, error)
+            return self._describe(gpu)
         if seconds is not None or symbol is not None or error is not None:
             raise ValueError(f"fault {fault!r} takes no seconds, symbol or error")
         self._state.inject(
@@ -295,80 +247,12 @@ class SimDriver:
             action=action,
         )
         if fault == "recover":
-            self._clear_call_faults(gpu)
+            self._faults.recovered(gpu)
         return self._describe(gpu)
-
-    def _call_fault(  # noqa: PLR0917 (one argument per fault parameter)
-        self, gpu: int, fault: str, xid: int | None, seconds: object, symbol: object, error: object
-    ) -> dict[str, object]:
-        if xid is not None:
-            raise ValueError(f"fault {fault!r} takes no xid")
-        if isinstance(gpu, bool) or not isinstance(gpu, int):
-            raise ValueError(f"gpu must be an integer index, got {gpu!r}")  # noqa: TRY004
-        if not 0 <= gpu < len(self._state.gpus):
-            raise LookupError(f"no simulated GPU {gpu} (there are {len(self._state.gpus)})")
-        if fault != "call_error" and error is not None:
-            raise ValueError(f"fault {fault!r} takes no error")
-        if fault == "hang":
-            if symbol is not None:
-                raise ValueError("fault 'hang' takes no symbol")
-            if (
-                isinstance(seconds, bool)
-                or not isinstance(seconds, int | float)
-                or not 0 < seconds <= MAX_HANG_S
-            ):
-                raise ValueError(f"fault 'hang' needs seconds in (0, {MAX_HANG_S}]: {seconds!r}")
-            with self._state.cond:
-                self._hang_released.clear()
-                self._hangs[gpu] = time.monotonic() + float(seconds)
-            return self._describe(gpu)
-        if seconds is not None:
-            raise ValueError(f"fault {fault!r} takes no seconds")
-        if not isinstance(symbol, str) or symbol not in SYMBOLS:
-            raise ValueError(f"fault {fault!r} needs an NVML symbol name, got {symbol!r}")
-        if fault == "not_supported":
-            self.fail(symbol, int(pynvml.NVML_ERROR_NOT_SUPPORTED), gpu=gpu)
-        elif fault == "call_error":
-            if not isinstance(error, str) or error not in CALL_ERRORS:
-                known = ", ".join(CALL_ERRORS)
-                raise ValueError(f"fault 'call_error' needs an error ({known}), got {error!r}")
-            if SYMBOLS[symbol].target == "none":
-                self.fail(symbol, CALL_ERRORS[error])
-                with self._state.cond:
-                    self._owned.setdefault(gpu, set()).add(symbol)
-            else:
-                self.fail(symbol, CALL_ERRORS[error], gpu=gpu)
-        else:
-            self.remove(symbol)
-        return self._describe(gpu)
-
-    def _clear_call_faults(self, gpu: int) -> None:
-        with self._state.cond:
-            if self._hangs.pop(gpu, None) is not None and not self._hangs:
-                self._hang_released.set()
-            for key in [k for k in self._rules if k[1] == gpu]:
-                del self._rules[key]
-            for name in self._owned.pop(gpu, set()):
-                self._rules.pop((name, None), None)
 
     def _describe(self, gpu: int) -> dict[str, object]:
         described = self._state.describe()[gpu]
-        with self._state.cond:
-            until = self._hangs.get(gpu)
-            described["hang_s"] = max(0.0, until - time.monotonic()) if until else 0.0
-            described["hung_calls"] = self._blocked[gpu]
-            described["not_supported"] = sorted(
-                n
-                for (n, g), rule in self._rules.items()
-                if g == gpu and rule.code == pynvml.NVML_ERROR_NOT_SUPPORTED
-            )
-            described["call_errors"] = sorted(
-                n
-                for (n, g), rule in self._rules.items()
-                if rule.code != pynvml.NVML_ERROR_NOT_SUPPORTED
-                and (g == gpu or (g is None and n in self._owned.get(gpu, ())))
-            )
-            described["function_not_found"] = sorted(self._removed)
+        described.update(self._faults.describe(gpu))
         return described
 
     # ----- processes (control plane, see sim/processes.py) ------------------------------------
@@ -429,34 +313,20 @@ class SimDriver:
         Without ``count`` the failure lasts until :meth:`clear_failures`. A later ``fail`` for the
         same symbol and GPU replaces the earlier one.
         """
-        sym = SYMBOLS.get(symbol)
-        if sym is None:
-            raise ValueError(f"the simulated driver has no symbol {symbol!r}")
-        if count is not None and count < 1:
-            raise ValueError(f"count must be at least 1, got {count}")
-        if gpu is not None:
-            if sym.target == "none":
-                raise ValueError(f"{symbol} does not act on one GPU")
-            if not 0 <= gpu < len(self._state.gpus):
-                raise LookupError(f"no simulated GPU {gpu}")
-        with self._state.cond:
-            self._rules[(symbol, gpu)] = _Rule(code=int(code), remaining=count)
+        self._faults.fail(symbol, code, gpu, count)
 
     def remove(self, symbol: str) -> None:
         """Make C symbol ``symbol`` disappear, as in an older driver (FUNCTION_NOT_FOUND)."""
         if symbol not in SYMBOLS:
             raise ValueError(f"the simulated driver has no symbol {symbol!r}")
         with self._state.cond:
-            self._removed.add(symbol)
+            self._faults.removed.add(symbol)
         if symbol in vars(self):
             delattr(self, symbol)
 
     def clear_failures(self) -> None:
         """Undo every :meth:`fail` and :meth:`remove`."""
-        with self._state.cond:
-            self._rules.clear()
-            restored, self._removed = self._removed, set()
-        for name in restored:
+        for name in self._faults.clear():
             setattr(self, name, self._entries[name])
 
 
