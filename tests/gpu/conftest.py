@@ -5,6 +5,9 @@ would go on calling whatever NVML library is installed next — another test's s
 and log into that test's capture. So uninstalling the simulated driver first waits (on a
 deadline) for every ``nvml-*`` thread the test started to end, and fails the test if one does
 not; a test that never uninstalls is checked the same way as it ends.
+
+The poller's tests share their simulated node (``driver``) and store here, and the rest of
+their set-up in :mod:`gpu.monitoring`.
 """
 
 from __future__ import annotations
@@ -18,9 +21,11 @@ import pynvml
 import pytest
 from support.simnvml import Run
 
-from gpuagent.gpu.sim import SimDriver, installed
+from gpu.monitoring import GPUS
+from gpuagent.gpu.sim import SimDriver, installed, node_from_count
 from gpuagent.gpu.sim import driver as sim_driver
 from gpuagent.gpu.sim.spec import SimNode
+from gpuagent.state.store import DeviceStore
 
 #: How long a thread may take to end once its test is over (a deadline for a broken test).
 WAIT_S = 15.0
@@ -75,3 +80,17 @@ def run() -> Iterator[Run]:
             return driver
 
         yield start
+
+
+@pytest.fixture
+def driver() -> Iterator[SimDriver]:
+    """A 4-GPU simulated node installed below pynvml; uninstalled afterwards. No test may use
+    NVML as nvml.h forbids (a set freed, or NVML shut down, under a blocked wait)."""
+    with installed(SimDriver(node_from_count(GPUS))) as drv:
+        yield drv
+        assert drv.misuse == []
+
+
+@pytest.fixture
+def store() -> DeviceStore:
+    return DeviceStore()

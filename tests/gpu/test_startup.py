@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
@@ -19,6 +18,7 @@ from support.backends import Delegating
 from support.clock import Sleeps
 from support.waiting import eventually
 
+from gpu.monitoring import until
 from gpuagent.domain.devices import Gpu, Snapshot
 from gpuagent.gpu.calls import NO_GPU, NvmlCalls
 from gpuagent.gpu.monitor import GpuMonitor
@@ -52,11 +52,6 @@ def monitor(
         event_wait_ms=50,
         **kw,  # type: ignore[arg-type]
     )
-
-
-@pytest.fixture
-def store() -> DeviceStore:
-    return DeviceStore()
 
 
 def test_budget_scales_with_the_gpu_count() -> None:
@@ -122,14 +117,6 @@ class HangsInDiscovery(Delegating):
         return gpu
 
 
-async def until(store: DeviceStore, test: Callable[[Snapshot], bool]) -> Snapshot:
-    snapshot = store.snapshot
-    async with asyncio.timeout(WAIT_S):
-        while not test(snapshot):
-            snapshot = await store.wait_newer(snapshot.version)
-    return snapshot
-
-
 def described_and_healthy(snapshot: Snapshot, index: int) -> bool:
     gpu = snapshot.gpu(index)
     return gpu is not None and bool(gpu.name) and gpu.health.healthy
@@ -163,7 +150,7 @@ async def test_hung_gpu_is_advertised_unresponsive_then_taken_in(
                 await mon.poll_once()
             assert backend.described.count(2) == 1  # nothing queued behind the stuck call
             backend.release.set()
-            snapshot = await until(store, lambda s: described_and_healthy(s, 2))
+            snapshot = await until(store, lambda s: described_and_healthy(s, 2), within=WAIT_S)
             late, first = snapshot.gpu(2), snapshot.gpu(0)
             assert late is not None
             assert first is not None
@@ -194,7 +181,7 @@ async def test_budget_exceeded_names_the_setting(store: DeviceStore, tmp_path: P
             assert not all(g.name for g in store.snapshot.gpus)
             sleeps.release()
             snapshot = await until(
-                store, lambda s: len(s.gpus) == 4 and all(g.name for g in s.gpus)
+                store, lambda s: len(s.gpus) == 4 and all(g.name for g in s.gpus), within=WAIT_S
             )
             assert all(g.health.healthy for g in snapshot.gpus)
         finally:
