@@ -108,6 +108,7 @@ class GpuMonitor:
         )
         self._released = False
         self._started = False
+        self._attempted = False  # start() has run at least once
         self._initialised = False
         self._closed = False  # close() was called: no new work is started
 
@@ -120,6 +121,7 @@ class GpuMonitor:
         """
         started = self._clock()
         control = self._lanes.control
+        self._attempted = True
         self._startup.publish("nvmlInit")
         try:
             driver = await self._startup.job(control, "init", self._backend.init)
@@ -194,6 +196,9 @@ class GpuMonitor:
         """Keep the store current until cancelled; retries driver initialisation until it works."""
         while not self._started:
             before = self._store.snapshot.driver.error  # as the last failed start said it
+            if self._attempted:
+                # The last start failed (the agent's first one included): not again at once.
+                await asyncio.sleep(self._init_retry_interval)
             try:
                 await self.start()
             except DriverUnavailable as exc:
@@ -203,7 +208,6 @@ class GpuMonitor:
                     error=str(exc),
                     retry_in_s=self._init_retry_interval,
                 )
-                await asyncio.sleep(self._init_retry_interval)
         self._events.start(asyncio.get_running_loop())
         try:
             while True:

@@ -116,6 +116,23 @@ async def test_a_driver_that_stays_down_is_logged_once(
     ]
 
 
+async def test_a_failed_start_is_retried_after_the_interval_not_at_once(
+    store: DeviceStore, driver: SimDriver, tmp_path: Path
+) -> None:
+    """The agent's first start failed: the poller's retry waits its interval first (it used to
+    call nvmlInit again at once, and /readyz said "waiting for nvmlInit" beside the error)."""
+    driver.fail("nvmlInitWithFlags", pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+    monitor = monitor_for(store, Nvml(tmp_path), init_retry_interval=3600)
+    with pytest.raises(DriverUnavailable):
+        await monitor.start()
+    async with running(monitor):
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert driver.calls["nvmlInitWithFlags"] == 1
+        assert store.snapshot.driver.waiting == ""
+        assert "Library Not Found" in store.snapshot.driver.error
+
+
 HUNG_INIT = r"nvml did not answer: nvmlInit did not return within 0\.1s"
 
 
