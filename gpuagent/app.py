@@ -39,12 +39,13 @@ from gpuagent.config.planning import (
     restart_keys,
 )
 from gpuagent.domain.containers import CDI_SPEC_DIR
-from gpuagent.domain.devices import CdiSpec, Snapshot
+from gpuagent.domain.devices import CdiSpec
 from gpuagent.domain.dra import DraGpus
 from gpuagent.domain.errors import SettingError
 from gpuagent.domain.plan import Plan
 from gpuagent.domain.readiness import readiness
 from gpuagent.domain.serving import ResourceView, cdi_gated
+from gpuagent.domain.snapshot import Snapshot
 from gpuagent.gpu.monitor import GpuMonitor
 from gpuagent.gpu.nvml import DriverUnavailable, Nvml
 from gpuagent.kubelet.endpoints import PluginEndpoints
@@ -129,7 +130,7 @@ class Agent:
         check_socket_dirs(settings, self.store.plan)  # a file there: exit 2 before anything runs
         self.web_config = load_web_config(settings)
         self.simulator = simulator
-        self.view = ResourceView(self.store)
+        self.view = ResourceView()
         self.stopping = asyncio.Event()  # set when shutting down: streams end with UNAVAILABLE
         self.pod_resources: PodResourcesClient | None = None
         self.endpoints: PluginEndpoints | None = None
@@ -181,14 +182,15 @@ class Agent:
 
     def readiness(self) -> str | None:
         snapshot = self.store.snapshot
-        self.view.resources(snapshot)  # builds (or finds cached) the resources, or the error
+        serving = snapshot.plan.serving
+        self.view.resources(snapshot, serving)  # builds (or finds cached) them, or the error
         reason = readiness(snapshot, self.view.error, kubernetes=self.settings.kubernetes)
         cdi = snapshot.cdi
         if (
             reason is None
             and cdi is not None
             and cdi.error
-            and cdi_gated(snapshot, self.view.policy.containers)
+            and cdi_gated(snapshot, serving.containers)
         ):
             return f"CDI spec not written (devices it lacks are not offered): {cdi.error}"
         if reason is None and self.dra is not None:
@@ -201,12 +203,11 @@ class Agent:
         from gpuagent.nodefiles.cdikeeper import NodeSpecs  # noqa: PLC0415
 
         specs = NodeSpecs(_cdi_target(self.settings))
-        store = self.store
 
         def node_spec(snapshot: Snapshot) -> Mapping[str, Any] | None:
             # The claims' CDI edits follow the serving plan's container settings, as the node
             # spec's do; built again only when devices, driver or those settings change.
-            return specs.get(snapshot, store.plan.serving.containers)
+            return specs.get(snapshot, snapshot.plan.serving.containers)
 
         try:
             return DraSide(

@@ -76,7 +76,8 @@ def _write_cgroups(root: Path) -> Path:
 # ----- poll cost, in process ---------------------------------------------------------------------
 def bench_poll_cost(cycles: int) -> dict[str, float]:
     from gpuagent.domain.accounting import Ledger, account  # noqa: PLC0415
-    from gpuagent.domain.devices import Allocated, Attribution, PodRef, Snapshot  # noqa: PLC0415
+    from gpuagent.domain.devices import Allocated, Attribution, PodRef  # noqa: PLC0415
+    from gpuagent.domain.snapshot import Snapshot  # noqa: PLC0415
     from gpuagent.gpu.nvml import Nvml  # noqa: PLC0415
     from gpuagent.gpu.sim import SimDriver, install, node_from_count, uninstall  # noqa: PLC0415
     from gpuagent.gpu.sim.processes import SAMPLE_PERIOD_US  # noqa: PLC0415

@@ -30,7 +30,7 @@ from types import MappingProxyType
 
 from gpuagent.domain.attribution import Target, attributions, by_device
 from gpuagent.domain.cgroups import CgroupOwner
-from gpuagent.domain.devices import Gpu, PodRef, Snapshot
+from gpuagent.domain.devices import Gpu, NodeState, PodRef
 from gpuagent.domain.plan import Plan
 from gpuagent.domain.usage import ContainerUsage, ProcessReading, ProcessSample, Usage
 
@@ -75,7 +75,7 @@ class _Group:
 
 
 def account(
-    snapshot: Snapshot,
+    snapshot: NodeState,
     owners: Mapping[int, CgroupOwner | None],
     names: Mapping[str, PodRef],
     ledger: Ledger = Ledger(),

@@ -19,7 +19,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from gpuagent.domain.devices import Allocated, Gpu, PodRef, Snapshot
+from gpuagent.domain.devices import Allocated, Gpu, NodeState, PodRef
 
 __all__ = [
     "MIG_RESOURCE_PREFIX",
@@ -111,7 +111,7 @@ class DeviceIndex:
 
 
 def attributions(
-    snapshot: Snapshot, mapping: Mapping[str, tuple[PodRef, ...]]
+    snapshot: NodeState, mapping: Mapping[str, tuple[PodRef, ...]]
 ) -> dict[Target, tuple[PodRef, ...]]:
     """Containers per device of ``snapshot``, from a :func:`by_device` mapping of its pods.
 

@@ -1,5 +1,5 @@
-"""The device model: what the agent knows about each GPU, as immutable values, and each device
-as a resource advertises it to the kubelet (:class:`Device`)."""
+"""The device model: what the agent knows about each GPU and the node (:class:`NodeState`), as
+immutable values, and each device as a resource advertises it to the kubelet (:class:`Device`)."""
 
 from __future__ import annotations
 
@@ -304,13 +304,13 @@ class DriverState:
 
 
 @dataclass(frozen=True, slots=True)
-class Snapshot:
-    """An immutable view of everything the agent knows, stamped with a version.
+class NodeState:
+    """Everything the agent knows about the node, as one immutable value.
 
-    Every change produces a new snapshot with a higher version; readers never see a partial update.
+    The store keeps it inside a :class:`~gpuagent.domain.snapshot.Snapshot` (with the plan it is
+    served under, stamped with a version); everything below the plan reads it as this.
     """
 
-    version: int = 0
     gpus: tuple[Gpu, ...] = ()
     driver: DriverState = DriverState()
     discovered: bool = False
@@ -318,8 +318,6 @@ class Snapshot:
     registrations: Mapping[str, Registration] = field(default_factory=lambda: MappingProxyType({}))
     topology: Topology = Topology()
     pods: Attribution = Attribution()
-    # The store's plan generation: a reload is a new version, so watchers re-derive.
-    plan_generation: int = 0
     # Per-container use of the GPUs, from the processes' readings (see domain/accounting.py).
     usage: Usage = field(default_factory=Usage)
     # The CDI spec this agent writes, as on disk; None when it writes none (so nothing waits).

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
-from gpuagent.domain.devices import Condition, Gpu, GpuHealth, MigDevice, Snapshot
+from gpuagent.domain.devices import Condition, Gpu, GpuHealth, MigDevice, NodeState
 from gpuagent.domain.errors import SettingError
 from gpuagent.domain.health import LOST, RECOVERY, ROW_REMAP_PENDING
 from gpuagent.domain.resources import MigStrategy
@@ -326,7 +326,7 @@ def _mig_device(
 
 
 def dra_devices(
-    snapshot: Snapshot,
+    snapshot: NodeState,
     owned: DraGpus,
     *,
     driver: str = DEFAULT_DRIVER,
@@ -360,7 +360,7 @@ class DraPlan:
     driver: str = DEFAULT_DRIVER
     mig_strategy: MigStrategy = MigStrategy.NONE
 
-    def devices(self, snapshot: Snapshot) -> tuple[DraDevice, ...]:
+    def devices(self, snapshot: NodeState) -> tuple[DraDevice, ...]:
         return dra_devices(snapshot, self.gpus, driver=self.driver, mig_strategy=self.mig_strategy)
 
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
 
-from gpuagent.domain.devices import Device, P2PLevel, Snapshot
+from gpuagent.domain.devices import Device, NodeState, P2PLevel
 from gpuagent.domain.resources import Resource
 
 __all__ = [
@@ -84,7 +84,7 @@ class PairScores:
     links: Mapping[tuple[int, int], int] = field(default_factory=_frozen_pairs)
 
     @classmethod
-    def of(cls, snapshot: Snapshot) -> PairScores:
+    def of(cls, snapshot: NodeState) -> PairScores:
         numa = {gpu.index: gpu.numa_node for gpu in snapshot.gpus}
         links: dict[tuple[int, int], int] = {}
         for link in snapshot.topology.links:

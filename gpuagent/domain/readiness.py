@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuagent.domain.devices import Snapshot
+from gpuagent.domain.devices import NodeState
 
 __all__ = ["MAX_REASON", "readiness"]
 
@@ -10,7 +10,7 @@ MAX_REASON = 500  # characters: a probe's answer, not a log
 
 
 def readiness(
-    snapshot: Snapshot, resources_error: str = "", *, kubernetes: bool = True
+    snapshot: NodeState, resources_error: str = "", *, kubernetes: bool = True
 ) -> str | None:
     """``None`` when ready, else the reason (current, and at most :data:`MAX_REASON` long).
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
 
-from gpuagent.domain.devices import Device, Gpu, IdStrategy, MigDevice, Snapshot
+from gpuagent.domain.devices import Device, Gpu, IdStrategy, MigDevice, NodeState
 from gpuagent.domain.errors import ResourceError, SettingError
 from gpuagent.domain.naming import (
     DEFAULT_RESOURCE,
@@ -143,7 +143,7 @@ class NodeResources:
 
 
 def build_resources(
-    snapshot: Snapshot, settings: ResourceSettings = ResourceSettings()
+    snapshot: NodeState, settings: ResourceSettings = ResourceSettings()
 ) -> NodeResources:
     """The node's resources under ``settings``; raises :class:`ResourceError`.
 
@@ -202,7 +202,7 @@ def _mig_device(gpu: Gpu, position: int, mig: MigDevice, settings: ResourceSetti
 
 
 def _base_devices(
-    snapshot: Snapshot, settings: ResourceSettings, notes: list[str]
+    snapshot: NodeState, settings: ResourceSettings, notes: list[str]
 ) -> dict[str, list[Device]]:
     """Unreplicated devices per resource name, GPUs in index order."""
     gpus = sorted(snapshot.gpus, key=lambda g: g.index)

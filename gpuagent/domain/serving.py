@@ -1,12 +1,12 @@
 """What the device-plugin service serves: resources, allocation and preferences, per snapshot.
 
-:class:`ResourceView` computes the node's resources once per snapshot version under the store's
-plan, and the pair scores once per topology, so an RPC does a dictionary lookup, never a rebuild
-and never an NVML call. A new plan is a new snapshot version: the view follows it by itself.
+:class:`ResourceView` computes the node's resources once per snapshot under its plan's serving
+policy, and the pair scores once per topology, so an RPC does a dictionary lookup, never a
+rebuild and never an NVML call. A new plan is a new snapshot: the view follows it by itself.
 
 Nothing is advertised before a container given it can start: where containers are given CDI
 names and the agent writes the CDI spec, a device is in the resources only once the spec on disk
-defines it (:attr:`Snapshot.cdi <gpuagent.domain.devices.Snapshot.cdi>`), and the first device
+defines it (:attr:`NodeState.cdi <gpuagent.domain.devices.NodeState.cdi>`), and the first device
 list waits for the first spec (:func:`awaits_cdi_spec`) — as NVIDIA's plugin writes its spec
 before it registers.
 """
@@ -14,10 +14,9 @@ before it registers.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Protocol
 
 from gpuagent.domain.containers import CDI_KIND, ContainerSettings
-from gpuagent.domain.devices import CdiSpec, Snapshot, Topology
+from gpuagent.domain.devices import CdiSpec, NodeState, Topology
 from gpuagent.domain.dra import DraGpus
 from gpuagent.domain.errors import ResourceError
 from gpuagent.domain.naming import mig_index
@@ -25,7 +24,6 @@ from gpuagent.domain.preferred import PairScores, SharedAllocationPolicy
 from gpuagent.domain.resources import NodeResources, ResourceSettings, build_resources
 
 __all__ = [
-    "PlanSource",
     "ResourceView",
     "ServingPolicy",
     "awaits_cdi_spec",
@@ -45,48 +43,33 @@ class ServingPolicy:
     dra_gpus: DraGpus = field(default_factory=DraGpus)
 
 
-class _Served(Protocol):
-    @property
-    def serving(self) -> ServingPolicy: ...
-
-
-class PlanSource(Protocol):
-    """Where the current plan is read: the store (:class:`~gpuagent.state.store.DeviceStore`)."""
-
-    @property
-    def plan(self) -> _Served: ...
-
-
 class ResourceView:
-    """The node's resources for the latest snapshot under the store's plan, cached by version."""
+    """The node's resources for the latest state under a serving policy (the snapshot's plan's),
+    cached for that state and policy."""
 
-    def __init__(self, store: PlanSource) -> None:
-        self._store = store
-        self._version = -1
+    def __init__(self) -> None:
+        self._state: NodeState | None = None
+        self._policy: ServingPolicy | None = None
         self._resources = NodeResources()
         self._error = ""
         self._topology: Topology | None = None
         self._scores = PairScores()
 
-    @property
-    def policy(self) -> ServingPolicy:
-        """The serving policy of the store's current plan."""
-        return self._store.plan.serving
-
-    def resources(self, snapshot: Snapshot) -> NodeResources:
-        """The resources of ``snapshot``; empty (with :attr:`error` set) when they are invalid."""
-        if snapshot.version != self._version:
+    def resources(self, snapshot: NodeState, policy: ServingPolicy) -> NodeResources:
+        """The resources of ``snapshot`` under ``policy``; empty (with :attr:`error` set) when
+        they are invalid."""
+        if snapshot is not self._state or policy is not self._policy:
             try:
                 self._resources = build_resources(
-                    _device_plugin_gpus(snapshot, self.policy.dra_gpus), self.policy.resources
+                    _device_plugin_gpus(snapshot, policy.dra_gpus), policy.resources
                 )
-                if snapshot.cdi is not None and cdi_gated(snapshot, self.policy.containers):
+                if snapshot.cdi is not None and cdi_gated(snapshot, policy.containers):
                     self._resources = _in_spec(self._resources, snapshot.cdi)
                 self._error = ""
             except ResourceError as exc:
                 self._resources = NodeResources()
                 self._error = str(exc)
-            self._version = snapshot.version
+            self._state, self._policy = snapshot, policy
         return self._resources
 
     @property
@@ -94,25 +77,25 @@ class ResourceView:
         """Why the last snapshot's resources could not be built, or empty."""
         return self._error
 
-    def scores(self, snapshot: Snapshot) -> PairScores:
+    def scores(self, snapshot: NodeState) -> PairScores:
         if snapshot.topology is not self._topology:
             self._scores = PairScores.of(snapshot)
             self._topology = snapshot.topology
         return self._scores
 
 
-def cdi_gated(snapshot: Snapshot, containers: ContainerSettings) -> bool:
+def cdi_gated(snapshot: NodeState, containers: ContainerSettings) -> bool:
     """Whether devices wait for the CDI spec: containers get CDI names of the spec this agent
     writes (not the container toolkit's)."""
     return snapshot.cdi is not None and containers.uses_cdi and containers.cdi_kind == CDI_KIND
 
 
-def awaits_cdi_spec(snapshot: Snapshot, containers: ContainerSettings) -> bool:
+def awaits_cdi_spec(snapshot: NodeState, containers: ContainerSettings) -> bool:
     """Whether the first device list must still wait: gated, and no spec written yet."""
     return cdi_gated(snapshot, containers) and not (snapshot.cdi and snapshot.cdi.written)
 
 
-def spec_devices(snapshot: Snapshot) -> frozenset[tuple[str, str]]:
+def spec_devices(snapshot: NodeState) -> frozenset[tuple[str, str]]:
     """The ``(UUID, index name)`` of every GPU and MIG device of ``snapshot``: what its CDI spec
     defines (:func:`gpuagent.nodefiles.cdi.build_spec`)."""
     pairs = set()
@@ -133,7 +116,7 @@ def _in_spec(resources: NodeResources, spec: CdiSpec) -> NodeResources:
     return replace(resources, resources=kept)
 
 
-def _device_plugin_gpus(snapshot: Snapshot, dra: DraGpus) -> Snapshot:
+def _device_plugin_gpus(snapshot: NodeState, dra: DraGpus) -> NodeState:
     """``snapshot`` without the GPUs DRA serves."""
     if not dra.enabled:
         return snapshot

@@ -30,8 +30,8 @@ from gpuagent.domain.claims import (
     allocated_devices,
     cdi_id,
 )
-from gpuagent.domain.devices import Snapshot
 from gpuagent.domain.dra import DraDevice
+from gpuagent.domain.snapshot import Snapshot
 from gpuagent.dra.claims import ClaimFiles, claim_spec, with_claim, without_claim
 from gpuagent.state.store import DeviceStore
 

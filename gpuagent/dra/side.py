@@ -14,8 +14,8 @@ from typing import Any
 import structlog
 
 from gpuagent.domain.claims import ClaimUnavailable
-from gpuagent.domain.devices import Snapshot
 from gpuagent.domain.dra import DraDevice, unpublished_gpus
+from gpuagent.domain.snapshot import Snapshot
 from gpuagent.dra.claims import ClaimFiles
 from gpuagent.dra.endpoint import DraEndpoint, EndpointTiming
 from gpuagent.dra.service import (
@@ -94,8 +94,8 @@ class DraSide:
         store.counters.follow_dra(self.counters)
 
     def _devices(self, snapshot: Snapshot) -> tuple[DraDevice, ...]:
-        # A new plan is a new snapshot version: the publisher re-derives the devices by itself.
-        return self._store.plan.dra.devices(snapshot)
+        # A new plan is a new snapshot: the publisher re-derives the devices by itself.
+        return snapshot.plan.dra.devices(snapshot)
 
     async def _read_claim(self, namespace: str, name: str) -> Mapping[str, Any]:
         try:

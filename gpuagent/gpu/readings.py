@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from gpuagent.domain import xids
-from gpuagent.domain.devices import Condition, Gpu, GpuHealth, Snapshot, Telemetry
+from gpuagent.domain.devices import Condition, Gpu, GpuHealth, Telemetry
 from gpuagent.domain.health import (
     DISCOVERY,
     LOST,
@@ -31,6 +31,7 @@ from gpuagent.domain.health import (
     XidError,
     record_event,
 )
+from gpuagent.domain.snapshot import Snapshot
 from gpuagent.gpu.backend import Probe
 
 __all__ = [

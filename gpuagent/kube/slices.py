@@ -17,9 +17,9 @@ from typing import Any
 
 import structlog
 
-from gpuagent.domain.devices import Snapshot
 from gpuagent.domain.dra import DraDevice
 from gpuagent.domain.slices import slice_manifests
+from gpuagent.domain.snapshot import Snapshot
 from gpuagent.kube.client import ApiError, ApiUnreachable, KubeApi
 from gpuagent.state.store import DeviceStore
 

@@ -1,6 +1,6 @@
 """One plugin endpoint per resource the node advertises, kept in step with the store.
 
-The resources follow the snapshot and the plan (:class:`~gpuagent.domain.serving.ResourceView`):
+The resources follow the snapshot and its plan (:class:`~gpuagent.domain.serving.ResourceView`):
 after a reload, or when devices change, an endpoint starts for each new resource and the
 endpoints of resources no longer advertised are withdrawn — their streams end, their sockets go
 and their registration entries leave the store — while the others keep their streams.
@@ -80,7 +80,9 @@ class PluginEndpoints:
         supervision) down with its error.
         """
         snapshot = self._store.snapshot
-        while not snapshot.discovered or awaits_cdi_spec(snapshot, self._view.policy.containers):
+        while not snapshot.discovered or awaits_cdi_spec(
+            snapshot, snapshot.plan.serving.containers
+        ):
             snapshot = await self._store.wait_newer(snapshot.version)
         try:
             async with asyncio.TaskGroup() as group:
@@ -104,14 +106,16 @@ class PluginEndpoints:
         await asyncio.gather(*(s.service.wait_drained() for s in self._served.values()))
 
     async def _reconcile(self, group: asyncio.TaskGroup) -> None:
-        resources = self._view.resources(self._store.snapshot)
+        snapshot = self._store.snapshot
+        serving = snapshot.plan.serving
+        resources = self._view.resources(snapshot, serving)
         if resources.notes != self._notes:
             self._notes = resources.notes
             for note in resources.notes:
                 log.warning("resource note", note=note)
         # A node without devices still registers its main resource (with no devices), so the
         # kubelet shows capacity 0 rather than a stale value.
-        names = resources.names or (self._view.policy.resources.resource_name,)
+        names = resources.names or (serving.resources.resource_name,)
         gone = [name for name in self._served if name not in names]
         new = [name for name in names if name not in self._served]
         for name in gone:

@@ -19,10 +19,10 @@ from gpuagent.domain.allocation import (
     UnhealthyDevicesError,
 )
 from gpuagent.domain.containers import ContainerSettings, allocate
-from gpuagent.domain.devices import Snapshot
 from gpuagent.domain.preferred import preferred_allocation
 from gpuagent.domain.resources import Resource
 from gpuagent.domain.serving import ResourceView
+from gpuagent.domain.snapshot import Snapshot
 from gpuagent.overrides import ClosingServerStreams
 from gpuagent.state.store import DeviceStore
 
@@ -114,8 +114,9 @@ class DevicePluginService(ClosingServerStreams, pb.DevicePluginBase):
         if not message.container_requests:
             raise GRPCError(Status.INVALID_ARGUMENT, "the request has no container requests")
         snapshot = self._store.snapshot
-        resource = self._view.resources(snapshot).get(self.resource_name)
-        containers = self._view.policy.containers
+        serving = snapshot.plan.serving
+        resource = self._view.resources(snapshot, serving).get(self.resource_name)
+        containers = serving.containers
         requested = tuple(tuple(r.devices_ids) for r in message.container_requests)
         response = self._responses.get(resource, containers, requested)
         if response is None:
@@ -159,7 +160,8 @@ class DevicePluginService(ClosingServerStreams, pb.DevicePluginBase):
         self, message: pb.PreferredAllocationRequest
     ) -> pb.PreferredAllocationResponse:
         snapshot = self._store.snapshot
-        resource = self._view.resources(snapshot).get(self.resource_name)
+        serving = snapshot.plan.serving
+        resource = self._view.resources(snapshot, serving).get(self.resource_name)
         scores = self._view.scores(snapshot)
         responses = []
         for request in message.container_requests:
@@ -171,7 +173,7 @@ class DevicePluginService(ClosingServerStreams, pb.DevicePluginBase):
                     request.available_deviceIDs,
                     request.must_include_deviceIDs,
                     request.allocation_size,
-                    policy=self._view.policy.shared_allocation,
+                    policy=serving.shared_allocation,
                 )
             responses.append(pb.ContainerPreferredAllocationResponse(device_i_ds=chosen))
         return pb.PreferredAllocationResponse(container_responses=responses)
@@ -182,7 +184,7 @@ class DevicePluginService(ClosingServerStreams, pb.DevicePluginBase):
         return pb.PreStartContainerResponse()
 
     def _device_list(self, snapshot: Snapshot) -> DeviceList:
-        resource = self._view.resources(snapshot).get(self.resource_name)
+        resource = self._view.resources(snapshot, snapshot.plan.serving).get(self.resource_name)
         return () if resource is None else resource.kubelet_devices()
 
 

@@ -32,7 +32,8 @@ from grpclib.config import Configuration
 from grpclib.encoding.proto import ProtoCodec
 
 from gpuagent._proto import v1 as pb
-from gpuagent.domain.devices import Allocated, Attribution, Snapshot
+from gpuagent.domain.devices import Allocated, Attribution
+from gpuagent.domain.snapshot import Snapshot
 from gpuagent.state.store import DeviceStore
 
 __all__ = ["MAX_RESPONSE_BYTES", "Clock", "LoopClock", "PodResourcesClient"]

@@ -45,8 +45,9 @@ from gpuagent.domain.containers import (
     CDI_VENDOR,
     CONTROL_NODES,
 )
-from gpuagent.domain.devices import Gpu, IdStrategy, Snapshot
+from gpuagent.domain.devices import Gpu, IdStrategy
 from gpuagent.domain.naming import mig_index
+from gpuagent.domain.snapshot import Snapshot
 from gpuagent.nodefiles.atomicfile import remove_if_present, write_if_changed
 from gpuagent.nodefiles.driverfiles import DriverFiles, DrmNodes, Symlink
 

@@ -26,9 +26,10 @@ from pathlib import Path
 import structlog
 
 from gpuagent.domain.containers import ContainerSettings
-from gpuagent.domain.devices import CdiSpec, Snapshot
+from gpuagent.domain.devices import CdiSpec
 from gpuagent.domain.naming import mig_index
 from gpuagent.domain.serving import spec_devices
+from gpuagent.domain.snapshot import Snapshot
 from gpuagent.nodefiles.cdi import (
     TOOLKIT_SPEC_DIRS,
     Spec,
@@ -106,7 +107,7 @@ class CdiSpecKeeper:
         while True:
             snapshot = await self._store.wait_newer(version)
             version = snapshot.version
-            plan = self._store.plan
+            plan = snapshot.plan
             if snapshot.discovered and plan.writes_cdi_spec:
                 await self.sync(snapshot, plan.serving.containers)
 

@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 from types import MappingProxyType
 
-from gpuagent.domain.devices import Gpu, GpuHealth, Snapshot, Telemetry
+from gpuagent.domain.devices import Gpu, GpuHealth, Telemetry
+from gpuagent.domain.snapshot import Snapshot
 
 __all__ = ["described_devices"]
 

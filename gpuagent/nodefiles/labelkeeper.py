@@ -17,9 +17,9 @@ from pathlib import Path
 
 import structlog
 
-from gpuagent.domain.devices import Snapshot
 from gpuagent.domain.plan import Plan
 from gpuagent.domain.resources import ResourceSettings
+from gpuagent.domain.snapshot import Snapshot
 from gpuagent.nodefiles.described import described_devices
 from gpuagent.nodefiles.hostfacts import DEFAULT_MACHINE_TYPE_FILE, read_host_facts
 from gpuagent.nodefiles.labels import DEFAULT_FEATURES_FILE, node_labels, sync_features
@@ -60,7 +60,7 @@ class NodeFiles:
         while True:
             snapshot = await self._store.wait_newer(version)
             version = snapshot.version
-            plan = self._store.plan
+            plan = snapshot.plan
             key = (described_devices(snapshot), plan.generation)
             if not snapshot.discovered or key == written:
                 continue

@@ -27,9 +27,10 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from gpuagent.domain.devices import Gpu, MigDevice, Snapshot
+from gpuagent.domain.devices import Gpu, MigDevice
 from gpuagent.domain.naming import mig_resource_name
 from gpuagent.domain.resources import MigStrategy, ResourceSettings
+from gpuagent.domain.snapshot import Snapshot
 from gpuagent.nodefiles.atomicfile import remove_if_present, write_if_changed
 from gpuagent.nodefiles.hostfacts import HostFacts
 

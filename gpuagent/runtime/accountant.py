@@ -16,7 +16,8 @@ from dataclasses import replace
 import structlog
 
 from gpuagent.domain.accounting import Ledger, account
-from gpuagent.domain.devices import PodRef, Snapshot
+from gpuagent.domain.devices import PodRef
+from gpuagent.domain.snapshot import Snapshot
 from gpuagent.domain.usage import Usage
 from gpuagent.runtime.cri import CriClient
 from gpuagent.runtime.loglinks import LogLinks
@@ -73,7 +74,7 @@ class Accountant:
         ids = {o.container_id for o in owners.values() if o is not None}
         names = await self._names(ids)
         # Newer readings stored meanwhile are accounted for on the next round.
-        served = self._store.plan.served_resources
+        served = snapshot.plan.served_resources
         usage, self._ledger = account(snapshot, owners, names, self._ledger, served)
         self._store.update(lambda s: replace(s, usage=usage))
         self.updates += 1
@@ -96,7 +97,7 @@ def _inputs(snapshot: Snapshot) -> tuple[object, ...]:
     return (
         *(g.processes for g in snapshot.gpus),
         snapshot.pods.allocated,
-        snapshot.plan_generation,  # which resources are ours, so whose pods hold the devices
+        snapshot.plan,  # which resources are ours, so whose pods hold the devices
         snapshot.pods.refreshed_at is None,
     )
 

@@ -1,8 +1,9 @@
-"""The store: the versioned device snapshot, the plan it is served under, and the counters.
+"""The store: the versioned snapshot (the node's state and the plan it is served under), and the
+counters.
 
 One place every adapter reads from and publishes into: the NVML poller and the pod-resources
 client write the snapshot, each plugin endpoint its registration, the reloader the plan, and each
-owner its counters. Readers wait for newer snapshot versions; a new plan is a new version too.
+owner its counters. Readers wait for newer snapshot versions; a new plan is a new snapshot too.
 """
 
 from __future__ import annotations
@@ -12,16 +13,16 @@ from collections.abc import Callable
 from dataclasses import replace
 from types import MappingProxyType
 
-from gpuagent.domain.devices import Registration, Snapshot
+from gpuagent.domain.devices import Registration
 from gpuagent.domain.plan import Plan
+from gpuagent.domain.snapshot import Snapshot
 from gpuagent.state.counters import Counters
 
 __all__ = ["DeviceStore"]
 
 
 class DeviceStore:
-    """Holds the current :class:`Snapshot` and :class:`Plan`; writers replace them, readers wait
-    for newer versions.
+    """Holds the current :class:`Snapshot`; writers replace it, readers wait for newer versions.
 
     Used from the event loop's thread only (:attr:`counters` excepted). ``update`` bumps the
     version only when the new snapshot differs from the current one, so watchers wake on real
@@ -29,8 +30,8 @@ class DeviceStore:
     """
 
     def __init__(self, initial: Snapshot | None = None, *, plan: Plan | None = None) -> None:
-        self._plan = plan or Plan()
-        self._snapshot = replace(initial or Snapshot(), plan_generation=self._plan.generation)
+        snapshot = initial or Snapshot()
+        self._snapshot = snapshot if plan is None else replace(snapshot, plan=plan)
         self._changed = asyncio.Event()
         self.counters = Counters()
 
@@ -40,7 +41,8 @@ class DeviceStore:
 
     @property
     def plan(self) -> Plan:
-        return self._plan
+        """The current snapshot's plan."""
+        return self._snapshot.plan
 
     def update(self, change: Callable[[Snapshot], Snapshot]) -> Snapshot:
         """Apply ``change`` to the current snapshot; returns the (possibly new) current snapshot."""
@@ -54,15 +56,14 @@ class DeviceStore:
         return self._snapshot
 
     def publish(self, plan: Plan) -> Plan | None:
-        """Serve under ``plan`` from now on, as the next generation; ``None`` (and nothing
-        happens) when it equals the current plan (generations aside)."""
-        current = self._plan
+        """Serve under ``plan`` from now on, as the next generation (a new snapshot); ``None``
+        (and nothing happens) when it equals the current plan (generations aside)."""
+        current = self._snapshot.plan
         if replace(plan, generation=current.generation) == current:
             return None
-        self._plan = replace(plan, generation=current.generation + 1)
-        generation = self._plan.generation
-        self.update(lambda s: replace(s, plan_generation=generation))
-        return self._plan
+        published = replace(plan, generation=current.generation + 1)
+        self.update(lambda s: replace(s, plan=published))
+        return published
 
     def set_registration(self, resource: str, registration: Registration | None) -> None:
         """Record ``resource``'s registration with the kubelet (``None``: no longer served)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gpuagent.domain.devices import Snapshot
+from gpuagent.domain.snapshot import Snapshot
 from gpuagent.state.counters import DraCounters, NvmlCallStats, PodResourcesStats, ReloadStats
 from gpuagent.web.exposition import Family, Single, format_value, label_pairs, single, singles
 

@@ -8,7 +8,8 @@ layout (see :mod:`gpuagent.web.layout`).
 from __future__ import annotations
 
 from gpuagent.domain.attribution import Target
-from gpuagent.domain.devices import PodRef, Snapshot
+from gpuagent.domain.devices import PodRef
+from gpuagent.domain.snapshot import Snapshot
 from gpuagent.web.dcgm import xid_action, xid_label
 from gpuagent.web.exposition import Family, render
 

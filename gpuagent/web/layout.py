@@ -11,7 +11,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from gpuagent.domain.attribution import Target, attributions, by_device
-from gpuagent.domain.devices import Allocated, Gpu, MigDevice, PodRef, Snapshot
+from gpuagent.domain.devices import Allocated, Gpu, MigDevice, PodRef
+from gpuagent.domain.snapshot import Snapshot
 from gpuagent.web.exposition import escape_label, label_pairs
 from gpuagent.web.gpufamilies import identity_families
 

@@ -21,8 +21,9 @@ import platform
 import time
 from collections.abc import Callable, Collection, Iterator
 
-from gpuagent.domain.devices import PodRef, Snapshot
+from gpuagent.domain.devices import PodRef
 from gpuagent.domain.plan import Plan
+from gpuagent.domain.snapshot import Snapshot
 from gpuagent.domain.usage import ContainerUsage
 from gpuagent.state.counters import AgentCounters
 from gpuagent.web.agentfamilies import (
@@ -237,7 +238,7 @@ class MetricsRenderer:
                 single("gpuagent_allocations_total", "counter",
                        "Allocate calls answered successfully.", (), counters.allocations),
             ]  # fmt: skip
-        families.extend(config_families(snapshot.plan_generation, counters.reloads))
+        families.extend(config_families(snapshot.plan.generation, counters.reloads))
         devices = self._layout_for(snapshot, served).device_ids
         families.extend(
             pod_resources_families(

@@ -153,7 +153,8 @@ class _Scrapes:
             self._renderer.scrapes.observe(time.perf_counter() - started)
 
     async def _respond(self, request: web.Request) -> web.StreamResponse:
-        snapshot, served = self._store.snapshot, self._store.plan.served_resources
+        snapshot = self._store.snapshot
+        served = snapshot.plan.served_resources
         gzipped = _accepts_gzip(request.headers.get("Accept-Encoding", ""))
         part = self._renderer.devices(snapshot, served)
         tail = self._renderer.agent(snapshot, self._store.counters.read(), served)

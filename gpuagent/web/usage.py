@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from gpuagent.domain.devices import Gpu, Snapshot
+from gpuagent.domain.devices import Gpu
+from gpuagent.domain.snapshot import Snapshot
 from gpuagent.domain.usage import ContainerUsage
 from gpuagent.state.counters import CriStats, LogLinkStats
 from gpuagent.web.exposition import (

@@ -12,7 +12,8 @@ from support.synthetic import gpu_uuid, pods_by_device, synthetic_snapshot
 
 from gpuagent.domain.accounting import UNKNOWN, Ledger, account
 from gpuagent.domain.cgroups import CgroupOwner
-from gpuagent.domain.devices import Attribution, Gpu, PodRef, Snapshot, Telemetry
+from gpuagent.domain.devices import Attribution, Gpu, PodRef, Telemetry
+from gpuagent.domain.snapshot import Snapshot
 from gpuagent.domain.usage import ContainerUsage, GpuProcess, ProcessReading, ProcessSample
 
 GIB = 1024**3

@@ -29,9 +29,10 @@ from gpuagent.domain.containers import (
     container_allocation,
     validate_request,
 )
-from gpuagent.domain.devices import IdStrategy, Snapshot
+from gpuagent.domain.devices import IdStrategy
 from gpuagent.domain.errors import SettingError
 from gpuagent.domain.resources import MigStrategy, Resource, ResourceSettings, build_resources
+from gpuagent.domain.snapshot import Snapshot
 from gpuagent.domain.timeslicing import ReplicaRule, TimeSlicing
 
 ENVVAR = DeviceListStrategy.ENVVAR

@@ -19,7 +19,7 @@ from gpuagent.domain.claims import (
     checkpoint_json,
     claims_from_checkpoint,
 )
-from gpuagent.domain.devices import Condition, DriverState, GpuHealth, Snapshot
+from gpuagent.domain.devices import Condition, DriverState, GpuHealth
 from gpuagent.domain.dra import (
     DraGpus,
     Effect,
@@ -34,7 +34,7 @@ from gpuagent.domain.plan import Plan
 from gpuagent.domain.resources import MigStrategy
 from gpuagent.domain.serving import ResourceView, ServingPolicy
 from gpuagent.domain.slices import MAX_DEVICES_PER_SLICE, slice_manifests
-from gpuagent.state.store import DeviceStore
+from gpuagent.domain.snapshot import Snapshot
 
 DRIVER = "gpu.nvidia.com"
 
@@ -105,8 +105,7 @@ def test_unpublished_gpus_are_those_with_a_device_in_no_published_slice() -> Non
 def test_a_gpu_given_to_dra_leaves_the_device_plugin() -> None:
     snapshot = node(gpu(0), gpu(1), gpu(2))
     plan = Plan(serving=ServingPolicy(dra_gpus=DraGpus.parse("1")))
-    view = ResourceView(DeviceStore(plan=plan))
-    (resource,) = view.resources(snapshot).resources
+    (resource,) = ResourceView().resources(snapshot, plan.serving).resources
     assert [d.gpu for d in resource.devices] == [0, 2]
     devices = dra_devices(snapshot, DraGpus.parse("1"))
     assert [d.gpu_index for d in devices] == [1]

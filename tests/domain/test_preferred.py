@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.nodes import gpu, gpu_uuid, island_node, link, mig, mig_uuid, node
 
-from gpuagent.domain.devices import P2PLevel, Snapshot
+from gpuagent.domain.devices import P2PLevel
 from gpuagent.domain.preferred import (
     PairScores,
     SharedAllocationPolicy,
@@ -19,6 +19,7 @@ from gpuagent.domain.preferred import (
     preferred_allocation,
 )
 from gpuagent.domain.resources import MigStrategy, Resource, ResourceSettings, build_resources
+from gpuagent.domain.snapshot import Snapshot
 from gpuagent.domain.timeslicing import ReplicaRule, TimeSlicing
 
 SYS, NODE_, HB, MULTI, SW = (

@@ -7,8 +7,9 @@ from types import MappingProxyType
 
 from support.nodes import gpu, node
 
-from gpuagent.domain.devices import DriverState, Registration, Snapshot
+from gpuagent.domain.devices import DriverState, Registration
 from gpuagent.domain.readiness import MAX_REASON, readiness
+from gpuagent.domain.snapshot import Snapshot
 
 GPU = "nvidia.com/gpu"
 

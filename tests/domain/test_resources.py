@@ -8,10 +8,11 @@ from dataclasses import replace
 import pytest
 from support.nodes import gpu, gpu_uuid, mig, mig_uuid, node
 
-from gpuagent.domain.devices import IdStrategy, Snapshot, Telemetry
+from gpuagent.domain.devices import IdStrategy, Telemetry
 from gpuagent.domain.errors import ResourceError, SettingError
 from gpuagent.domain.naming import annotated_id, mig_resource_name, resource_name, strip_replica
 from gpuagent.domain.resources import MigStrategy, NodeResources, ResourceSettings, build_resources
+from gpuagent.domain.snapshot import Snapshot
 from gpuagent.domain.timeslicing import ReplicaRule, TimeSlicing
 
 G0, G1, G2 = gpu_uuid(0), gpu_uuid(1), gpu_uuid(2)

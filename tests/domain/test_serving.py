@@ -8,8 +8,7 @@ import pytest
 from support.nodes import gpu, gpu_uuid, mig, mig_uuid, node
 
 from gpuagent.domain.containers import TOOLKIT_CDI_KIND, ContainerSettings, DeviceListStrategy
-from gpuagent.domain.devices import CdiSpec, IdStrategy, Snapshot
-from gpuagent.domain.plan import Plan
+from gpuagent.domain.devices import CdiSpec, IdStrategy
 from gpuagent.domain.resources import MigStrategy, ResourceSettings
 from gpuagent.domain.serving import (
     ResourceView,
@@ -18,7 +17,7 @@ from gpuagent.domain.serving import (
     cdi_gated,
     spec_devices,
 )
-from gpuagent.state.store import DeviceStore
+from gpuagent.domain.snapshot import Snapshot
 
 CRI = ContainerSettings(strategies=(DeviceListStrategy.CDI_CRI,))
 ENVVAR = ContainerSettings()
@@ -29,11 +28,8 @@ NODE = node(gpu(0), gpu(1, migs=[mig(1, 7), mig(1, 8)], mig_enabled=True), gpu(2
 
 def offered(snapshot: Snapshot, containers: ContainerSettings) -> dict[str, tuple[str, ...]]:
     """The device IDs of each resource the view builds for ``snapshot``."""
-    plan = Plan(serving=ServingPolicy(resources=MIXED, containers=containers))
-    store = DeviceStore(plan=plan)
-    store.update(lambda _: snapshot)
-    view = ResourceView(store)
-    return {r.name: r.ids for r in view.resources(store.snapshot).resources}
+    serving = ServingPolicy(resources=MIXED, containers=containers)
+    return {r.name: r.ids for r in ResourceView().resources(snapshot, serving).resources}
 
 
 def test_the_spec_defines_every_device_by_uuid_and_index() -> None:

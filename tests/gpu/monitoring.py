@@ -9,9 +9,10 @@ from contextlib import asynccontextmanager
 import pytest
 from support.tasks import running as running_task
 
-from gpuagent.domain.devices import Gpu, Snapshot, Telemetry
+from gpuagent.domain.devices import Gpu, Telemetry
 from gpuagent.domain.health import HealthPolicy
 from gpuagent.domain.plan import Plan
+from gpuagent.domain.snapshot import Snapshot
 from gpuagent.gpu.backend import Backend
 from gpuagent.gpu.monitor import GpuMonitor
 from gpuagent.state.store import DeviceStore

@@ -12,7 +12,7 @@ import pytest
 import structlog.testing
 from support.clock import FakeClock
 
-from gpuagent.domain.devices import Condition, DriverState, Gpu, GpuHealth, Snapshot, Telemetry
+from gpuagent.domain.devices import Condition, DriverState, Gpu, GpuHealth, Telemetry
 from gpuagent.domain.health import (
     DISCOVERY,
     DoubleBitEccError,
@@ -23,6 +23,7 @@ from gpuagent.domain.health import (
     Responding,
     XidError,
 )
+from gpuagent.domain.snapshot import Snapshot
 from gpuagent.gpu.backend import DriverEvent
 from gpuagent.gpu.nvml import (
     DriverUnavailable,

@@ -19,7 +19,8 @@ from support.clock import Sleeps
 from support.waiting import eventually
 
 from gpu.monitoring import until
-from gpuagent.domain.devices import Gpu, Snapshot
+from gpuagent.domain.devices import Gpu
+from gpuagent.domain.snapshot import Snapshot
 from gpuagent.gpu.calls import NO_GPU, NvmlCalls
 from gpuagent.gpu.monitor import GpuMonitor
 from gpuagent.gpu.nvml import Nvml

@@ -37,7 +37,7 @@ async def test_the_streams_waiter_is_gone_right_after_the_client_leaves(
     short_tmp_path: Path, grpc_stubs: StubModules
 ) -> None:
     store = DeviceStore(node(gpu(0), gpu(1)))
-    service = DevicePluginService(store, ResourceView(store), "nvidia.com/gpu", asyncio.Event())
+    service = DevicePluginService(store, ResourceView(), "nvidia.com/gpu", asyncio.Event())
     socket = short_tmp_path / "plugin.sock"
     server = GrpcServer([service])
     await server.start(path=str(socket))
@@ -78,7 +78,7 @@ async def test_the_streams_waiter_is_gone_right_after_the_client_leaves(
 
 
 def _service(store: DeviceStore) -> DevicePluginService:
-    return DevicePluginService(store, ResourceView(store), "nvidia.com/gpu", asyncio.Event())
+    return DevicePluginService(store, ResourceView(), "nvidia.com/gpu", asyncio.Event())
 
 
 def _request(*ids: str) -> pb.AllocateRequest:

@@ -17,7 +17,8 @@ from support.tasks import running
 from support.waiting import eventually
 
 from gpuagent.domain.attribution import Target, attributions, by_device
-from gpuagent.domain.devices import Attribution, PodRef, Snapshot
+from gpuagent.domain.devices import Attribution, PodRef
+from gpuagent.domain.snapshot import Snapshot
 from gpuagent.kubelet.podresources import MAX_RESPONSE_BYTES, PodResourcesClient
 from gpuagent.state.store import DeviceStore
 

@@ -32,7 +32,7 @@ T = 15.0
 def endpoint(
     store: DeviceStore, socket_path: Path, kubelet: Path, timing: Timing
 ) -> PluginEndpoint:
-    service = DevicePluginService(store, ResourceView(store), GPU, asyncio.Event())
+    service = DevicePluginService(store, ResourceView(), GPU, asyncio.Event())
     return PluginEndpoint(
         service, store, socket_path=socket_path, kubelet_socket=kubelet, resource_name=GPU,
         timing=timing,

@@ -20,8 +20,9 @@ from gpuagent.domain.containers import (
     DeviceListStrategy,
     allocate,
 )
-from gpuagent.domain.devices import IdStrategy, Snapshot
+from gpuagent.domain.devices import IdStrategy
 from gpuagent.domain.resources import MigStrategy, ResourceSettings, build_resources
+from gpuagent.domain.snapshot import Snapshot
 from gpuagent.domain.timeslicing import ReplicaRule, TimeSlicing
 from gpuagent.nodefiles.cdi import (
     SPEC_FILE_NAME,

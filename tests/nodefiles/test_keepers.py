@@ -19,17 +19,10 @@ from support.waiting import eventually
 from gpuagent.config import load_settings
 from gpuagent.config.planning import driver_root_as_read, make_plan
 from gpuagent.domain.containers import TOOLKIT_CDI_KIND, ContainerSettings, DeviceListStrategy
-from gpuagent.domain.devices import (
-    CdiSpec,
-    Condition,
-    Gpu,
-    GpuHealth,
-    IdStrategy,
-    Snapshot,
-    Telemetry,
-)
+from gpuagent.domain.devices import CdiSpec, Condition, Gpu, GpuHealth, IdStrategy, Telemetry
 from gpuagent.domain.health import DISCOVERY
 from gpuagent.domain.serving import spec_devices
+from gpuagent.domain.snapshot import Snapshot
 from gpuagent.nodefiles import labelkeeper
 from gpuagent.nodefiles.cdi import SPEC_FILE_NAME
 from gpuagent.nodefiles.cdikeeper import (

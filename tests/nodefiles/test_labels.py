@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from support.nodes import gpu, mig, node
 
-from gpuagent.domain.devices import Snapshot
 from gpuagent.domain.resources import MigStrategy, ResourceSettings
+from gpuagent.domain.snapshot import Snapshot
 from gpuagent.domain.timeslicing import ReplicaRule, TimeSlicing
 from gpuagent.nodefiles.hostfacts import HostFacts, Vgpu
 from gpuagent.nodefiles.labels import arch_family, node_labels, render_features, sync_features

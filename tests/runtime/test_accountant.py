@@ -14,7 +14,8 @@ from support.synthetic import gpu_uuid, pods_by_device, synthetic_snapshot
 from support.tasks import running
 from support.waiting import eventually
 
-from gpuagent.domain.devices import PodRef, Snapshot
+from gpuagent.domain.devices import PodRef
+from gpuagent.domain.snapshot import Snapshot
 from gpuagent.domain.usage import GpuProcess, ProcessReading, ProcessSample
 from gpuagent.runtime.accountant import Accountant
 from gpuagent.runtime.cri import CriClient

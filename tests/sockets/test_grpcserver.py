@@ -26,7 +26,7 @@ MAX_TURNS = 50  # more turns of the loop than any serve takes
 
 def _service() -> DevicePluginService:
     store = DeviceStore()
-    return DevicePluginService(store, ResourceView(store), "nvidia.com/gpu", asyncio.Event())
+    return DevicePluginService(store, ResourceView(), "nvidia.com/gpu", asyncio.Event())
 
 
 def _bound(path: Path) -> bool:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 
-from gpuagent.domain.devices import Registration, Snapshot
+from gpuagent.domain.devices import Registration
 from gpuagent.domain.plan import Plan
 from gpuagent.domain.preferred import SharedAllocationPolicy
 from gpuagent.domain.serving import ServingPolicy
+from gpuagent.domain.snapshot import Snapshot
 from gpuagent.state.store import DeviceStore
 
 GPU = "nvidia.com/gpu"
@@ -52,7 +53,7 @@ def test_publish_bumps_the_generation_only_for_a_different_plan() -> None:
     assert published is store.plan
     assert store.plan.generation == 1
     assert store.plan.serving == shared.serving
-    assert store.snapshot.plan_generation == 1
+    assert store.snapshot.plan is published  # the plan is read from the snapshot, one version
     assert store.snapshot.version == version + 1
     assert store.publish(replace(shared, generation=7)) is None  # generations aside, equal
 

@@ -13,9 +13,9 @@ from gpuagent.domain.devices import (
     Link,
     MigDevice,
     P2PLevel,
-    Snapshot,
     Topology,
 )
+from gpuagent.domain.snapshot import Snapshot
 
 __all__ = ["H100", "gpu", "gpu_uuid", "island_node", "link", "mig", "mig_uuid", "node"]
 

@@ -18,9 +18,9 @@ from gpuagent.domain.devices import (
     MigDevice,
     PodRef,
     Registration,
-    Snapshot,
     Telemetry,
 )
+from gpuagent.domain.snapshot import Snapshot
 
 __all__ = ["full_telemetry", "gpu_uuid", "mig_uuid", "synthetic_snapshot"]
 

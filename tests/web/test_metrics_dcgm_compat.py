@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from support.synthetic import synthetic_snapshot
 
 from gpuagent.domain import xids
-from gpuagent.domain.devices import Snapshot
+from gpuagent.domain.snapshot import Snapshot
 from gpuagent.state.counters import AgentCounters
 from gpuagent.web.dcgm import xid_label, xid_message
 from gpuagent.web.metrics import MetricsRenderer

@@ -8,7 +8,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from support.promtool import check_metrics, prometheus_tool
 from support.synthetic import full_telemetry, gpu_uuid, pods_by_device, synthetic_snapshot
 
-from gpuagent.domain.devices import PodRef, Snapshot
+from gpuagent.domain.devices import PodRef
+from gpuagent.domain.snapshot import Snapshot
 from gpuagent.domain.usage import ContainerUsage, ProcessReading, Usage
 from gpuagent.state.counters import AgentCounters, CriStats
 from gpuagent.web.metrics import MetricsRenderer
