@@ -1,16 +1,20 @@
-"""The device store: versions, change detection and watchers."""
+"""The device store: versions, change detection, the plan in the snapshot, and watches."""
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
 
-from gpuagent.domain.devices import Registration
+import pytest
+from support.nodes import gpu, node
+from support.waiting import eventually
+
+from gpuagent.domain.devices import Registration, Telemetry
 from gpuagent.domain.plan import Plan
 from gpuagent.domain.preferred import SharedAllocationPolicy
 from gpuagent.domain.serving import ServingPolicy
 from gpuagent.domain.snapshot import Snapshot
-from gpuagent.state.store import DeviceStore
+from gpuagent.state.store import DeviceStore, Keyed
 
 GPU = "nvidia.com/gpu"
 
@@ -95,3 +99,133 @@ async def test_unchanged_update_does_not_wake_watchers() -> None:
     await asyncio.sleep(0)
     assert not waiter.done()
     waiter.cancel()
+
+
+def test_an_unchanged_plan_is_not_compared_by_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every update compares the whole snapshot: the plan, the same object from one snapshot to
+    the next, by identity first."""
+    packed = ServingPolicy(shared_allocation=SharedAllocationPolicy.PACKED)
+    store = DeviceStore(plan=Plan(serving=packed))
+    compared: list[object] = []
+    by_value = Plan.__eq__
+
+    def counting(self: Plan, other: object) -> bool:
+        compared.append(other)
+        return by_value(self, other)
+
+    monkeypatch.setattr(Plan, "__eq__", counting)
+    store.update(lambda s: replace(s, discovered=True))
+    store.update(lambda s: replace(s, discovered=True))  # unchanged: compared, not stored
+    assert compared == []
+    assert store.snapshot.version == 1
+
+
+# ----- watches -----------------------------------------------------------------------------------
+
+
+async def test_a_watch_gives_its_projection_at_once_then_only_its_changes() -> None:
+    store = DeviceStore(node(gpu(0)))
+    seen: list[int] = []
+
+    def health(snapshot: Snapshot) -> tuple[bool, ...]:
+        seen.append(snapshot.version)
+        return tuple(g.health.healthy for g in snapshot.gpus)
+
+    watch = store.watch(health)
+    assert await anext(watch) == (True,)  # the current snapshot's, at once
+    waiting = asyncio.create_task(anext(watch))
+    await eventually(lambda: store.waiting == 1, what="the watch waiting")
+    store.update(lambda s: _with_reading(s, 40.0))  # a new version, the same projection
+    await eventually(lambda: seen[-1] == store.snapshot.version, what="the reading projected")
+    assert not waiting.done()
+    store.update(lambda s: _with_reading(s, 41.0))
+    store.update(lambda s: _with_reading(s, 42.0))  # two versions before the watch's turn
+    store.update(lambda s: replace(s, gpus=(gpu(0, healthy=False),)))
+    assert await waiting == (False,)
+    assert seen == [1, 2, 5]  # the latest version only
+
+
+async def test_a_slow_consumer_sees_the_latest_projection_not_a_queue() -> None:
+    store = DeviceStore()
+    projected: list[int] = []
+
+    def count(snapshot: Snapshot) -> int:
+        projected.append(snapshot.version)
+        return len(snapshot.registrations)
+
+    watch = store.watch(count)
+    assert await anext(watch) == 0
+    for n in range(5):  # while the consumer is busy elsewhere
+        store.set_registration(f"r{n}", Registration())
+    assert await anext(watch) == 5
+    assert projected == [0, 5]
+
+
+async def test_nothing_waits_after_a_consumer_stops_or_is_cancelled() -> None:
+    store = DeviceStore()
+    async for _ in store.watch(lambda s: s.discovered):
+        break  # nothing waits between two values
+    assert store.waiting == 0
+    watch = store.watch(lambda s: s.discovered)
+    await anext(watch)
+    waiting = asyncio.create_task(anext(watch))
+    await eventually(lambda: store.waiting == 1, what="the watch waiting")
+    waiting.cancel()
+    await asyncio.wait({waiting})
+    assert store.waiting == 0
+    # A cancelled wait (asyncio.timeout's, too) leaves the watch usable.
+    store.update(lambda s: replace(s, discovered=True))
+    assert await anext(watch) is True
+
+
+async def test_a_watch_until_an_event_ends_when_it_is_set() -> None:
+    store = DeviceStore()
+    stopping = asyncio.Event()
+    stopping.set()
+    given = [v async for v in store.watch(lambda s: s.discovered, until=stopping)]
+    assert given == [False]  # the first value anyway, then the end
+    stopping.clear()
+    watch = store.watch(lambda s: s.discovered, until=stopping)
+    await anext(watch)
+    ended = asyncio.create_task(anext(watch))
+    await eventually(lambda: store.waiting == 1, what="the watch waiting")
+    stopping.set()
+    with pytest.raises(StopAsyncIteration):
+        await ended
+    assert store.waiting == 0  # and its wait for the event is gone (no task left behind)
+
+
+async def test_a_watch_gives_an_unchanged_value_again_after_repeat_after() -> None:
+    store = DeviceStore()
+    watch = store.watch(lambda s: s.discovered, repeat_after=0.0)
+    assert [await anext(watch), await anext(watch)] == [False, False]
+    quiet = store.watch(lambda s: s.discovered, repeat_after=0.001)
+    await anext(quiet)
+    async with asyncio.timeout(10):  # a deadline for a broken build: the timer wakes it
+        assert await anext(quiet) is False
+    long = store.watch(lambda s: s.discovered, repeat_after=3600.0)
+    await anext(long)
+    store.update(lambda s: replace(s, discovered=True))
+    assert await anext(long) is True  # a change is given as it comes
+
+
+async def test_now_reads_the_current_projection_and_later_values_change_from_it() -> None:
+    store = DeviceStore()
+    watch = store.watch(lambda s: s.discovered)
+    await anext(watch)
+    store.update(lambda s: replace(s, discovered=True))
+    assert watch.now() is True
+    waiting = asyncio.create_task(anext(watch))  # no change from what now() gave: it waits
+    await eventually(lambda: store.waiting == 1, what="the watch waiting")
+    waiting.cancel()
+    await asyncio.wait({waiting})
+
+
+def test_a_keyed_projection_compares_by_its_key_alone() -> None:
+    assert Keyed(1, "a") == Keyed(1, "b")
+    assert Keyed(1, "a") != Keyed(2, "a")
+
+
+def _with_reading(snapshot: Snapshot, temperature: float) -> Snapshot:
+    gpus = tuple(replace(g, telemetry=Telemetry(temperature_c=temperature)) for g in snapshot.gpus)
+    return replace(snapshot, gpus=gpus)
