@@ -18,6 +18,7 @@ import structlog
 from gpuagent.domain.devices import Registration
 from gpuagent.domain.naming import socket_name
 from gpuagent.domain.serving import ResourceView, awaits_cdi_spec
+from gpuagent.domain.snapshot import Snapshot
 from gpuagent.kubelet.plugin import DevicePluginService
 from gpuagent.kubelet.registration import PluginEndpoint, Timing
 from gpuagent.state.store import DeviceStore
@@ -79,16 +80,13 @@ class PluginEndpoints:
         An endpoint never ends by itself: one that fails takes this task (and so the agent's
         supervision) down with its error.
         """
-        snapshot = self._store.snapshot
-        while not snapshot.discovered or awaits_cdi_spec(
-            snapshot, snapshot.plan.serving.containers
-        ):
-            snapshot = await self._store.wait_newer(snapshot.version)
+        async for ready in self._store.watch(_ready):
+            if ready:
+                break
         try:
             async with asyncio.TaskGroup() as group:
-                while True:
-                    await self._reconcile(group)
-                    await self._store.wait_newer(self._store.snapshot.version)
+                async for advertised in self._store.watch(self._advertised):
+                    await self._reconcile(group, *advertised)
         finally:
             for name in list(self._served):
                 await self._withdraw(name)
@@ -96,41 +94,43 @@ class PluginEndpoints:
     async def wait_settled(self) -> None:
         """Until every advertised resource has registered or said why it has not (waiting for
         the kubelet, refused, ...): the kubelet's first answer, whatever it was."""
-        snapshot = self._store.snapshot
-        while not _settled(snapshot.registrations):
-            snapshot = await self._store.wait_newer(snapshot.version)
+        async for settled in self._store.watch(lambda s: _settled(s.registrations)):
+            if settled:
+                return
 
     async def wait_drained(self) -> None:
         """Wait until every ListAndWatch stream has closed (once ``stopping`` is set, each ends
         with ``UNAVAILABLE``)."""
         await asyncio.gather(*(s.service.wait_drained() for s in self._served.values()))
 
-    async def _reconcile(self, group: asyncio.TaskGroup) -> None:
-        snapshot = self._store.snapshot
+    def _advertised(self, snapshot: Snapshot) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The resources to serve (a node without devices still registers its main resource,
+        with no devices, so the kubelet shows capacity 0 rather than a stale value), and the
+        notes on what is not advertised."""
         serving = snapshot.plan.serving
         resources = self._view.resources(snapshot, serving)
-        if resources.notes != self._notes:
-            self._notes = resources.notes
-            for note in resources.notes:
+        return resources.names or (serving.resources.resource_name,), resources.notes
+
+    async def _reconcile(
+        self, group: asyncio.TaskGroup, names: tuple[str, ...], notes: tuple[str, ...]
+    ) -> None:
+        if notes != self._notes:
+            self._notes = notes
+            for note in notes:
                 log.warning("resource note", note=note)
-        # A node without devices still registers its main resource (with no devices), so the
-        # kubelet shows capacity 0 rather than a stale value.
-        names = resources.names or (serving.resources.resource_name,)
         gone = [name for name in self._served if name not in names]
         new = [name for name in names if name not in self._served]
         for name in gone:
             log.info("resource no longer advertised; stopping its endpoint", resource=name)
             await self._withdraw(name)
         for name in new:
-            resource = resources.get(name)
             service = DevicePluginService(
                 self._store, self._view, name, self._stopping, on_allocate=self._on_allocate
             )
             endpoint = PluginEndpoint(
                 service,
                 self._store,
-                socket_path=self._socket_dir
-                / (resource.socket_name if resource is not None else socket_name(name)),
+                socket_path=self._socket_dir / socket_name(name),
                 kubelet_socket=self._kubelet_socket,
                 resource_name=name,
                 timing=self._timing,
@@ -148,6 +148,11 @@ class PluginEndpoints:
         served.task.cancel()
         await asyncio.wait({served.task})
         self._store.set_registration(name, None)
+
+
+def _ready(snapshot: Snapshot) -> bool:
+    """Whether GPUs are discovered and, with a CDI strategy, the CDI spec naming them written."""
+    return snapshot.discovered and not awaits_cdi_spec(snapshot, snapshot.plan.serving.containers)
 
 
 def _settled(registrations: Mapping[str, Registration]) -> bool:

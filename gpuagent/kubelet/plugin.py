@@ -79,32 +79,18 @@ class DevicePluginService(ClosingServerStreams, pb.DevicePluginBase):
         """
         self._streams += 1
         self._no_streams.clear()
-        name = f"list-and-watch:{self.resource_name}"
-        stop = asyncio.create_task(self._stopping.wait(), name=f"{name}:stopping")
-        newer: asyncio.Task[Snapshot] | None = None
         try:
-            snapshot = self._store.snapshot
-            sent = self._device_list(snapshot)
+            lists = self._store.watch(self._device_list, until=self._stopping)
+            sent = await anext(lists)
             log.info("list-and-watch stream opened", devices=len(sent))
             yield _response(sent)
-            while True:
-                newer = asyncio.create_task(
-                    self._store.wait_newer(snapshot.version), name=f"{name}:newer"
-                )
-                await asyncio.wait({newer, stop}, return_when=asyncio.FIRST_COMPLETED)
-                if stop.done():
-                    raise GRPCError(Status.UNAVAILABLE, "gpuagent is shutting down")
-                snapshot = newer.result()
-                current = self._device_list(snapshot)
-                if current != sent:
-                    sent = current
-                    yield _response(sent)
+            async for sent in lists:
+                yield _response(sent)
+            raise GRPCError(Status.UNAVAILABLE, "gpuagent is shutting down")
         finally:
-            # The client left, or the agent stops: no waiter may outlive the stream. Nothing
-            # here awaits, so a second cancellation cannot cut it short.
-            stop.cancel()
-            if newer is not None:
-                newer.cancel()
+            # The client left, or the agent stops: the watch waits on nothing between two of
+            # its values, and cancelling one cancels its wait. Nothing here awaits, so a second
+            # cancellation cannot cut it short.
             self._streams -= 1
             if self._streams == 0:
                 self._no_streams.set()

@@ -4,6 +4,7 @@ follows health and the plan."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,12 +25,12 @@ from gpuagent.sockets.grpcserver import GrpcServer
 from gpuagent.state.store import DeviceStore
 
 
-def _waiters() -> list[asyncio.Task[object]]:
-    """Pending tasks waiting for a newer snapshot (a stream's waiter, whatever its name)."""
+def _event_waits() -> list[asyncio.Task[object]]:
+    """Pending tasks waiting for an event (a stream's wait for the agent's stop)."""
     return [
         task
         for task in asyncio.all_tasks()
-        if not task.done() and "wait_newer" in getattr(task.get_coro(), "__qualname__", "")
+        if not task.done() and getattr(task.get_coro(), "__qualname__", "") == "Event.wait"
     ]
 
 
@@ -42,6 +43,7 @@ async def test_the_streams_waiter_is_gone_right_after_the_client_leaves(
     server = GrpcServer([service])
     await server.start(path=str(socket))
     opened = asyncio.Event()
+    leave = threading.Event()
     loop = asyncio.get_running_loop()
 
     def kubelet_reads_one_list_then_leaves() -> int:
@@ -52,20 +54,26 @@ async def test_the_streams_waiter_is_gone_right_after_the_client_leaves(
             call = stub.ListAndWatch(grpc_stubs.dp_pb2.Empty())
             first = next(call)
             loop.call_soon_threadsafe(opened.set)
+            leave.wait(30)
             call.cancel()
             return len(first.devices)
 
     try:
         client = asyncio.create_task(asyncio.to_thread(kubelet_reads_one_list_then_leaves))
         await opened.wait()
-        # While the stream is open, its waiter waits for the next snapshot.
-        await eventually(_waiters, what="the stream's waiter")
+        try:
+            # While the stream is open, its watch waits for the next snapshot or the agent's
+            # stop.
+            await eventually(lambda: store.waiting == 1, what="the stream's watch waiting")
+            assert len(_event_waits()) == 1
+        finally:
+            leave.set()
         assert await client == 2
         await eventually(lambda: service.open_streams == 0, what="the stream closing")
-        await asyncio.sleep(0)  # one turn of the loop for the cancelled waiter to finish
-        # No store change since: on the old code the waiter stayed pending until the next one.
-        assert _waiters() == []
-        assert [t for t in asyncio.all_tasks() if t.get_name().startswith("list-and-watch")] == []
+        await asyncio.sleep(0)  # one turn of the loop for the cancelled wait to finish
+        # No store change since: an older stream's waiter stayed pending until the next one.
+        assert store.waiting == 0
+        assert _event_waits() == []
     finally:
         server.close()
         await server.wait_closed()
