@@ -338,30 +338,12 @@ class DeviceHealthStreams:
     async def updates(self) -> AsyncIterator[HealthList]:
         """The health list now, then on every change (or resend); ends when the agent stops."""
         self.open_streams += 1
-        stop = asyncio.ensure_future(self._stopping.wait())
         try:
-            snapshot = self._store.snapshot
-            sent = self.current(snapshot)
-            yield sent
-            while True:
-                newer = asyncio.ensure_future(self._store.wait_newer(snapshot.version))
-                await asyncio.wait(
-                    {newer, stop}, timeout=self._resend_s, return_when=asyncio.FIRST_COMPLETED
-                )
-                if stop.done():
-                    newer.cancel()
-                    return
-                if newer.done():
-                    snapshot = newer.result()
-                    current = self.current(snapshot)
-                    if current == sent:
-                        continue
-                    sent = current
-                else:
-                    newer.cancel()
-                yield sent
+            async for devices in self._store.watch(
+                self.current, until=self._stopping, repeat_after=self._resend_s
+            ):
+                yield devices
         finally:
-            stop.cancel()
             self.open_streams -= 1
 
     async def responses(self, api: ModuleType) -> AsyncIterator[Any]:

@@ -62,28 +62,18 @@ class SlicePublisher:
         self.failures = 0
         # Seconds from a store change to its slices written, per publication.
         self.publish_seconds: list[float] = []
-        self._changed = asyncio.Event()
-
-    def resync(self) -> None:
-        """Publish again even if the devices look unchanged (a reload changed the plan)."""
-        self.published = None
-        self._changed.set()
 
     async def run(self) -> None:
         delay = self._backoff.initial
-        version = -1
+        wanted = self._store.watch(self._wanted)
+        devices = await anext(wanted)
         while True:
-            snapshot = self._store.snapshot
-            if snapshot.version == version and self.up:
-                await self._wait(snapshot.version)
-                continue
-            version = snapshot.version
-            if not snapshot.discovered:
-                await self._wait(version)
+            if devices is None:  # not discovered yet
+                devices = await anext(wanted)
                 continue
             started = time.perf_counter()
             try:
-                wrote = await self._publish(snapshot)
+                wrote = await self._publish(devices)
             except (ApiUnreachable, ApiError) as exc:
                 self.up = False
                 self.failures += 1
@@ -93,9 +83,9 @@ class SlicePublisher:
                     "resource slices not published; retrying", error=error, delay=delay
                 )
                 self.error = error
-                version = -1
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self._backoff.maximum)
+                devices = wanted.now()  # retried with the devices as they are by then
                 continue
             delay = self._backoff.initial
             if not self.up:
@@ -104,19 +94,13 @@ class SlicePublisher:
             self.error = ""
             if wrote and len(self.publish_seconds) < 100_000:
                 self.publish_seconds.append(time.perf_counter() - started)
+            devices = await anext(wanted)
 
-    async def _wait(self, version: int) -> None:
-        self._changed.clear()
-        changed = asyncio.ensure_future(self._changed.wait())
-        newer = asyncio.ensure_future(self._store.wait_newer(version))
-        try:
-            await asyncio.wait({changed, newer}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            changed.cancel()
-            newer.cancel()
+    def _wanted(self, snapshot: Snapshot) -> tuple[DraDevice, ...] | None:
+        """The devices to publish; ``None`` until the GPUs are discovered."""
+        return self._devices(snapshot) if snapshot.discovered else None
 
-    async def _publish(self, snapshot: Snapshot) -> bool:
-        devices = self._devices(snapshot)
+    async def _publish(self, devices: tuple[DraDevice, ...]) -> bool:
         if devices == self.published:
             return False
         if self._node_uid is None:
