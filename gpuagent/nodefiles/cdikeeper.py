@@ -19,6 +19,7 @@ that fails is retried at the next change of the snapshot, and logged when its er
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -40,7 +41,7 @@ from gpuagent.nodefiles.cdi import (
 )
 from gpuagent.nodefiles.described import described_devices
 from gpuagent.nodefiles.driverfiles import DriverRoot
-from gpuagent.state.store import DeviceStore
+from gpuagent.state.store import DeviceStore, Keyed, Watch
 
 __all__ = [
     "CdiSpecKeeper",
@@ -96,6 +97,7 @@ class CdiSpecKeeper:
         # After a failed write, the same spec is tried again no sooner than this (loop time).
         self._failed: object = None
         self._retry_at = 0.0
+        self._retrying = False  # the last write failed
         self._delay = RETRY_FIRST_S
         if target.mode == WRITE:
             store.update(lambda s: replace(s, cdi=s.cdi or CdiSpec()))
@@ -103,18 +105,31 @@ class CdiSpecKeeper:
     async def run(self) -> None:
         """Write the spec after each change of the devices while the plan uses CDI (a failed
         write again at the next change of the snapshot), until cancelled."""
-        version = -1
+        wanted = self._store.watch(_wanted)
+        want = await anext(wanted)
         while True:
-            snapshot = await self._store.wait_newer(version)
-            version = snapshot.version
-            plan = snapshot.plan
-            if snapshot.discovered and plan.writes_cdi_spec:
-                await self.sync(snapshot, plan.serving.containers)
+            if want is not None:
+                await self.sync(*want.value)
+            want = await self._next(wanted)
+
+    async def _next(self, wanted: Watch[_Want | None]) -> _Want | None:
+        """The next change of what is wanted; after a failed write, at the latest what is wanted
+        at the first change of the snapshot once the write's backoff is over (when
+        :meth:`sync` tries it again)."""
+        if not self._retrying:
+            return await anext(wanted)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout_at(self._retry_at):
+                return await anext(wanted)
+        versions = self._store.watch(lambda s: s.version)
+        await anext(versions)  # the current one
+        await anext(versions)
+        return wanted.now()
 
     async def sync(self, snapshot: Snapshot, containers: ContainerSettings) -> None:
         """Bring the spec on disk in line with ``snapshot`` now (nothing when it is already);
         the store then says which devices it defines."""
-        key = (described_devices(snapshot), containers.dev_root, containers.control_nodes)
+        key = _spec_key(snapshot, containers)
         loop = asyncio.get_running_loop()
         async with self._lock:
             if key == self._written or (key == self._failed and loop.time() < self._retry_at):
@@ -128,12 +143,14 @@ class CdiSpecKeeper:
                                 error=str(exc))  # fmt: skip
                 self._error = str(exc)
                 self._failed, self._retry_at = key, loop.time() + self._delay
+                self._retrying = True
                 self._delay = min(self._delay * 2, RETRY_MAX_S)
                 self._record(lambda spec: replace(spec, written=True, error=self._error))
                 return
             if changed:
                 log.info("file updated", what="cdi spec", path=str(target.spec_dir))
             self._written, self._error, self._delay = key, "", RETRY_FIRST_S
+            self._retrying = False
             devices = spec_devices(snapshot)
             self._record(lambda spec: CdiSpec(devices=devices, written=True))
 
@@ -184,11 +201,28 @@ class NodeSpecs:
         self._spec: Spec | None = None
 
     def get(self, snapshot: Snapshot, containers: ContainerSettings) -> Spec | None:
-        key = (described_devices(snapshot), containers.dev_root, containers.control_nodes)
+        key = _spec_key(snapshot, containers)
         if key != self._key:
             self._spec = node_spec(snapshot, containers, self._target)
             self._key = key
         return self._spec
+
+
+_Want = Keyed[object, tuple[Snapshot, ContainerSettings]]
+
+
+def _wanted(snapshot: Snapshot) -> _Want | None:
+    """What the spec is written from, while the plan uses CDI and the GPUs are discovered."""
+    plan = snapshot.plan
+    if not (snapshot.discovered and plan.writes_cdi_spec):
+        return None
+    containers = plan.serving.containers
+    return Keyed(_spec_key(snapshot, containers), (snapshot, containers))
+
+
+def _spec_key(snapshot: Snapshot, containers: ContainerSettings) -> object:
+    """What the node's spec depends on: the devices as described and where the nodes are."""
+    return (described_devices(snapshot), containers.dev_root, containers.control_nodes)
 
 
 def expected_toolkit_names(snapshot: Snapshot, containers: ContainerSettings) -> list[str]:

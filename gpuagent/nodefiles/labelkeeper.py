@@ -23,7 +23,7 @@ from gpuagent.domain.snapshot import Snapshot
 from gpuagent.nodefiles.described import described_devices
 from gpuagent.nodefiles.hostfacts import DEFAULT_MACHINE_TYPE_FILE, read_host_facts
 from gpuagent.nodefiles.labels import DEFAULT_FEATURES_FILE, node_labels, sync_features
-from gpuagent.state.store import DeviceStore
+from gpuagent.state.store import DeviceStore, Keyed
 
 __all__ = ["LabelTarget", "NodeFiles", "write_labels"]
 
@@ -55,17 +55,9 @@ class NodeFiles:
 
     async def run(self) -> None:
         """Rewrite the files after each change of devices or plan, until cancelled."""
-        written: object = None
-        version = -1
-        while True:
-            snapshot = await self._store.wait_newer(version)
-            version = snapshot.version
-            plan = snapshot.plan
-            key = (described_devices(snapshot), plan.generation)
-            if not snapshot.discovered or key == written:
-                continue
-            written = key
-            await self.write(snapshot, plan)
+        async for want in self._store.watch(_wanted):
+            if want is not None:
+                await self.write(*want.value)
 
     async def write(self, snapshot: Snapshot, plan: Plan) -> None:
         """Write the files for ``snapshot`` under ``plan`` (those this agent may write)."""
@@ -74,6 +66,14 @@ class NodeFiles:
             await _write(
                 "node labels", self._labels.path, write_labels, snapshot, resources, self._labels
             )
+
+
+def _wanted(snapshot: Snapshot) -> Keyed[object, tuple[Snapshot, Plan]] | None:
+    """What the files are written from, once the GPUs are discovered."""
+    if not snapshot.discovered:
+        return None
+    plan = snapshot.plan
+    return Keyed((described_devices(snapshot), plan.generation), (snapshot, plan))
 
 
 async def _write(what: str, path: Path, writer: Callable[..., bool], *args: object) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import shutil
 from dataclasses import replace
@@ -21,9 +22,10 @@ from gpuagent.config.planning import driver_root_as_read, make_plan
 from gpuagent.domain.containers import TOOLKIT_CDI_KIND, ContainerSettings, DeviceListStrategy
 from gpuagent.domain.devices import CdiSpec, Condition, Gpu, GpuHealth, IdStrategy, Telemetry
 from gpuagent.domain.health import DISCOVERY
-from gpuagent.domain.serving import spec_devices
+from gpuagent.domain.plan import Plan
+from gpuagent.domain.serving import ServingPolicy, spec_devices
 from gpuagent.domain.snapshot import Snapshot
-from gpuagent.nodefiles import labelkeeper
+from gpuagent.nodefiles import cdikeeper, labelkeeper
 from gpuagent.nodefiles.cdi import SPEC_FILE_NAME
 from gpuagent.nodefiles.cdikeeper import (
     CdiSpecKeeper,
@@ -236,3 +238,34 @@ def test_the_toolkits_spec_is_not_waited_for(tmp_path: Path) -> None:
     store = DeviceStore()
     CdiSpecKeeper(store, CdiTarget(spec_dir=tmp_path, mode="toolkit"))
     assert store.snapshot.cdi is None
+
+
+async def test_a_failed_write_is_tried_again_at_a_change_once_its_backoff_is_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cdikeeper, "RETRY_FIRST_S", 0.01)
+    cdi = tmp_path / "cdi"
+    cdi.write_text("not a directory\n")
+    containers = ContainerSettings(strategies=(DeviceListStrategy.CDI_CRI,))
+    store = DeviceStore(NODE, plan=Plan(serving=ServingPolicy(containers=containers)))
+    keeper = CdiSpecKeeper(store, CdiTarget(spec_dir=cdi, read_root=tmp_path / "empty"))
+    task = asyncio.create_task(keeper.run())
+    try:
+        await eventually(lambda: store.snapshot.cdi and store.snapshot.cdi.error, what="a failure")
+        cdi.unlink()  # the directory can be made now
+        written = CdiSpec(devices=spec_devices(NODE), written=True)
+        polls = itertools.count()
+
+        def polled_and_written() -> bool:
+            # A poll: new readings, nothing the spec depends on, yet a change of the snapshot.
+            reading = Telemetry(temperature_c=float(next(polls)))
+            store.update(lambda s: replace(s, gpus=(replace(s.gpus[0], telemetry=reading),
+                                                    *s.gpus[1:])))  # fmt: skip
+            return store.snapshot.cdi == written
+
+        await eventually(polled_and_written, what="the spec written at a poll")
+        assert (cdi / SPEC_FILE_NAME).exists()
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
