@@ -298,8 +298,7 @@ class Agent:
         ``--dra-gpus`` names one the node does not have; then idle (the check is final once every
         GPU listed is found, or every GPU's UUID is known)."""
         gpus = self.store.plan.dra.gpus
-        snapshot = self.store.snapshot
-        while True:
+        async for snapshot in self.store.watch(lambda s: s):
             if snapshot.discovered:
                 count = len(monitor.gpu_indexes)
                 problem = _absent_dra_gpus(gpus, snapshot, count)
@@ -307,7 +306,6 @@ class Agent:
                     raise ConfigError("dra-gpus", problem)
                 if gpus.decided(snapshot.gpus, count):
                     break
-            snapshot = await self.store.wait_newer(snapshot.version)
         await self.stopping.wait()
 
     async def _keep_cdi_spec(self) -> None:

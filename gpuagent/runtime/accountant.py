@@ -45,7 +45,6 @@ class Accountant:
         self._cri = cri
         self._links = links
         self._ledger = Ledger()
-        self._inputs: tuple[object, ...] | None = None
         self.updates = 0
         store.counters.follow_cri(lambda: CriStats(cri.requests, cri.errors, len(cri.names)))
         if links is not None:
@@ -55,20 +54,15 @@ class Accountant:
 
     async def run(self) -> None:
         """Account after every change of readings or allocations, until cancelled."""
-        version = -1
         try:
-            while True:
-                snapshot = await self._store.wait_newer(version)
-                version = snapshot.version
-                if not _same(_inputs(snapshot), self._inputs):
-                    await self.update()
+            async for _ in self._store.watch(_Inputs.of):
+                await self.update()
         finally:
             self._cri.close()
 
     async def update(self) -> Usage:
         """Account for the current snapshot now and store the result."""
         snapshot = self._store.snapshot
-        self._inputs = _inputs(snapshot)
         pids = {p.pid for gpu in snapshot.gpus if gpu.processes for p in gpu.processes.processes}
         owners = await asyncio.to_thread(self._proc.owners, pids)
         ids = {o.container_id for o in owners.values() if o is not None}
@@ -91,16 +85,33 @@ class Accountant:
         return names
 
 
-def _inputs(snapshot: Snapshot) -> tuple[object, ...]:
-    """What accounting depends on: each GPU's reading, the allocations and whether they are known
-    (readings and mappings are replaced, never mutated, so identity tells a change)."""
-    return (
-        *(g.processes for g in snapshot.gpus),
-        snapshot.pods.allocated,
-        snapshot.plan,  # which resources are ours, so whose pods hold the devices
-        snapshot.pods.refreshed_at is None,
-    )
+class _Inputs:
+    """What accounting depends on: each GPU's reading, the allocations and whether they are known,
+    and the plan (which resources are ours, so whose pods hold the devices) — equal only when the
+    same objects (readings and mappings are replaced, never mutated, so identity tells a change,
+    and a reading equal in value to the last is still a new poll's)."""
 
+    __slots__ = ("_items",)
 
-def _same(a: tuple[object, ...], b: tuple[object, ...] | None) -> bool:
-    return b is not None and len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
+    def __init__(self, items: tuple[object, ...]) -> None:
+        self._items = items
+
+    @classmethod
+    def of(cls, snapshot: Snapshot) -> _Inputs:
+        return cls(
+            (
+                *(g.processes for g in snapshot.gpus),
+                snapshot.pods.allocated,
+                snapshot.plan,
+                snapshot.pods.refreshed_at is None,
+            )
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, _Inputs):
+            return NotImplemented
+        a, b = self._items, other._items
+        return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
+
+    def __hash__(self) -> int:
+        return hash(tuple(id(x) for x in self._items))

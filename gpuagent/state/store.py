@@ -98,12 +98,6 @@ class DeviceStore:
         """
         return Watch(self, self._changes, projection, until, repeat_after)
 
-    async def wait_newer(self, version: int) -> Snapshot:
-        """Return the first snapshot whose version is greater than ``version``."""
-        while self._snapshot.version <= version:
-            await self._changes.next(None, None)
-        return self._snapshot
-
     @property
     def waiting(self) -> int:
         """How many watches wait for a change now."""

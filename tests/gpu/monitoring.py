@@ -76,11 +76,12 @@ async def until(
     snapshot = store.snapshot
     try:
         async with asyncio.timeout(within):
-            while not predicate(snapshot):
-                snapshot = await store.wait_newer(snapshot.version)
+            async for snapshot in store.watch(lambda s: s):
+                if predicate(snapshot):
+                    return snapshot
     except TimeoutError:
-        pytest.fail(f"not reached within {within}s; last snapshot: {snapshot}")
-    return snapshot
+        pass
+    pytest.fail(f"not reached within {within}s; last snapshot: {snapshot}")
 
 
 def gpu(snapshot: Snapshot, index: int) -> Gpu:

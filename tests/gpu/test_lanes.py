@@ -83,9 +83,11 @@ async def test_hung_probe_stalls_only_its_gpu(
             # GPU 0 keeps getting fresh readings and stays healthy while GPU 1 is stuck.
             energies: list[float] = []
             reasons: set[str] = set()
+            newer = store.watch(lambda s: s)
+            await anext(newer)  # the current one: seen above
             async with asyncio.timeout(WAIT_S):
                 while len(energies) < 4:
-                    snapshot = await store.wait_newer(snapshot.version)
+                    snapshot = await anext(newer)
                     assert gpu(snapshot, 0).health.healthy
                     assert healthy_except(snapshot, 1)
                     (condition,) = gpu(snapshot, 1).health.conditions

@@ -77,30 +77,6 @@ def test_counters_are_read_as_one_copy() -> None:
     assert store.counters.read().reloads.last_successful is True
 
 
-async def test_watchers_wake_on_change() -> None:
-    store = DeviceStore()
-    waiters = [asyncio.create_task(store.wait_newer(0)) for _ in range(3)]
-    await asyncio.sleep(0)
-    assert not any(w.done() for w in waiters)
-    store.update(lambda s: replace(s, discovered=True))
-    results = await asyncio.gather(*waiters)
-    assert {r.version for r in results} == {1}
-
-
-async def test_wait_newer_returns_at_once_when_already_newer() -> None:
-    store = DeviceStore(Snapshot(version=5))
-    assert (await store.wait_newer(3)).version == 5
-
-
-async def test_unchanged_update_does_not_wake_watchers() -> None:
-    store = DeviceStore()
-    waiter = asyncio.create_task(store.wait_newer(0))
-    store.update(lambda s: s)
-    await asyncio.sleep(0)
-    assert not waiter.done()
-    waiter.cancel()
-
-
 def test_an_unchanged_plan_is_not_compared_by_value(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every update compares the whole snapshot: the plan, the same object from one snapshot to
     the next, by identity first."""
@@ -143,6 +119,20 @@ async def test_a_watch_gives_its_projection_at_once_then_only_its_changes() -> N
     store.update(lambda s: replace(s, gpus=(gpu(0, healthy=False),)))
     assert await waiting == (False,)
     assert seen == [1, 2, 5]  # the latest version only
+
+
+async def test_one_change_wakes_every_watch_and_no_change_wakes_none() -> None:
+    store = DeviceStore()
+    watches = [store.watch(lambda s: s.discovered) for _ in range(3)]
+    for watch in watches:
+        await anext(watch)
+    waiting = [asyncio.create_task(anext(watch)) for watch in watches]
+    await eventually(lambda: store.waiting == 3, what="three watches waiting")
+    store.update(lambda s: s)  # nothing changes: no new version, nobody woken
+    assert store.waiting == 3
+    store.update(lambda s: replace(s, discovered=True))
+    assert store.waiting == 0
+    assert await asyncio.gather(*waiting) == [True, True, True]
 
 
 async def test_a_slow_consumer_sees_the_latest_projection_not_a_queue() -> None:
