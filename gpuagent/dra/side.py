@@ -33,7 +33,7 @@ from gpuagent.dra.service import (
 from gpuagent.kube.client import ApiError, ApiUnreachable, KubeApi, KubeConfigError, load_config
 from gpuagent.kube.slices import Backoff, SlicePublisher
 from gpuagent.state.counters import DraCounters
-from gpuagent.state.store import DeviceStore
+from gpuagent.state.store import DeviceStore, per_snapshot
 
 __all__ = ["DraSide", "KubeConfigError"]
 
@@ -61,6 +61,9 @@ class DraSide:
         health_resend_s: float = 20.0,
     ) -> None:
         self._store = store
+        # Once per snapshot, shared by the publisher, the health streams and the preparer (a new
+        # plan is a new snapshot: they re-derive the devices by themselves).
+        self._devices = per_snapshot(_devices)
         plan = store.plan.dra
         self.node = node
         # Raises KubeConfigError: no kubeconfig, or not in a pod (checked once, at start).
@@ -92,10 +95,6 @@ class DraSide:
             store, self._devices, self.api, node=node, driver=plan.driver, backoff=backoff
         )
         store.counters.follow_dra(self.counters)
-
-    def _devices(self, snapshot: Snapshot) -> tuple[DraDevice, ...]:
-        # A new plan is a new snapshot: the publisher re-derives the devices by itself.
-        return snapshot.plan.dra.devices(snapshot)
 
     async def _read_claim(self, namespace: str, name: str) -> Mapping[str, Any]:
         try:
@@ -149,3 +148,7 @@ class DraSide:
 
     async def close(self) -> None:
         await self.api.close()
+
+
+def _devices(snapshot: Snapshot) -> tuple[DraDevice, ...]:
+    return snapshot.plan.dra.devices(snapshot)

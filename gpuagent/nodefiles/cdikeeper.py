@@ -39,7 +39,7 @@ from gpuagent.nodefiles.cdi import (
     sync_spec,
     toolkit_devices,
 )
-from gpuagent.nodefiles.described import described_devices
+from gpuagent.nodefiles.described import DescribedDevices, described_devices
 from gpuagent.nodefiles.driverfiles import DriverRoot
 from gpuagent.state.store import DeviceStore, Keyed, Watch
 
@@ -99,18 +99,27 @@ class CdiSpecKeeper:
         self._retry_at = 0.0
         self._retrying = False  # the last write failed
         self._delay = RETRY_FIRST_S
+        self._described = DescribedDevices()
         if target.mode == WRITE:
             store.update(lambda s: replace(s, cdi=s.cdi or CdiSpec()))
 
     async def run(self) -> None:
         """Write the spec after each change of the devices while the plan uses CDI (a failed
         write again at the next change of the snapshot), until cancelled."""
-        wanted = self._store.watch(_wanted)
+        wanted = self._store.watch(self._wanted)
         want = await anext(wanted)
         while True:
             if want is not None:
                 await self.sync(*want.value)
             want = await self._next(wanted)
+
+    def _wanted(self, snapshot: Snapshot) -> _Want | None:
+        """What the spec is written from, while the plan uses CDI and the GPUs are discovered."""
+        plan = snapshot.plan
+        if not (snapshot.discovered and plan.writes_cdi_spec):
+            return None
+        containers = plan.serving.containers
+        return Keyed(_spec_key(snapshot, containers, self._described), (snapshot, containers))
 
     async def _next(self, wanted: Watch[_Want | None]) -> _Want | None:
         """The next change of what is wanted; after a failed write, at the latest what is wanted
@@ -129,7 +138,7 @@ class CdiSpecKeeper:
     async def sync(self, snapshot: Snapshot, containers: ContainerSettings) -> None:
         """Bring the spec on disk in line with ``snapshot`` now (nothing when it is already);
         the store then says which devices it defines."""
-        key = _spec_key(snapshot, containers)
+        key = _spec_key(snapshot, containers, described_devices)
         loop = asyncio.get_running_loop()
         async with self._lock:
             if key == self._written or (key == self._failed and loop.time() < self._retry_at):
@@ -201,7 +210,7 @@ class NodeSpecs:
         self._spec: Spec | None = None
 
     def get(self, snapshot: Snapshot, containers: ContainerSettings) -> Spec | None:
-        key = _spec_key(snapshot, containers)
+        key = _spec_key(snapshot, containers, described_devices)
         if key != self._key:
             self._spec = node_spec(snapshot, containers, self._target)
             self._key = key
@@ -211,18 +220,11 @@ class NodeSpecs:
 _Want = Keyed[object, tuple[Snapshot, ContainerSettings]]
 
 
-def _wanted(snapshot: Snapshot) -> _Want | None:
-    """What the spec is written from, while the plan uses CDI and the GPUs are discovered."""
-    plan = snapshot.plan
-    if not (snapshot.discovered and plan.writes_cdi_spec):
-        return None
-    containers = plan.serving.containers
-    return Keyed(_spec_key(snapshot, containers), (snapshot, containers))
-
-
-def _spec_key(snapshot: Snapshot, containers: ContainerSettings) -> object:
+def _spec_key(
+    snapshot: Snapshot, containers: ContainerSettings, described: Callable[[Snapshot], object]
+) -> object:
     """What the node's spec depends on: the devices as described and where the nodes are."""
-    return (described_devices(snapshot), containers.dev_root, containers.control_nodes)
+    return (described(snapshot), containers.dev_root, containers.control_nodes)
 
 
 def expected_toolkit_names(snapshot: Snapshot, containers: ContainerSettings) -> list[str]:

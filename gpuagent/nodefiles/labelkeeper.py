@@ -20,7 +20,7 @@ import structlog
 from gpuagent.domain.plan import Plan
 from gpuagent.domain.resources import ResourceSettings
 from gpuagent.domain.snapshot import Snapshot
-from gpuagent.nodefiles.described import described_devices
+from gpuagent.nodefiles.described import DescribedDevices
 from gpuagent.nodefiles.hostfacts import DEFAULT_MACHINE_TYPE_FILE, read_host_facts
 from gpuagent.nodefiles.labels import DEFAULT_FEATURES_FILE, node_labels, sync_features
 from gpuagent.state.store import DeviceStore, Keyed
@@ -47,6 +47,7 @@ class NodeFiles:
     def __init__(self, store: DeviceStore, *, labels: LabelTarget | None) -> None:
         self._store = store
         self._labels = labels
+        self._described = DescribedDevices()
 
     @property
     def wanted(self) -> bool:
@@ -55,9 +56,16 @@ class NodeFiles:
 
     async def run(self) -> None:
         """Rewrite the files after each change of devices or plan, until cancelled."""
-        async for want in self._store.watch(_wanted):
+        async for want in self._store.watch(self._wanted):
             if want is not None:
                 await self.write(*want.value)
+
+    def _wanted(self, snapshot: Snapshot) -> Keyed[object, tuple[Snapshot, Plan]] | None:
+        """What the files are written from, once the GPUs are discovered."""
+        if not snapshot.discovered:
+            return None
+        plan = snapshot.plan
+        return Keyed((self._described(snapshot), plan.generation), (snapshot, plan))
 
     async def write(self, snapshot: Snapshot, plan: Plan) -> None:
         """Write the files for ``snapshot`` under ``plan`` (those this agent may write)."""
@@ -66,14 +74,6 @@ class NodeFiles:
             await _write(
                 "node labels", self._labels.path, write_labels, snapshot, resources, self._labels
             )
-
-
-def _wanted(snapshot: Snapshot) -> Keyed[object, tuple[Snapshot, Plan]] | None:
-    """What the files are written from, once the GPUs are discovered."""
-    if not snapshot.discovered:
-        return None
-    plan = snapshot.plan
-    return Keyed((described_devices(snapshot), plan.generation), (snapshot, plan))
 
 
 async def _write(what: str, path: Path, writer: Callable[..., bool], *args: object) -> None:

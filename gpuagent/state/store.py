@@ -20,7 +20,7 @@ from gpuagent.domain.plan import Plan
 from gpuagent.domain.snapshot import Snapshot
 from gpuagent.state.counters import Counters
 
-__all__ = ["DeviceStore", "Keyed", "Watch"]
+__all__ = ["DeviceStore", "Keyed", "Watch", "per_snapshot"]
 
 T = TypeVar("T")
 K = TypeVar("K")
@@ -225,3 +225,17 @@ class Keyed(Generic[K, V]):
 
     key: K
     value: V = field(compare=False)
+
+
+def per_snapshot(derive: Callable[[Snapshot], T]) -> Callable[[Snapshot], T]:
+    """``derive``, computed once per snapshot however many consumers project through it (the
+    last snapshot and its value are kept): watches that share a derivation share its cost."""
+    last: tuple[Snapshot, T] | None = None
+
+    def derived(snapshot: Snapshot) -> T:
+        nonlocal last
+        if last is None or last[0] is not snapshot:
+            last = (snapshot, derive(snapshot))
+        return last[1]
+
+    return derived

@@ -33,6 +33,7 @@ from gpuagent.nodefiles.cdikeeper import (
     expected_toolkit_names,
     write_cdi,
 )
+from gpuagent.nodefiles.described import DescribedDevices, described_devices
 from gpuagent.nodefiles.labelkeeper import LabelTarget, NodeFiles
 from gpuagent.state.store import DeviceStore
 
@@ -201,6 +202,22 @@ async def test_labels_follow_a_gpu_described_late_not_its_readings(
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+def test_a_watch_describes_again_only_the_gpus_that_are_new_objects() -> None:
+    describe = DescribedDevices()
+    first = node(gpu(0), gpu(1, migs=[mig(1, 7)]))
+    described = describe(first)
+    assert described == described_devices(first)
+    polled = replace(first.gpus[1], telemetry=Telemetry(temperature_c=50))  # GPU 1's readings
+    again = describe(replace(first, gpus=(first.gpus[0], polled)))
+    assert again == described
+    assert isinstance(again, tuple)
+    assert isinstance(described, tuple)
+    assert again[2][0] is described[2][0]  # GPU 0, the same object: not described again
+    assert again[2][1] is not described[2][1]
+    renamed = replace(first.gpus[0], name="NVIDIA A100-SXM4-80GB")
+    assert describe(replace(first, gpus=(renamed, polled))) != described
 
 
 async def test_the_keeper_says_which_devices_the_spec_on_disk_defines(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from gpuagent.domain.plan import Plan
 from gpuagent.domain.preferred import SharedAllocationPolicy
 from gpuagent.domain.serving import ServingPolicy
 from gpuagent.domain.snapshot import Snapshot
-from gpuagent.state.store import DeviceStore, Keyed
+from gpuagent.state.store import DeviceStore, Keyed, per_snapshot
 
 GPU = "nvidia.com/gpu"
 
@@ -209,6 +209,21 @@ async def test_now_reads_the_current_projection_and_later_values_change_from_it(
     await eventually(lambda: store.waiting == 1, what="the watch waiting")
     waiting.cancel()
     await asyncio.wait({waiting})
+
+
+def test_a_derivation_per_snapshot_runs_once_for_each_snapshot() -> None:
+    store = DeviceStore()
+    derived: list[int] = []
+
+    def version(snapshot: Snapshot) -> int:
+        derived.append(snapshot.version)
+        return snapshot.version
+
+    shared = per_snapshot(version)
+    assert [shared(store.snapshot), shared(store.snapshot)] == [0, 0]  # two consumers, once
+    store.update(lambda s: replace(s, discovered=True))
+    assert shared(store.snapshot) == 1
+    assert derived == [0, 1]
 
 
 def test_a_keyed_projection_compares_by_its_key_alone() -> None:
