@@ -3,9 +3,10 @@
 Measures, on simulated GPUs, the device-plugin figures of ``bench_plugin.py`` (start →
 registered, kubelet restart → registered again, Allocate round trip, RSS, idle CPU and wake-ups:
 the same for any plugin binary given with ``--compare``), then gpuagent's own: preferred
-allocation, fault injected → Unhealthy seen on the ListAndWatch stream, ``/metrics``, DRA and
-per-container accounting. Prints a table with each target; exits 0 even when a target is missed
-(the numbers are for people, not a gate: shared machines are noisy).
+allocation, fault injected → Unhealthy seen on the ListAndWatch stream, ``/metrics``, DRA,
+per-container accounting, and what a poll round costs the store's consumers. Prints a table
+with each target; exits 0 even when a target is missed (the numbers are for people, not a gate:
+shared machines are noisy).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import bench_dra  # noqa: E402
 import bench_health  # noqa: E402
 import bench_metrics  # noqa: E402
 import bench_plugin  # noqa: E402
+import bench_watch  # noqa: E402
 from bench_preferred import bench_preferred  # noqa: E402
 from support.fake_kubelet import FakeKubelet  # noqa: E402
 from support.grpcstubs import StubModules, kubelet_stubs  # noqa: E402
@@ -264,8 +266,9 @@ def main() -> int:
                         help="run the per-container accounting rows only")  # fmt: skip
     bench_accounting.add_arguments(parser)
     parser.add_argument("--only-health", action="store_true",
-                        help="run the health and start-up rows only")  # fmt: skip
+                        help="run the health, start-up and poll-round rows only")  # fmt: skip
     bench_health.add_arguments(parser)
+    bench_watch.add_arguments(parser)
     args = parser.parse_args()
 
     if args.only_dra:
@@ -287,6 +290,7 @@ def main() -> int:
                         ms(statistics.median(startup)), "", None)]  # fmt: skip
             rows += [r for r in bench_running(stubs, args) if "→" in r.what]
             rows += bench_health.rows(stubs, args, agent, tempdir, Row)
+            rows += bench_watch.rows(args, Row)
             print(table(rows))
             return 0
         plugins = [bench_plugin.gpuagent(args.gpus, args.agent_python, args.agent_arg)]
@@ -305,6 +309,7 @@ def main() -> int:
         rows += bench_dra.rows(args, Row)
         rows += bench_accounting.rows(stubs, args, agent, tempdir, Row)
         rows += bench_health.rows(stubs, args, agent, tempdir, Row)
+        rows += bench_watch.rows(args, Row)
     print(f"gpuagent bench: {args.gpus} simulated GPUs, Python {sys.version.split()[0]}, "
           f"{os.cpu_count()} CPUs")  # fmt: skip
     print(table(rows))
