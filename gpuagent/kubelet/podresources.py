@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
 from grpclib.client import Channel
@@ -32,6 +32,7 @@ from grpclib.config import Configuration
 from grpclib.encoding.proto import ProtoCodec
 
 from gpuagent._proto import v1 as pb
+from gpuagent.clock import Clock, LoopClock
 from gpuagent.domain.devices import Allocated, Attribution
 from gpuagent.domain.snapshot import Snapshot
 from gpuagent.state.store import DeviceStore
@@ -192,31 +193,6 @@ class PodResourcesClient:
             remaining = deadline - self._clock.now()
             if remaining <= 0 or not await self._wait_poke(min(self._debounce, remaining)):
                 return
-
-
-class Clock(Protocol):
-    """What the client's waits are timed by."""
-
-    def now(self) -> float: ...
-
-    async def wait(self, event: asyncio.Event, seconds: float) -> bool:
-        """Wait until ``event`` is set (``True``) or ``seconds`` have passed (``False``)."""
-        ...
-
-
-class LoopClock:
-    """The event loop's clock."""
-
-    def now(self) -> float:
-        return asyncio.get_running_loop().time()
-
-    async def wait(self, event: asyncio.Event, seconds: float) -> bool:
-        try:
-            async with asyncio.timeout(seconds):
-                await event.wait()
-        except TimeoutError:
-            return False
-        return True
 
 
 def _with_error(snapshot: Snapshot, problem: str) -> Snapshot:
