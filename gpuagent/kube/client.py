@@ -26,8 +26,10 @@ import httpx2
 from lightkube import ApiError as _LightkubeApiError
 from lightkube import AsyncClient, ConfigError, KubeConfig
 from lightkube.core.client import FieldSelector
-from lightkube.resources.core_v1 import Node
+from lightkube.resources import core_v1, events_v1
+from lightkube.resources.core_v1 import Node, NodeStatus
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
+from lightkube.types import PatchType
 
 __all__ = ["ApiError", "ApiUnreachable", "KubeApi", "KubeConfigError"]
 
@@ -39,12 +41,14 @@ class ApiUnreachable(Exception):
 
 
 class ApiError(Exception):
-    """The API server answered with an error status (``code``: 403, 404, 409, 422, …)."""
+    """The API server answered with an error status (``code``: 403, 404, 409, 422, …);
+    ``retry_after``: the seconds its ``Retry-After`` header asked for (429, 503), if any."""
 
-    def __init__(self, code: int, message: str) -> None:
+    def __init__(self, code: int, message: str, retry_after: float | None = None) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+        self.retry_after = retry_after
 
 
 class KubeConfigError(Exception):
@@ -64,7 +68,8 @@ def load_config(kubeconfig: Path | None) -> KubeConfig:
 
 
 class KubeApi:
-    """An API server connection for one node's DRA driver."""
+    """An API server connection for one node: its DRA driver, its health (condition, events,
+    taint)."""
 
     def __init__(self, config: KubeConfig, *, timeout: float = 10.0) -> None:
         self._client = AsyncClient(
@@ -98,7 +103,7 @@ class KubeApi:
         except _LightkubeApiError as exc:
             raise _api_error(exc) from None
         except httpx2.HTTPStatusError as exc:  # an error body that is not a Status (a proxy)
-            raise ApiError(exc.response.status_code, exc.response.reason_phrase) from None
+            raise _status_error(exc.response) from None
         except httpx2.TransportError as exc:
             raise ApiUnreachable(f"{type(exc).__name__}: {exc}") from None
         return out
@@ -112,6 +117,55 @@ class KubeApi:
     async def delete_slice(self, name: str) -> None:
         await self._call(self._client.delete(ResourceSlice, name))
 
+    # ----- the node's health (gpuagent/kube/nodehealth.py) --------------------------------------
+    async def node(self, name: str) -> dict[str, Any]:
+        obj = await self._call(self._client.get(Node, name))
+        return dict(obj.to_dict())
+
+    async def patch_node_status(self, name: str, patch: dict[str, Any]) -> None:
+        """A strategic-merge patch of ``nodes/<name>/status``."""
+        await self._call(
+            self._client.patch(NodeStatus, name, patch, patch_type=PatchType.STRATEGIC)
+        )
+
+    async def patch_node(self, name: str, patch: dict[str, Any]) -> None:
+        """A JSON merge patch of the Node (with ``metadata.resourceVersion`` in it, a conflict
+        is refused with 409)."""
+        await self._call(self._client.patch(Node, name, patch, patch_type=PatchType.MERGE))
+
+    async def serves(self, group_version: str) -> bool:
+        """Whether the server offers ``group_version`` (``events.k8s.io/v1``), by discovery.
+
+        lightkube has no discovery call: the GET goes through its HTTP client (the same
+        connection, credentials and TLS). Discovery is open to every authenticated client.
+        """
+        http = self._client._client._client  # lightkube's httpx client
+        try:
+            response = await http.get(f"/apis/{group_version}")
+        except httpx2.TransportError as exc:
+            raise ApiUnreachable(f"{type(exc).__name__}: {exc}") from None
+        if response.status_code == 404:
+            return False
+        if response.status_code >= 400:
+            raise ApiError(response.status_code, response.reason_phrase, _retry_after(response))
+        return True
+
+    async def create_event(self, manifest: dict[str, Any]) -> None:
+        """Create an event, ``events.k8s.io/v1`` or core ``v1`` as ``manifest`` says."""
+        if manifest["apiVersion"] == "v1":
+            await self._call(self._client.create(core_v1.Event.from_dict(manifest)))
+        else:
+            await self._call(self._client.create(events_v1.Event.from_dict(manifest)))
+
+    async def patch_event(
+        self, api_version: str, namespace: str, name: str, patch: dict[str, Any]
+    ) -> None:
+        """A JSON merge patch of an event (its series)."""
+        kind = events_v1.Event if api_version != "v1" else core_v1.Event
+        await self._call(
+            self._client.patch(kind, name, patch, namespace=namespace, patch_type=PatchType.MERGE)
+        )
+
     @staticmethod
     async def _call(call: Any) -> Any:
         try:
@@ -119,7 +173,7 @@ class KubeApi:
         except _LightkubeApiError as exc:
             raise _api_error(exc) from None
         except httpx2.HTTPStatusError as exc:  # an error body that is not a Status (a proxy)
-            raise ApiError(exc.response.status_code, exc.response.reason_phrase) from None
+            raise _status_error(exc.response) from None
         except httpx2.TransportError as exc:
             raise ApiUnreachable(f"{type(exc).__name__}: {exc}") from None
 
@@ -127,4 +181,20 @@ class KubeApi:
 def _api_error(exc: _LightkubeApiError) -> ApiError:
     status = exc.status
     code = int(status.code) if status.code else exc.response.status_code
-    return ApiError(code, (status.message or str(exc))[:512])
+    return ApiError(code, (status.message or str(exc))[:512], _retry_after(exc.response))
+
+
+def _status_error(response: httpx2.Response) -> ApiError:
+    return ApiError(response.status_code, response.reason_phrase, _retry_after(response))
+
+
+def _retry_after(response: httpx2.Response | None) -> float | None:
+    """``Retry-After`` in seconds (the API server sends seconds; an HTTP date is not used)."""
+    if response is None:
+        return None
+    value = response.headers.get("Retry-After", "").strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return seconds if 0 <= seconds < 86_400 else None

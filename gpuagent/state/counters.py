@@ -20,6 +20,7 @@ __all__ = [
     "CriStats",
     "LogLinkStats",
     "DraCounters",
+    "KubeCounters",
     "NvmlCallStats",
     "PodResourcesStats",
     "ReloadResult",
@@ -67,6 +68,17 @@ class DraCounters:
 
 
 @dataclass(frozen=True, slots=True)
+class KubeCounters:
+    """The node-health writer (condition, events, taint): its API calls and what waits."""
+
+    requests: tuple[tuple[str, str, int], ...] = ()  # (object, result, count)
+    condition_written_at: float | None = None  # wall time of the last condition write
+    events_pending: int = 0
+    events_dropped: int = 0
+    backing_off: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class CriStats:
     """The CRI client's own counters: refreshes of the container names, and the names known."""
 
@@ -106,6 +118,7 @@ class AgentCounters:
     cri: CriStats | None = None
     log_links: LogLinkStats | None = None
     reloads: ReloadStats = field(default_factory=ReloadStats)
+    kube: KubeCounters | None = None
 
 
 class Counters:
@@ -121,6 +134,7 @@ class Counters:
         self._dra: Callable[[], DraCounters] | None = None
         self._cri: Callable[[], CriStats] | None = None
         self._log_links: Callable[[], LogLinkStats] | None = None
+        self._kube: Callable[[], KubeCounters] | None = None
 
     def follow_dra(self, read: Callable[[], DraCounters]) -> None:
         """The DRA side's counters are read from its parts by ``read`` (on the loop's thread)."""
@@ -129,6 +143,10 @@ class Counters:
     def follow_cri(self, read: Callable[[], CriStats]) -> None:
         """The CRI client's counters are read by ``read`` (on the loop's thread)."""
         self._cri = read
+
+    def follow_kube(self, read: Callable[[], KubeCounters]) -> None:
+        """The node-health writer's counters are read by ``read`` (on the loop's thread)."""
+        self._kube = read
 
     def follow_log_links(self, read: Callable[[], LogLinkStats]) -> None:
         """The log links' counters are read by ``read`` (on the loop's thread)."""
@@ -174,6 +192,7 @@ class Counters:
         dra = self._dra() if self._dra is not None else None
         cri = self._cri() if self._cri is not None else None
         log_links = self._log_links() if self._log_links is not None else None
+        kube = self._kube() if self._kube is not None else None
         with self._lock:
             return AgentCounters(
                 registrations=self._registrations,
@@ -184,4 +203,5 @@ class Counters:
                 dra=dra,
                 cri=cri,
                 log_links=log_links,
+                kube=kube,
             )

@@ -1,5 +1,8 @@
-"""An API-server stand-in (aiohttp) for the DRA side: Nodes and ResourceClaims to read,
-ResourceSlices to write, every write checked as the API server would check it.
+"""An API-server stand-in (aiohttp): for the DRA side, Nodes and ResourceClaims to read and
+ResourceSlices to write; for the node-health writer, the Node's status (strategic-merge patches
+of ``nodes/status``) and spec (merge patches, with a ``resourceVersion`` precondition), and
+Events (``events.k8s.io/v1``, or core ``v1`` when the server is told not to serve that group,
+``events_api=False``). Every write is checked as the API server would check it.
 
 Each object the agent writes is validated against the ``resource.k8s.io/v1`` OpenAPI schema
 (kubernetes-validate's bundled schemas, strict: unknown fields fail) for the oldest Kubernetes that
@@ -8,12 +11,21 @@ schema expresses (names, attribute keys and values, limits, taints: ``validate_s
 that fails is refused with 422 and recorded in :attr:`FakeApiServer.invalid`, so a test can
 assert there were none.
 
+Nodes and Events are validated the same way (the Node after each patch, as stored; events against
+the API server's own rules too: ``validate_event``, and on update, what ``events.k8s.io/v1``
+keeps immutable). Every request is recorded in :attr:`FakeApiServer.requests` (verb, path), so a
+test counts them; :attr:`FakeApiServer.refuse` answers chosen requests 403, ``node_present=False``
+makes the Node 404, :attr:`FakeApiServer.throttle` answers the next N writes 429 with
+``Retry-After``, and :meth:`FakeApiServer.hold` keeps every answer back until released.
+
 ``stop()`` closes the listener and every connection (the agent then sees "connection refused"),
 ``start()`` serves again on the same port.
 """
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import itertools
 import json
 import re
@@ -27,10 +39,23 @@ import kubernetes_validate  # type: ignore[import-untyped]
 import yaml
 from aiohttp import web
 
-__all__ = ["FakeApiServer", "claim", "validate_slice"]
+__all__ = ["FakeApiServer", "claim", "validate_event", "validate_slice"]
 
 K8S_VERSIONS = ("1.34.0", kubernetes_validate.latest_version())
 RESOURCE = "/apis/resource.k8s.io/v1"
+EVENTS = "/apis/events.k8s.io/v1"
+#: The kubelet's own conditions on the stored Node (the node-health writer must leave them be).
+KUBELET_CONDITIONS = tuple(
+    {"type": kind, "status": status, "reason": reason, "message": message,
+     "lastHeartbeatTime": "2026-01-01T00:00:00Z", "lastTransitionTime": "2026-01-01T00:00:00Z"}
+    for kind, status, reason, message in (
+        ("MemoryPressure", "False", "KubeletHasSufficientMemory",
+         "kubelet has sufficient memory available"),
+        ("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+        ("PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
+        ("Ready", "True", "KubeletReady", "kubelet is posting ready status"),
+    )
+)  # fmt: skip
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -144,6 +169,52 @@ def validate_slice(obj: Mapping[str, Any]) -> list[str]:
     return errors
 
 
+_QUALIFIED_NAME = re.compile(
+    r"(([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)/)?"
+    r"([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]"
+)
+# What an update through events.k8s.io/v1 may not change (apis/core/validation/events.go).
+_EVENT_IMMUTABLE = ("regarding", "involvedObject", "reason", "note", "message", "type", "action",
+                    "related", "reportingController", "reportingComponent", "reportingInstance",
+                    "eventTime")  # fmt: skip
+
+
+def validate_event(obj: Mapping[str, Any], *, core: bool = False) -> list[str]:
+    """The API server's validation of a new-style event (``eventTime`` set) beyond the schema:
+    events.k8s.io/v1, or core v1 (``core``: ``reportingComponent``, ``message``,
+    ``involvedObject``)."""
+    errors: list[str] = []
+    meta = obj.get("metadata", {})
+    if not _subdomain(meta.get("name")):
+        errors.append(f"metadata.name {meta.get('name')!r} is not a DNS subdomain")
+    namespace = meta.get("namespace", "")
+    regarding = obj.get("involvedObject" if core else "regarding") or {}
+    if not regarding.get("namespace") and namespace not in ("default", "kube-system"):
+        errors.append(f"an event about a cluster-scoped object lives in default, not {namespace}")
+    if regarding.get("namespace") and regarding["namespace"] != namespace:
+        errors.append("regarding.namespace does not match the event's namespace")
+    if not obj.get("eventTime"):
+        errors.append("eventTime is required")
+    if obj.get("type") not in ("Normal", "Warning"):
+        errors.append(f"type {obj.get('type')!r} is not Normal or Warning")
+    controller = obj.get("reportingComponent" if core else "reportingController") or ""
+    if not controller or not _QUALIFIED_NAME.fullmatch(controller):
+        errors.append(f"reportingController {controller!r} is not a qualified name")
+    for name, limit in (("reportingInstance", 128), ("action", 128), ("reason", 128)):
+        value = obj.get(name) or ""
+        if not value or len(value) > limit:
+            errors.append(f"{name} is required, at most {limit} characters")
+    if len(obj.get("message" if core else "note") or "") > 1024:
+        errors.append("note: at most 1024 characters")
+    series = obj.get("series")
+    if series is not None and (series.get("count", 0) < 2 or not series.get("lastObservedTime")):
+        errors.append("series.count must be >= 2, with series.lastObservedTime")
+    for old in ("firstTimestamp", "lastTimestamp", "count") if not core else ():
+        if obj.get(old):
+            errors.append(f"{old} must be unset")
+    return errors
+
+
 def claim(
     namespace: str,
     name: str,
@@ -191,9 +262,20 @@ class FakeApiServer:
     writes: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     invalid: list[tuple[str, list[str]]] = field(default_factory=list)
     requests: list[tuple[str, str]] = field(default_factory=list)
+    # The node-health side: the Node as stored (None: not made yet), events by (namespace, name).
+    node_object: dict[str, Any] | None = None
+    node_present: bool = True
+    events: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    events_api: bool = True
+    # Requests answered 403, as "VERB path-suffix" (e.g. "PATCH nodes/status", "POST events").
+    refuse: set[str] = field(default_factory=set)
+    # The next N writes (PATCH, POST) are answered 429 with Retry-After: retry_after.
+    throttle: int = 0
+    retry_after: int = 5
     port: int = 0
     _runner: web.AppRunner | None = None
     _versions: Any = field(default_factory=lambda: itertools.count(100))
+    _released: asyncio.Event | None = None
 
     def add_claim(self, obj: dict[str, Any]) -> None:
         for version in K8S_VERSIONS:  # the test's own data is valid too
@@ -219,8 +301,16 @@ class FakeApiServer:
 
     # ----- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
-        app = web.Application()
+        app = web.Application(middlewares=[self._gate])
         app.router.add_get("/api/v1/nodes/{name}", self._get_node)
+        app.router.add_patch("/api/v1/nodes/{name}/status", self._patch_node_status)
+        app.router.add_patch("/api/v1/nodes/{name}", self._patch_node)
+        app.router.add_get(EVENTS, self._discover_events)
+        for prefix, core in ((EVENTS, False), ("/api/v1", True)):
+            app.router.add_post(prefix + "/namespaces/{ns}/events", self._event_creator(core))
+            app.router.add_patch(
+                prefix + "/namespaces/{ns}/events/{name}", self._event_patcher(core)
+            )
         app.router.add_get(RESOURCE + "/namespaces/{ns}/resourceclaims/{name}", self._get_claim)
         app.router.add_get(RESOURCE + "/resourceslices", self._list_slices)
         app.router.add_post(RESOURCE + "/resourceslices", self._create_slice)
@@ -246,13 +336,176 @@ class FakeApiServer:
                 "message": message, "reason": reason, "code": code}  # fmt: skip
         return _json(body, status=code)
 
+    def hold(self) -> None:
+        """Answer nothing until :meth:`release` (an API server that accepts and hangs)."""
+        self._released = asyncio.Event()
+
+    def release(self) -> None:
+        if self._released is not None:
+            self._released.set()
+            self._released = None
+
+    @web.middleware
+    async def _gate(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        if self._released is not None:
+            await self._released.wait()
+        suffix = "/".join(request.path.split("/")[-2:])
+        tail = request.path.rsplit("/", 1)[-1]
+        if f"{request.method} {suffix}" in self.refuse or f"{request.method} {tail}" in self.refuse:
+            self.requests.append((request.method, request.path))
+            return self._status(403, "Forbidden", f"{request.method} {request.path} forbidden")
+        if self.throttle and request.method in ("PATCH", "POST"):
+            self.throttle -= 1
+            self.requests.append((request.method, request.path))
+            throttled = self._status(429, "TooManyRequests", "too many requests")
+            throttled.headers["Retry-After"] = str(self.retry_after)
+            return throttled
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    def node_stored(self) -> dict[str, Any]:
+        """The Node as stored (made on first use: the kubelet's conditions, no taints)."""
+        if self.node_object is None:
+            self.node_object = {
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": self.node, "uid": self.node_uid, "resourceVersion": "1",
+                             "labels": {"kubernetes.io/hostname": self.node}},
+                "spec": {},
+                "status": {"conditions": [dict(c) for c in KUBELET_CONDITIONS]},
+            }  # fmt: skip
+        return self.node_object
+
+    def condition(self, kind: str = "GPUHealthy") -> dict[str, Any] | None:
+        """The Node's condition of type ``kind``, as stored."""
+        found = [c for c in self.node_stored()["status"]["conditions"] if c["type"] == kind]
+        return found[0] if found else None
+
+    def kubelet_conditions(self) -> list[dict[str, Any]]:
+        return [c for c in self.node_stored()["status"]["conditions"] if c["type"] != "GPUHealthy"]
+
     async def _get_node(self, request: web.Request) -> web.Response:
         self.requests.append(("GET", request.path))
         name = request.match_info["name"]
-        if name != self.node:
+        if name != self.node or not self.node_present:
             return self._status(404, "NotFound", f'nodes "{name}" not found')
-        return _json({"apiVersion": "v1", "kind": "Node",
-                                  "metadata": {"name": name, "uid": self.node_uid}})  # fmt: skip
+        return _json(self.node_stored())
+
+    async def _patch_node_status(self, request: web.Request) -> web.Response:
+        self.requests.append(("PATCH", request.path))
+        if request.content_type != "application/strategic-merge-patch+json":
+            return self._status(415, "UnsupportedMediaType", request.content_type)
+        return await self._patch_node_with(request, strategic=True)
+
+    async def _patch_node(self, request: web.Request) -> web.Response:
+        self.requests.append(("PATCH", request.path))
+        if request.content_type != "application/merge-patch+json":
+            return self._status(415, "UnsupportedMediaType", request.content_type)
+        return await self._patch_node_with(request, strategic=False)
+
+    async def _patch_node_with(self, request: web.Request, *, strategic: bool) -> web.Response:
+        name = request.match_info["name"]
+        if name != self.node or not self.node_present:
+            return self._status(404, "NotFound", f'nodes "{name}" not found')
+        patch = await request.json()
+        old = self.node_stored()
+        wanted = patch.get("metadata", {}).get("resourceVersion")
+        if wanted is not None and wanted != old["metadata"]["resourceVersion"]:
+            return self._status(409, "Conflict", "the object has been modified")
+        new = copy.deepcopy(old)
+        if strategic:  # nodes/status: only the status changes (the status strategy resets spec)
+            new["status"] = _merged(new["status"], patch.get("status", {}), "status")
+        else:  # the Node: its spec and metadata; a status in the patch is ignored
+            new = _merged(new, {k: v for k, v in patch.items() if k != "status"}, "")
+        new["metadata"]["resourceVersion"] = str(next(self._versions))
+        errors = []
+        for version in K8S_VERSIONS:
+            try:
+                kubernetes_validate.validate(new, version, strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                errors.append(f"schema {version}: {exc.message}")
+        if errors:
+            self.invalid.append(("patch node", errors))
+            return self._status(422, "Invalid", "; ".join(errors))
+        self.node_object = new
+        return _json(new)
+
+    async def _discover_events(self, request: web.Request) -> web.Response:
+        self.requests.append(("GET", request.path))
+        if not self.events_api:
+            return web.Response(status=404, text="404 page not found")
+        return _json({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion":
+                      "events.k8s.io/v1", "resources": [{"name": "events", "namespaced": True,
+                      "kind": "Event", "verbs": ["create", "get", "list", "patch"]}]})  # fmt: skip
+
+    def _check_event(self, verb: str, obj: dict[str, Any], *, core: bool) -> web.Response | None:
+        errors = validate_event(obj, core=core)
+        for version in K8S_VERSIONS:
+            try:
+                kubernetes_validate.validate(obj, version, strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                errors.append(f"schema {version}: {exc.message}")
+        if errors:
+            self.invalid.append((verb, errors))
+            return self._status(422, "Invalid", "; ".join(errors))
+        return None
+
+    def _event_creator(self, core: bool) -> Any:
+        async def create(request: web.Request) -> web.Response:
+            self.requests.append(("POST", request.path))
+            if not core and not self.events_api:
+                return web.Response(status=404, text="404 page not found")
+            obj = await request.json()
+            namespace = request.match_info["ns"]
+            if obj.get("metadata", {}).get("namespace", namespace) != namespace:
+                return self._status(400, "BadRequest", "namespace does not match the path")
+            refused = self._check_event("create event", obj, core=core)
+            if refused is not None:
+                return refused
+            key = (namespace, obj["metadata"]["name"])
+            if key in self.events:
+                return self._status(409, "AlreadyExists", "already exists")
+            obj["metadata"]["resourceVersion"] = str(next(self._versions))
+            self.events[key] = obj
+            return _json(obj, status=201)
+
+        return create
+
+    def _event_patcher(self, core: bool) -> Any:
+        async def patch(request: web.Request) -> web.Response:
+            self.requests.append(("PATCH", request.path))
+            key = (request.match_info["ns"], request.match_info["name"])
+            old = self.events.get(key)
+            if old is None:
+                return self._status(404, "NotFound", f'events "{key[1]}" not found')
+            if request.content_type != "application/merge-patch+json":
+                return self._status(415, "UnsupportedMediaType", request.content_type)
+            new = _merged(copy.deepcopy(old), await request.json(), "")
+            refused = self._check_event("patch event", new, core=core)
+            if refused is not None:
+                return refused
+            changed = [k for k in _EVENT_IMMUTABLE if new.get(k) != old.get(k)]
+            if changed and not core:
+                self.invalid.append(("patch event", [f"{k} is immutable" for k in changed]))
+                return self._status(422, "Invalid", f"immutable: {changed}")
+            new["metadata"]["resourceVersion"] = str(next(self._versions))
+            self.events[key] = new
+            return _json(new)
+
+        return patch
+
+    def node_events(self) -> list[dict[str, Any]]:
+        """Events about the Node, oldest first."""
+        return sorted(
+            (e for e in self.events.values() if _regarding(e).get("kind") == "Node"),
+            key=lambda e: e["eventTime"],
+        )
+
+    def pod_events(self, namespace: str, pod: str) -> list[dict[str, Any]]:
+        return [
+            e for e in self.events.values()
+            if _regarding(e).get("kind") == "Pod" and _regarding(e).get("name") == pod
+            and e["metadata"]["namespace"] == namespace
+        ]  # fmt: skip
 
     async def _get_claim(self, request: web.Request) -> web.Response:
         self.requests.append(("GET", request.path))
@@ -349,6 +602,42 @@ def _json(body: object, status: int = 200) -> web.Response:
     return web.Response(
         body=json.dumps(body).encode(), status=status, content_type="application/json", charset=None
     )
+
+
+def _regarding(event: Mapping[str, Any]) -> dict[str, Any]:
+    found: dict[str, Any] = event.get("regarding") or event.get("involvedObject") or {}
+    return found
+
+
+# Lists a strategic-merge patch merges by a key (the rest are replaced whole).
+_MERGE_KEYS = {"status.conditions": "type", "status.addresses": "type"}
+
+
+def _merged(target: Any, patch: Any, path: str) -> Any:
+    """``patch`` applied to ``target``: a JSON merge patch, with the strategic merge of the
+    lists in :data:`_MERGE_KEYS` (items merged on their key, the others kept)."""
+    if not isinstance(patch, dict) or not isinstance(target, dict):
+        return copy.deepcopy(patch)
+    out = dict(target)
+    for key, value in patch.items():
+        if key.startswith("$"):
+            raise ValueError(f"patch directive {key} is not supported by the fake")
+        where = f"{path}.{key}" if path else key
+        if value is None:
+            out.pop(key, None)
+        elif where in _MERGE_KEYS and isinstance(value, list):
+            merge_key = _MERGE_KEYS[where]
+            items = [dict(item) for item in out.get(key) or []]
+            for item in value:
+                same = [i for i, old in enumerate(items) if old.get(merge_key) == item[merge_key]]
+                if same:
+                    items[same[0]] = _merged(items[same[0]], item, where)
+                else:
+                    items.append(copy.deepcopy(item))
+            out[key] = items
+        else:
+            out[key] = _merged(out.get(key), value, where)
+    return out
 
 
 def _field(obj: Mapping[str, Any], path: str) -> object:

@@ -1,0 +1,184 @@
+"""The pacing rules of :mod:`gpuagent.domain.pacing`, applied to one node's API calls.
+
+A writer asks :meth:`Pacer.due` when its pending changes may go out, makes its calls through
+:meth:`Pacer.call` (which counts each, and sorts a failure into one of the :class:`CallFailed`
+kinds), and says :meth:`Pacer.done` after a batch went out whole. Unreachable servers, 429 and
+5xx answers put every call of the node into backoff (full jitter; ``Retry-After`` honoured); 403
+and 404 refuse only the object they concern, which is tried again every ``Backoff.rare`` seconds
+and said once in the log. Nothing here sleeps: the writer waits on its clock until :meth:`due`.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Literal, TypeVar
+
+import structlog
+
+from gpuagent.clock import Clock
+from gpuagent.domain.pacing import Backoff, Coalescing
+from gpuagent.kube.client import ApiError, ApiUnreachable
+
+__all__ = ["CallFailed", "Pacer", "RequestCounts"]
+
+log = structlog.get_logger("gpuagent.kube")
+
+T = TypeVar("T")
+
+Result = Literal[
+    "ok", "unreachable", "throttled", "server_error", "forbidden", "not_found", "conflict",
+    "invalid",
+]  # fmt: skip
+#: Answers after which every call waits (the server is down or overloaded).
+_RETRY_CODES = frozenset({408, 429})
+
+
+class CallFailed(Exception):
+    """A paced call failed: ``retry`` (the server is down, throttles or errs: every call
+    backs off), ``refused`` (403, 404: this object waits ``rare`` seconds), ``conflict`` (409)
+    or ``invalid`` (another refusal: a bug, not retried as such)."""
+
+    def __init__(
+        self, kind: Literal["retry", "refused", "conflict", "invalid"], error: str, code: int = 0
+    ) -> None:
+        super().__init__(error)
+        self.kind = kind
+        self.error = error
+        self.code = code
+
+
+@dataclass
+class RequestCounts:
+    """Calls by object and result (``gpuagent_kube_requests_total``)."""
+
+    counts: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    def add(self, obj: str, result: Result) -> None:
+        self.counts[(obj, result)] = self.counts.get((obj, result), 0) + 1
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+class Pacer:
+    """One node's calls to the API server, coalesced and backed off."""
+
+    def __init__(
+        self,
+        clock: Clock,
+        *,
+        backoff: Backoff = Backoff(),
+        coalescing: Coalescing = Coalescing(),
+        draw: Callable[[], float] = random.random,
+    ) -> None:
+        self.clock = clock
+        self.backoff = backoff
+        self.coalescing = coalescing
+        self.draw = draw
+        self.counts = RequestCounts()
+        self.failures = 0  # in a row, of calls that put the node into backoff
+        self.error = ""  # the last such failure, "" once a call succeeded
+        self._retry_at: float | None = None
+        self._last_write: float | None = None
+        self._changed_at: float | None = None
+        self._refused: dict[str, tuple[float, str]] = {}  # object -> (until, why)
+
+    # ----- when --------------------------------------------------------------------------------
+    def changed(self) -> None:
+        """Something new waits to be written (the first change since the last batch counts)."""
+        if self._changed_at is None:
+            self._changed_at = self.clock.now()
+
+    @property
+    def pending(self) -> bool:
+        return self._changed_at is not None
+
+    def due(self) -> float | None:
+        """When the pending changes may go out (``None``: nothing pending)."""
+        if self._changed_at is None:
+            return None
+        due = self.coalescing.due(self._changed_at, self._last_write)
+        return max(due, self._retry_at) if self._retry_at is not None else due
+
+    def refused(self, obj: str) -> float | None:
+        """Until when ``obj`` is refused (403, 404), or ``None``."""
+        entry = self._refused.get(obj)
+        return entry[0] if entry is not None and entry[0] > self.clock.now() else None
+
+    def done(self, *, wrote: bool) -> None:
+        """The batch went out whole (``wrote``: it made a write, which opens the window)."""
+        self._changed_at = None
+        if wrote:
+            self._last_write = self.clock.now()
+
+    # ----- calls -------------------------------------------------------------------------------
+    async def call(self, obj: str, call: Awaitable[T], *, key: str | None = None) -> T:
+        """Await ``call``, a request about ``obj`` (counted under it); raises
+        :class:`CallFailed`. A refusal (403, 404) holds back ``key`` (default ``obj``): what
+        :meth:`refused` answers for."""
+        try:
+            result = await call
+        except ApiUnreachable as exc:
+            self._backoff(obj, "unreachable", f"API server unreachable: {exc}", None)
+        except ApiError as exc:
+            self._failed(obj, key or obj, exc)
+        self.counts.add(obj, "ok")
+        self._recovered(key or obj)
+        return result
+
+    def _failed(self, obj: str, key: str, exc: ApiError) -> None:
+        code = exc.code
+        if code in _RETRY_CODES or code >= 500:
+            result: Result = "throttled" if code == 429 else "server_error"
+            self._backoff(obj, result, f"API server: {exc}", exc.retry_after)
+        if code in (401, 403, 404):
+            self.counts.add(obj, "not_found" if code == 404 else "forbidden")
+            self._refuse(key, str(exc))
+            raise CallFailed("refused", str(exc), code)
+        if code == 409:
+            self.counts.add(obj, "conflict")
+            raise CallFailed("conflict", str(exc), code)
+        self.counts.add(obj, "invalid")
+        raise CallFailed("invalid", str(exc), code)
+
+    def _backoff(self, obj: str, result: Result, error: str, retry_after: float | None) -> None:
+        self.counts.add(obj, result)
+        self.pause(error, retry_after)
+        raise CallFailed("retry", error)
+
+    def pause(self, error: str, retry_after: float | None = None) -> None:
+        """Back off every call (one more failure in a row): the server is down, or the writer
+        failed in a way it cannot tell apart from that."""
+        self.failures += 1
+        delay = self.backoff.delay(self.failures, self.draw(), retry_after)
+        self._retry_at = self.clock.now() + delay
+        if error != self.error:  # once per error, not on every retry
+            log.warning("API writes paused; retrying", error=error, delay=round(delay, 3))
+        self.error = error
+
+    def _refuse(self, obj: str, why: str) -> None:
+        was = self._refused.get(obj)
+        self._refused[obj] = (self.clock.now() + self.backoff.rare, why)
+        if was is None or was[1] != why:
+            log.warning(
+                "API server refused; trying again rarely",
+                object=obj,
+                error=why,
+                retry_s=self.backoff.rare,
+            )
+
+    def forget(self, key: str) -> None:
+        """Stop holding ``key`` back (the object it was about is gone)."""
+        self._refused.pop(key, None)
+
+    def _recovered(self, key: str) -> None:
+        if self.error:
+            log.info("API writes work again", after_failures=self.failures)
+        self.failures = 0
+        self.error = ""
+        self._retry_at = None
+        if self._refused.pop(key, None) is not None:
+            log.info("API server accepts again", object=key)
