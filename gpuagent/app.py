@@ -48,6 +48,7 @@ from gpuagent.domain.serving import ResourceView, cdi_gated
 from gpuagent.domain.snapshot import Snapshot
 from gpuagent.gpu.monitor import GpuMonitor
 from gpuagent.gpu.nvml import DriverUnavailable, Nvml
+from gpuagent.kubehealth import WRITER_MODULE, NodeHealthWanted, build_writer, wanted
 from gpuagent.kubelet.endpoints import PluginEndpoints
 from gpuagent.kubelet.registration import Timing
 from gpuagent.state.store import DeviceStore
@@ -56,6 +57,8 @@ from gpuagent.web.listener import Listener
 if TYPE_CHECKING:  # the rest is imported once the kubelet has its device plugin (_start_rest)
     from gpuagent.dra.side import DraSide
     from gpuagent.gpu import sim
+    from gpuagent.kube.client import KubeApi
+    from gpuagent.kube.nodehealth import NodeHealthWriter
     from gpuagent.kubelet.podresources import PodResourcesClient
     from gpuagent.nodefiles.cdikeeper import CdiSpecKeeper, CdiTarget
     from gpuagent.nodefiles.labelkeeper import NodeFiles
@@ -102,7 +105,8 @@ class Agent:
     server.
 
     ``node_name`` overrides the settings' (``NODE_NAME``, else the host name); ``dra_options``
-    are passed to the DRA side (tests shorten its timings). ``own_process``: the process is the
+    are passed to the DRA side (tests shorten its timings), ``node_health_options`` to the
+    node-health writer (tests give it their clock). ``own_process``: the process is the
     agent's alone (the command line), so start-up may set process-wide knobs: the cyclic collector
     stays off until the agent has started (then what start-up built leaves its view, and it is
     turned on), and threads hand the GIL to the loop sooner while the rest is imported (see
@@ -122,6 +126,7 @@ class Agent:
         settings_source: Callable[[], Settings] | None = None,
         config_poll_interval: float = 2.0,
         dra_options: Mapping[str, Any] | None = None,
+        node_health_options: Mapping[str, Any] | None = None,
         own_process: bool = False,
     ) -> None:
         self.settings = settings
@@ -145,6 +150,12 @@ class Agent:
                 on_allocate=self._allocated,
             )
         self.dra = self._dra_side(dra_options or {}) if self.store.plan.dra.gpus.enabled else None
+        # The GPUHealthy condition, events, taint: what of them is on (exit 2 for one asked for
+        # without API credentials); the writer is built with the rest.
+        self.node_health_wanted: NodeHealthWanted | None = wanted(settings)
+        self._node_health_options = node_health_options
+        self.node_health: NodeHealthWriter | None = None
+        self._node_health_api: KubeApi | None = None
         # Built by _start_rest, after the kubelet registration: the metrics renderer and HTTP
         # server, the pod-resources client, per-container accounting (process -> cgroup ->
         # container -> names, from the CRI), the node's files.
@@ -335,7 +346,8 @@ class Agent:
         if self._own_process:
             sys.setswitchinterval(min(switch, IMPORT_SWITCH_INTERVAL))
         try:
-            await asyncio.to_thread(_import, _DEFERRED)
+            health = (WRITER_MODULE,) if self.node_health_wanted is not None else ()
+            await asyncio.to_thread(_import, _DEFERRED + health)
         finally:
             sys.setswitchinterval(switch)
         from gpuagent import __version__  # noqa: PLC0415
@@ -388,8 +400,26 @@ class Agent:
         if self.dra is not None:
             for name, task in self.dra.tasks().items():
                 self._spawn(name, task())
+        if self.node_health_wanted is not None:
+            self._start_node_health(self.node_health_wanted)
         if self._settings_source is not None:
             self._spawn("config-reload", self._reload_when_asked())
+
+    def _start_node_health(self, parts: NodeHealthWanted) -> None:
+        store = self.store
+        built = build_writer(
+            store,
+            self.settings,
+            parts,
+            node=self.node_name,
+            served=lambda: store.plan.served_resources,
+            api=self.dra.api if self.dra is not None else None,
+            options=self._node_health_options,
+        )
+        if built is not None:
+            self.node_health, api = built
+            self._node_health_api = api if self.dra is None else None
+            self._spawn("node-health", self.node_health.run())
 
     async def _listen(self) -> None:
         try:
@@ -471,6 +501,10 @@ class Agent:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(budget(SHUTDOWN_HTTP_SECONDS)):
                     await self.dra.close()
+        if self._node_health_api is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(budget(SHUTDOWN_HTTP_SECONDS)):
+                    await self._node_health_api.close()
         await monitor.close(wait=budget(SHUTDOWN_NVML_SECONDS, 0.0))  # bounded by its own wait
         if self.simulator is not None:
             from gpuagent.gpu import sim  # noqa: PLC0415

@@ -70,6 +70,10 @@ def test_defaults() -> None:
         "plugins_registry_dir": "/var/lib/kubelet/plugins_registry",
         "plugins_dir": "/var/lib/kubelet/plugins",
         "kubeconfig": None,
+        "node_condition": None,
+        "events": None,
+        "taint_unhealthy_node": False,
+        "node_condition_heartbeat": 1800.0,
         "container_accounting": True,
         "proc_root": "/proc",
         "container_logs_dir": "/var/log/containers",
@@ -763,6 +767,10 @@ dra-driver-name: gpu.example.com
 plugins-registry-dir: /pr
 plugins-dir: /p
 kubeconfig: /etc/kube.conf
+node-condition: false
+events: true
+taint-unhealthy-node: true
+node-condition-heartbeat: 3600
 container-accounting: false
 proc-root: /host/proc
 container-logs-dir: /host/var/log/containers
@@ -817,6 +825,10 @@ nvml-timeout: 120
         "plugins_registry_dir": "/pr",
         "plugins_dir": "/p",
         "kubeconfig": "/etc/kube.conf",
+        "node_condition": False,
+        "events": True,
+        "taint_unhealthy_node": True,
+        "node_condition_heartbeat": 3600.0,
         "container_accounting": False,
         "proc_root": "/host/proc",
         "container_logs_dir": "/host/var/log/containers",
@@ -1063,6 +1075,35 @@ def test_kubernetes_service_links_are_not_settings(name: str) -> None:
 def test_kubernetes_switch() -> None:
     assert load(["--kubernetes=false"]).kubernetes is False
     assert load([], {"GPUAGENT_KUBERNETES": "false"}).kubernetes is False
+
+
+def test_node_condition_and_events_are_decided_at_start_unless_set() -> None:
+    settings = load()
+    assert (settings.node_condition, settings.events, settings.taint_unhealthy_node) == (
+        None, None, False,
+    )  # fmt: skip
+    settings = load(["--node-condition=false", "--events", "--taint-unhealthy-node"])
+    assert (settings.node_condition, settings.events, settings.taint_unhealthy_node) == (
+        False, True, True,
+    )  # fmt: skip
+    settings = load([], {"GPUAGENT_NODE_CONDITION": "true", "GPUAGENT_EVENTS": "false"})
+    assert (settings.node_condition, settings.events) == (True, False)
+
+
+def test_kubernetes_false_turns_the_node_condition_and_events_off() -> None:
+    settings = load(["--kubernetes=false", "--events=true"])
+    assert (settings.node_condition, settings.events) == (False, False)
+    error = config_error(["--kubernetes=false", "--taint-unhealthy-node"])
+    assert error.key == "--taint-unhealthy-node"
+    assert "--kubernetes false" in str(error)
+
+
+@pytest.mark.parametrize("value", ["59", "86401", "0", "soon", "nan"])
+def test_the_heartbeat_is_a_minute_to_a_day(value: str) -> None:
+    error = config_error(["--node-condition-heartbeat", value])
+    assert error.key == "--node-condition-heartbeat"
+    assert "60 to 86400 seconds" in str(error) or "number of seconds" in str(error)
+    assert load(["--node-condition-heartbeat", "60"]).node_condition_heartbeat == 60.0
 
 
 def test_check_config_reads_its_file_as_the_config(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from gpuagent.config.options import (
     DRA_GPUS,
     DRIVER_ROOT_CTR_PATH,
     ENABLE_HEALTHCHECKS,
+    EVENTS,
     FAIL_ON_INIT_ERROR,
     HOSTNAME_LABEL,
     KUBECONFIG,
@@ -36,6 +37,8 @@ from gpuagent.config.options import (
     METRICS_ADDRESS,
     MIG_STRATEGY,
     NO_HOSTNAME,
+    NODE_CONDITION,
+    NODE_CONDITION_HEARTBEAT,
     NODE_LABELS,
     NODE_LABELS_FILE,
     NVIDIA_CDI_HOOK_PATH,
@@ -54,6 +57,7 @@ from gpuagent.config.options import (
     SIM_CONFIG,
     SIMULATE,
     SOCKET_DIR,
+    TAINT_UNHEALTHY_NODE,
     WEB_CONFIG_FILE,
 )
 from gpuagent.config.settings import Settings
@@ -100,6 +104,7 @@ def load_settings(
             f"cannot be combined with {sources.label(KUBERNETES)} false: DRA serves GPUs "
             "through the kubelet and the API server",
         )
+    node_health = _node_health(sources, kubernetes=kubernetes)
     return Settings(
         socket_dir=socket_dir,
         kubelet_socket=sources.get(KUBELET_SOCKET, socket_dir / "kubelet.sock"),
@@ -150,6 +155,10 @@ def load_settings(
         ),
         plugins_dir=sources.get(PLUGINS_DIR, Path("/var/lib/kubelet/plugins")),
         kubeconfig=sources.get(KUBECONFIG, None),
+        node_condition=node_health[0],
+        events=node_health[1],
+        taint_unhealthy_node=node_health[2],
+        node_condition_heartbeat=sources.get(NODE_CONDITION_HEARTBEAT, 1800.0),
         container_accounting=sources.get(CONTAINER_ACCOUNTING, True),
         proc_root=sources.get(PROC_ROOT, Path("/proc")),
         container_logs_dir=sources.get(CONTAINER_LOGS_DIR, Path("/var/log/containers")),
@@ -159,3 +168,21 @@ def load_settings(
         node_name=environ.get("NODE_NAME", "").strip() or socket.gethostname(),
         check_config=check_config,
     )
+
+
+def _node_health(sources: Sources, *, kubernetes: bool) -> tuple[bool | None, bool | None, bool]:
+    """``--node-condition``, ``--events`` (``None``: on where credentials exist, decided at
+    start) and ``--taint-unhealthy-node``; ``--kubernetes=false`` turns the first two off, and
+    cannot be combined with the taint (which needs the API server)."""
+    condition: bool | None = sources.get(NODE_CONDITION, None)
+    events: bool | None = sources.get(EVENTS, None)
+    taint: bool = sources.get(TAINT_UNHEALTHY_NODE, False)
+    if kubernetes:
+        return condition, events, taint
+    if taint:
+        raise ConfigError(
+            sources.label(TAINT_UNHEALTHY_NODE),
+            f"cannot be combined with {sources.label(KUBERNETES)} false: the taint is written "
+            "through the API server",
+        )
+    return False, False, False

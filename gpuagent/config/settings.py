@@ -59,6 +59,11 @@ class Settings:
     plugins_registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
     plugins_dir: Path = Path("/var/lib/kubelet/plugins")
     kubeconfig: Path | None = None
+    # None: on where the agent has API credentials (decided at start); False/True: as set.
+    node_condition: bool | None = None
+    events: bool | None = None
+    taint_unhealthy_node: bool = False
+    node_condition_heartbeat: float = 1800.0
     container_accounting: bool = True
     proc_root: Path = Path("/proc")
     container_logs_dir: Path = Path("/var/log/containers")

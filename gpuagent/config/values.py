@@ -24,6 +24,9 @@ E = TypeVar("E", bound=StrEnum)
 
 MAX_SIMULATED_GPUS = 64
 MAX_POLL_INTERVAL = 3600.0
+# The node condition's heartbeat: lastHeartbeatTime moves at most once a minute.
+MIN_HEARTBEAT = 60.0
+MAX_HEARTBEAT = 86_400.0
 MIN_NVML_TIMEOUT = 1.0
 MIN_POD_RESOURCES_INTERVAL = 1.0
 
@@ -118,6 +121,22 @@ def parse_pod_resources_interval(raw: object) -> float:
     seconds = parse_poll_interval(raw)
     if seconds < MIN_POD_RESOURCES_INTERVAL:
         raise Invalid(f"must be at least {MIN_POD_RESOURCES_INTERVAL:g} second, got {raw!r}")
+    return seconds
+
+
+def parse_heartbeat(raw: object) -> float:
+    """Seconds between writes of an unchanged node condition: a minute to a day."""
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+        seconds = float(raw)
+    elif isinstance(raw, str):
+        try:
+            seconds = float(raw)
+        except ValueError:
+            raise Invalid(f"expected a number of seconds, got {raw!r}") from None
+    else:
+        raise Invalid(f"expected a number of seconds, got {type_name(raw)}")
+    if not (math.isfinite(seconds) and MIN_HEARTBEAT <= seconds <= MAX_HEARTBEAT):
+        raise Invalid(f"must be {MIN_HEARTBEAT:g} to {MAX_HEARTBEAT:g} seconds, got {raw!r}")
     return seconds
 
 

@@ -5,7 +5,8 @@ A writer asks :meth:`Pacer.due` when its pending changes may go out, makes its c
 kinds), and says :meth:`Pacer.done` after a batch went out whole. Unreachable servers, 429 and
 5xx answers put every call of the node into backoff (full jitter; ``Retry-After`` honoured); 403
 and 404 refuse only the object they concern, which is tried again every ``Backoff.rare`` seconds
-and said once in the log. Nothing here sleeps: the writer waits on its clock until :meth:`due`.
+and said once in the log (as is any other refusal, 422 included: retrying soon would not
+help). Nothing here sleeps: the writer waits on its clock until :meth:`due`.
 """
 
 from __future__ import annotations
@@ -142,6 +143,7 @@ class Pacer:
             self.counts.add(obj, "conflict")
             raise CallFailed("conflict", str(exc), code)
         self.counts.add(obj, "invalid")
+        self._refuse(key, str(exc))  # a bug or a policy: trying again soon would not help
         raise CallFailed("invalid", str(exc), code)
 
     def _backoff(self, obj: str, result: Result, error: str, retry_after: float | None) -> None:

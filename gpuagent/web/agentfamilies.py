@@ -1,18 +1,25 @@
 """The agent's own families, rendered on every scrape: the kubelet, configuration reloads,
-pod-resources, NVML calls and the DRA side (per-container accounting's are in
-:mod:`gpuagent.web.usage`)."""
+pod-resources, NVML calls, the DRA side and the node-health writer (per-container accounting's are
+in :mod:`gpuagent.web.usage`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from gpuagent.domain.snapshot import Snapshot
-from gpuagent.state.counters import DraCounters, NvmlCallStats, PodResourcesStats, ReloadStats
+from gpuagent.state.counters import (
+    DraCounters,
+    KubeCounters,
+    NvmlCallStats,
+    PodResourcesStats,
+    ReloadStats,
+)
 from gpuagent.web.exposition import Family, Single, format_value, label_pairs, single, singles
 
 __all__ = [
     "config_families",
     "dra_families",
+    "kube_families",
     "nvml_families",
     "pod_resources_families",
 ]
@@ -40,6 +47,28 @@ def config_families(generation: int, reloads: ReloadStats) -> list[Family]:
 
 def dra_families(dra: DraCounters | None) -> list[Family]:
     return [] if dra is None else singles(_DRA, dra)
+
+
+def kube_families(kube: KubeCounters | None) -> list[Family]:
+    if kube is None:
+        return []
+    requests = Family(
+        "gpuagent_kube_requests_total",
+        "counter",
+        "API server requests of the node-health writer (GPUHealthy condition, events, taint), "
+        "by object (node_condition, node_taint, event, node, discovery) and result (ok, "
+        "unreachable, throttled, server_error, forbidden, not_found, conflict, invalid).",
+    )
+    for obj, result, count in kube.requests:
+        requests.add((("object", obj), ("result", result)), count)
+    out = [requests, *singles(_KUBE, kube)]
+    if kube.condition_written_at is not None:
+        out.append(
+            single("gpuagent_node_condition_last_write_timestamp_seconds", "gauge",
+                   "Unix time the GPUHealthy node condition was last written.", (),
+                   round(kube.condition_written_at, 3))
+        )  # fmt: skip
+    return out
 
 
 def nvml_families(calls: tuple[NvmlCallStats, ...]) -> list[Family]:
@@ -164,5 +193,27 @@ _DRA: tuple[Single[DraCounters], ...] = (
         "counter",
         "Claims unprepared by NodeUnprepareResources.",
         lambda d: d.unprepares,
+    ),
+)
+
+_KUBE: tuple[Single[KubeCounters], ...] = (
+    (
+        "gpuagent_kube_backing_off",
+        "gauge",
+        "Whether the node-health writer waits for the API server (1: unreachable, throttling or "
+        "failing) or not (0).",
+        lambda k: 1 if k.backing_off else 0,
+    ),
+    (
+        "gpuagent_kube_events_pending",
+        "gauge",
+        "Events (or repeats of one) waiting to be written.",
+        lambda k: k.events_pending,
+    ),
+    (
+        "gpuagent_kube_events_dropped_total",
+        "counter",
+        "Events given up: over the pending bound, their namespace gone, or refused as invalid.",
+        lambda k: k.events_dropped,
     ),
 )

@@ -29,6 +29,7 @@ from gpuagent.state.counters import AgentCounters
 from gpuagent.web.agentfamilies import (
     config_families,
     dra_families,
+    kube_families,
     nvml_families,
     pod_resources_families,
 )
@@ -247,6 +248,7 @@ class MetricsRenderer:
         )
         families.extend(nvml_families(counters.nvml))
         families.extend(dra_families(counters.dra))
+        families.extend(kube_families(counters.kube))
         families.extend(accounting_families(self.accounting, counters.log_links, counters.cri))
         scrape = Family(
             "gpuagent_scrape_duration_seconds",

@@ -4,126 +4,16 @@ when, and how many requests it takes — at rest, in a storm, through an outage,
 
 from __future__ import annotations
 
-import asyncio
 import itertools
-from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, replace
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
-import pytest
 from structlog.testing import capture_logs
-from support.clock import ManualClock
 from support.fake_apiserver import KUBELET_CONDITIONS, FakeApiServer
-from support.kubehealth import settle
-from support.synthetic import gpu_uuid, synthetic_snapshot
+from support.noderig import NODE, Rig, last_xid, storm_xid
+from support.synthetic import gpu_uuid
 
-from gpuagent.domain.devices import Condition, GpuHealth, Snapshot
-from gpuagent.domain.plan import Plan
-from gpuagent.domain.store import DeviceStore
-from gpuagent.kube.client import KubeApi, load_config
-from gpuagent.kube.nodehealth import NodeHealthWriter
-
-NODE = "gpu-node-7"
-WALL0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z at clock 0
-
-
-@dataclass
-class Rig:
-    server: FakeApiServer
-    store: DeviceStore
-    clock: ManualClock
-    writer: NodeHealthWriter
-    draws: Iterator[float]
-
-    def requests(self, since: int = 0) -> list[tuple[str, str]]:
-        return self.server.requests[since:]
-
-    async def fail(self, index: int, *conditions: Condition) -> None:
-        await self.change(lambda s: _health(s, index, GpuHealth(conditions)))
-
-    async def heal(self, index: int) -> None:
-        await self.change(lambda s: _health(s, index, GpuHealth()))
-
-    async def change(self, change: Callable[[Snapshot], Snapshot]) -> None:
-        """Change the store; return once the writer has seen it and waits again."""
-        self.store.update(change)
-        await self.settle()
-
-    async def settle(self, seconds: float = 0.0) -> None:
-        await settle(self.clock, self.writer, self.store, seconds)
-
-
-def _health(snapshot: Snapshot, index: int, health: GpuHealth) -> Snapshot:
-    gpus = tuple(replace(g, health=health) if g.index == index else g for g in snapshot.gpus)
-    return replace(snapshot, gpus=gpus)
-
-
-def _xid(snapshot: Snapshot, index: int, code: int) -> Snapshot:
-    """An XID event on GPU ``index`` as the health policy records it (counted; a checked XID
-    replaces the GPU's XID condition)."""
-    gpus = []
-    for gpu in snapshot.gpus:
-        if gpu.index == index:
-            counts = dict(gpu.xid_counts)
-            counts[code] = counts.get(code, 0) + 1
-            kept = tuple(c for c in gpu.health.conditions if c.kind != "xid")
-            health = GpuHealth((*kept, Condition("xid", str(code)))) if code != 13 else gpu.health
-            gpus.append(replace(gpu, xid_counts=counts, last_xid=code, health=health))
-        else:
-            gpus.append(gpu)
-    return replace(snapshot, gpus=tuple(gpus))
-
-
-def _storm_xid(index: int, code: int) -> Callable[[Snapshot], Snapshot]:
-    return lambda s: _xid(s, index, code)
-
-
-def _last_xid(minute: int) -> Callable[[Snapshot], Snapshot]:
-    """A poll that changes a reading only (the writer wakes, its view stays)."""
-    return lambda s: replace(s, gpus=tuple(replace(g, last_xid=minute) for g in s.gpus))
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[FakeApiServer]:
-    fake = FakeApiServer(node=NODE)
-    await fake.start()
-    try:
-        yield fake
-    finally:
-        await fake.stop()
-
-
-@pytest.fixture
-async def make_rig(server: FakeApiServer, tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
-    """Start a writer on an 8-GPU node (each GPU held by one pod) against ``server``."""
-    tasks: list[asyncio.Task[None]] = []
-    apis: list[KubeApi] = []
-
-    async def make(*, gpus: int = 8, **options: Any) -> Rig:
-        store = DeviceStore(synthetic_snapshot(gpus, replicas=1))
-        clock = ManualClock()
-        draws = itertools.cycle([0.5, 0.25, 0.75, 0.1, 0.9])
-        api = KubeApi(load_config(server.kubeconfig(tmp_path / "kubeconfig")), timeout=2.0)
-        apis.append(api)
-        writer = NodeHealthWriter(
-            store, api, node=NODE, served=lambda: Plan().served_resources,
-            clock=clock, wall=lambda: WALL0 + clock.now(), draw=lambda: next(draws),
-            **options,
-        )  # fmt: skip
-        tasks.append(asyncio.create_task(writer.run(), name="node-health-under-test"))
-        rig = Rig(server, store, clock, writer, draws)
-        await rig.settle()
-        return rig
-
-    try:
-        yield make
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for api in apis:
-            await api.close()
+from gpuagent.domain.devices import Condition
 
 
 # ----- helpers -----------------------------------------------------------------------------------
@@ -170,7 +60,7 @@ async def test_at_rest_a_node_writes_at_most_twice_an_hour(make_rig: Callable[..
     start = len(rig.requests())
     beats: list[float] = []
     for minute in range(180):  # three hours; the poller's changes wake the writer meanwhile
-        await rig.change(_last_xid(minute))
+        await rig.change(last_xid(minute))
         before = len(rig.requests())
         await rig.settle(60.0)
         if len(rig.requests()) > before:
@@ -243,7 +133,7 @@ async def test_a_storm_of_1000_xids_in_10_seconds_makes_at_most_20_requests(
     codes = itertools.cycle([79, 48, 13, 94, 79, 119, 13, 48])
     for i in range(1000):  # one XID every 10 ms, on GPU 3 and now and then on GPU 5
         index = 5 if i % 97 == 0 else 3
-        rig.store.update(_storm_xid(index, next(codes)))
+        rig.store.update(storm_xid(index, next(codes)))
         if i % 10 == 9:
             await rig.settle(0.1)
     await rig.settle(120.0)  # and everything merged since has gone out

@@ -16,6 +16,7 @@ from gpuagent.state.counters import (
     AgentCounters,
     CriStats,
     DraCounters,
+    KubeCounters,
     LogLinkStats,
     NvmlCallStats,
     PodResourcesStats,
@@ -51,6 +52,7 @@ def rendered() -> str:
         dra=DraCounters(),
         cri=CriStats(1, 0, 1),
         log_links=LogLinkStats(1, 0, 1),
+        kube=KubeCounters(requests=(("node_condition", "ok", 1),), condition_written_at=1e9),
     )
     text = MetricsRenderer("n", "1").render(snapshot, counters)
     mig = synthetic_snapshot(1, mig=True)

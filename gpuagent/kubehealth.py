@@ -1,0 +1,105 @@
+"""The node's GPU health where Kubernetes looks, assembled: which of the condition, events and
+taint are on (from the settings and whether the agent has API credentials), and the writer task.
+
+``--node-condition`` and ``--events`` are on by default where the agent has credentials (a
+service-account token in a pod, or ``--kubeconfig``): without them both are quietly off (one info
+line). Asked for explicitly without credentials, the agent does not start (exit 2, naming the
+key). ``--kubernetes=false`` turns both off (the settings say so already).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from gpuagent.config import ConfigError, Settings
+from gpuagent.domain.store import DeviceStore
+from gpuagent.kube.credentials import missing
+
+if TYPE_CHECKING:  # the client is imported only where it is used (off the loop, at start)
+    from gpuagent.kube.client import KubeApi
+    from gpuagent.kube.nodehealth import NodeHealthWriter
+
+__all__ = ["WRITER_MODULE", "NodeHealthWanted", "build_writer", "wanted"]
+
+log = structlog.get_logger("gpuagent.kube")
+
+#: The writer's module, for the agent to import off the loop before :func:`build_writer`.
+WRITER_MODULE = "gpuagent.kube.nodehealth"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeHealthWanted:
+    """What of the node's health is written."""
+
+    condition: bool
+    events: bool
+    taint: bool
+    heartbeat: float
+
+
+def wanted(settings: Settings) -> NodeHealthWanted | None:
+    """What to write, or ``None`` for nothing; raises :class:`ConfigError` for a part asked for
+    explicitly without credentials."""
+    asked = {
+        "node-condition": settings.node_condition,
+        "events": settings.events,
+        "taint-unhealthy-node": settings.taint_unhealthy_node,
+    }
+    if not any(value is not False for value in asked.values()):
+        return None
+    why = missing(settings.kubeconfig)
+    if why is not None:
+        explicit = [key for key, value in asked.items() if value is True]
+        if explicit:
+            raise ConfigError(explicit[0], f"needs API server credentials: {why}")
+        log.info("node condition and events off: no API server credentials", reason=why)
+        return None
+    result = NodeHealthWanted(
+        condition=settings.node_condition is not False,
+        events=settings.events is not False,
+        taint=settings.taint_unhealthy_node,
+        heartbeat=settings.node_condition_heartbeat,
+    )
+    return result if (result.condition or result.events or result.taint) else None
+
+
+def build_writer(
+    store: DeviceStore,
+    settings: Settings,
+    parts: NodeHealthWanted,
+    *,
+    node: str,
+    served: Callable[[], Collection[str]],
+    api: KubeApi | None = None,
+    options: Mapping[str, Any] | None = None,
+) -> tuple[NodeHealthWriter, KubeApi] | None:
+    """The writer and the API connection it uses (``api``: one the agent has already, else a new
+    one); ``None``, with a warning, when the credentials cannot be loaded."""
+    from gpuagent.kube.client import KubeApi, KubeConfigError, load_config  # noqa: PLC0415
+    from gpuagent.kube.nodehealth import NodeHealthWriter  # noqa: PLC0415
+
+    extra = dict(options or {})
+    timeout = float(extra.pop("api_timeout", 10.0))
+    if api is None:
+        try:
+            api = KubeApi(load_config(settings.kubeconfig), timeout=timeout)
+        except KubeConfigError as exc:
+            log.warning("node condition and events off: credentials unusable", error=str(exc))
+            return None
+    writer = NodeHealthWriter(
+        store,
+        api,
+        node=node,
+        served=served,
+        condition=parts.condition,
+        events=parts.events,
+        taint=parts.taint,
+        heartbeat=parts.heartbeat,
+        **extra,
+    )
+    store.counters.follow_kube(writer.counters)
+    return writer, api

@@ -1,0 +1,226 @@
+"""GPU faults Kubernetes sees, end to end: the agent on simulated GPUs, the kubelet and its
+pod-resources stand-ins, and the API-server stand-in (every write validated against the
+Kubernetes schemas). The node-health writer is timed by a clock the test moves, so "within 2 s"
+and "one window later" are exact, and no test waits on wall time for them."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from structlog.testing import capture_logs
+from support.clock import ManualClock
+from support.fake_apiserver import KUBELET_CONDITIONS, FakeApiServer
+from support.fake_kubelet import FakeKubelet
+from support.fake_podresources import FakePodResources, Held
+from support.grpcstubs import StubModules
+from support.kubehealth import settle
+from support.waiting import eventually
+
+from e2e.agentrun import RunningAgent, running_agent
+from gpuagent.app import Agent
+from gpuagent.config import ConfigError, load_settings
+
+NODE = "test-node"
+WALL0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z at the writer's clock 0
+T = 10.0
+
+
+@pytest.fixture
+def pod_resources(short_tmp_path: Path, grpc_stubs: StubModules) -> Iterator[FakePodResources]:
+    with FakePodResources(short_tmp_path / "pod-resources" / "kubelet.sock", grpc_stubs) as fake:
+        yield fake
+
+
+@pytest.fixture
+async def apiserver() -> AsyncIterator[FakeApiServer]:
+    server = FakeApiServer(node=NODE)
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+class Health:
+    """The running agent, its writer's clock, and the API server it writes to."""
+
+    def __init__(self, run: RunningAgent, clock: ManualClock, server: FakeApiServer) -> None:
+        self.run, self.clock, self.server = run, clock, server
+
+    async def settle(self, seconds: float = 0.0) -> None:
+        writer = self.run.agent.node_health
+        assert writer is not None
+        await settle(self.clock, writer, self.run.agent.store, seconds)
+
+    def gpu(self, index: int) -> Any:
+        gpu = self.run.agent.store.snapshot.gpu(index)
+        assert gpu is not None
+        return gpu
+
+    def condition(self) -> dict[str, Any]:
+        condition = self.server.condition()
+        assert condition is not None
+        return condition
+
+
+@asynccontextmanager
+async def agent(
+    device_plugin_dir: Path, pod_resources: FakePodResources, server: FakeApiServer, root: Path
+) -> AsyncIterator[Health]:
+    clock = ManualClock()
+    draws = itertools.cycle([0.5, 0.2, 0.8])
+    args = ("--simulate", "4", "--kubeconfig", str(server.kubeconfig(root / "kubeconfig")),
+            "--pod-resources-socket", str(pod_resources.socket_path),
+            "--pod-resources-interval", "1")  # fmt: skip
+    options = {"clock": clock, "wall": lambda: WALL0 + clock.now(), "draw": lambda: next(draws),
+               "api_timeout": 2.0}  # fmt: skip
+    async with running_agent(
+        device_plugin_dir, args, agent_options={"node_name": NODE, "node_health_options": options}
+    ) as run:
+        health = Health(run, clock, server)
+        await health.settle(0.2)  # the first batch: the condition, True
+        yield health
+
+
+async def holding_gpu_3(health: Health, pod_resources: FakePodResources) -> str:
+    """A pod holds GPU 3 (as the kubelet's pod-resources lists it); returns GPU 3's UUID."""
+    uuid = health.gpu(3).uuid
+    pod_resources.set([Held("ml", "train-3", "worker", "nvidia.com/gpu", (uuid,))])
+    await eventually(lambda: health.run.agent.store.snapshot.pods.allocated, what="pods listed")
+    return str(uuid)
+
+
+async def test_xid_79_on_gpu_3_is_a_false_condition_a_node_event_and_a_pod_event(
+    fake_kubelet: FakeKubelet,
+    device_plugin_dir: Path,
+    pod_resources: FakePodResources,
+    apiserver: FakeApiServer,
+    short_tmp_path: Path,
+) -> None:
+    async with agent(device_plugin_dir, pod_resources, apiserver, short_tmp_path) as health:
+        assert health.condition()["status"] == "True"
+        assert health.condition()["message"] == "All 4 GPUs are healthy"
+        uuid = await holding_gpu_3(health, pod_resources)
+        await health.clock.advance(100.0)
+        await health.settle()
+        start = len(apiserver.requests)
+
+        await health.run.fault({"gpu": 3, "fault": "xid", "xid": 79})
+        await eventually(lambda: not health.gpu(3).health.healthy, what="GPU 3 unhealthy")
+        await health.settle()
+        assert apiserver.requests[start:] == []  # nothing before the writer's time moves
+        await health.settle(2.0)  # within 2 s of the XID
+        condition = health.condition()
+        assert (condition["status"], condition["reason"]) == ("False", "XidError")
+        assert condition["message"].startswith(
+            f"1 of 4 GPUs unhealthy. GPU 3 ({uuid}): XID 79, GPU has fallen off the bus "
+            "(recommended action: restart the node); the driver's recovery action: reset the GPU;"
+        )
+        (node_event,) = apiserver.node_events()
+        assert node_event["reason"] == "GPUUnhealthy"
+        assert node_event["reportingController"] == "gpuagent"
+        assert node_event["reportingInstance"] == NODE
+        assert f"GPU 3 ({uuid}) is unhealthy: XID 79" in node_event["note"]
+        (pod_event,) = apiserver.pod_events("ml", "train-3")
+        assert pod_event["note"].startswith(
+            f"GPU 3 ({uuid}) allocated to this pod (container worker) failed: XID 79, GPU has "
+            "fallen off the bus"
+        )
+        assert len(apiserver.events) == 2
+
+        # Recovery (the driver's recovery action reads none again): True, one event.
+        await health.run.fault({"gpu": 3, "fault": "recovery_action", "action": "none"})
+        await eventually(lambda: health.gpu(3).health.healthy, what="GPU 3 healthy")
+        await health.settle(30.0)
+        condition = health.condition()
+        assert (condition["status"], condition["reason"]) == ("True", "AllGPUsHealthy")
+        assert apiserver.node_events()[-1]["reason"] == "GPURecovered"
+        assert len(apiserver.events) == 3
+        assert apiserver.kubelet_conditions() == [dict(c) for c in KUBELET_CONDITIONS]
+        assert apiserver.invalid == []
+
+
+async def test_a_storm_of_1000_xids_makes_at_most_20_requests(
+    fake_kubelet: FakeKubelet,
+    device_plugin_dir: Path,
+    pod_resources: FakePodResources,
+    apiserver: FakeApiServer,
+    short_tmp_path: Path,
+) -> None:
+    async with agent(device_plugin_dir, pod_resources, apiserver, short_tmp_path) as health:
+        await holding_gpu_3(health, pod_resources)
+        await health.clock.advance(100.0)
+        await health.settle()
+        start = len(apiserver.requests)
+        codes = itertools.cycle([79, 48, 94, 119, 13])
+        for burst in range(10):  # 100 XIDs in each second of the writer's time
+            for _ in range(100):
+                await health.run.fault({"gpu": 3, "fault": "xid", "xid": next(codes)})
+            await eventually(lambda: health.gpu(3).xid_counts, what="the XIDs seen")
+            await health.settle(1.0 if burst < 9 else 0.0)
+        await eventually(
+            lambda: sum(health.gpu(3).xid_counts.values()) == 1000, what="every XID counted"
+        )
+        await health.settle(120.0)
+        requests = apiserver.requests[start:]
+        assert len(requests) <= 20, requests
+        assert health.condition()["status"] == "False"
+        assert len(apiserver.node_events()) == 1
+        assert len(apiserver.pod_events("ml", "train-3")) == 1
+        assert apiserver.invalid == []
+
+
+async def test_a_hung_api_server_slows_neither_the_kubelet_nor_metrics(
+    fake_kubelet: FakeKubelet,
+    device_plugin_dir: Path,
+    pod_resources: FakePodResources,
+    apiserver: FakeApiServer,
+    short_tmp_path: Path,
+) -> None:
+    async with agent(device_plugin_dir, pod_resources, apiserver, short_tmp_path) as health:
+        (registration,) = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+        apiserver.hold()  # accepts, never answers
+        try:
+            await health.clock.advance(100.0)
+            await health.run.fault({"gpu": 1, "fault": "xid", "xid": 79})
+            await health.clock.advance(1.0)  # the writer's request now hangs
+            # The kubelet hears GPU 1 Unhealthy, and /metrics answers, meanwhile.
+            uuid = health.gpu(1).uuid
+            while True:
+                update = await asyncio.to_thread(registration.next_update, T)
+                if any(uuid == d.ID and d.health == "Unhealthy" for d in update.devices):
+                    break
+            text = await health.run.metrics_until(
+                lambda t: 'gpuagent_gpu_healthy{gpu="1"' in t and "gpuagent_kube" in t
+            )
+            assert "gpuagent_kube_requests_total" in text
+            assert health.condition()["status"] == "True"
+        finally:
+            apiserver.release()
+
+
+async def test_without_credentials_both_are_off_quietly(device_plugin_dir: Path) -> None:
+    with capture_logs() as logs:
+        async with running_agent(device_plugin_dir, ("--simulate", "1")) as run:
+            assert run.agent.node_health_wanted is None
+            assert run.agent.node_health is None
+            _, text = await run.get("/metrics")
+            assert "gpuagent_kube_" not in text
+    (line,) = [e for e in logs if e["event"].startswith("node condition and events off")]
+    assert line["log_level"] == "info"
+    assert "KUBERNETES_SERVICE_HOST" in line["reason"]
+
+
+@pytest.mark.parametrize("flag", ["--node-condition=true", "--events", "--taint-unhealthy-node"])
+def test_asked_for_without_credentials_it_does_not_start(flag: str) -> None:
+    settings = load_settings(["--simulate", "1", flag], {"NODE_NAME": NODE})
+    with pytest.raises(ConfigError) as info:
+        Agent(settings)
+    assert info.value.key == flag.removeprefix("--").split("=")[0]
+    assert "needs API server credentials" in str(info.value)

@@ -1,0 +1,75 @@
+"""A node-health writer on a synthetic 8-GPU node (each GPU held by one pod), timed by a clock the
+test moves: the rig of tests/kube, and how a test changes the node's GPUs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+
+from gpuagent.domain.devices import Condition, GpuHealth, Snapshot
+from gpuagent.domain.store import DeviceStore
+from gpuagent.kube.nodehealth import NodeHealthWriter
+from support.clock import ManualClock
+from support.fake_apiserver import FakeApiServer
+from support.kubehealth import settle
+
+__all__ = ["NODE", "WALL0", "Rig", "last_xid", "storm_xid", "with_health", "xid"]
+
+NODE = "gpu-node-7"
+WALL0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z at clock 0
+
+
+@dataclass
+class Rig:
+    server: FakeApiServer
+    store: DeviceStore
+    clock: ManualClock
+    writer: NodeHealthWriter
+    draws: Iterator[float]
+
+    def requests(self, since: int = 0) -> list[tuple[str, str]]:
+        return self.server.requests[since:]
+
+    async def fail(self, index: int, *conditions: Condition) -> None:
+        await self.change(lambda s: with_health(s, index, GpuHealth(conditions)))
+
+    async def heal(self, index: int) -> None:
+        await self.change(lambda s: with_health(s, index, GpuHealth()))
+
+    async def change(self, change: Callable[[Snapshot], Snapshot]) -> None:
+        """Change the store; return once the writer has seen it and waits again."""
+        self.store.update(change)
+        await self.settle()
+
+    async def settle(self, seconds: float = 0.0) -> None:
+        await settle(self.clock, self.writer, self.store, seconds)
+
+
+def with_health(snapshot: Snapshot, index: int, state: GpuHealth) -> Snapshot:
+    gpus = tuple(replace(g, health=state) if g.index == index else g for g in snapshot.gpus)
+    return replace(snapshot, gpus=gpus)
+
+
+def xid(snapshot: Snapshot, index: int, code: int) -> Snapshot:
+    """An XID event on GPU ``index`` as the health policy records it (counted; a checked XID
+    replaces the GPU's XID condition)."""
+    gpus = []
+    for gpu in snapshot.gpus:
+        if gpu.index == index:
+            counts = dict(gpu.xid_counts)
+            counts[code] = counts.get(code, 0) + 1
+            kept = tuple(c for c in gpu.health.conditions if c.kind != "xid")
+            health = GpuHealth((*kept, Condition("xid", str(code)))) if code != 13 else gpu.health
+            gpus.append(replace(gpu, xid_counts=counts, last_xid=code, health=health))
+        else:
+            gpus.append(gpu)
+    return replace(snapshot, gpus=tuple(gpus))
+
+
+def storm_xid(index: int, code: int) -> Callable[[Snapshot], Snapshot]:
+    return lambda s: xid(s, index, code)
+
+
+def last_xid(minute: int) -> Callable[[Snapshot], Snapshot]:
+    """A poll that changes a reading only (the writer wakes, its view stays)."""
+    return lambda s: replace(s, gpus=tuple(replace(g, last_xid=minute) for g in s.gpus))
