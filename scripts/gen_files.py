@@ -149,7 +149,7 @@ def prometheus_rule() -> str:
     head = {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
-        "metadata": {"name": "gpuagent"},
+        "metadata": {"name": "gpuagent", "namespace": "kube-system"},
     }
     groups = _rule_groups(ALERTS)
     if ALERTS.exists():

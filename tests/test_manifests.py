@@ -66,9 +66,12 @@ COMPONENTS = {
 }
 # Every overlay with the accounting component added, as an operator's kustomization would
 # (built as "<overlay>+accounting"; the accounting overlay is the base with it).
-COMBINED = tuple(
-    f"{name}+accounting" for name in sorted(KUSTOMIZATIONS) if name not in ("base", "accounting")
-)
+COMBINED = (
+    *(f"{name}+accounting" for name in sorted(KUSTOMIZATIONS)
+      if name not in ("base", "accounting")),
+    "base+taint-unhealthy-node",
+    "dra+taint-unhealthy-node",
+)  # fmt: skip
 ALL_BUILDS = (*sorted(KUSTOMIZATIONS), *COMBINED)
 # Kubernetes versions whose schemas every manifest must pass: the oldest with CDI devices on by
 # default in the device-plugin API (1.29) and the newest kubernetes-validate bundles.
@@ -80,8 +83,9 @@ CLUSTER_SCOPED = {
     "ClusterRole", "ClusterRoleBinding", "DeviceClass",
     "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
 }  # fmt: skip
-# Overlays whose pod needs a service-account token: the DRA side talks to the API server.
-API_CLIENTS = {"dra"}
+# Overlays whose pod needs a service-account token: every one (the node condition and events; the
+# DRA side too).
+API_CLIENTS = EXPECTED_OVERLAYS
 # Overlays allowed to add a capability, and which: seeing every MIG device takes the driver's
 # mig/monitor capability, which the NVIDIA runtime grants only to a CAP_SYS_ADMIN container.
 ADDED_CAPABILITIES = {"mig-mixed": {"SYS_ADMIN"}}
@@ -253,7 +257,7 @@ def overlay_of(name: str) -> str:
 
 def test_every_overlay_is_there() -> None:
     assert set(KUSTOMIZATIONS) >= EXPECTED_OVERLAYS
-    assert set(COMPONENTS) == {"accounting"}
+    assert set(COMPONENTS) == {"accounting", "taint-unhealthy-node"}
 
 
 @pytest.mark.parametrize("name", ALL_BUILDS)
@@ -410,6 +414,19 @@ def _same(path: str, read_only: bool) -> HostPath:
 
 
 BASE_GRANTS = Grants(
+    # The node condition GPUHealthy and GPU health events (admission-policy.yaml narrows each to
+    # the agent's own node; docs/install.md says what the token can do).
+    token=True,
+    rbac=frozenset(
+        {
+            ("", "nodes", "get"),
+            ("", "nodes/status", "patch"),
+            ("events.k8s.io", "events", "create"),
+            ("events.k8s.io", "events", "patch"),
+            ("", "events", "create"),
+            ("", "events", "patch"),
+        }
+    ),
     host_paths=frozenset(
         {
             # The plugin socket is created here, beside the kubelet's kubelet.sock.
@@ -419,7 +436,7 @@ BASE_GRANTS = Grants(
             # node-feature-discovery's feature file (GPU feature discovery's labels).
             _same("/etc/kubernetes/node-feature-discovery/features.d", False),
         }
-    )
+    ),
 )
 # What each overlay adds to the base.
 OVERLAY_GRANTS = {
@@ -431,7 +448,6 @@ OVERLAY_GRANTS = {
         host_paths=frozenset({_same("/var/run/cdi", False), ("/", "/driver-root", True)})
     ),
     "dra": Grants(
-        token=True,
         host_paths=frozenset(
             {
                 _same("/var/lib/kubelet/plugins_registry", False),
@@ -456,12 +472,16 @@ ACCOUNTING_GRANTS = Grants(
     host_paths=frozenset({_same("/var/log/containers", True)}),
 )
 OVERLAY_GRANTS["accounting"] = ACCOUNTING_GRANTS
+# What the taint component adds: patch on Nodes (their spec holds the taints), narrowed by its
+# admission policy to the one taint of the agent's own node.
+TAINT_GRANTS = Grants(rbac=frozenset({("", "nodes", "patch")}))
+COMPONENT_GRANTS = {"accounting": ACCOUNTING_GRANTS, "taint-unhealthy-node": TAINT_GRANTS}
 
 
 def expected_grants(name: str) -> Grants:
     overlay, _, component = name.partition("+")
     grants = BASE_GRANTS.plus(OVERLAY_GRANTS[overlay])
-    return grants.plus(ACCOUNTING_GRANTS) if component == "accounting" else grants
+    return grants.plus(COMPONENT_GRANTS[component]) if component else grants
 
 
 def grants_of(docs: list[dict[str, Any]]) -> Grants:
@@ -544,7 +564,14 @@ def test_the_base_grants_no_host_namespace_runtime_socket_or_host_root() -> None
     hosts = {host for host, _, _ in grants.host_paths}
     assert "/" not in hosts
     assert not {h for h in hosts if "containerd" in h or "crio" in h or h.endswith(".sock")}
-    assert (grants.privileged, grants.escalation, grants.token) == (False, False, False)
+    assert (grants.privileged, grants.escalation) == (False, False)
+    # A token, for the node condition and events only: no read of secrets, pods or anything
+    # else; writes to the Node's status and events, pinned to the own node by admission policy.
+    assert grants.token
+    assert {resource for _, resource, _ in grants.rbac} == {"nodes", "nodes/status", "events"}
+    assert {(r, verb) for _, r, verb in grants.rbac if r.startswith("nodes")} == {
+        ("nodes", "get"), ("nodes/status", "patch"),
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -562,7 +589,7 @@ def test_the_base_grants_no_host_namespace_runtime_socket_or_host_root() -> None
             {"name": "x", "hostPath": {"path": "/run/containerd"}}), "host_paths"),
         (lambda pod, ctr: ctr["ports"][0].update(hostPort=9400), "host_ports"),
         (lambda pod, ctr: ctr["securityContext"].update(runAsUser=1000), "run_as_users"),
-        (lambda pod, ctr: pod.update(automountServiceAccountToken=True), "token"),
+        (lambda pod, ctr: pod.update(automountServiceAccountToken=False), "token"),
         (lambda pod, ctr: pod["volumes"].append({"name": "t", "projected": {"sources": []}}),
          "volume_kinds"),
     ],
@@ -578,7 +605,10 @@ def test_the_grants_table_sees_a_changed_grant(change: Any, seen: str) -> None:
 
 def test_the_grants_table_sees_a_changed_rbac_rule() -> None:
     docs = build("dra")
-    only(docs, "ClusterRole")["rules"][0]["verbs"].append("list")
+    (role,) = [
+        d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "gpuagent-dra"
+    ]
+    role["rules"][0]["verbs"].append("list")
     assert grants_of(docs).rbac - expected_grants("dra").rbac == {
         ("resource.k8s.io", "resourceclaims", "list")
     }
@@ -1042,21 +1072,26 @@ def test_dra_overlay_grants_only_what_the_dra_side_uses_to_its_own_service_accou
     assert env["NODE_NAME"] == "test-node", "the pool is the node: NODE_NAME from spec.nodeName"
     # RBAC: exactly the rules of the grants table (test_each_build_grants_exactly_its_table_row),
     # through a binding of this service account only.
-    role = only(docs, "ClusterRole")
-    binding = only(docs, "ClusterRoleBinding")
+    (role,) = [
+        d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "gpuagent-dra"
+    ]
+    (binding,) = [
+        d
+        for d in docs
+        if d["kind"] == "ClusterRoleBinding" and d["roleRef"]["name"] == "gpuagent-dra"
+    ]
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": account, "namespace": namespace}
     ]
     # The admission policy binds this service account's slice writes to its own node.
-    policy = only(docs, "ValidatingAdmissionPolicy")
+    (policy,) = [d for d in docs if d["metadata"]["name"] == "gpuagent-dra-resourceslices"
+                 and d["kind"] == "ValidatingAdmissionPolicy"]  # fmt: skip
     (condition,) = policy["spec"]["matchConditions"]
     assert f"system:serviceaccount:{namespace}:{account}" in condition["expression"]
     assert "authentication.kubernetes.io/node-name" in str(policy["spec"]["variables"])
-    assert (
-        only(docs, "ValidatingAdmissionPolicyBinding")["spec"]["policyName"]
-        == (policy["metadata"]["name"])
-    )
+    bindings = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert policy["metadata"]["name"] in {b["spec"]["policyName"] for b in bindings}
     # NVIDIA's DeviceClasses, for the driver name the agent publishes under.
     classes = {d["metadata"]["name"]: d for d in docs if d["kind"] == "DeviceClass"}
     assert set(classes) == {"gpu.nvidia.com", "mig.nvidia.com"}
@@ -1085,3 +1120,57 @@ def test_systemd_standalone_dropin_verifies(tmp_path: Path) -> None:
     settings = dropin.read_text(encoding="utf-8")
     assert re.search(r"^ReadWritePaths=$", settings, re.MULTILINE)
     assert "--kubernetes=false" in settings
+
+
+# ----- the node condition and events --------------------------------------------------------------
+
+
+def _policies(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    bound = {
+        d["spec"]["policyName"] for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"
+    }
+    policies = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"}
+    assert set(policies) <= bound, "every policy is bound"
+    return policies
+
+
+@pytest.mark.parametrize("name", ["base", "base+taint-unhealthy-node"])
+def test_every_write_the_token_allows_is_pinned_to_the_agents_own_node(name: str) -> None:
+    """Each rule that writes (nodes/status, events, nodes with the taint component) has an
+    admission policy for this service account that compares the token's node name with what the
+    request changes, and denies with 403 (the agent says so once and goes on)."""
+    docs = build(name)
+    pod = only(docs, "DaemonSet")["spec"]["template"]["spec"]
+    user = f"system:serviceaccount:kube-system:{pod['serviceAccountName']}"
+    covered: set[tuple[str, str]] = set()
+    for policy in _policies(docs).values():
+        spec = policy["spec"]
+        (condition,) = spec["matchConditions"]
+        assert user in condition["expression"]
+        assert "authentication.kubernetes.io/node-name" in str(spec["variables"])
+        assert spec["failurePolicy"] == "Fail"
+        assert all(v.get("reason") == "Forbidden" for v in spec["validations"])
+        for rule in spec["matchConstraints"]["resourceRules"]:
+            covered |= {(g, r) for g in rule["apiGroups"] for r in rule["resources"]}
+    writes = {(g, r) for g, r, verb in grants_of(docs).rbac if verb in ("create", "patch")}
+    dra = {("resource.k8s.io", "resourceslices")}
+    assert writes - dra <= covered, writes - covered
+
+
+def test_the_status_policy_lets_only_the_gpuhealthy_condition_change() -> None:
+    policy = _policies(build("base"))["gpuagent-node-status"]
+    text = json.dumps(policy["spec"])
+    assert "c.type != 'GPUHealthy'" in text
+    for pinned in ("capacity", "allocatable", "addresses", "labels", "annotations"):
+        assert pinned in text, pinned
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["resources"] == ["nodes/status"]
+
+
+def test_the_taint_component_switches_the_taint_on_and_pins_it(tmp_path: Path) -> None:
+    docs = build("base+taint-unhealthy-node")
+    assert effective_settings(docs, tmp_path).taint_unhealthy_node is True
+    assert effective_settings(build("base"), tmp_path).taint_unhealthy_node is False
+    text = json.dumps(_policies(docs)["gpuagent-node-taint"]["spec"])
+    assert "nvidia.com/gpu-unhealthy" in text
+    assert "NoSchedule" in text
