@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import bench_accounting  # noqa: E402
 import bench_dra  # noqa: E402
 import bench_health  # noqa: E402
+import bench_kube  # noqa: E402
 import bench_metrics  # noqa: E402
 import bench_plugin  # noqa: E402
 import bench_watch  # noqa: E402
@@ -262,6 +263,9 @@ def main() -> int:
     bench_metrics.add_arguments(parser)
     bench_dra.add_arguments(parser)
     parser.add_argument("--only-dra", action="store_true", help="run the DRA rows only")
+    bench_kube.add_arguments(parser)
+    parser.add_argument("--only-kube", action="store_true",
+                        help="run the node condition and events rows only")  # fmt: skip
     parser.add_argument("--only-accounting", action="store_true",
                         help="run the per-container accounting rows only")  # fmt: skip
     bench_accounting.add_arguments(parser)
@@ -273,6 +277,9 @@ def main() -> int:
 
     if args.only_dra:
         print(table(bench_dra.rows(args, Row)))
+        return 0
+    if args.only_kube:
+        print(table(bench_kube.rows(args, Row)))
         return 0
     with tempfile.TemporaryDirectory() as stubs_dir:
         stubs = kubelet_stubs()
@@ -307,6 +314,7 @@ def main() -> int:
         rows += bench_preferred_search()
         rows += bench_metrics.rows(stubs, args, agent, tempdir, Row)
         rows += bench_dra.rows(args, Row)
+        rows += bench_kube.rows(args, Row)
         rows += bench_accounting.rows(stubs, args, agent, tempdir, Row)
         rows += bench_health.rows(stubs, args, agent, tempdir, Row)
         rows += bench_watch.rows(args, Row)

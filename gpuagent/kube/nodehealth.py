@@ -165,8 +165,8 @@ class NodeHealthWriter:
             self.pacer.changed()
             if (due := self.pacer.due()) is not None:
                 times.append(due)
-        if self._heartbeat_at is not None and self._condition_on:
-            times.append(self._heartbeat_at)
+        if self._heartbeat_at is not None and self._heartbeat_at > self._clock.now():
+            times.append(self._heartbeat_at)  # once due, the condition has work: paced above
         return min(times) if times else None
 
     async def _flush(self) -> None:

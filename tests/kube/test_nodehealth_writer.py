@@ -217,6 +217,24 @@ async def test_an_outage_retries_with_jitter_never_faster_than_backoff(
     assert 8 <= tries <= 25  # ceilings 0.5 .. 60 s, draws 0.1-0.9: about one every 30 s
 
 
+async def test_a_heartbeat_due_while_the_server_is_down_is_paced_too(
+    make_rig: Callable[..., Any],
+) -> None:
+    rig: Rig = await make_rig()
+    await wrote(rig)
+    await rig.server.stop()
+    for minute in range(60):  # an hour down; the heartbeat falls due half-way
+        await rig.change(last_xid(minute))
+        await rig.settle(60.0)
+    counts = rig.writer.pacer.counts.counts
+    tries = counts.get(("node_condition", "unreachable"), 0)
+    assert 20 <= tries <= 90  # about one every 30 s for the half hour it was due
+    await rig.server.start()
+    start = len(rig.requests())
+    await rig.settle(60.0)
+    assert rig.requests(start) == [("PATCH", f"/api/v1/nodes/{NODE}/status")]
+
+
 # ----- refusals ----------------------------------------------------------------------------------
 async def test_403_on_the_condition_is_said_once_and_the_events_still_go_out(
     make_rig: Callable[..., Any],
