@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from gpuagent.config import ConfigError, Settings
-from gpuagent.domain.store import DeviceStore
 from gpuagent.kube.credentials import missing
+from gpuagent.state.store import DeviceStore
 
 if TYPE_CHECKING:  # the client is imported only where it is used (off the loop, at start)
     from gpuagent.kube.client import KubeApi

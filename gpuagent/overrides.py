@@ -36,6 +36,14 @@ nvidia-ml-py 13.615 (``nvidia-ml-py>=13.615,<14``)
 * ``_nvmlGetFunctionPointer()`` (:func:`nvml_function`) and ``_nvmlLib_refcount``
   (:func:`nvml_library_users`): the tests call a C symbol as pynvml finds it, and check that
   the backend let go of the library.
+
+lightkube 1.0.1 (``lightkube>=1.0.1,<2``)
+
+* ``AsyncClient._client`` (its ``GenericAsyncClient``) and that one's ``_client``, the HTTP client
+  it sends every request with (:func:`lightkube_http`): lightkube has no discovery call, and the
+  node-health writer asks once whether the server offers ``events.k8s.io/v1``
+  (:meth:`gpuagent.kube.client.KubeApi.serves`) with the same connection, credentials and TLS.
+  The tests of the writer make that GET against the API-server stand-in, both ways.
 """
 
 from __future__ import annotations
@@ -59,6 +67,7 @@ __all__ = [
     "TrackedServer",
     "nvml_error_text",
     "nvml_function",
+    "lightkube_http",
     "nvml_library_users",
     "use_nvml_library",
 ]
@@ -68,6 +77,7 @@ PINS = {
     "grpclib": "==0.4.9",
     "betterproto2": "==0.10.0",
     "nvidia-ml-py": ">=13.615,<14",
+    "lightkube": ">=1.0.1,<2",
 }
 # Each private name used, as (module, attribute, its parameters or None for a value).
 PRIVATE: Sequence[tuple[str, str, tuple[str, ...] | None]] = (
@@ -86,6 +96,7 @@ PRIVATE: Sequence[tuple[str, str, tuple[str, ...] | None]] = (
     ("pynvml", "_nvmlLib_refcount", None),
     ("pynvml", "NVMLError._errcode_to_string", None),
     ("pynvml", "_nvmlGetFunctionPointer", ("name",)),
+    ("lightkube.core.generic_client", "GenericAsyncClient._client", None),
 )
 
 
@@ -152,3 +163,9 @@ def nvml_library_users() -> int:
     """How many ``nvmlInit`` calls pynvml counts without their ``nvmlShutdown``."""
     users: int = pynvml._nvmlLib_refcount
     return users
+
+
+def lightkube_http(client: Any) -> Any:
+    """The HTTP client a lightkube ``AsyncClient`` sends its requests with (an
+    ``httpx2.AsyncClient`` with the server's base URL, credentials and TLS)."""
+    return client._client._client

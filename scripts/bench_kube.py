@@ -40,9 +40,9 @@ from gpuagent import logs
 from gpuagent.domain.devices import Condition
 from gpuagent.domain.pacing import Backoff
 from gpuagent.domain.plan import Plan
-from gpuagent.domain.store import DeviceStore
 from gpuagent.kube.client import KubeApi, load_config
 from gpuagent.kube.nodehealth import NodeHealthWriter
+from gpuagent.state.store import DeviceStore
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -31,6 +31,8 @@ from lightkube.resources.core_v1 import Node, NodeStatus
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 from lightkube.types import PatchType
 
+from gpuagent.overrides import lightkube_http
+
 __all__ = ["ApiError", "ApiUnreachable", "KubeApi", "KubeConfigError"]
 
 FIELD_MANAGER = "gpuagent"
@@ -137,9 +139,10 @@ class KubeApi:
         """Whether the server offers ``group_version`` (``events.k8s.io/v1``), by discovery.
 
         lightkube has no discovery call: the GET goes through its HTTP client (the same
-        connection, credentials and TLS). Discovery is open to every authenticated client.
+        connection, credentials and TLS; :func:`gpuagent.overrides.lightkube_http`). Discovery is
+        open to every authenticated client.
         """
-        http = self._client._client._client  # lightkube's httpx client
+        http = lightkube_http(self._client)
         try:
             response = await http.get(f"/apis/{group_version}")
         except httpx2.TransportError as exc:

@@ -28,7 +28,6 @@ from typing import Any
 import structlog
 
 from gpuagent.clock import Clock, LoopClock
-from gpuagent.domain.counters import KubeCounters
 from gpuagent.domain.nodehealth import (
     CONDITION_TYPE,
     TAINT_KEY,
@@ -43,9 +42,10 @@ from gpuagent.domain.nodehealth import (
     series_patch,
 )
 from gpuagent.domain.pacing import Backoff, Coalescing, next_heartbeat
-from gpuagent.domain.store import DeviceStore
 from gpuagent.kube.client import KubeApi
 from gpuagent.kube.pacer import CallFailed, Pacer
+from gpuagent.state.counters import KubeCounters
+from gpuagent.state.store import DeviceStore
 
 __all__ = ["EVENTS_API", "NodeHealthWriter"]
 

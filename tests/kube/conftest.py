@@ -15,9 +15,9 @@ from support.noderig import NODE, WALL0, Rig
 from support.synthetic import synthetic_snapshot
 
 from gpuagent.domain.plan import Plan
-from gpuagent.domain.store import DeviceStore
 from gpuagent.kube.client import KubeApi, load_config
 from gpuagent.kube.nodehealth import NodeHealthWriter
+from gpuagent.state.store import DeviceStore
 
 
 @pytest.fixture

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gpuagent.domain.store import DeviceStore
 from gpuagent.kube.nodehealth import NodeHealthWriter
+from gpuagent.state.store import DeviceStore
 from support.clock import ManualClock
 from support.waiting import eventually
 

@@ -7,8 +7,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from gpuagent.domain.devices import Condition, GpuHealth, Snapshot
-from gpuagent.domain.store import DeviceStore
 from gpuagent.kube.nodehealth import NodeHealthWriter
+from gpuagent.state.store import DeviceStore
 from support.clock import ManualClock
 from support.fake_apiserver import FakeApiServer
 from support.kubehealth import settle
