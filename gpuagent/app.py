@@ -48,7 +48,7 @@ from gpuagent.domain.serving import ResourceView, cdi_gated
 from gpuagent.domain.snapshot import Snapshot
 from gpuagent.gpu.monitor import GpuMonitor
 from gpuagent.gpu.nvml import DriverUnavailable, Nvml
-from gpuagent.kubehealth import WRITER_MODULE, NodeHealthWanted, build_writer, wanted
+from gpuagent.kubehealth import WRITER_MODULE, NodeHealthWanted, build_writer, say_off, wanted
 from gpuagent.kubelet.endpoints import PluginEndpoints
 from gpuagent.kubelet.registration import Timing
 from gpuagent.state.store import DeviceStore
@@ -152,7 +152,9 @@ class Agent:
         self.dra = self._dra_side(dra_options or {}) if self.store.plan.dra.gpus.enabled else None
         # The GPUHealthy condition, events, taint: what of them is on (exit 2 for one asked for
         # without API credentials); the writer is built with the rest.
-        self.node_health_wanted: NodeHealthWanted | None = wanted(settings)
+        decided = wanted(settings)
+        self.node_health_wanted = decided if isinstance(decided, NodeHealthWanted) else None
+        self._node_health_off = decided if isinstance(decided, str) else None
         self._node_health_options = node_health_options
         self.node_health: NodeHealthWriter | None = None
         self._node_health_api: KubeApi | None = None
@@ -402,6 +404,8 @@ class Agent:
                 self._spawn(name, task())
         if self.node_health_wanted is not None:
             self._start_node_health(self.node_health_wanted)
+        elif self._node_health_off is not None:
+            say_off(self._node_health_off)
         if self._settings_source is not None:
             self._spawn("config-reload", self._reload_when_asked())
 

@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # the client is imported only where it is used (off the loop,
     from gpuagent.kube.client import KubeApi
     from gpuagent.kube.nodehealth import NodeHealthWriter
 
-__all__ = ["WRITER_MODULE", "NodeHealthWanted", "build_writer", "wanted"]
+__all__ = ["WRITER_MODULE", "NodeHealthWanted", "build_writer", "say_off", "wanted"]
 
 log = structlog.get_logger("gpuagent.kube")
 
@@ -41,9 +41,10 @@ class NodeHealthWanted:
     heartbeat: float
 
 
-def wanted(settings: Settings) -> NodeHealthWanted | None:
-    """What to write, or ``None`` for nothing; raises :class:`ConfigError` for a part asked for
-    explicitly without credentials."""
+def wanted(settings: Settings) -> NodeHealthWanted | str | None:
+    """What to write; or why nothing is (no credentials: a line for the log once the agent
+    runs); ``None`` when everything is off by setting. Raises :class:`ConfigError` for a part
+    asked for explicitly without credentials."""
     asked = {
         "node-condition": settings.node_condition,
         "events": settings.events,
@@ -56,8 +57,7 @@ def wanted(settings: Settings) -> NodeHealthWanted | None:
         explicit = [key for key, value in asked.items() if value is True]
         if explicit:
             raise ConfigError(explicit[0], f"needs API server credentials: {why}")
-        log.info("node condition and events off: no API server credentials", reason=why)
-        return None
+        return why
     result = NodeHealthWanted(
         condition=settings.node_condition is not False,
         events=settings.events is not False,
@@ -65,6 +65,11 @@ def wanted(settings: Settings) -> NodeHealthWanted | None:
         heartbeat=settings.node_condition_heartbeat,
     )
     return result if (result.condition or result.events or result.taint) else None
+
+
+def say_off(reason: str) -> None:
+    """The one line that says the condition and events are off for want of credentials."""
+    log.info("node condition and events off: no API server credentials", reason=reason)
 
 
 def build_writer(

@@ -13,6 +13,7 @@ import pytest
 import uvloop
 from support import grpcstubs
 from support.clock import FakeClock
+from support.fake_apiserver import FakeApiServer
 from support.fake_kubelet import FakeKubelet
 from support.grpcstubs import CriStubs, DraStubs, StubModules
 
@@ -109,3 +110,14 @@ def fake_kubelet(device_plugin_dir: Path, grpc_stubs: StubModules) -> Iterator[F
     """A started kubelet stand-in on ``device_plugin_dir/kubelet.sock``; stopped afterwards."""
     with FakeKubelet(device_plugin_dir, grpc_stubs) as kubelet:
         yield kubelet
+
+
+@pytest.fixture
+async def apiserver() -> AsyncIterator[FakeApiServer]:
+    """The API-server stand-in for the node ``test-node`` (the agent's NODE_NAME in tests)."""
+    server = FakeApiServer(node="test-node")
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
@@ -42,16 +42,6 @@ FAST_DRA = {
     "api_timeout": 2.0,
     "health_resend_s": 0.2,
 }
-
-
-@pytest.fixture
-async def apiserver() -> AsyncIterator[FakeApiServer]:
-    server = FakeApiServer(node=NODE)
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.stop()
 
 
 class Dirs:

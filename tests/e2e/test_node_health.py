@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,6 @@ from support.clock import ManualClock
 from support.fake_apiserver import KUBELET_CONDITIONS, FakeApiServer
 from support.fake_kubelet import FakeKubelet
 from support.fake_podresources import FakePodResources, Held
-from support.grpcstubs import StubModules
 from support.kubehealth import settle
 from support.waiting import eventually
 
@@ -29,22 +28,6 @@ from gpuagent.config import ConfigError, load_settings
 NODE = "test-node"
 WALL0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z at the writer's clock 0
 T = 10.0
-
-
-@pytest.fixture
-def pod_resources(short_tmp_path: Path, grpc_stubs: StubModules) -> Iterator[FakePodResources]:
-    with FakePodResources(short_tmp_path / "pod-resources" / "kubelet.sock", grpc_stubs) as fake:
-        yield fake
-
-
-@pytest.fixture
-async def apiserver() -> AsyncIterator[FakeApiServer]:
-    server = FakeApiServer(node=NODE)
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.stop()
 
 
 class Health:

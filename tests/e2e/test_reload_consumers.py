@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.fake_kubelet import FakeKubelet
 from support.fake_podresources import FakePodResources, Held
-from support.grpcstubs import StubModules
 from support.waiting import eventually
 
 from e2e.agentrun import registered_agent, running_agent
@@ -31,12 +28,6 @@ sharing:
   timeSlicing:
     resources: [{name: nvidia.com/gpu, replicas: 4}]
 """
-
-
-@pytest.fixture
-def pod_resources(short_tmp_path: Path, grpc_stubs: StubModules) -> Iterator[FakePodResources]:
-    with FakePodResources(short_tmp_path / "pod-resources" / "kubelet.sock", grpc_stubs) as fake:
-        yield fake
 
 
 def read(path: Path) -> str:
