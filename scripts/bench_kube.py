@@ -32,7 +32,7 @@ from typing import Any
 import uvloop
 from support.clock import ManualClock
 from support.fake_apiserver import FakeApiServer
-from support.noderig import NODE, WALL0, Rig, last_xid, storm_xid
+from support.noderig import NODE, Rig, last_xid, new_writer, storm_xid
 from support.synthetic import synthetic_snapshot
 from support.waiting import eventually
 
@@ -57,12 +57,8 @@ async def _with_rig(
     await server.start()
     clock = ManualClock()
     rng = random.Random(7)
-    api = KubeApi(load_config(server.kubeconfig(root / "kubeconfig")), timeout=2.0)
     store = DeviceStore(synthetic_snapshot(gpus, replicas=1))
-    writer = NodeHealthWriter(
-        store, api, node=NODE, served=lambda: Plan().served_resources, clock=clock,
-        wall=lambda: WALL0 + clock.now(), draw=rng.random,
-    )  # fmt: skip
+    writer, api = new_writer(server, store, clock, rng.random, root / "kubeconfig")
     task = asyncio.create_task(writer.run())
     rig = Rig(server, store, clock, writer, iter(()))
     try:

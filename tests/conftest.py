@@ -113,9 +113,16 @@ def fake_kubelet(device_plugin_dir: Path, grpc_stubs: StubModules) -> Iterator[F
 
 
 @pytest.fixture
-async def apiserver() -> AsyncIterator[FakeApiServer]:
-    """The API-server stand-in for the node ``test-node`` (the agent's NODE_NAME in tests)."""
-    server = FakeApiServer(node="test-node")
+def node_name() -> str:
+    """The node the agent runs on in tests (its NODE_NAME); a directory's conftest may say
+    another."""
+    return "test-node"
+
+
+@pytest.fixture
+async def apiserver(node_name: str) -> AsyncIterator[FakeApiServer]:
+    """The API-server stand-in, serving the Node ``node_name``."""
+    server = FakeApiServer(node=node_name)
     await server.start()
     try:
         yield server

@@ -308,14 +308,14 @@ async def test_without_events_k8s_io_events_go_to_the_core_api(
 
 
 async def test_a_restarted_agent_keeps_the_condition_it_finds(
-    make_rig: Callable[..., Any], server: FakeApiServer
+    make_rig: Callable[..., Any], apiserver: FakeApiServer
 ) -> None:
     first: Rig = await make_rig()
     await wrote(first)
-    start = len(server.requests)
+    start = len(apiserver.requests)
     second: Rig = await make_rig()
     await wrote(second)
-    assert server.requests[start:] == [
+    assert apiserver.requests[start:] == [
         ("GET", "/apis/events.k8s.io/v1"), ("GET", f"/api/v1/nodes/{NODE}"),
     ]  # fmt: skip
 

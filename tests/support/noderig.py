@@ -5,15 +5,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
 
 from gpuagent.domain.devices import Condition, GpuHealth, Snapshot
+from gpuagent.domain.plan import Plan
+from gpuagent.kube.client import KubeApi, load_config
 from gpuagent.kube.nodehealth import NodeHealthWriter
 from gpuagent.state.store import DeviceStore
 from support.clock import ManualClock
 from support.fake_apiserver import FakeApiServer
 from support.kubehealth import settle
 
-__all__ = ["NODE", "WALL0", "Rig", "last_xid", "storm_xid", "with_health", "xid"]
+__all__ = [
+    "NODE", "WALL0", "Rig", "last_xid", "new_writer", "storm_xid", "with_health", "xid",
+]  # fmt: skip
 
 NODE = "gpu-node-7"
 WALL0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z at clock 0
@@ -73,3 +79,21 @@ def storm_xid(index: int, code: int) -> Callable[[Snapshot], Snapshot]:
 def last_xid(minute: int) -> Callable[[Snapshot], Snapshot]:
     """A poll that changes a reading only (the writer wakes, its view stays)."""
     return lambda s: replace(s, gpus=tuple(replace(g, last_xid=minute) for g in s.gpus))
+
+
+def new_writer(
+    server: FakeApiServer,
+    store: DeviceStore,
+    clock: ManualClock,
+    draw: Callable[[], float],
+    kubeconfig: Path,
+    **options: Any,
+) -> tuple[NodeHealthWriter, KubeApi]:
+    """A writer for ``store``'s node against ``server``, timed by ``clock`` (wall time is
+    :data:`WALL0` at its zero), and its API connection (the caller closes it)."""
+    api = KubeApi(load_config(server.kubeconfig(kubeconfig)), timeout=2.0)
+    writer = NodeHealthWriter(
+        store, api, node=server.node, served=lambda: Plan().served_resources, clock=clock,
+        wall=lambda: WALL0 + clock.now(), draw=draw, **options,
+    )  # fmt: skip
+    return writer, api
