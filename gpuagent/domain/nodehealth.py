@@ -1,6 +1,6 @@
 """What Kubernetes is told about this node's GPUs: the ``GPUHealthy`` Node condition, Events on
 the Node and on the pods that hold a failing GPU, and the optional ``nvidia.com/gpu-unhealthy``
-taint — as pure values built from a :class:`~gpuagent.domain.devices.Snapshot`.
+taint — as pure values built from a :class:`~gpuagent.domain.devices.NodeState`.
 
 :func:`project` reduces a snapshot to a :class:`NodeHealthView`: the unhealthy GPUs and MIG
 devices with their conditions, and the pods holding them. A writer acts only when that view
@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from gpuagent.domain import xids
 from gpuagent.domain.attribution import Target, attributions, by_device
-from gpuagent.domain.devices import Condition, Gpu, PodRef, Snapshot
+from gpuagent.domain.devices import Condition, Gpu, NodeState, PodRef
 from gpuagent.domain.health import (
     DISCOVERY,
     ECC_DBE,
@@ -181,7 +181,7 @@ class NodeHealthView:
         return ()
 
 
-def project(snapshot: Snapshot, served: Collection[str]) -> NodeHealthView | None:
+def project(snapshot: NodeState, served: Collection[str]) -> NodeHealthView | None:
     """The view of ``snapshot`` (``served``: the resources this agent serves, whose pods are
     attributed); ``None`` until the GPUs are discovered (nothing true can be said before)."""
     if not snapshot.discovered:

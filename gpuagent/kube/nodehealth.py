@@ -42,10 +42,11 @@ from gpuagent.domain.nodehealth import (
     series_patch,
 )
 from gpuagent.domain.pacing import Backoff, Coalescing, next_heartbeat
+from gpuagent.domain.snapshot import Snapshot
 from gpuagent.kube.client import KubeApi
 from gpuagent.kube.pacer import CallFailed, Pacer
 from gpuagent.state.counters import KubeCounters
-from gpuagent.state.store import DeviceStore
+from gpuagent.state.store import DeviceStore, Watch
 
 __all__ = ["EVENTS_API", "NodeHealthWriter"]
 
@@ -106,39 +107,49 @@ class NodeHealthWriter:
         self._heartbeat_at: float | None = None
         self._taint: bool | None = None  # whether the Node has the taint, as last seen
         self.condition_written_at: float | None = None  # wall time of the last condition write
-        self.seen_version = -1  # the last store version looked at
+        self._views: Watch[NodeHealthView | None] | None = None
 
     # ----- the loop ----------------------------------------------------------------------------
+    @property
+    def seen_version(self) -> int:
+        """The last store version the writer looked at (``-1`` before it runs)."""
+        return self._views.version if self._views is not None else -1
+
     async def run(self) -> None:
-        version = -1
+        self._views = views = self._store.watch(self._project)
+        self._observe(await anext(views))
         while True:
-            snapshot = self._store.snapshot
-            if snapshot.version != version:
-                version = snapshot.version
-                view = project(snapshot, self._served())
-                if view is not None:
-                    self.model.observe(view, self._wall())
-                self.seen_version = version
             due = self._next()
             now = self._clock.now()
             if due is not None and due <= now:
                 await self._flush()
                 continue
-            await self._wait(version, IDLE_WAIT if due is None else due - now)
+            await self._wait(views, IDLE_WAIT if due is None else due - now)
 
-    async def _wait(self, version: int, seconds: float) -> None:
+    def _project(self, snapshot: Snapshot) -> NodeHealthView | None:
+        return project(snapshot, self._served())
+
+    def _observe(self, view: NodeHealthView | None) -> None:
+        if view is not None:
+            self.model.observe(view, self._wall())
+
+    async def _wait(self, views: Watch[NodeHealthView | None], seconds: float) -> None:
+        """Until the projection changes or ``seconds`` of the writer's clock pass."""
         changed = asyncio.Event()
+        got: list[NodeHealthView | None] = []
 
-        async def newer() -> None:
-            await self._store.wait_newer(version)
+        async def next_view() -> None:
+            got.append(await anext(views))
             changed.set()
 
-        watcher = asyncio.create_task(newer(), name="node-health-store-watch")
+        watcher = asyncio.create_task(next_view(), name="node-health-store-watch")
         try:
             await self._clock.wait(changed, seconds)
         finally:
             watcher.cancel()
             await asyncio.wait({watcher})
+        if got:
+            self._observe(got[0])
 
     def _work(self) -> Mapping[str, bool]:
         """What has something to write, by the key a refusal holds it back under."""

@@ -205,6 +205,12 @@ class Watch(Generic[T]):
             if stop is not None:
                 stop.cancel()
 
+    @property
+    def version(self) -> int:
+        """The store version last projected (``-1``: none yet), whether its projection changed
+        or not: a watch that waits again with it current has seen the store as it is."""
+        return self._version
+
     def now(self) -> T:
         """The projection of the current snapshot, changed or not (a retry's fresh read); the
         next value is a change from it."""

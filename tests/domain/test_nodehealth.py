@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 from support.synthetic import gpu_uuid, mig_uuid, synthetic_snapshot
 
-from gpuagent.domain.devices import Condition, GpuHealth, Snapshot
+from gpuagent.domain.devices import Condition, GpuHealth
 from gpuagent.domain.nodehealth import (
     HEALTHY_REASON,
     MAX_LISTED,
@@ -23,6 +23,7 @@ from gpuagent.domain.nodehealth import (
     worst_reason,
 )
 from gpuagent.domain.plan import Plan
+from gpuagent.domain.snapshot import Snapshot
 
 SERVED = Plan().served_resources
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z

@@ -108,12 +108,15 @@ async def test_a_watch_gives_its_projection_at_once_then_only_its_changes() -> N
         return tuple(g.health.healthy for g in snapshot.gpus)
 
     watch = store.watch(health)
+    assert watch.version == -1
     assert await anext(watch) == (True,)  # the current snapshot's, at once
+    assert watch.version == store.snapshot.version
     waiting = asyncio.create_task(anext(watch))
     await eventually(lambda: store.waiting == 1, what="the watch waiting")
     store.update(lambda s: _with_reading(s, 40.0))  # a new version, the same projection
     await eventually(lambda: seen[-1] == store.snapshot.version, what="the reading projected")
     assert not waiting.done()
+    assert watch.version == store.snapshot.version  # looked at, though nothing was given
     store.update(lambda s: _with_reading(s, 41.0))
     store.update(lambda s: _with_reading(s, 42.0))  # two versions before the watch's turn
     store.update(lambda s: replace(s, gpus=(gpu(0, healthy=False),)))

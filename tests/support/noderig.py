@@ -8,8 +8,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from gpuagent.domain.devices import Condition, GpuHealth, Snapshot
+from gpuagent.domain.devices import Condition, GpuHealth
 from gpuagent.domain.plan import Plan
+from gpuagent.domain.snapshot import Snapshot
 from gpuagent.kube.client import KubeApi, load_config
 from gpuagent.kube.nodehealth import NodeHealthWriter
 from gpuagent.state.store import DeviceStore
