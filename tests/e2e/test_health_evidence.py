@@ -110,9 +110,8 @@ async def test_recovery_action_keeps_then_clears(
         await fault(run, {"gpu": 0, "fault": "xid", "xid": 48})
         await fault(run, {"gpu": 0, "fault": "recovery_action", "action": "gpu_reset"})
         await asyncio.to_thread(reg.wait_until, shows(uuid, "Unhealthy"), T)
-        gpu = run.agent.store.snapshot.gpu(0)
-        assert gpu is not None
-        assert gpu.health.reason == "xid 48, recovery_action gpu_reset"
+        # The XID alone already makes it Unhealthy: the recovery action's event may come later.
+        await eventually(lambda: reason(run, 0) == "xid 48, recovery_action gpu_reset", what="both")
         # The same verdict a few polls later: nothing the probes read clears it.
         await run.polls(10)
         gpu = run.agent.store.snapshot.gpu(0)
@@ -199,12 +198,8 @@ async def test_recovery_on_a_driver_without_the_field(
             reg.wait_until, lambda u: set(health(u).values()) == {"Unhealthy"}, T
         )
 
-        def reason0() -> str:
-            gpu0 = run.agent.store.snapshot.gpu(0)
-            return "" if gpu0 is None else gpu0.health.reason
-
         # The probes find it lost (no recovery-action event to say so).
-        await eventually(lambda: reason0() == "xid 79, lost", what="GPU 0 found lost")
+        await eventually(lambda: reason(run, 0) == "xid 79, lost", what="GPU 0 found lost")
         await fault(run, {"gpu": 0, "fault": "recover"})
         await asyncio.to_thread(reg.wait_until, shows(uuids[0], "Healthy"), T)
         await fault(run, {"gpu": 1, "fault": "recover"})
@@ -228,3 +223,9 @@ async def test_bad_new_fault_parameters_are_400(device_plugin_dir: Path) -> None
             assert status == 400, body
             assert isinstance(payload, dict)
             assert payload["error"]
+
+
+def reason(run: RunningAgent, index: int) -> str:
+    """GPU ``index``'s health reason in the agent's store (empty while it has none)."""
+    gpu = run.agent.store.snapshot.gpu(index)
+    return "" if gpu is None else gpu.health.reason
