@@ -410,13 +410,11 @@ class Agent:
             self._spawn("config-reload", self._reload_when_asked())
 
     def _start_node_health(self, parts: NodeHealthWanted) -> None:
-        store = self.store
         built = build_writer(
-            store,
+            self.store,
             self.settings,
             parts,
             node=self.node_name,
-            served=lambda: store.plan.served_resources,
             api=self.dra.api if self.dra is not None else None,
             options=self._node_health_options,
         )

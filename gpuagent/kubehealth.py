@@ -9,7 +9,7 @@ key). ``--kubernetes=false`` turns both off (the settings say so already).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -78,7 +78,6 @@ def build_writer(
     parts: NodeHealthWanted,
     *,
     node: str,
-    served: Callable[[], Collection[str]],
     api: KubeApi | None = None,
     options: Mapping[str, Any] | None = None,
 ) -> tuple[NodeHealthWriter, KubeApi] | None:
@@ -99,7 +98,6 @@ def build_writer(
         store,
         api,
         node=node,
-        served=served,
         condition=parts.condition,
         events=parts.events,
         taint=parts.taint,

@@ -39,7 +39,6 @@ from support.waiting import eventually
 from gpuagent import logs
 from gpuagent.domain.devices import Condition
 from gpuagent.domain.pacing import Backoff
-from gpuagent.domain.plan import Plan
 from gpuagent.kube.client import KubeApi, load_config
 from gpuagent.kube.nodehealth import NodeHealthWriter
 from gpuagent.state.store import DeviceStore
@@ -146,7 +145,7 @@ async def _xid_latency(root: Path) -> float:
     await server.start()
     api = KubeApi(load_config(server.kubeconfig(root / "kubeconfig-rt")), timeout=2.0)
     store = DeviceStore(synthetic_snapshot(8, replicas=1))
-    writer = NodeHealthWriter(store, api, node=NODE, served=lambda: Plan().served_resources)
+    writer = NodeHealthWriter(store, api, node=NODE)
     task = asyncio.create_task(writer.run())
     try:
         await eventually(lambda: server.condition() is not None, what="the first write")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -77,7 +77,6 @@ class NodeHealthWriter:
         api: KubeApi,
         *,
         node: str,
-        served: Callable[[], Collection[str]],
         condition: bool = True,
         events: bool = True,
         taint: bool = False,
@@ -91,7 +90,6 @@ class NodeHealthWriter:
         self._store = store
         self._api = api
         self._node = node
-        self._served = served
         self._condition_on = condition
         self._events_on = events
         self._taint_on = taint
@@ -127,7 +125,7 @@ class NodeHealthWriter:
             await self._wait(views, IDLE_WAIT if due is None else due - now)
 
     def _project(self, snapshot: Snapshot) -> NodeHealthView | None:
-        return project(snapshot, self._served())
+        return project(snapshot, snapshot.plan.served_resources)
 
     def _observe(self, view: NodeHealthView | None) -> None:
         if view is not None:

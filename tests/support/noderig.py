@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from gpuagent.domain.devices import Condition, GpuHealth
-from gpuagent.domain.plan import Plan
 from gpuagent.domain.snapshot import Snapshot
 from gpuagent.kube.client import KubeApi, load_config
 from gpuagent.kube.nodehealth import NodeHealthWriter
@@ -94,7 +93,7 @@ def new_writer(
     :data:`WALL0` at its zero), and its API connection (the caller closes it)."""
     api = KubeApi(load_config(server.kubeconfig(kubeconfig)), timeout=2.0)
     writer = NodeHealthWriter(
-        store, api, node=server.node, served=lambda: Plan().served_resources, clock=clock,
+        store, api, node=server.node, clock=clock,
         wall=lambda: WALL0 + clock.now(), draw=draw, **options,
     )  # fmt: skip
     return writer, api
