@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gpuagent.app import Agent
+    from gpuagent.app.agent import Agent
     from gpuagent.config import Settings
 
 EXIT_OK = 0
@@ -39,7 +39,7 @@ def _main(args: list[str]) -> int:
     import uvloop  # noqa: PLC0415
 
     from gpuagent import logs  # noqa: PLC0415
-    from gpuagent.app import Agent  # noqa: PLC0415
+    from gpuagent.app.agent import Agent  # noqa: PLC0415
     from gpuagent.config import load_settings  # noqa: PLC0415
     from gpuagent.config.planning import (  # noqa: PLC0415
         check_socket_dirs,
@@ -80,7 +80,7 @@ async def _run(agent: Agent, settings: Settings) -> int:
 
     import structlog  # noqa: PLC0415
 
-    from gpuagent.app import FatalError  # noqa: PLC0415
+    from gpuagent.app.supervisor import FatalError  # noqa: PLC0415
     from gpuagent.domain.errors import SettingError  # noqa: PLC0415
 
     log = structlog.get_logger("gpuagent")

@@ -29,7 +29,7 @@ from support.grpcstubs import StubModules
 from support.metricsdoc import label_drift
 from support.waiting import eventually
 
-from gpuagent import app
+from gpuagent.app import startup
 from gpuagent.config import FILE_KEYS, OPTIONS, load_settings
 from gpuagent.config.cli import build_parser
 from gpuagent.config.planning import make_plan
@@ -410,7 +410,7 @@ async def test_quoted_probe_answers_are_what_the_agent_answers(
         await look(run)
 
     # Discovery held in a driver call (the rest starts without waiting the usual 2 s for it).
-    monkeypatch.setattr(app, "REGISTER_FIRST_SECONDS", 0.05)
+    monkeypatch.setattr(startup, "REGISTER_FIRST_SECONDS", 0.05)
     sleeps = Sleeps(hold=0.05)
     held = replace(node_from_count(1), latency=SimLatency(0.0, {"nvmlDeviceGetName": 0.05}))
     try:

@@ -14,7 +14,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 from support.fake_kubelet import FakeKubelet, Registration
 
-from gpuagent.app import Agent
+from gpuagent.app.agent import Agent
 from gpuagent.config import load_settings
 from gpuagent.config.planning import load_simulator
 from gpuagent.gpu.sim import SimDriver
@@ -138,9 +138,8 @@ async def running_agent(
         started.cancel()
         task.result()  # raises the agent's error
     assert agent.started.is_set(), "agent did not start in 10 s"
-    assert agent.http is not None
     async with aiohttp.ClientSession() as http:
-        running = RunningAgent(agent, stop, task, http, f"http://127.0.0.1:{agent.http.port}")
+        running = RunningAgent(agent, stop, task, http, f"http://127.0.0.1:{agent.rest.http.port}")
         try:
             yield running
         finally:

@@ -138,7 +138,7 @@ def test_python_loads_the_agent_from_bytecode(image: str) -> None:
     result = podman(
         "run", "--rm", "--network", "none", "--read-only", "--read-only-tmpfs=false",
         *RUN_LIMITS, "--entrypoint", "python3", image,
-        "-v", "-c", "import gpuagent.__main__, gpuagent.app",
+        "-v", "-c", "import gpuagent.__main__, gpuagent.app.agent",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     loaded = re.findall(r"^# code object from '([^']+)'$", result.stderr, re.MULTILINE)

@@ -14,7 +14,7 @@ from support.fake_kubelet import FakeKubelet
 from support.waiting import eventually
 
 from e2e.agentrun import RunningAgent, first_stream, registered_agent, running_agent
-from gpuagent.app import Agent
+from gpuagent.app.agent import Agent
 from gpuagent.config import load_settings
 from gpuagent.config.planning import load_simulator
 
@@ -307,11 +307,10 @@ async def test_a_slow_driver_holds_neither_the_probes_nor_the_rest_up(
     try:
         await asyncio.wait_for(agent.started.wait(), T)
         assert not agent.store.snapshot.discovered  # still waiting for GPU 1
-        assert agent.http is not None
         async with aiohttp.ClientSession() as http:
-            async with http.get(f"http://127.0.0.1:{agent.http.port}/healthz") as response:
+            async with http.get(f"http://127.0.0.1:{agent.rest.http.port}/healthz") as response:
                 assert response.status == 200
-            async with http.get(f"http://127.0.0.1:{agent.http.port}/readyz") as response:
+            async with http.get(f"http://127.0.0.1:{agent.rest.http.port}/readyz") as response:
                 assert response.status == 503
         assert fake_kubelet.registrations == []
     finally:

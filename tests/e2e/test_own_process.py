@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from support.fake_kubelet import FakeKubelet
 
-from gpuagent import app
-from gpuagent.app import Agent
+from gpuagent.app import tuning
+from gpuagent.app.agent import Agent
 from gpuagent.config import load_settings
 from gpuagent.config.planning import load_simulator
 
@@ -44,20 +44,20 @@ async def test_the_rest_is_imported_without_collections_and_with_short_gil_slice
     collector off and a short switch interval, then freezes what start-up built and turns the
     collector back on; an agent sharing its process (tests, embedding) changes neither."""
     seen: dict[str, object] = {}
-    real_import = app._import
+    real_import = tuning.import_modules
 
     def spying_import(modules: tuple[str, ...]) -> None:
         seen["collector on"] = gc.isenabled()
         seen["switch interval"] = sys.getswitchinterval()
         real_import(modules)
 
-    monkeypatch.setattr(app, "_import", spying_import)
+    monkeypatch.setattr(tuning, "import_modules", spying_import)
     switch = sys.getswitchinterval()
     frozen = gc.get_freeze_count()
     try:
         await _start_and_stop(_agent(device_plugin_dir, own_process=own_process))
         if own_process:
-            assert seen == {"collector on": False, "switch interval": app.IMPORT_SWITCH_INTERVAL}
+            assert seen == {"collector on": False, "switch interval": tuning.IMPORT_SWITCH_INTERVAL}
             assert gc.get_freeze_count() > frozen
         else:
             assert seen == {"collector on": True, "switch interval": switch}
@@ -75,7 +75,7 @@ async def test_a_start_that_fails_turns_the_collector_back_on(
     def failing_import(modules: tuple[str, ...]) -> None:
         raise ImportError("the rest cannot be imported")
 
-    monkeypatch.setattr(app, "_import", failing_import)
+    monkeypatch.setattr(tuning, "import_modules", failing_import)
     try:
         with pytest.raises(ImportError):
             await asyncio.wait_for(

@@ -114,8 +114,8 @@ async def test_renamed_resource_gets_pod_attribution_after_reload(
         # A container holds a replica of GPU 0 under a name this agent does not serve (yet).
         pod_resources.set([Held("ml", "train-0", "worker", "example.com/shared-gpu",
                                 (f"{uuid}::0",))])  # fmt: skip
-        assert run.agent.pod_resources is not None
-        await run.agent.pod_resources.refresh()
+        assert run.agent.rest.pod_resources is not None
+        await run.agent.rest.pod_resources.refresh()
         # Pod-resources answered, and the first probe's series are out (they may come later).
         text = await run.metrics_until(
             lambda t: value(t, "gpuagent_pod_resources_up") == 1 and bool(pods_on(t, "0"))

@@ -22,7 +22,7 @@ async def test_without_kubernetes_ready_once_discovered(
     # No kubelet stand-in: nothing to register with, and nothing is waited for.
     async with running_agent(device_plugin_dir, args) as run:
         assert run.agent.endpoints is None
-        assert run.agent.pod_resources is None
+        assert run.agent.rest.pod_resources is None
         status, body = await run.get("/readyz")
         assert (status, body) == (200, "ready\n")
         _, text = await run.get("/metrics")

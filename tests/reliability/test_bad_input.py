@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.fake_kubelet import FakeKubelet
 
-from gpuagent.app import Agent
+from gpuagent.app.agent import Agent
 from gpuagent.config import load_settings
 from gpuagent.gpu.sim import SimDriver, installed, node_from_count
 
@@ -195,9 +195,8 @@ async def test_sim_endpoints_are_absent_outside_simulation(
         task = asyncio.create_task(agent.run(stop))
         try:
             await asyncio.wait_for(agent.started.wait(), T)
-            assert agent.http is not None
             async with aiohttp.ClientSession() as http:
-                base = f"http://127.0.0.1:{agent.http.port}"
+                base = f"http://127.0.0.1:{agent.rest.http.port}"
                 async with http.get(base + "/sim/gpus") as response:
                     assert response.status == 404
                 async with http.post(base + "/sim/faults", json={"gpu": 0, "fault": "lost"}) as r:

@@ -1,0 +1,244 @@
+"""The agent, wired: settings → plan → store → driver → services.
+
+Everything the agent serves is derived from the store: the snapshot (devices, health, pods,
+registrations) and the plan it is served under (:mod:`gpuagent.config.planning`). This module
+only builds the parts and runs them: what serves the kubelet first is built with the agent, the
+driver's monitor as it starts, and the rest (:mod:`gpuagent.app.rest`) once the kubelet has its
+device plugin (:mod:`gpuagent.app.startup`); they run as supervised tasks and stop within a
+bounded shutdown (:mod:`gpuagent.app.supervisor`); reloads change the plan
+(:mod:`gpuagent.app.reload`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpuagent.app import policy
+from gpuagent.app.reload import Reloads
+from gpuagent.app.rest import Rest, build_rest
+from gpuagent.app.startup import Startup, listen
+from gpuagent.app.supervisor import Supervisor
+from gpuagent.app.tuning import collector_held
+from gpuagent.config import ConfigError, Settings
+from gpuagent.config.planning import check_socket_dirs, load_web_config, make_plan
+from gpuagent.domain.plan import Plan
+from gpuagent.domain.readiness import readiness
+from gpuagent.domain.serving import ResourceView, cdi_gated
+from gpuagent.gpu.monitor import GpuMonitor
+from gpuagent.gpu.nvml import Nvml
+from gpuagent.kubehealth import NodeHealthWanted, wanted
+from gpuagent.kubelet.endpoints import PluginEndpoints
+from gpuagent.kubelet.registration import Timing
+from gpuagent.state.store import DeviceStore
+from gpuagent.web.listener import Listener
+
+if TYPE_CHECKING:
+    from gpuagent.dra.side import DraSide
+    from gpuagent.gpu import sim
+
+__all__ = ["Agent"]
+
+
+class Agent:
+    """One agent: its store and plan, driver, kubelet endpoints, DRA side, node files and HTTP
+    server.
+
+    ``node_name`` overrides the settings' (``NODE_NAME``, else the host name); ``dra_options``
+    and ``node_health_options`` go to the DRA side and the node-health writer (tests shorten
+    their timings). ``settings_source`` reads the settings again for a reload (none: no reloads).
+    ``own_process``: the process is the agent's alone (the command line), so start-up may set
+    process-wide knobs (see :mod:`gpuagent.app.tuning`).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        plan: Plan | None = None,
+        simulator: sim.SimDriver | None = None,
+        sysfs_root: Path = Path("/sys"),
+        node_name: str | None = None,
+        registration_timing: Timing = Timing(),
+        nvml_call_timeout: float = 10.0,
+        settings_source: Callable[[], Settings] | None = None,
+        config_poll_interval: float = 2.0,
+        dra_options: Mapping[str, Any] | None = None,
+        node_health_options: Mapping[str, Any] | None = None,
+        own_process: bool = False,
+    ) -> None:
+        self.node_name = node_name or settings.node_name
+        self.store = DeviceStore(plan=plan or make_plan(settings))
+        check_socket_dirs(settings, self.store.plan)  # a file there: exit 2 before anything runs
+        self.web_config = load_web_config(settings)
+        self.simulator = simulator
+        self.view = ResourceView()
+        self.stopping = asyncio.Event()  # set when shutting down: streams end with UNAVAILABLE
+        self.started = asyncio.Event()
+        self.supervisor = Supervisor()
+        self.reloads = Reloads(
+            self.store,
+            settings,
+            source=settings_source,
+            poll_interval=config_poll_interval,
+        )
+        self.endpoints: PluginEndpoints | None = None
+        if settings.kubernetes:
+            self.endpoints = PluginEndpoints(
+                self.store,
+                self.view,
+                self.stopping,
+                socket_dir=settings.socket_dir,
+                kubelet_socket=settings.kubelet_socket,
+                timing=registration_timing,
+                on_allocate=self._allocated,
+            )
+        self.dra = self._dra_side(dra_options or {}) if self.store.plan.dra.gpus.enabled else None
+        # What of the node's GPU health is written, or why nothing is (ConfigError: exit 2).
+        self.node_health_wanted: NodeHealthWanted | str | None = wanted(settings)
+        self._node_health_options = node_health_options
+        self.listener = Listener(
+            settings.metrics_host,
+            settings.metrics_port,
+            ssl_context=self.web_config.ssl_context if self.web_config is not None else None,
+        )
+        self._sysfs_root = sysfs_root
+        self._nvml_call_timeout = nvml_call_timeout
+        self._own_process = own_process
+        self._rest: Rest | None = None  # once started
+
+    @property
+    def settings(self) -> Settings:
+        """The running settings (a reload changes the live ones)."""
+        return self.reloads.settings
+
+    @property
+    def rest(self) -> Rest:
+        """What runs beside the kubelet's device plugin: there once the agent has started."""
+        if self._rest is None:
+            raise RuntimeError("the agent has not started")
+        return self._rest
+
+    def _allocated(self) -> None:
+        if self._rest is not None and self._rest.pod_resources is not None:
+            self._rest.pod_resources.poke()
+
+    # ----- probes ------------------------------------------------------------------------------
+    def liveness(self) -> str | None:
+        return self.supervisor.liveness()
+
+    def readiness(self) -> str | None:
+        snapshot = self.store.snapshot
+        serving = snapshot.plan.serving
+        self.view.resources(snapshot, serving)  # builds (or finds cached) them, or the error
+        reason = readiness(snapshot, self.view.error, kubernetes=self.settings.kubernetes)
+        cdi = snapshot.cdi
+        if (
+            reason is None
+            and cdi is not None
+            and cdi.error
+            and cdi_gated(snapshot, serving.containers)
+        ):
+            return f"CDI spec not written (devices it lacks are not offered): {cdi.error}"
+        if reason is None and self.dra is not None:
+            return self.dra.readiness()
+        return reason
+
+    def _dra_side(self, options: Mapping[str, Any]) -> DraSide:
+        """The DRA side (imported only when DRA is on: its API client costs memory)."""
+        from gpuagent.dra.side import DraSide, KubeConfigError  # noqa: PLC0415
+
+        settings = self.settings
+        try:
+            return DraSide(
+                self.store,
+                node=self.node_name,
+                plugins_dir=settings.plugins_dir,
+                registry_dir=settings.plugins_registry_dir,
+                cdi_dir=settings.cdi_spec_dir,
+                kubeconfig=settings.kubeconfig,
+                stopping=self.stopping,
+                node_spec=policy.dra_node_spec(settings),
+                **options,
+            )
+        except KubeConfigError as exc:
+            raise ConfigError("kubeconfig", str(exc)) from exc
+
+    # ----- lifecycle ---------------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        """Run until ``stop`` is set, then shut down.
+
+        Raises :class:`~gpuagent.app.supervisor.FatalError` when the agent cannot go on, and
+        :class:`ConfigError` when a setting keeps it from starting (the metrics address cannot be
+        bound: said before anything starts, so before any line of a shutdown).
+        """
+        settings = self.settings
+        await listen(self.listener, settings)
+        if self.simulator is not None:
+            from gpuagent.gpu import sim  # noqa: PLC0415
+
+            sim.install(self.simulator)
+        monitor = GpuMonitor(
+            self.store,
+            Nvml(self._sysfs_root, processes=settings.container_accounting),
+            poll_interval=settings.poll_interval,
+            call_timeout=self._nvml_call_timeout,
+            nvml_timeout=settings.nvml_timeout,
+        )
+        startup = Startup(
+            self.store,
+            settings,
+            self.supervisor,
+            monitor,
+            endpoints=self.endpoints,
+            dra=self.dra,
+            stopping=self.stopping,
+            keeps_cdi_spec=policy.keeps_cdi_spec(settings, simulated=self.simulator is not None),
+            node_health=self.node_health_wanted,
+            own_process=self._own_process,
+            build_rest=lambda cdi: build_rest(
+                self.store,
+                settings,
+                node_name=self.node_name,
+                monitor=monitor,
+                probes=self,
+                listener=self.listener,
+                web_config=self.web_config,
+                simulator=self.simulator,
+                sysfs_root=self._sysfs_root,
+                cdi=cdi,
+                dra=self.dra,
+                node_health=self.node_health_wanted,
+                node_health_options=self._node_health_options,
+            ),
+        )
+        try:
+            with collector_held(own_process=self._own_process) as started:
+                self._rest = rest = await startup.start()
+                if self.reloads.enabled:
+                    self.supervisor.spawn("config-reload", self.reloads.run(rest))
+                started()
+                self.started.set()
+                await self.supervisor.supervise(stop)
+        finally:
+            await self.supervisor.shut_down(
+                stopping=self.stopping,
+                endpoints=self.endpoints,
+                http=self._rest.http if self._rest is not None else None,
+                node_health_api=self._rest.node_health_api if self._rest is not None else None,
+                listener=self.listener,
+                dra=self.dra,
+                monitor=monitor,
+                simulator=self.simulator,
+            )
+
+    # ----- reload ------------------------------------------------------------------------------
+    def request_reload(self) -> None:
+        """Re-read flags, environment and config file soon (SIGHUP)."""
+        self.reloads.request()
+
+    async def reload(self) -> list[str] | None:
+        """Re-read the settings and apply them (see :meth:`Reloads.reload`)."""
+        return await self.reloads.reload(self.rest)

@@ -1,0 +1,108 @@
+"""What the agent decides from its settings and its node, apart from the wiring: which GPUs
+``--dra-gpus`` names that the node lacks, which of the host's files simulated GPUs may reach,
+where the CDI spec goes, and what container accounting cannot see."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from gpuagent.config import Settings
+from gpuagent.config.planning import driver_root_as_read
+from gpuagent.domain.containers import CDI_SPEC_DIR
+
+if TYPE_CHECKING:  # the node files' modules are imported off the loop (see startup.py)
+    from gpuagent.domain.dra import DraGpus
+    from gpuagent.domain.snapshot import Snapshot
+    from gpuagent.nodefiles.cdikeeper import CdiTarget
+    from gpuagent.nodefiles.labelkeeper import NodeFiles
+    from gpuagent.state.store import DeviceStore
+
+__all__ = [
+    "absent_dra_gpus",
+    "cdi_target",
+    "dra_node_spec",
+    "keeps_cdi_spec",
+    "node_files",
+    "warn_of_a_pid_namespace",
+]
+
+log = structlog.get_logger("gpuagent")
+
+
+def absent_dra_gpus(gpus: DraGpus, snapshot: Snapshot, count: int) -> str | None:
+    """Why ``gpus`` (``--dra-gpus``) cannot be served on the node of ``snapshot`` (``count``
+    GPUs): the GPUs it names that the node does not have; None when there are none (so far)."""
+    absent = gpus.absent(snapshot.gpus, count)
+    if not absent:
+        return None
+    has = f"GPU indexes 0-{count - 1}" if count else "no GPUs"
+    if any(not ref.isdigit() for ref in absent):
+        uuids = ", ".join(g.uuid for g in sorted(snapshot.gpus, key=lambda g: g.index))
+        has += f" and UUIDs {uuids}" if uuids else ""
+    named = ", ".join(f"GPU {ref}" if ref.isdigit() else ref for ref in absent)
+    return f"names {named}, which this node does not have (it has {has})"
+
+
+def cdi_target(settings: Settings) -> CdiTarget:
+    """Where the CDI spec goes and how the driver's files are found (node spec and DRA claims)."""
+    from gpuagent.nodefiles.cdikeeper import CdiTarget  # noqa: PLC0415
+
+    return CdiTarget(
+        spec_dir=settings.cdi_spec_dir,
+        mode=settings.cdi_spec,
+        driver_root=str(settings.nvidia_driver_root),
+        read_root=driver_root_as_read(settings),
+        hook_path=settings.nvidia_cdi_hook_path,
+    )
+
+
+def node_files(
+    store: DeviceStore, settings: Settings, *, sysfs_root: Path, simulated: bool
+) -> NodeFiles:
+    """The node's files this agent may write besides the CDI spec: simulated GPUs must not reach
+    the host's real node-feature-discovery directory by default."""
+    from gpuagent.nodefiles.labelkeeper import LabelTarget, NodeFiles  # noqa: PLC0415
+    from gpuagent.nodefiles.labels import DEFAULT_FEATURES_FILE  # noqa: PLC0415
+
+    labels: LabelTarget | None = LabelTarget(
+        path=settings.node_labels_file,
+        machine_type_file=settings.machine_type_file,
+        sysfs_root=sysfs_root,
+    )
+    if not settings.node_labels or (
+        simulated and settings.node_labels_file == DEFAULT_FEATURES_FILE
+    ):
+        labels = None
+    return NodeFiles(store, labels=labels)
+
+
+def keeps_cdi_spec(settings: Settings, *, simulated: bool) -> bool:
+    """Whether this agent keeps the node's CDI spec: simulated GPUs must not reach the host's
+    real CDI directory by default."""
+    return not (simulated and settings.cdi_spec_dir == Path(CDI_SPEC_DIR))
+
+
+def warn_of_a_pid_namespace() -> None:
+    """With container accounting on: say so when the agent is PID 1 of its own PID namespace,
+    where NVML lists no other container's processes."""
+    if os.getpid() == 1:
+        log.warning(
+            "container accounting is on, but the agent is PID 1 of its own PID "
+            "namespace: NVML lists no other container's processes (run it in the host's "
+            "PID namespace, or set container-accounting: false)"
+        )
+
+
+def dra_node_spec(settings: Settings) -> Callable[[Snapshot], Mapping[str, Any] | None]:
+    """The node's CDI spec as DRA's claims edit it: it follows the serving plan's container
+    settings, as the node spec does, and is built again only when the devices, the driver or
+    those settings change."""
+    from gpuagent.nodefiles.cdikeeper import NodeSpecs  # noqa: PLC0415
+
+    specs = NodeSpecs(cdi_target(settings))
+    return lambda snapshot: specs.get(snapshot, snapshot.plan.serving.containers)

@@ -1,0 +1,163 @@
+"""The reload path: SIGHUP, or a change of the config file.
+
+A reload re-reads flags, environment and config file (off the loop), checks the result as a
+start would and against the node (a ``--dra-gpus`` GPU it does not have), then applies it as a
+whole: the settings the plan holds, as the next plan. What only a restart can change is named in
+the log. An invalid configuration is refused as a whole: the running one stays.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+import structlog
+
+from gpuagent.app import policy
+from gpuagent.config import ConfigError, Settings
+from gpuagent.config.planning import LIVE, keep_restart_only, make_plan, restart_keys
+from gpuagent.domain.errors import SettingError
+from gpuagent.domain.plan import Plan
+from gpuagent.state.store import DeviceStore
+
+if TYPE_CHECKING:
+    from gpuagent.nodefiles.cdikeeper import CdiSpecKeeper
+
+__all__ = ["Node", "Reloads"]
+
+log = structlog.get_logger("gpuagent")
+
+#: A file's identity and contents as ``stat`` tells them; None while it cannot be read.
+Stamp = tuple[int, ...] | None
+
+
+class Node(Protocol):
+    """What a reload checks the configuration against, and updates first: the started agent's
+    GPUs (as the driver counts them) and the CDI spec's keeper (if it keeps the spec)."""
+
+    @property
+    def gpu_count(self) -> int: ...
+
+    @property
+    def cdi(self) -> CdiSpecKeeper | None: ...
+
+
+class Reloads:
+    """The running settings, and the reloads that change them.
+
+    ``source`` reads the settings again (flags, environment, config file); without it the agent
+    does not reload. ``poll_interval``: how often the config file is looked at (size, times or
+    inode: a ConfigMap update swaps a symlink).
+    """
+
+    def __init__(
+        self,
+        store: DeviceStore,
+        settings: Settings,
+        *,
+        source: Callable[[], Settings] | None,
+        poll_interval: float,
+    ) -> None:
+        self.settings = settings
+        self._store = store
+        self._source = source
+        self._poll_interval = poll_interval
+        self._requested = asyncio.Event()
+
+    @property
+    def enabled(self) -> bool:
+        return self._source is not None
+
+    def request(self) -> None:
+        """Reload soon (SIGHUP); the work is done off the signal handler, the reading off the
+        loop."""
+        self._requested.set()
+
+    async def run(self, node: Node) -> None:
+        """Reload on :meth:`request`, and when a watched file changes (a ConfigMap update, an
+        edit: its size, times or inode move)."""
+        interval = self._poll_interval if self._watched() else None
+        stamps = await asyncio.to_thread(_stamps, self._watched())
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval):
+                    await self._requested.wait()
+            asked = self._requested.is_set()
+            self._requested.clear()
+            if interval is not None:
+                seen, stamps = stamps, await asyncio.to_thread(_stamps, self._watched())
+                changed = [p for p, stamp in stamps.items() if p in seen and seen[p] != stamp]
+                if not asked and not changed:
+                    continue
+                if not asked:
+                    log.info("config file changed; reloading", path=str(changed[0]))
+            await self.reload(node)
+
+    async def reload(self, node: Node) -> list[str] | None:
+        """Read the configuration again (off the loop) and apply it; returns the keys that need a
+        restart to change, or ``None`` when it is invalid (nothing changes)."""
+        try:
+            settings, plan = await asyncio.to_thread(self._read)
+        except SettingError as exc:
+            self._refuse(exc)
+            return None
+        snapshot = self._store.snapshot
+        if snapshot.discovered:
+            absent = policy.absent_dra_gpus(plan.dra.gpus, snapshot, node.gpu_count)
+            if absent is not None:
+                self._refuse(ConfigError("dra-gpus", absent))
+                return None
+        if node.cdi is not None and plan.writes_cdi_spec and snapshot.discovered:
+            # The spec first, then the plan: an Allocate answered with CDI names finds them.
+            containers = keep_restart_only(plan, self._store.plan).serving.containers
+            await node.cdi.sync(snapshot, containers)
+        return self.apply(settings, plan)
+
+    def apply(self, settings: Settings, plan: Plan) -> list[str]:
+        """Serve under ``plan`` (from ``settings``) from now on; returns the keys of ``settings``
+        that need a restart to change. A plan equal to the running one changes nothing."""
+        restart = restart_keys(self.settings, settings)
+        published = self._store.publish(keep_restart_only(plan, self._store.plan))
+        self.settings = replace(self.settings, **{k: getattr(settings, k) for k in LIVE})
+        self._store.counters.reloaded("changed" if published is not None else "unchanged")
+        generation = self._store.plan.generation
+        if published is not None:
+            log.info("configuration reloaded", generation=generation, needs_restart=restart)
+        else:
+            log.info("configuration unchanged", generation=generation, needs_restart=restart)
+        if restart:
+            log.warning("changed settings take effect only after a restart", keys=restart)
+        return restart
+
+    def _refuse(self, error: SettingError) -> None:
+        self._store.counters.reloaded("invalid")
+        log.error("reloaded configuration is invalid; keeping the running one", error=str(error))
+
+    def _read(self) -> tuple[Settings, Plan]:
+        """The settings, and their plan (checked as at start), read again."""
+        assert self._source is not None
+        settings = self._source()
+        return settings, make_plan(settings)
+
+    def _watched(self) -> tuple[Path, ...]:
+        config = self.settings.config_file
+        return () if config is None else (config,)
+
+
+def _stamps(paths: Iterable[Path]) -> dict[Path, Stamp]:
+    return {path: _file_stamp(path) for path in paths}
+
+
+def _file_stamp(path: Path) -> Stamp:
+    """What changes when the file does (a ConfigMap swaps a symlink: a new inode), or None
+    while it cannot be read."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
