@@ -2,8 +2,8 @@
 
 A reload re-reads flags, environment and config file (off the loop), checks the result as a
 start would and against the node (a ``--dra-gpus`` GPU it does not have), then applies it as a
-whole: the settings the plan holds, as the next plan. What only a restart can change is named in
-the log. An invalid configuration is refused as a whole: the running one stays.
+whole: the live settings (declared on their options) as the next plan. What only a restart can
+change is named in the log. An invalid configuration is refused as a whole: the running one stays.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -20,7 +19,7 @@ import structlog
 
 from gpuagent.app import policy
 from gpuagent.config import ConfigError, Settings
-from gpuagent.config.planning import LIVE, keep_restart_only, make_plan, restart_keys
+from gpuagent.config.planning import live_settings, make_plan, reloaded_plan, restart_keys
 from gpuagent.domain.errors import SettingError
 from gpuagent.domain.plan import Plan
 from gpuagent.state.store import DeviceStore
@@ -112,18 +111,19 @@ class Reloads:
             if absent is not None:
                 self._refuse(ConfigError("dra-gpus", absent))
                 return None
-        if node.cdi is not None and plan.writes_cdi_spec and snapshot.discovered:
+        served = reloaded_plan(self._store.plan, live_settings(self.settings, settings))
+        if node.cdi is not None and served.writes_cdi_spec and snapshot.discovered:
             # The spec first, then the plan: an Allocate answered with CDI names finds them.
-            containers = keep_restart_only(plan, self._store.plan).serving.containers
-            await node.cdi.sync(snapshot, containers)
-        return self.apply(settings, plan)
+            await node.cdi.sync(snapshot, served.serving.containers)
+        return self.apply(settings, served)
 
     def apply(self, settings: Settings, plan: Plan) -> list[str]:
-        """Serve under ``plan`` (from ``settings``) from now on; returns the keys of ``settings``
-        that need a restart to change. A plan equal to the running one changes nothing."""
+        """Serve under ``plan`` (the live part of ``settings``) from now on; returns the keys of
+        ``settings`` that need a restart to change. A plan equal to the running one changes
+        nothing."""
         restart = restart_keys(self.settings, settings)
-        published = self._store.publish(keep_restart_only(plan, self._store.plan))
-        self.settings = replace(self.settings, **{k: getattr(settings, k) for k in LIVE})
+        published = self._store.publish(plan)
+        self.settings = live_settings(self.settings, settings)
         self._store.counters.reloaded("changed" if published is not None else "unchanged")
         generation = self._store.plan.generation
         if published is not None:

@@ -43,7 +43,11 @@ CDI_SPECS = ("write", CDI_SPEC_TOOLKIT)
 
 @dataclass(frozen=True, slots=True)
 class Option(Generic[T]):
-    """One setting: its flag spelling, config key, environment names and parser."""
+    """One setting: its flag spelling, config key, environment names and parser.
+
+    ``live``: a reload applies it without a restart (the plan holds it: see
+    :mod:`gpuagent.config.planning`); any other setting is read once, at start.
+    """
 
     name: str
     parse: Callable[[object], T]
@@ -53,6 +57,7 @@ class Option(Generic[T]):
     env_aliases: tuple[str, ...] = ()
     is_bool: bool = False
     in_file: bool = True
+    live: bool = False
 
     @property
     def dest(self) -> str:
@@ -101,6 +106,7 @@ RESOURCE_NAME = Option(
     parse_resource_name,
     "extended resource for full GPUs (default nvidia.com/gpu)",
     "NAME",
+    live=True,
 )
 DEVICE_LIST_STRATEGY = Option(
     "device-list-strategy",
@@ -108,6 +114,7 @@ DEVICE_LIST_STRATEGY = Option(
     f"comma list of {', '.join(s.value for s in DeviceListStrategy)} (default envvar)",
     "LIST",
     env_aliases=("DEVICE_LIST_STRATEGY",),
+    live=True,
 )
 DEVICE_ID_STRATEGY = Option(
     "device-id-strategy",
@@ -115,6 +122,7 @@ DEVICE_ID_STRATEGY = Option(
     "uuid or index (default uuid)",
     "STRATEGY",
     env_aliases=("DEVICE_ID_STRATEGY",),
+    live=True,
 )
 MIG_STRATEGY = Option(
     "mig-strategy",
@@ -122,6 +130,7 @@ MIG_STRATEGY = Option(
     "none, single or mixed (default none)",
     "STRATEGY",
     env_aliases=("MIG_STRATEGY",),
+    live=True,
 )
 FAIL_ON_INIT_ERROR = Option(
     "fail-on-init-error",
@@ -137,6 +146,7 @@ PASS_DEVICE_SPECS = Option(
     "brings them (default false)",
     env_aliases=("PASS_DEVICE_SPECS",),
     is_bool=True,
+    live=True,
 )
 NVIDIA_DRIVER_ROOT = Option(
     "nvidia-driver-root",
@@ -152,6 +162,7 @@ DISABLE_HEALTHCHECKS = Option(
     "XIDs to ignore, 'xids' or 'all' (comma list)",
     "LIST",
     env_aliases=("DP_DISABLE_HEALTHCHECKS",),
+    live=True,
 )
 ENABLE_HEALTHCHECKS = Option(
     "enable-healthchecks",
@@ -159,6 +170,7 @@ ENABLE_HEALTHCHECKS = Option(
     "XIDs to check even if disabled, or 'all' (comma list)",
     "LIST",
     env_aliases=("DP_ENABLE_HEALTHCHECKS",),
+    live=True,
 )
 POLL_INTERVAL = Option(
     "poll-interval",
@@ -218,6 +230,7 @@ SHARING = Option(
     "time-slicing as in NVIDIA's config file: {timeSlicing: {renameByDefault, "
     "failRequestsGreaterThanOne, resources: [{name, replicas, devices, rename}]}}",
     "YAML",
+    live=True,
 )
 SHARED_DEVICES_ALLOCATION_POLICY = Option(
     "shared-devices-allocation-policy",
@@ -225,6 +238,7 @@ SHARED_DEVICES_ALLOCATION_POLICY = Option(
     "preferred placement of replicas and MIG devices: distributed or packed (default distributed)",
     "POLICY",
     env_aliases=("SHARED_DEVICES_ALLOCATION_POLICY",),
+    live=True,
 )
 CDI_ANNOTATION_PREFIX = Option(
     "cdi-annotation-prefix",
@@ -232,6 +246,7 @@ CDI_ANNOTATION_PREFIX = Option(
     "annotation prefix of the cdi-annotations strategy (default cdi.k8s.io/)",
     "PREFIX",
     env_aliases=("CDI_ANNOTATION_PREFIX",),
+    live=True,
 )
 CDI_SPEC_DIR = Option(
     "cdi-spec-dir",

@@ -6,8 +6,11 @@ domain may not look up itself (which driver control nodes exist). The files the 
 — the web config, the simulated node — are loaded here too, so every setting's error is a
 :class:`~gpuagent.config.ConfigError` naming it (exit code 2) before anything starts.
 
-:func:`restart_keys` says which settings a reload cannot apply: everything the plan does not
-hold (sockets, addresses, intervals, files) is read once at start.
+A reload applies the options declared ``live`` (:class:`~gpuagent.config.options.Option`), the
+ones the plan holds: :func:`live_settings` takes them from the reloaded settings, and
+:func:`reloaded_plan` is the plan of the result. :func:`restart_keys` says which settings a reload
+cannot apply: everything else (sockets, addresses, intervals, files, and the plan's parts read
+once: the driver root, the CDI spec's mode, the DRA split) is read once at start.
 """
 
 from __future__ import annotations
@@ -36,21 +39,16 @@ __all__ = [
     "LIVE",
     "check_socket_dirs",
     "driver_root_as_read",
-    "keep_restart_only",
+    "live_settings",
     "load_simulator",
     "load_web_config",
     "make_plan",
+    "reloaded_plan",
     "restart_keys",
 ]
 
 # Settings the plan holds: a reload applies them without a restart.
-LIVE = frozenset(
-    {
-        "resource_name", "device_list_strategy", "device_id_strategy", "mig_strategy",
-        "pass_device_specs", "sharing", "shared_devices_allocation_policy",
-        "cdi_annotation_prefix", "disable_healthchecks", "enable_healthchecks",
-    }
-)  # fmt: skip
+LIVE = frozenset(opt.dest for opt in OPTIONS if opt.live)
 _SPELLING = {opt.dest: opt.name for opt in OPTIONS}
 
 
@@ -99,21 +97,16 @@ def make_plan(settings: Settings, *, control_nodes: tuple[str, ...] | None = Non
     return Plan(serving=serving, health=health, dra=dra)
 
 
-def keep_restart_only(reloaded: Plan, running: Plan) -> Plan:
-    """``reloaded`` with what only a restart may change taken from ``running``: the driver root
-    (device nodes found there), the CDI spec's mode, which GPUs DRA serves and as which driver
-    (so a GPU never shows up in both APIs, or in neither)."""
-    containers = replace(
-        reloaded.serving.containers,
-        dev_root=running.serving.containers.dev_root,
-        control_nodes=running.serving.containers.control_nodes,
-        cdi_kind=running.serving.containers.cdi_kind,
-    )
-    return replace(
-        reloaded,
-        serving=replace(reloaded.serving, containers=containers, dra_gpus=running.serving.dra_gpus),
-        dra=replace(running.dra, mig_strategy=reloaded.dra.mig_strategy),
-    )
+def live_settings(running: Settings, reloaded: Settings) -> Settings:
+    """What a reload to ``reloaded`` runs under: ``running`` with the live settings of
+    ``reloaded`` (the others wait for a restart)."""
+    return replace(running, **{key: getattr(reloaded, key) for key in LIVE})
+
+
+def reloaded_plan(running: Plan, settings: Settings) -> Plan:
+    """The plan a reload serves, for ``settings`` (from :func:`live_settings`), with the host's
+    facts found at start kept from the ``running`` plan (the driver's control nodes)."""
+    return make_plan(settings, control_nodes=running.serving.containers.control_nodes)
 
 
 def driver_root_as_read(settings: Settings) -> Path:
