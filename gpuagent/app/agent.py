@@ -83,6 +83,7 @@ class Agent:
             settings,
             source=settings_source,
             poll_interval=config_poll_interval,
+            web_config=self.web_config,
         )
         self.endpoints: PluginEndpoints | None = None
         if settings.kubernetes:

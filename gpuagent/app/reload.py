@@ -1,9 +1,10 @@
-"""The reload path: SIGHUP, or a change of the config file.
+"""The one reload path: SIGHUP, or a change of the config file or of the web config's files.
 
-A reload re-reads flags, environment and config file (off the loop), checks the result as a
-start would and against the node (a ``--dra-gpus`` GPU it does not have), then applies it as a
-whole: the live settings (declared on their options) as the next plan. What only a restart can
-change is named in the log. An invalid configuration is refused as a whole: the running one stays.
+A reload re-reads flags, environment and config file, and the web config (off the loop), checks
+the result as a start would and against the node (a ``--dra-gpus`` GPU it does not have), then
+applies it as a whole: the live settings (declared on their options) as the next plan, the web
+config's users, headers and certificates. What only a restart can change is named in the log.
+An invalid configuration is refused as a whole: the running one stays.
 """
 
 from __future__ import annotations
@@ -19,13 +20,21 @@ import structlog
 
 from gpuagent.app import policy
 from gpuagent.config import ConfigError, Settings
-from gpuagent.config.planning import live_settings, make_plan, reloaded_plan, restart_keys
+from gpuagent.config.planning import (
+    live_settings,
+    make_plan,
+    reloaded_plan,
+    reread_web_config,
+    restart_keys,
+    use_web_config,
+)
 from gpuagent.domain.errors import SettingError
 from gpuagent.domain.plan import Plan
 from gpuagent.state.store import DeviceStore
 
 if TYPE_CHECKING:
     from gpuagent.nodefiles.cdikeeper import CdiSpecKeeper
+    from gpuagent.web.webconfig import WebConfig, WebConfigFile
 
 __all__ = ["Node", "Reloads"]
 
@@ -50,8 +59,8 @@ class Reloads:
     """The running settings, and the reloads that change them.
 
     ``source`` reads the settings again (flags, environment, config file); without it the agent
-    does not reload. ``poll_interval``: how often the config file is looked at (size, times or
-    inode: a ConfigMap update swaps a symlink).
+    does not reload. ``poll_interval``: how often the config file and the web config's files are
+    looked at (size, times or inode: a ConfigMap update swaps a symlink).
     """
 
     def __init__(
@@ -61,11 +70,13 @@ class Reloads:
         *,
         source: Callable[[], Settings] | None,
         poll_interval: float,
+        web_config: WebConfigFile | None,
     ) -> None:
         self.settings = settings
         self._store = store
         self._source = source
         self._poll_interval = poll_interval
+        self._web = web_config
         self._requested = asyncio.Event()
 
     @property
@@ -101,7 +112,7 @@ class Reloads:
         """Read the configuration again (off the loop) and apply it; returns the keys that need a
         restart to change, or ``None`` when it is invalid (nothing changes)."""
         try:
-            settings, plan = await asyncio.to_thread(self._read)
+            settings, plan, web = await asyncio.to_thread(self._read)
         except SettingError as exc:
             self._refuse(exc)
             return None
@@ -112,6 +123,12 @@ class Reloads:
                 self._refuse(ConfigError("dra-gpus", absent))
                 return None
         served = reloaded_plan(self._store.plan, live_settings(self.settings, settings))
+        if web is not None and self._web is not None:
+            try:
+                use_web_config(self._web, web)
+            except SettingError as exc:
+                self._refuse(exc)
+                return None
         if node.cdi is not None and served.writes_cdi_spec and snapshot.discovered:
             # The spec first, then the plan: an Allocate answered with CDI names finds them.
             await node.cdi.sync(snapshot, served.serving.containers)
@@ -138,15 +155,17 @@ class Reloads:
         self._store.counters.reloaded("invalid")
         log.error("reloaded configuration is invalid; keeping the running one", error=str(error))
 
-    def _read(self) -> tuple[Settings, Plan]:
-        """The settings, and their plan (checked as at start), read again."""
+    def _read(self) -> tuple[Settings, Plan, WebConfig | None]:
+        """The settings, their plan (checked as at start) and the web config, read again."""
         assert self._source is not None
         settings = self._source()
-        return settings, make_plan(settings)
+        plan = make_plan(settings)
+        web = reread_web_config(self._web) if self._web is not None else None
+        return settings, plan, web
 
     def _watched(self) -> tuple[Path, ...]:
         config = self.settings.config_file
-        return () if config is None else (config,)
+        return (*(() if config is None else (config,)), *(self._web.files() if self._web else ()))
 
 
 def _stamps(paths: Iterable[Path]) -> dict[Path, Stamp]:

@@ -33,7 +33,7 @@ from gpuagent.sockets.dirwatch import file_in_the_way
 
 if TYPE_CHECKING:  # imported when used: neither is needed on most nodes
     from gpuagent.gpu import sim
-    from gpuagent.web.webconfig import WebConfigFile
+    from gpuagent.web.webconfig import WebConfig, WebConfigFile
 
 __all__ = [
     "LIVE",
@@ -44,7 +44,9 @@ __all__ = [
     "load_web_config",
     "make_plan",
     "reloaded_plan",
+    "reread_web_config",
     "restart_keys",
+    "use_web_config",
 ]
 
 # Settings the plan holds: a reload applies them without a restart.
@@ -134,6 +136,24 @@ def load_web_config(settings: Settings) -> WebConfigFile | None:
         return WebConfigFile(settings.web_config_file)
     except SettingError as exc:
         raise _in_file("web-config-file", settings.web_config_file, exc) from exc
+
+
+def reread_web_config(web: WebConfigFile) -> WebConfig:
+    """The running ``--web-config-file`` read again for a reload (blocking: call it off the
+    loop), checked as at start; raises :class:`ConfigError`."""
+    try:
+        return web.reread()
+    except SettingError as exc:
+        raise _in_file("web-config-file", web.path, exc) from exc
+
+
+def use_web_config(web: WebConfigFile, config: WebConfig) -> bool:
+    """Serve ``config`` (from :func:`reread_web_config`) from now on; returns whether it changed.
+    Raises :class:`ConfigError` when its certificates no longer load (replaced since)."""
+    try:
+        return web.use(config)
+    except SettingError as exc:
+        raise _in_file("web-config-file", web.path, exc) from exc
 
 
 def load_simulator(settings: Settings) -> sim.SimDriver | None:

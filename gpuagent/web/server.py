@@ -115,18 +115,20 @@ def build_app(
 def _auth_middleware(web_config: WebConfigFile | None) -> Middleware:
     @web.middleware
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if web_config is not None:
-            web_config.refresh(time.monotonic())
-            if web_config.auth.enabled and request.path not in UNAUTHENTICATED:
-                result = await web_config.auth.check(request.headers.get("Authorization"))
-                if result == AuthResult.BUSY:
-                    return web.Response(status=429, text="too many authentication attempts\n")
-                if result != AuthResult.OK:
-                    return web.Response(
-                        status=401,
-                        text="unauthorized\n",
-                        headers={"WWW-Authenticate": 'Basic realm="gpuagent"'},
-                    )
+        if (
+            web_config is not None
+            and web_config.auth.enabled
+            and request.path not in UNAUTHENTICATED
+        ):
+            result = await web_config.auth.check(request.headers.get("Authorization"))
+            if result == AuthResult.BUSY:
+                return web.Response(status=429, text="too many authentication attempts\n")
+            if result != AuthResult.OK:
+                return web.Response(
+                    status=401,
+                    text="unauthorized\n",
+                    headers={"WWW-Authenticate": 'Basic realm="gpuagent"'},
+                )
         return await handler(request)
 
     return auth

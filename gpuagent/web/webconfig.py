@@ -265,58 +265,66 @@ def _check_keys(
 
 
 class WebConfigFile:
-    """The web config as loaded, re-read when the file (or a TLS file) changes.
+    """The web config as loaded at start, and as reloaded since.
 
-    exporter-toolkit re-reads its file on every request; here a request checks the files'
-    modification times at most once a second. A changed file that no longer parses is logged and
-    the previous config kept. TLS itself can be turned on or off only by a restart; new
-    certificates are loaded into the running server's context.
+    The agent's reload (SIGHUP, or a change of the config file, of this file or of a TLS file it
+    names) reads it again with the rest of the configuration (:meth:`reread`, off the loop) and
+    serves it (:meth:`use`): new certificates are loaded into the running server's context, for
+    new connections. A file that no longer parses refuses the whole reload. TLS itself can be
+    turned on or off only by a restart.
     """
-
-    CHECK_INTERVAL = 1.0
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.config = load_web_config(path)
         self.ssl_context = self.config.tls.context() if self.config.tls else None
-        self._stamp = self._stamps()
-        self._checked = 0.0
         self.auth = BasicAuth(self.config.users)
+        self._stamp = _stamps(self.files())
 
-    def _stamps(self) -> tuple[tuple[int, int, int], ...]:
-        files = (self.path, *(self.config.tls.files() if self.config.tls else ()))
-        out = []
-        for f in files:
-            try:
-                st = os.stat(f)
-                out.append((st.st_mtime_ns, st.st_size, st.st_ino))
-            except OSError:
-                out.append((0, 0, 0))
-        return tuple(out)
+    def files(self) -> tuple[Path, ...]:
+        """The files a change of the web config is a change of: itself and its TLS files."""
+        return _files(self.path, self.config)
 
-    def refresh(self, now: float) -> None:
-        """Reload if a file changed since the last look (looks at most once a second)."""
-        if now - self._checked < self.CHECK_INTERVAL:
-            return
-        self._checked = now
-        stamp = self._stamps()
-        if stamp == self._stamp:
-            return
-        self._stamp = stamp
-        try:
-            config = load_web_config(self.path)
-            if config.tls is not None and self.ssl_context is not None:
-                config.tls.load_into(self.ssl_context)
-        except WebConfigError as exc:
-            log.error("web config not reloaded; keeping the previous one", error=str(exc))
-            return
+    def reread(self) -> WebConfig:
+        """The file read again and checked, TLS files included (blocking: call it off the loop);
+        raises :class:`WebConfigError`."""
+        config = load_web_config(self.path)
         if (config.tls is None) != (self.config.tls is None):
-            log.error("web config not reloaded: turning TLS on or off needs a restart")
-            return
+            raise WebConfigError("tls_server_config", "turning TLS on or off needs a restart")
+        if config.tls is not None:
+            config.tls.context()  # its files load (into a context of their own)
+        return config
+
+    def use(self, config: WebConfig) -> bool:
+        """Serve ``config`` (as :meth:`reread` returned it) from now on, its certificates loaded
+        again; returns whether it changed (the file, or a file it names). Raises
+        :class:`WebConfigError` when the certificates no longer load (replaced since)."""
+        stamp = _stamps(_files(self.path, config))
+        changed = config != self.config or stamp != self._stamp
+        if changed and config.tls is not None and self.ssl_context is not None:
+            config.tls.load_into(self.ssl_context)
+        if config.users != self.config.users:
+            self.auth = BasicAuth(config.users)
         self.config = config
-        self.auth = BasicAuth(config.users)
-        self._stamp = self._stamps()
-        log.info("web config reloaded", path=str(self.path))
+        self._stamp = stamp
+        if changed:
+            log.info("web config reloaded", path=str(self.path))
+        return changed
+
+
+def _files(path: Path, config: WebConfig) -> tuple[Path, ...]:
+    return (path, *(config.tls.files() if config.tls else ()))
+
+
+def _stamps(files: tuple[Path, ...]) -> tuple[tuple[int, int, int], ...]:
+    out = []
+    for f in files:
+        try:
+            st = os.stat(f)
+            out.append((st.st_mtime_ns, st.st_size, st.st_ino))
+        except OSError:
+            out.append((0, 0, 0))
+    return tuple(out)
 
 
 class AuthResult:

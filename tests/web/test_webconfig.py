@@ -253,20 +253,52 @@ async def test_basic_auth_turns_away_a_flood(monkeypatch: pytest.MonkeyPatch) ->
     assert results.count(AuthResult.DENIED) == BasicAuth.MAX_WAITING
 
 
-def test_reload_on_change_keeps_old_config_when_broken(tmp_path: Path) -> None:
+def test_reread_and_used_on_reload(tmp_path: Path) -> None:
     path = tmp_path / "web.yml"
     path.write_text(f"basic_auth_users:\n  a: {HASH}\n")
     loaded = WebConfigFile(path)
     assert set(loaded.config.users) == {"a"}
     path.write_text(f"basic_auth_users:\n  b: {HASH}\n")
-    loaded.refresh(now=1000.0)
+    assert set(loaded.config.users) == {"a"}  # nothing is read until a reload
+    assert loaded.use(loaded.reread()) is True
     assert set(loaded.config.users) == {"b"}
     assert set(loaded.auth.users) == {"b"}
+    assert loaded.use(loaded.reread()) is False  # nothing changed since
     path.write_text("basic_auth_users:\n  c: plaintext\n")
-    loaded.refresh(now=2000.0)
+    with pytest.raises(WebConfigError) as info:
+        loaded.reread()
+    assert info.value.key == "basic_auth_users.c"
     assert set(loaded.config.users) == {"b"}
-    path.write_text(f"basic_auth_users:\n  d: {HASH}\n")
-    loaded.refresh(now=2000.5)  # looked less than a second ago
-    assert set(loaded.config.users) == {"b"}
-    loaded.refresh(now=3000.0)
-    assert set(loaded.config.users) == {"d"}
+
+
+def test_turning_tls_on_or_off_is_refused(tmp_path: Path, pki: Pki) -> None:
+    path = tmp_path / "web.yml"
+    tls = f"tls_server_config:\n  cert_file: {pki.server_cert}\n  key_file: {pki.server_key}\n"
+    for before, after in [("", tls), (tls, "")]:
+        path.write_text(before)
+        loaded = WebConfigFile(path)
+        path.write_text(after)
+        with pytest.raises(WebConfigError) as info:
+            loaded.reread()
+        assert str(info.value) == "tls_server_config: turning TLS on or off needs a restart"
+
+
+def test_new_certificates_are_loaded_into_the_running_context(tmp_path: Path, pki: Pki) -> None:
+    """A reload that finds the certificate files changed loads them into the context the server
+    runs with; one whose files are gone fails before any of it is used."""
+    cert, key = tmp_path / "server.crt", tmp_path / "server.key"
+    cert.write_bytes(pki.server_cert.read_bytes())
+    key.write_bytes(pki.server_key.read_bytes())
+    path = tmp_path / "web.yml"
+    path.write_text("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n")
+    loaded = WebConfigFile(path)
+    assert loaded.ssl_context is not None
+    context = loaded.ssl_context
+    cert.write_bytes(pki.client_cert.read_bytes())  # another certificate, the same paths
+    key.write_bytes(pki.client_key.read_bytes())
+    assert loaded.use(loaded.reread()) is True
+    assert loaded.ssl_context is context
+    key.unlink()
+    with pytest.raises(WebConfigError) as info:
+        loaded.reread()
+    assert info.value.key == "tls_server_config.cert_file"
