@@ -69,6 +69,10 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "cri-socket": ("/run/containerd/containerd.sock",),
     "dcgm-container-shares": ("true",),
     "kubernetes": ("false",),
+    "node-condition": ("false", "true"),
+    "events": ("false", "true"),
+    "taint-unhealthy-node": ("true",),
+    "node-condition-heartbeat": ("600",),
 }
 RELOADABLE = [opt for opt in OPTIONS if opt.in_file]
 
