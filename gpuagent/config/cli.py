@@ -8,7 +8,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from gpuagent.config.options import CONFIG_VERSION, OPTIONS
+from gpuagent.config.option import CONFIG_VERSION
+from gpuagent.config.options import OPTIONS
 
 __all__ = ["build_parser", "normalize_bool_flags"]
 

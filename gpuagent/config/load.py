@@ -8,57 +8,71 @@ from pathlib import Path
 
 from gpuagent.config.cli import build_parser, normalize_bool_flags
 from gpuagent.config.errors import ConfigError
-from gpuagent.config.options import (
-    CDI_ANNOTATION_PREFIX,
-    CDI_SPEC,
-    CDI_SPEC_DIR,
-    CHECK_CONFIG,
-    CONFIG,
+from gpuagent.config.groups.accounting import (
     CONTAINER_ACCOUNTING,
     CONTAINER_LOGS_DIR,
     CRI_SOCKET,
     DCGM_CONTAINER_SHARES,
-    DEVICE_ID_STRATEGY,
-    DEVICE_LIST_STRATEGY,
-    DISABLE_HEALTHCHECKS,
-    DRA_DRIVER_NAME,
-    DRA_GPUS,
-    DRIVER_ROOT_CTR_PATH,
-    ENABLE_HEALTHCHECKS,
-    EVENTS,
-    FAIL_ON_INIT_ERROR,
-    HOSTNAME_LABEL,
-    KUBECONFIG,
-    KUBELET_SOCKET,
+    PROC_ROOT,
+)
+from gpuagent.config.groups.agent import (
+    CHECK_CONFIG,
+    CONFIG,
     KUBERNETES,
     LOG_FORMAT,
     LOG_LEVEL,
-    MACHINE_TYPE_FILE,
-    METRICS_ADDRESS,
-    MIG_STRATEGY,
-    NO_HOSTNAME,
+)
+from gpuagent.config.groups.apiserver import (
+    EVENTS,
+    KUBECONFIG,
     NODE_CONDITION,
     NODE_CONDITION_HEARTBEAT,
-    NODE_LABELS,
-    NODE_LABELS_FILE,
-    NVIDIA_CDI_HOOK_PATH,
-    NVIDIA_DRIVER_ROOT,
-    NVML_TIMEOUT,
-    PASS_DEVICE_SPECS,
+    TAINT_UNHEALTHY_NODE,
+)
+from gpuagent.config.groups.dra import (
+    DRA_DRIVER_NAME,
+    DRA_GPUS,
     PLUGINS_DIR,
     PLUGINS_REGISTRY_DIR,
+)
+from gpuagent.config.groups.driver import (
+    DISABLE_HEALTHCHECKS,
+    ENABLE_HEALTHCHECKS,
+    FAIL_ON_INIT_ERROR,
+    NVIDIA_DRIVER_ROOT,
+    NVML_TIMEOUT,
+    POLL_INTERVAL,
+    SIM_CONFIG,
+    SIMULATE,
+)
+from gpuagent.config.groups.kubelet import (
+    DEVICE_ID_STRATEGY,
+    DEVICE_LIST_STRATEGY,
+    KUBELET_SOCKET,
+    MIG_STRATEGY,
+    PASS_DEVICE_SPECS,
     POD_RESOURCES_INTERVAL,
     POD_RESOURCES_SOCKET,
-    POLL_INTERVAL,
-    PROC_ROOT,
     RESOURCE_NAME,
     SHARED_DEVICES_ALLOCATION_POLICY,
     SHARING,
-    SIM_CONFIG,
-    SIMULATE,
     SOCKET_DIR,
-    TAINT_UNHEALTHY_NODE,
+)
+from gpuagent.config.groups.metrics import (
+    HOSTNAME_LABEL,
+    METRICS_ADDRESS,
+    NO_HOSTNAME,
     WEB_CONFIG_FILE,
+)
+from gpuagent.config.groups.nodefiles import (
+    CDI_ANNOTATION_PREFIX,
+    CDI_SPEC,
+    CDI_SPEC_DIR,
+    DRIVER_ROOT_CTR_PATH,
+    MACHINE_TYPE_FILE,
+    NODE_LABELS,
+    NODE_LABELS_FILE,
+    NVIDIA_CDI_HOOK_PATH,
 )
 from gpuagent.config.settings import Settings
 from gpuagent.config.sources import Sources, check_environment

@@ -6,7 +6,7 @@ domain may not look up itself (which driver control nodes exist). The files the 
 — the web config, the simulated node — are loaded here too, so every setting's error is a
 :class:`~gpuagent.config.ConfigError` naming it (exit code 2) before anything starts.
 
-A reload applies the options declared ``live`` (:class:`~gpuagent.config.options.Option`), the
+A reload applies the options declared ``live`` (:class:`~gpuagent.config.option.Option`), the
 ones the plan holds: :func:`live_settings` takes them from the reloaded settings, and
 :func:`reloaded_plan` is the plan of the result. :func:`restart_keys` says which settings a reload
 cannot apply: everything else (sockets, addresses, intervals, files, and the plan's parts read
@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuagent.config.errors import ConfigError
-from gpuagent.config.options import CDI_SPEC_TOOLKIT, OPTIONS
+from gpuagent.config.groups.nodefiles import CDI_SPEC_TOOLKIT
+from gpuagent.config.options import OPTIONS
 from gpuagent.config.settings import Settings
 from gpuagent.domain.containers import CDI_KIND, CONTROL_NODES, TOOLKIT_CDI_KIND, ContainerSettings
 from gpuagent.domain.dra import DraGpus, DraPlan

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from gpuagent.config.errors import ConfigError, Invalid
-from gpuagent.config.options import CONFIG_VERSION, FILE_KEYS, OPTIONS, Option
+from gpuagent.config.option import CONFIG_VERSION, Option
+from gpuagent.config.options import FILE_KEYS, OPTIONS
 from gpuagent.config.values import type_name
 from gpuagent.yamlerror import one_line
 

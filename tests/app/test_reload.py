@@ -15,7 +15,7 @@ from structlog.testing import capture_logs
 
 from gpuagent.app.reload import Reloads
 from gpuagent.config import OPTIONS, ConfigError, Settings, load_settings
-from gpuagent.config.options import Option
+from gpuagent.config.option import Option
 from gpuagent.config.planning import LIVE, make_plan
 from gpuagent.nodefiles.cdikeeper import CdiSpecKeeper
 from gpuagent.state.store import DeviceStore

@@ -1,0 +1,44 @@
+"""Per-container GPU accounting's options: where processes' containers are found, and how
+dcgm-exporter's series show them."""
+
+from __future__ import annotations
+
+from gpuagent.config.option import Option
+from gpuagent.config.values import parse_bool, parse_path
+
+CONTAINER_ACCOUNTING = Option(
+    "container-accounting",
+    parse_bool,
+    "per-container GPU accounting: the GPU's processes by container; needs the host's PID "
+    "namespace (default true; the DaemonSet sets false unless the accounting component adds "
+    "hostPID)",
+    is_bool=True,
+)
+PROC_ROOT = Option(
+    "proc-root",
+    parse_path,
+    "the /proc of the host's processes: PID/cgroup tells a GPU process's container, for "
+    "per-container GPU accounting (default /proc)",
+    "DIR",
+)
+CONTAINER_LOGS_DIR = Option(
+    "container-logs-dir",
+    parse_path,
+    "the kubelet's container log links, whose names (<pod>_<namespace>_<container>-<id>.log) "
+    "name the containers using GPUs; only the names are read (default /var/log/containers)",
+    "DIR",
+)
+CRI_SOCKET = Option(
+    "cri-socket",
+    parse_path,
+    "the container runtime's CRI socket, for the names of containers the log links do not name; "
+    "optional (default containerd's or CRI-O's, whichever exists)",
+    "PATH",
+)
+DCGM_CONTAINER_SHARES = Option(
+    "dcgm-container-shares",
+    parse_bool,
+    "the dcgm-exporter series of a shared GPU carry each container's own utilisation, memory "
+    "and energy instead of the whole GPU's (default false)",
+    is_bool=True,
+)

@@ -1,0 +1,31 @@
+"""The HTTP server's options: its address, TLS and basic auth, and dcgm-exporter's host label."""
+
+from __future__ import annotations
+
+from gpuagent.config.option import Option
+from gpuagent.config.values import choice, parse_bool, parse_metrics_address, parse_path
+
+HOSTNAME_LABELS = ("Hostname", "hostname")
+
+METRICS_ADDRESS = Option(
+    "metrics-address", parse_metrics_address, "HTTP listen address (default :9400)", "HOST:PORT"
+)
+WEB_CONFIG_FILE = Option(
+    "web-config-file",
+    parse_path,
+    "TLS and basic auth for the HTTP server, in the Prometheus exporter-toolkit format",
+    "FILE",
+)
+HOSTNAME_LABEL = Option(
+    "hostname-label",
+    choice(HOSTNAME_LABELS),
+    "name of the host label on dcgm-exporter series: Hostname (before dcgm-exporter 4.5) or "
+    "hostname (default Hostname)",
+    "NAME",
+)
+NO_HOSTNAME = Option(
+    "no-hostname",
+    parse_bool,
+    "leave the host label off dcgm-exporter series (default false)",
+    is_bool=True,
+)
