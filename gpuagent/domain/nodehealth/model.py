@@ -1,0 +1,116 @@
+"""Successive views of one node folded into what should be written (:class:`NodeHealthModel`):
+the condition, the taint, and the events with their series."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from gpuagent.domain.nodehealth.condition import ConditionReport, condition_report, evidence_of
+from gpuagent.domain.nodehealth.events import (
+    NOTE_LIMIT,
+    RECOVERED,
+    UNHEALTHY,
+    EventKey,
+    EventRecord,
+    Regarding,
+    What,
+    by_pod,
+    truncated,
+)
+from gpuagent.domain.nodehealth.view import DeviceRef, NodeHealthView
+
+__all__ = ["MAX_EVENTS", "TAINT_KEY", "NodeHealthModel"]
+
+TAINT_KEY = "nvidia.com/gpu-unhealthy"
+#: Events kept (pending or written, for their series).
+MAX_EVENTS = 256
+
+
+@dataclass
+class NodeHealthModel:
+    """Successive views of one node, folded into the condition and the events to write."""
+
+    node: str
+    node_uid: str = ""
+    #: A repeat later than this after the last occurrence starts a new event (the API server
+    #: keeps events an hour by default: the old one may be gone).
+    series_ttl: float = 3600.0
+    max_events: int = MAX_EVENTS
+    view: NodeHealthView | None = None
+    since: dict[DeviceRef, float] = field(default_factory=dict)
+    events: dict[EventKey, EventRecord] = field(default_factory=dict)
+    dropped_events: int = 0
+
+    def observe(self, view: NodeHealthView, now: float) -> bool:
+        """Take ``view`` in (``now``: wall time); returns whether anything changed."""
+        if view == self.view:
+            return False
+        before = {f.device for f in self.view.faults} if self.view is not None else set()
+        after = {f.device: f for f in view.faults}
+        node = Regarding("Node", self.node, uid=self.node_uid)
+        for device, fault in after.items():
+            if device in before:
+                continue
+            self.since[device] = now
+            detail = evidence_of(fault.conditions)
+            self._occurred(node, UNHEALTHY, f"{device} is unhealthy: {detail}", now)
+            for pod, containers in by_pod(view.holders_of(device)):
+                names = ", ".join(containers)
+                plural = "s" if len(containers) > 1 else ""
+                note = f"{device} allocated to this pod (container{plural} {names}) failed: "
+                self._occurred(pod, UNHEALTHY, note + detail, now)
+        for device in sorted(before - set(after)):
+            self.since.pop(device, None)
+            self._occurred(node, RECOVERED, f"{device} is healthy again", now)
+        self.view = view
+        return True
+
+    def condition(self) -> ConditionReport | None:
+        return condition_report(self.view, self.since) if self.view is not None else None
+
+    def taint_wanted(self) -> bool:
+        return self.view is not None and self.view.all_unhealthy
+
+    def pending_events(self) -> list[EventRecord]:
+        """Events with occurrences not yet written, oldest first."""
+        return sorted((r for r in self.events.values() if r.pending), key=lambda r: r.first)
+
+    def written(self, record: EventRecord, name: str) -> None:
+        """``record`` (as it was handed out) is written as ``name``."""
+        current = self.events.get(record.key)
+        if current is not None and current.first == record.first:
+            self.events[record.key] = replace(current, written=record.count, name=name)
+
+    def lost(self, record: EventRecord) -> None:
+        """``record``'s event is gone from the API server: write it anew (a new name)."""
+        current = self.events.get(record.key)
+        if current is not None and current.first == record.first:
+            self.events[record.key] = replace(current, written=0, name="")
+
+    def discard(self, record: EventRecord) -> None:
+        """``record`` cannot be written (its namespace is gone, or the server finds it invalid):
+        forget it, counted as dropped."""
+        current = self.events.get(record.key)
+        if current is not None and current.first == record.first:
+            del self.events[record.key]
+            self.dropped_events += 1
+
+    def _occurred(self, regarding: Regarding, what: What, note: str, now: float) -> None:
+        type_, reason, action = what
+        key = EventKey(regarding, reason, truncated(note, NOTE_LIMIT))
+        record = self.events.pop(key, None)
+        if record is not None and now - record.last <= self.series_ttl:
+            record = replace(record, last=now, count=record.count + 1)
+        else:
+            record = EventRecord(key, type_, action, first=now, last=now)
+        self.events[key] = record  # the newest last: the dict is in order of last occurrence
+        self._bound()
+
+    def _bound(self) -> None:
+        while len(self.events) > self.max_events:
+            written = next((k for k, r in self.events.items() if not r.pending), None)
+            if written is not None:
+                del self.events[written]
+                continue
+            del self.events[next(iter(self.events))]
+            self.dropped_events += 1
