@@ -1,9 +1,11 @@
-"""structlog set-up: JSON lines off a TTY, readable console output on one (in colour only there)."""
+"""structlog set-up: JSON lines off a TTY, readable console output on one (in colour only there);
+:class:`ProblemLog`, a failure logged once per change of state."""
 
 from __future__ import annotations
 
 import logging
 import sys
+from typing import Literal
 
 import orjson
 import structlog
@@ -54,3 +56,25 @@ def configure(fmt: str, level: str) -> None:
     root.handlers[:] = [handler]
     # Libraries are chatty at INFO (every cancelled stream); their warnings still come through.
     root.setLevel(max(numeric, logging.WARNING))
+
+
+class ProblemLog:
+    """A failure that repeats, logged once per change of state: a new problem once (at warning
+    unless told), the same one again not at all, and the recovery once (at info)."""
+
+    def __init__(self, logger: structlog.typing.FilteringBoundLogger) -> None:
+        self._log = logger
+        self.problem: str | None = None  # the failure last logged, None while healthy
+
+    def failed(
+        self, problem: str, *, level: Literal["info", "warning"] = "warning", **fields: object
+    ) -> None:
+        if problem != self.problem:
+            (self._log.info if level == "info" else self._log.warning)(problem, **fields)
+            self.problem = problem
+
+    def recovered(self, event: str, **fields: object) -> None:
+        """Log ``event`` if a problem was logged (and forget the problem)."""
+        if self.problem is not None:
+            self._log.info(event, **fields)
+            self.problem = None

@@ -35,6 +35,7 @@ from gpuagent._proto import v1 as pb
 from gpuagent.clock import Clock, LoopClock
 from gpuagent.domain.devices import Allocated, Attribution
 from gpuagent.domain.snapshot import Snapshot
+from gpuagent.logs import ProblemLog
 from gpuagent.state.store import DeviceStore
 
 __all__ = ["MAX_RESPONSE_BYTES", "Clock", "LoopClock", "PodResourcesClient"]
@@ -91,7 +92,7 @@ class PodResourcesClient:
         self._poked = asyncio.Event()
         self._channel: Channel | None = None
         self._identity: tuple[int, int] | None = None
-        self._problem: str | None = None  # the failure last logged, None while healthy
+        self._problems = ProblemLog(log)
 
     def poke(self) -> None:
         """An ``Allocate`` was answered: list again soon (bursts are coalesced)."""
@@ -154,16 +155,12 @@ class PodResourcesClient:
         self._store.update(
             lambda s: replace(s, pods=Attribution(allocated=allocated, refreshed_at=now))
         )
-        if self._problem is not None:
-            log.info("pod-resources List works again", containers=len(allocated))
-            self._problem = None
+        self._problems.recovered("pod-resources List works again", containers=len(allocated))
         return allocated != before
 
     def _failed(self, problem: str, *, present: bool) -> None:
         self._store.counters.pod_resources_listed(socket_present=present, ok=False)
-        if problem != self._problem:
-            log.warning(problem, socket=str(self._socket))
-            self._problem = problem
+        self._problems.failed(problem, socket=str(self._socket))
         self._store.update(lambda s: _with_error(s, problem))
 
     async def _wait_poke(self, seconds: float) -> bool:

@@ -39,6 +39,7 @@ from grpclib.encoding.proto import ProtoCodec
 
 from gpuagent._proto.runtime import v1 as pb
 from gpuagent.domain.devices import PodRef
+from gpuagent.logs import ProblemLog
 
 __all__ = [
     "DEFAULT_SOCKETS",
@@ -115,7 +116,7 @@ class CriClient:
         self._channel: Channel | None = None
         self._identity: tuple[str, int, int] | None = None
         self._next_allowed = float("-inf")
-        self._problem: str | None = None
+        self._problems = ProblemLog(log)
         self.requests = 0
         self.errors = 0
         self.socket: Path | None = None  # the socket in use (or last tried)
@@ -157,10 +158,8 @@ class CriClient:
             self.close()
             return self._failed(f"CRI ListContainers failed: {type(exc).__name__}: {exc}")
         self._names = MappingProxyType(names_from_labels(response.containers))
-        if self._problem is not None:
-            again = "found" if self._problem == _NO_SOCKET else "works again"
-            log.info(f"CRI ListContainers {again}", socket=str(path))
-            self._problem = None
+        again = "found" if (self._problems.problem or "").startswith(_NO_SOCKET) else "works again"
+        self._problems.recovered(f"CRI ListContainers {again}", socket=str(path))
         return True
 
     async def version(self) -> tuple[str, str]:
@@ -196,18 +195,17 @@ class CriClient:
     def _no_socket(self) -> bool:
         """No socket configured and no default one: the CRI is simply not there (no error)."""
         self._next_allowed = self._monotonic() + self._retry_interval
-        if self._problem != _NO_SOCKET:
-            where = " or ".join(map(str, self._candidates))
-            log.info(f"no CRI socket ({where}): container names from the kubelet's log links only")
-            self._problem = _NO_SOCKET
+        where = " or ".join(map(str, self._candidates))
+        self._problems.failed(
+            f"{_NO_SOCKET} ({where}): container names from the kubelet's log links only",
+            level="info",
+        )
         return False
 
     def _failed(self, problem: str) -> bool:
         self.errors += 1
         self._next_allowed = self._monotonic() + self._retry_interval
-        if problem != self._problem:
-            log.warning(problem, retry_in_s=self._retry_interval)
-            self._problem = problem
+        self._problems.failed(problem, retry_in_s=self._retry_interval)
         return False
 
 

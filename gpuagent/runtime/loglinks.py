@@ -25,6 +25,7 @@ import structlog
 
 from gpuagent.domain.devices import PodRef
 from gpuagent.domain.loglinks import LogLinkIndex, index_links
+from gpuagent.logs import ProblemLog
 
 __all__ = ["DEFAULT_DIR", "MAX_ENTRIES", "LogLinks"]
 
@@ -55,7 +56,7 @@ class LogLinks:
         self._index = LogLinkIndex()
         self._unnamed: dict[str, float] = {}  # ID -> when a listing last did not name it
         self._next_allowed = float("-inf")
-        self._problem: str | None = None
+        self._problems = ProblemLog(log)
         self.listings = 0
         self.errors = 0
 
@@ -97,15 +98,13 @@ class LogLinks:
                 f"{exc.strerror or type(exc).__name__}); containers have no names"
             )
         self._index = index_links(names)
-        if self._problem is not None:
-            log.info("kubelet container log links readable again", directory=str(self.directory))
-            self._problem = None
+        self._problems.recovered(
+            "kubelet container log links readable again", directory=str(self.directory)
+        )
         return True
 
     def _failed(self, problem: str) -> bool:
         self.errors += 1
         self._next_allowed = self._monotonic() + self._retry_interval
-        if problem != self._problem:
-            log.warning(problem, retry_in_s=self._retry_interval)
-            self._problem = problem
+        self._problems.failed(problem, retry_in_s=self._retry_interval)
         return False
