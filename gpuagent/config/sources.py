@@ -14,7 +14,7 @@ from gpuagent.config.errors import ConfigError, Invalid
 from gpuagent.config.option import CONFIG_VERSION, Option
 from gpuagent.config.options import FILE_KEYS, OPTIONS
 from gpuagent.config.values import type_name
-from gpuagent.yamlerror import one_line
+from gpuagent.yamlfile import YamlFileError, read_yaml
 
 if TYPE_CHECKING:
     import yaml
@@ -54,18 +54,9 @@ def _yaml_loader() -> type[yaml.SafeLoader]:
 def read_config_file(path: Path) -> dict[str, object]:
     """Read and check the config file; return its settings keyed by option name."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise ConfigError("config", f"cannot read {path}: {reason}") from None
-    import yaml  # noqa: PLC0415
-
-    loader = _yaml_loader()
-
-    try:
-        document = yaml.load(text, Loader=loader)
-    except yaml.YAMLError as exc:
-        raise ConfigError("config", one_line(exc, str(path), text)) from None
+        document = read_yaml(path, _yaml_loader())
+    except YamlFileError as exc:
+        raise ConfigError("config", str(exc)) from None
     if not isinstance(document, dict):
         raise ConfigError(
             "config", f"{path} must hold a mapping of settings, got {type_name(document)}"

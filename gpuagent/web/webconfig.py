@@ -37,10 +37,9 @@ from types import MappingProxyType
 
 import bcrypt
 import structlog
-import yaml
 
 from gpuagent.domain.errors import SettingError
-from gpuagent.yamlerror import one_line
+from gpuagent.yamlfile import YamlFileError, read_yaml
 
 __all__ = [
     "AuthResult",
@@ -146,14 +145,9 @@ class WebConfig:
 def load_web_config(path: Path) -> WebConfig:
     """Read and validate a web config file (TLS files are checked by :meth:`TlsConfig.context`)."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise WebConfigError("file", f"cannot read {path}: {reason}") from None
-    try:
-        document = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise WebConfigError("file", one_line(exc, str(path), text)) from None
+        document = read_yaml(path)
+    except YamlFileError as exc:
+        raise WebConfigError("file", str(exc)) from None
     return parse_web_config(document, path.parent)
 
 

@@ -12,8 +12,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 
-import yaml
-
 from gpuagent.gpu.sim.capture import load_capture
 from gpuagent.gpu.sim.driver import SYMBOLS
 from gpuagent.gpu.sim.spec import (
@@ -26,7 +24,7 @@ from gpuagent.gpu.sim.spec import (
     gpus_from,
     nvlinks_from,
 )
-from gpuagent.yamlerror import one_line
+from gpuagent.yamlfile import YamlFileError, read_yaml
 
 __all__ = ["load_sim_config", "node_from_mapping"]
 
@@ -123,12 +121,7 @@ def _latency(value: object, base: SimLatency) -> SimLatency:
 def load_sim_config(path: Path) -> SimNode:
     """Read and parse a ``--sim-config`` YAML file; unreadable or malformed → key ``sim-config``."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise SimConfigError("sim-config", f"cannot read {path}: {reason}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise SimConfigError("sim-config", one_line(exc, str(path), text)) from None
+        data = read_yaml(path)
+    except YamlFileError as exc:
+        raise SimConfigError("sim-config", str(exc)) from None
     return node_from_mapping(data, base=path.parent)
