@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.waiting import eventually
 
 from gpuagent.domain.devices import P2PLevel
 from gpuagent.gpu.monitor import GpuMonitor
@@ -84,10 +84,11 @@ async def test_topology_is_read_again_when_a_lost_gpu_answers(
         assert driver.calls["nvmlDeviceGetTopologyCommonAncestor"] == reads
         driver.inject(1, "recover")
         await monitor.poll_once()
-        for _ in range(500):  # the refresh runs in the background on the control worker
-            if driver.calls["nvmlDeviceGetTopologyCommonAncestor"] >= reads + 3:
-                break
-            await asyncio.sleep(0.01)
+        # The refresh runs in the background on the control worker.
+        await eventually(
+            lambda: driver.calls["nvmlDeviceGetTopologyCommonAncestor"] >= reads + 3,
+            what="the topology read again",
+        )
         assert driver.calls["nvmlDeviceGetTopologyCommonAncestor"] == reads + 3
         link = store.snapshot.topology.between(1, 2)
         assert link is not None

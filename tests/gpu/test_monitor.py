@@ -15,6 +15,7 @@ import pytest
 import structlog.testing
 from support.backends import Delegating
 from support.clock import Sleeps
+from support.tasks import awaiting
 from support.waiting import eventually
 
 from gpu.monitoring import (
@@ -32,6 +33,7 @@ from gpuagent.domain.devices import Condition, DriverState, Telemetry
 from gpuagent.domain.health import (
     HealthPolicy,
 )
+from gpuagent.domain.snapshot import Snapshot
 from gpuagent.gpu.backend import DriverUnavailable, Probe
 from gpuagent.gpu.nvml import Nvml
 from gpuagent.gpu.sim import SimDriver, installed, node_from_count
@@ -125,9 +127,8 @@ async def test_a_failed_start_is_retried_after_the_interval_not_at_once(
     monitor = monitor_for(store, Nvml(tmp_path), init_retry_interval=3600)
     with pytest.raises(DriverUnavailable):
         await monitor.start()
-    async with running(monitor):
-        for _ in range(20):
-            await asyncio.sleep(0)
+    async with running(monitor) as task:
+        await eventually(lambda: awaiting(task) == ["run", "sleep"], what="the retry's wait")
         assert driver.calls["nvmlInitWithFlags"] == 1
         assert store.snapshot.driver.waiting == ""
         assert "Library Not Found" in store.snapshot.driver.error
@@ -222,13 +223,19 @@ async def test_xid_79_then_recover(
         assert dict(gpu(snapshot, 1).xid_counts) == {79: 1}  # history is kept for metrics
 
 
+async def injected(store: DeviceStore, driver: SimDriver, index: int, fault: str) -> Snapshot:
+    """``fault`` injected into GPU ``index`` once the GPUs are probed; the first snapshot that
+    shows it as the GPU's condition."""
+    await until(store, probed)
+    driver.inject(index, fault)
+    return await until(store, lambda s: Condition(fault) in gpu(s, index).health.conditions)
+
+
 async def test_ecc_dbe(store: DeviceStore, driver: SimDriver, tmp_path: Path) -> None:
     """A double-bit ECC error turns only that GPU unhealthy."""
     monitor = monitor_for(store, Nvml(tmp_path))
     async with running(monitor):
-        await until(store, probed)
-        driver.inject(3, "ecc_dbe")
-        snapshot = await until(store, lambda s: Condition("ecc_dbe") in gpu(s, 3).health.conditions)
+        snapshot = await injected(store, driver, 3, "ecc_dbe")
         assert healthy_except(snapshot, 3)
 
 
@@ -236,9 +243,7 @@ async def test_lost_gpu(store: DeviceStore, driver: SimDriver, tmp_path: Path) -
     """A lost GPU gets the ``lost`` condition from the probe; the others stay healthy."""
     monitor = monitor_for(store, Nvml(tmp_path))
     async with running(monitor):
-        await until(store, probed)
-        driver.inject(2, "lost")
-        snapshot = await until(store, lambda s: Condition("lost") in gpu(s, 2).health.conditions)
+        snapshot = await injected(store, driver, 2, "lost")
         assert healthy_except(snapshot, 2)
         assert gpu(snapshot, 2).telemetry == Telemetry()
         # The others keep answering: their telemetry still moves on.

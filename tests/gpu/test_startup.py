@@ -7,7 +7,9 @@ cold-start cost, or a GPU whose discovery call does not return.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
@@ -55,6 +57,19 @@ def monitor(
     )
 
 
+@contextlib.asynccontextmanager
+async def held_start(mon: GpuMonitor, sleeps: Sleeps) -> AsyncIterator[asyncio.Task[None]]:
+    """``mon.start()`` as a task, against a driver whose held sleeps the test releases; on the
+    way out the sleeps are released, the start is over and the monitor closed."""
+    starting = asyncio.create_task(mon.start())
+    try:
+        yield starting
+    finally:
+        sleeps.release()
+        await asyncio.gather(starting, return_exceptions=True)
+        await asyncio.wait_for(mon.close(), WAIT_S)
+
+
 def test_budget_scales_with_the_gpu_count() -> None:
     assert startup_budget(1) == 15.0
     assert startup_budget(8) == 50.0
@@ -73,8 +88,7 @@ async def test_eight_gpus_are_discovered_at_once(store: DeviceStore, tmp_path: P
     sleeps = Sleeps(hold=0.1)
     with installed(SimDriver(named, sleep=sleeps)) as driver:
         mon = monitor(store, Nvml(tmp_path))
-        starting = asyncio.create_task(mon.start())
-        try:
+        async with held_start(mon, sleeps) as starting:
             await eventually(lambda: len(sleeps.asked) == 8, what="eight discoveries at once")
             assert len({thread for _, thread in sleeps.asked}) == 8
 
@@ -87,10 +101,6 @@ async def test_eight_gpus_are_discovered_at_once(store: DeviceStore, tmp_path: P
             assert not starting.done()
             sleeps.release()
             await asyncio.wait_for(starting, WAIT_S)
-        finally:
-            sleeps.release()
-            await asyncio.gather(starting, return_exceptions=True)
-            await asyncio.wait_for(mon.close(), WAIT_S)
         snapshot = store.snapshot
         assert snapshot.discovered
         assert len(snapshot.gpus) == 8
@@ -197,17 +207,12 @@ async def test_cold_node(store: DeviceStore, tmp_path: Path) -> None:
     sleeps = Sleeps(hold=0.5)
     with installed(SimDriver(slow(8, 0.0, cold_s=0.5), sleep=sleeps)):
         mon = monitor(store, Nvml(tmp_path))
-        starting = asyncio.create_task(mon.start())
-        try:
+        async with held_start(mon, sleeps) as starting:
             await eventually(lambda: len(sleeps.asked) == 8, what="eight bring-ups at once")
             assert not starting.done()
             assert len({thread for _, thread in sleeps.asked}) == 8
             sleeps.release()
             await asyncio.wait_for(starting, WAIT_S)
-        finally:
-            sleeps.release()
-            await asyncio.gather(starting, return_exceptions=True)
-            await asyncio.wait_for(mon.close(), WAIT_S)
     assert len(store.snapshot.gpus) == 8
     assert sleeps.seconds == [0.5] * 8  # one bring-up per GPU
 

@@ -1,13 +1,14 @@
-"""A coroutine run as a task for the length of a ``with`` block."""
+"""A coroutine run as a task for the length of a ``with`` block; where a task is waiting."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import types
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
-__all__ = ["running"]
+__all__ = ["awaiting", "running"]
 
 
 @contextlib.asynccontextmanager
@@ -20,3 +21,15 @@ async def running(coroutine: Coroutine[Any, Any, None]) -> AsyncIterator[asyncio
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+def awaiting(task: asyncio.Task[Any]) -> list[str]:
+    """The coroutines ``task`` is suspended in, outermost first (``["run", "sleep"]``: its
+    ``run()`` awaits ``asyncio.sleep``), so a test can wait for code to reach a wait rather than
+    count turns of the loop."""
+    names: list[str] = []
+    coroutine: object = task.get_coro()
+    while isinstance(coroutine, types.CoroutineType):
+        names.append(coroutine.cr_code.co_name)
+        coroutine = coroutine.cr_await
+    return names
