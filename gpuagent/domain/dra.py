@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from gpuagent.domain.devices import Condition, Gpu, GpuHealth, MigDevice, NodeState
@@ -299,6 +299,7 @@ def _gpu_device(gpu: Gpu, driver: str, driver_version: str, cuda_version: str) -
 def _mig_device(
     gpu: Gpu, mig: MigDevice, driver: str, driver_version: str, cuda_version: str
 ) -> DraDevice:
+    """Its GPU's device (the GPU's taints and health) with its own name, UUID and attributes."""
     attrs: dict[str, str | int | bool | Version] = {
         "type": "mig",
         "uuid": mig.uuid,
@@ -309,19 +310,15 @@ def _mig_device(
     }
     attrs.update(_common_attributes(gpu, driver_version, cuda_version))
     profile = dns_label(mig.profile.replace(".", "").replace("+", "-"))
-    return DraDevice(
+    return replace(
+        _gpu_device(gpu, driver, driver_version, cuda_version),
         name=dns_label(
             f"gpu-{gpu.minor}-mig-{profile}-{mig.gpu_instance_id}-{mig.compute_instance_id}"
         ),
         uuid=mig.uuid,
-        gpu_uuid=gpu.uuid,
-        gpu_index=gpu.index,
         kind="mig",
         attributes=attrs,
         memory_bytes=mig.memory_mib * 1024 * 1024,
-        taints=taints(gpu.health, driver),
-        healthy=gpu.health.healthy,
-        reason=gpu.health.reason,
     )
 
 
