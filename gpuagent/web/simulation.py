@@ -75,7 +75,7 @@ def add_simulation_routes(app: web.Application, simulator: SimulatorControl) -> 
         return web.json_response(simulator.describe())
 
     async def faults(request: web.Request) -> web.Response:
-        body = await _json_object(request)
+        body = await _json_object(request, {"gpu", "fault", "xid", *_FAULT_PARAMETERS})
         if isinstance(body, web.Response):
             return body
         gpu, fault, xid = body.get("gpu"), body.get("fault"), body.get("xid")
@@ -83,9 +83,6 @@ def add_simulation_routes(app: web.Application, simulator: SimulatorControl) -> 
             return _error(400, "'gpu' must be an integer GPU index")
         if not isinstance(fault, str):
             return _error(400, "'fault' must be a string naming the fault")
-        unknown = set(body) - {"gpu", "fault", "xid", *_FAULT_PARAMETERS}
-        if unknown:
-            return _error(400, f"unknown keys: {', '.join(sorted(map(str, unknown)))}")
         if xid is not None and (not isinstance(xid, int) or isinstance(xid, bool)):
             return _error(400, "'xid' must be an integer")
         try:
@@ -101,15 +98,12 @@ def add_simulation_routes(app: web.Application, simulator: SimulatorControl) -> 
         return web.json_response(simulator.processes())
 
     async def start(request: web.Request) -> web.Response:
-        body = await _json_object(request)
+        body = await _json_object(request, {*_REQUIRED, *_OPTIONAL})
         if isinstance(body, web.Response):
             return body
         missing = [k for k in _REQUIRED if k not in body]
         if missing:
             return _error(400, f"missing keys: {', '.join(missing)}")
-        unknown = set(body) - {*_REQUIRED, *_OPTIONAL}
-        if unknown:
-            return _error(400, f"unknown keys: {', '.join(sorted(map(str, unknown)))}")
         try:
             process = simulator.add_process(
                 body["gpu"],
@@ -145,14 +139,18 @@ def add_simulation_routes(app: web.Application, simulator: SimulatorControl) -> 
     app.router.add_delete("/sim/processes/{pid}", stop)
 
 
-async def _json_object(request: web.Request) -> dict[str, object] | web.Response:
-    """The request's JSON object body, or the 400 response that says it is not one."""
+async def _json_object(request: web.Request, keys: set[str]) -> dict[str, object] | web.Response:
+    """The request's JSON object body, or the 400 response that says it is not one or that it
+    has keys other than ``keys``."""
     try:
         body = await request.json()
     except (json.JSONDecodeError, UnicodeDecodeError):
         return _error(400, "body must be a JSON object")
     if not isinstance(body, dict):
         return _error(400, "body must be a JSON object")
+    unknown = set(body) - keys
+    if unknown:
+        return _error(400, f"unknown keys: {', '.join(sorted(map(str, unknown)))}")
     return body
 
 

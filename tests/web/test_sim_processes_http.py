@@ -1,4 +1,4 @@
-"""``/sim/processes`` over HTTP, on the simulated driver's process table."""
+"""``/sim/processes`` and ``/sim/faults`` over HTTP, on the simulated driver."""
 
 from __future__ import annotations
 
@@ -81,3 +81,22 @@ async def test_bad_pid_on_delete(base_url: str, pid: str) -> None:
         http.delete(base_url + "/sim/processes/" + pid) as r,
     ):
         assert r.status == 400
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "needle"),
+    [
+        (b'{"gpu": 0, "fault": "lost", "x": 1, "y": 2}', 400, "unknown keys: x, y"),
+        (b'{"gpu": 0, "fault": "nope"}', 400, "nope"),
+        (b'{"gpu": 9, "fault": "lost"}', 404, "no simulated GPU with index 9"),
+        (b'{"gpu": 0, "fault": "lost"}', 200, ""),
+    ],
+)
+async def test_fault_requests(base_url: str, body: bytes, status: int, needle: str) -> None:
+    """/sim/faults shares the body checks of /sim/processes (a JSON object, known keys)."""
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(base_url + "/sim/faults", data=body) as r,
+    ):
+        assert r.status == status
+        assert needle in (await r.json()).get("error", "")
