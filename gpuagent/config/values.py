@@ -47,10 +47,15 @@ def as_text(raw: object) -> str:
     return raw
 
 
-def parse_path(raw: object) -> Path:
+def text_nonempty(raw: object) -> str:
     text = as_text(raw)
     if not text:
         raise Invalid("must not be empty")
+    return text
+
+
+def parse_path(raw: object) -> Path:
+    text = text_nonempty(raw)
     if "\0" in text:
         raise Invalid("must not contain a NUL character")
     return Path(text)
@@ -61,13 +66,6 @@ def parse_absolute_path(raw: object) -> Path:
     if not path.is_absolute():
         raise Invalid(f"must be an absolute path, got {str(path)!r}")
     return path
-
-
-def text_nonempty(raw: object) -> str:
-    text = as_text(raw)
-    if not text:
-        raise Invalid("must not be empty")
-    return text
 
 
 def parse_bool(raw: object) -> bool:
@@ -95,16 +93,20 @@ def parse_simulate(raw: object) -> int:
     return count
 
 
-def parse_poll_interval(raw: object) -> float:
+def _seconds(raw: object) -> float:
+    """A number of seconds: a number (the config file) or its text (a flag, the environment)."""
     if isinstance(raw, (int, float)) and not isinstance(raw, bool):
-        seconds = float(raw)
-    elif isinstance(raw, str):
+        return float(raw)
+    if isinstance(raw, str):
         try:
-            seconds = float(raw)
+            return float(raw)
         except ValueError:
             raise Invalid(f"expected a number of seconds, got {raw!r}") from None
-    else:
-        raise Invalid(f"expected a number of seconds, got {type_name(raw)}")
+    raise Invalid(f"expected a number of seconds, got {type_name(raw)}")
+
+
+def parse_poll_interval(raw: object) -> float:
+    seconds = _seconds(raw)
     if not (math.isfinite(seconds) and 0 < seconds <= MAX_POLL_INTERVAL):
         raise Invalid(f"must be > 0 and <= {MAX_POLL_INTERVAL:g} seconds, got {raw!r}")
     return seconds
@@ -126,15 +128,7 @@ def parse_pod_resources_interval(raw: object) -> float:
 
 def parse_heartbeat(raw: object) -> float:
     """Seconds between writes of an unchanged node condition: a minute to a day."""
-    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
-        seconds = float(raw)
-    elif isinstance(raw, str):
-        try:
-            seconds = float(raw)
-        except ValueError:
-            raise Invalid(f"expected a number of seconds, got {raw!r}") from None
-    else:
-        raise Invalid(f"expected a number of seconds, got {type_name(raw)}")
+    seconds = _seconds(raw)
     if not (math.isfinite(seconds) and MIN_HEARTBEAT <= seconds <= MAX_HEARTBEAT):
         raise Invalid(f"must be {MIN_HEARTBEAT:g} to {MAX_HEARTBEAT:g} seconds, got {raw!r}")
     return seconds
