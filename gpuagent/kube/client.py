@@ -19,6 +19,8 @@ kr8s 0.20.15                  (+43 MB     +17.0 MiB   dynamic Box objects; pulls
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -98,17 +100,10 @@ class KubeApi:
     async def slices(self, node: str, driver: str) -> list[dict[str, Any]]:
         """This node's slices of ``driver`` (field selectors the API server indexes)."""
         fields: FieldSelector = {"spec.nodeName": node, "spec.driver": driver}
-        out: list[dict[str, Any]] = []
-        try:
-            async for obj in self._client.list(ResourceSlice, fields=fields):
-                out.append(dict(obj.to_dict()))
-        except _LightkubeApiError as exc:
-            raise _api_error(exc) from None
-        except httpx2.HTTPStatusError as exc:  # an error body that is not a Status (a proxy)
-            raise _status_error(exc.response) from None
-        except httpx2.TransportError as exc:
-            raise ApiUnreachable(f"{type(exc).__name__}: {exc}") from None
-        return out
+        with _translated():
+            return [
+                dict(obj.to_dict()) async for obj in self._client.list(ResourceSlice, fields=fields)
+            ]
 
     async def create_slice(self, manifest: dict[str, Any]) -> None:
         await self._call(self._client.create(ResourceSlice.from_dict(manifest)))
@@ -171,14 +166,22 @@ class KubeApi:
 
     @staticmethod
     async def _call(call: Any) -> Any:
-        try:
+        with _translated():
             return await call
-        except _LightkubeApiError as exc:
-            raise _api_error(exc) from None
-        except httpx2.HTTPStatusError as exc:  # an error body that is not a Status (a proxy)
-            raise _status_error(exc.response) from None
-        except httpx2.TransportError as exc:
-            raise ApiUnreachable(f"{type(exc).__name__}: {exc}") from None
+
+
+@contextlib.contextmanager
+def _translated() -> Iterator[None]:
+    """The client's errors as this module's: the API server's Status, an error body that is not
+    one (a proxy's), or no answer at all."""
+    try:
+        yield
+    except _LightkubeApiError as exc:
+        raise _api_error(exc) from None
+    except httpx2.HTTPStatusError as exc:  # an error body that is not a Status (a proxy)
+        raise _status_error(exc.response) from None
+    except httpx2.TransportError as exc:
+        raise ApiUnreachable(f"{type(exc).__name__}: {exc}") from None
 
 
 def _api_error(exc: _LightkubeApiError) -> ApiError:
