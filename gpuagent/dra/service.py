@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -266,11 +266,7 @@ class DraPluginV1Beta1(dra_v1beta1.DraPluginBase):
     async def node_prepare_resources(
         self, message: dra_v1beta1.NodePrepareResourcesRequest
     ) -> dra_v1beta1.NodePrepareResourcesResponse:
-        request = dra_v1.NodePrepareResourcesRequest(
-            claims=[
-                dra_v1.Claim(namespace=c.namespace, uid=c.uid, name=c.name) for c in message.claims
-            ]
-        )
+        request = dra_v1.NodePrepareResourcesRequest(claims=_v1_claims(message.claims))
         response = await self._v1.node_prepare_resources(request)
         return dra_v1beta1.NodePrepareResourcesResponse(
             claims={
@@ -293,11 +289,7 @@ class DraPluginV1Beta1(dra_v1beta1.DraPluginBase):
     async def node_unprepare_resources(
         self, message: dra_v1beta1.NodeUnprepareResourcesRequest
     ) -> dra_v1beta1.NodeUnprepareResourcesResponse:
-        request = dra_v1.NodeUnprepareResourcesRequest(
-            claims=[
-                dra_v1.Claim(namespace=c.namespace, uid=c.uid, name=c.name) for c in message.claims
-            ]
-        )
+        request = dra_v1.NodeUnprepareResourcesRequest(claims=_v1_claims(message.claims))
         response = await self._v1.node_unprepare_resources(request)
         return dra_v1beta1.NodeUnprepareResourcesResponse(
             claims={
@@ -400,3 +392,7 @@ class HealthV1Alpha1(health_v1alpha1.DraResourceHealthBase):
     ) -> AsyncIterator[health_v1alpha1.NodeWatchResourcesResponse]:
         async for response in self._streams.responses(health_v1alpha1):
             yield response
+
+
+def _v1_claims(claims: Iterable[dra_v1beta1.Claim]) -> list[dra_v1.Claim]:
+    return [dra_v1.Claim(namespace=c.namespace, uid=c.uid, name=c.name) for c in claims]
