@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -52,10 +51,17 @@ class Health:
         return condition
 
 
-@asynccontextmanager
-async def agent(
-    device_plugin_dir: Path, pod_resources: FakePodResources, server: FakeApiServer, root: Path
+@pytest.fixture
+async def health(
+    fake_kubelet: FakeKubelet,
+    device_plugin_dir: Path,
+    pod_resources: FakePodResources,
+    apiserver: FakeApiServer,
+    short_tmp_path: Path,
 ) -> AsyncIterator[Health]:
+    """The agent on four simulated GPUs, registered with the kubelet stand-in, writing to the
+    API-server stand-in by a clock the test moves."""
+    server, root = apiserver, short_tmp_path
     clock = ManualClock()
     draws = itertools.cycle([0.5, 0.2, 0.8])
     args = ("--simulate", "4", "--kubeconfig", str(server.kubeconfig(root / "kubeconfig")),
@@ -80,112 +86,97 @@ async def holding_gpu_3(health: Health, pod_resources: FakePodResources) -> str:
 
 
 async def test_xid_79_on_gpu_3_is_a_false_condition_a_node_event_and_a_pod_event(
-    fake_kubelet: FakeKubelet,
-    device_plugin_dir: Path,
-    pod_resources: FakePodResources,
-    apiserver: FakeApiServer,
-    short_tmp_path: Path,
+    health: Health, pod_resources: FakePodResources, apiserver: FakeApiServer
 ) -> None:
-    async with agent(device_plugin_dir, pod_resources, apiserver, short_tmp_path) as health:
-        assert health.condition()["status"] == "True"
-        assert health.condition()["message"] == "All 4 GPUs are healthy"
-        uuid = await holding_gpu_3(health, pod_resources)
-        await health.clock.advance(100.0)
-        await health.settle()
-        start = len(apiserver.requests)
+    assert health.condition()["status"] == "True"
+    assert health.condition()["message"] == "All 4 GPUs are healthy"
+    uuid = await holding_gpu_3(health, pod_resources)
+    await health.clock.advance(100.0)
+    await health.settle()
+    start = len(apiserver.requests)
 
-        await health.run.fault({"gpu": 3, "fault": "xid", "xid": 79})
-        await eventually(lambda: not health.gpu(3).health.healthy, what="GPU 3 unhealthy")
-        await health.settle()
-        assert apiserver.requests[start:] == []  # nothing before the writer's time moves
-        await health.settle(2.0)  # within 2 s of the XID
-        condition = health.condition()
-        assert (condition["status"], condition["reason"]) == ("False", "XidError")
-        assert condition["message"].startswith(
-            f"1 of 4 GPUs unhealthy. GPU 3 ({uuid}): XID 79, GPU has fallen off the bus "
-            "(recommended action: restart the node); the driver's recovery action: reset the GPU;"
-        )
-        (node_event,) = apiserver.node_events()
-        assert node_event["reason"] == "GPUUnhealthy"
-        assert node_event["reportingController"] == "gpuagent"
-        assert node_event["reportingInstance"] == NODE
-        assert f"GPU 3 ({uuid}) is unhealthy: XID 79" in node_event["note"]
-        (pod_event,) = apiserver.pod_events("ml", "train-3")
-        assert pod_event["note"].startswith(
-            f"GPU 3 ({uuid}) allocated to this pod (container worker) failed: XID 79, GPU has "
-            "fallen off the bus"
-        )
-        assert len(apiserver.events) == 2
+    await health.run.fault({"gpu": 3, "fault": "xid", "xid": 79})
+    await eventually(lambda: not health.gpu(3).health.healthy, what="GPU 3 unhealthy")
+    await health.settle()
+    assert apiserver.requests[start:] == []  # nothing before the writer's time moves
+    await health.settle(2.0)  # within 2 s of the XID
+    condition = health.condition()
+    assert (condition["status"], condition["reason"]) == ("False", "XidError")
+    assert condition["message"].startswith(
+        f"1 of 4 GPUs unhealthy. GPU 3 ({uuid}): XID 79, GPU has fallen off the bus "
+        "(recommended action: restart the node); the driver's recovery action: reset the GPU;"
+    )
+    (node_event,) = apiserver.node_events()
+    assert node_event["reason"] == "GPUUnhealthy"
+    assert node_event["reportingController"] == "gpuagent"
+    assert node_event["reportingInstance"] == NODE
+    assert f"GPU 3 ({uuid}) is unhealthy: XID 79" in node_event["note"]
+    (pod_event,) = apiserver.pod_events("ml", "train-3")
+    assert pod_event["note"].startswith(
+        f"GPU 3 ({uuid}) allocated to this pod (container worker) failed: XID 79, GPU has "
+        "fallen off the bus"
+    )
+    assert len(apiserver.events) == 2
 
-        # Recovery (the driver's recovery action reads none again): True, one event.
-        await health.run.fault({"gpu": 3, "fault": "recovery_action", "action": "none"})
-        await eventually(lambda: health.gpu(3).health.healthy, what="GPU 3 healthy")
-        await health.settle(30.0)
-        condition = health.condition()
-        assert (condition["status"], condition["reason"]) == ("True", "AllGPUsHealthy")
-        assert apiserver.node_events()[-1]["reason"] == "GPURecovered"
-        assert len(apiserver.events) == 3
-        assert apiserver.kubelet_conditions() == [dict(c) for c in KUBELET_CONDITIONS]
-        assert apiserver.invalid == []
+    # Recovery (the driver's recovery action reads none again): True, one event.
+    await health.run.fault({"gpu": 3, "fault": "recovery_action", "action": "none"})
+    await eventually(lambda: health.gpu(3).health.healthy, what="GPU 3 healthy")
+    await health.settle(30.0)
+    condition = health.condition()
+    assert (condition["status"], condition["reason"]) == ("True", "AllGPUsHealthy")
+    assert apiserver.node_events()[-1]["reason"] == "GPURecovered"
+    assert len(apiserver.events) == 3
+    assert apiserver.kubelet_conditions() == [dict(c) for c in KUBELET_CONDITIONS]
+    assert apiserver.invalid == []
 
 
 async def test_a_storm_of_1000_xids_makes_at_most_20_requests(
-    fake_kubelet: FakeKubelet,
-    device_plugin_dir: Path,
-    pod_resources: FakePodResources,
-    apiserver: FakeApiServer,
-    short_tmp_path: Path,
+    health: Health, pod_resources: FakePodResources, apiserver: FakeApiServer
 ) -> None:
-    async with agent(device_plugin_dir, pod_resources, apiserver, short_tmp_path) as health:
-        await holding_gpu_3(health, pod_resources)
-        await health.clock.advance(100.0)
-        await health.settle()
-        start = len(apiserver.requests)
-        codes = itertools.cycle([79, 48, 94, 119, 13])
-        for burst in range(10):  # 100 XIDs in each second of the writer's time
-            for _ in range(100):
-                await health.run.fault({"gpu": 3, "fault": "xid", "xid": next(codes)})
-            await eventually(lambda: health.gpu(3).xid_counts, what="the XIDs seen")
-            await health.settle(1.0 if burst < 9 else 0.0)
-        await eventually(
-            lambda: sum(health.gpu(3).xid_counts.values()) == 1000, what="every XID counted"
-        )
-        await health.settle(120.0)
-        requests = apiserver.requests[start:]
-        assert len(requests) <= 20, requests
-        assert health.condition()["status"] == "False"
-        assert len(apiserver.node_events()) == 1
-        assert len(apiserver.pod_events("ml", "train-3")) == 1
-        assert apiserver.invalid == []
+    await holding_gpu_3(health, pod_resources)
+    await health.clock.advance(100.0)
+    await health.settle()
+    start = len(apiserver.requests)
+    codes = itertools.cycle([79, 48, 94, 119, 13])
+    for burst in range(10):  # 100 XIDs in each second of the writer's time
+        for _ in range(100):
+            await health.run.fault({"gpu": 3, "fault": "xid", "xid": next(codes)})
+        await eventually(lambda: health.gpu(3).xid_counts, what="the XIDs seen")
+        await health.settle(1.0 if burst < 9 else 0.0)
+    await eventually(
+        lambda: sum(health.gpu(3).xid_counts.values()) == 1000, what="every XID counted"
+    )
+    await health.settle(120.0)
+    requests = apiserver.requests[start:]
+    assert len(requests) <= 20, requests
+    assert health.condition()["status"] == "False"
+    assert len(apiserver.node_events()) == 1
+    assert len(apiserver.pod_events("ml", "train-3")) == 1
+    assert apiserver.invalid == []
 
 
 async def test_a_hung_api_server_slows_neither_the_kubelet_nor_metrics(
-    fake_kubelet: FakeKubelet,
-    device_plugin_dir: Path,
-    pod_resources: FakePodResources,
-    apiserver: FakeApiServer,
-    short_tmp_path: Path,
+    health: Health, fake_kubelet: FakeKubelet, apiserver: FakeApiServer
 ) -> None:
-    async with agent(device_plugin_dir, pod_resources, apiserver, short_tmp_path) as health:
-        (registration,) = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
-        apiserver.hold()  # accepts, never answers
-        try:
-            await health.clock.advance(100.0)
-            await health.run.fault({"gpu": 1, "fault": "xid", "xid": 79})
-            await health.clock.advance(1.0)  # the writer's request now hangs
-            # The kubelet hears GPU 1 Unhealthy, and /metrics answers, meanwhile.
-            uuid = health.gpu(1).uuid
-            while True:
-                update = await asyncio.to_thread(registration.next_update, T)
-                if any(uuid == d.ID and d.health == "Unhealthy" for d in update.devices):
-                    break
-            text = await health.run.metrics_until(
-                lambda t: 'gpuagent_gpu_healthy{gpu="1"' in t and "gpuagent_kube" in t
-            )
-            assert "gpuagent_kube_requests_total" in text
-            assert health.condition()["status"] == "True"
-        finally:
-            apiserver.release()
+    (registration,) = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
+    apiserver.hold()  # accepts, never answers
+    try:
+        await health.clock.advance(100.0)
+        await health.run.fault({"gpu": 1, "fault": "xid", "xid": 79})
+        await health.clock.advance(1.0)  # the writer's request now hangs
+        # The kubelet hears GPU 1 Unhealthy, and /metrics answers, meanwhile.
+        uuid = health.gpu(1).uuid
+        while True:
+            update = await asyncio.to_thread(registration.next_update, T)
+            if any(uuid == d.ID and d.health == "Unhealthy" for d in update.devices):
+                break
+        text = await health.run.metrics_until(
+            lambda t: 'gpuagent_gpu_healthy{gpu="1"' in t and "gpuagent_kube" in t
+        )
+        assert "gpuagent_kube_requests_total" in text
+        assert health.condition()["status"] == "True"
+    finally:
+        apiserver.release()
 
 
 async def test_without_credentials_both_are_off_quietly(device_plugin_dir: Path) -> None:
