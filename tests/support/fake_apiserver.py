@@ -438,16 +438,7 @@ class FakeApiServer:
                       "kind": "Event", "verbs": ["create", "get", "list", "patch"]}]})  # fmt: skip
 
     def _check_event(self, verb: str, obj: dict[str, Any], *, core: bool) -> web.Response | None:
-        errors = validate_event(obj, core=core)
-        for version in K8S_VERSIONS:
-            try:
-                kubernetes_validate.validate(obj, version, strict=True)
-            except kubernetes_validate.ValidationError as exc:
-                errors.append(f"schema {version}: {exc.message}")
-        if errors:
-            self.invalid.append((verb, errors))
-            return self._status(422, "Invalid", "; ".join(errors))
-        return None
+        return self._invalid(verb, obj, validate_event(obj, core=core))
 
     def _event_creator(self, core: bool) -> Any:
         async def create(request: web.Request) -> web.Response:
@@ -532,7 +523,11 @@ class FakeApiServer:
         return _json(body)
 
     def _check(self, verb: str, obj: dict[str, Any]) -> web.Response | None:
-        errors = validate_slice(obj)
+        return self._invalid(verb, obj, validate_slice(obj))
+
+    def _invalid(self, verb: str, obj: dict[str, Any], errors: list[str]) -> web.Response | None:
+        """``errors`` found by the object's own checks, and those of the Kubernetes schemas: a 422
+        (recorded in :attr:`invalid`), or ``None`` when there are none."""
         for version in K8S_VERSIONS:
             try:
                 kubernetes_validate.validate(obj, version, strict=True)
