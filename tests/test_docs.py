@@ -5,6 +5,7 @@
 - The migration tables name only gpuagent flags and environment variables that exist, and cover
   every flag of NVIDIA's device plugin and dcgm-exporter listed in the project's reference notes.
 - Metric names, sizing figures and the README's set-up commands match what is shipped.
+- The architecture page names modules, names in them and flags that exist, and every room.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ OWNED = [
     DOCS / "rollback.md",
     DOCS / "uninstall.md",
     DOCS / "versions.md",
+    DOCS / "architecture.md",
 ]
 REFERENCE = ROOT.parent / "shared" / "reference"
 
@@ -132,6 +134,53 @@ def test_named_agent_metrics_exist(doc: Path) -> None:
     source = "\n".join(read(p) for p in (ROOT / "gpuagent").rglob("*.py"))
     for name in set(re.findall(r"\bgpuagent_[a-z_]+[a-z]\b", read(doc))):
         assert name in source, f"{doc.name} names metric {name}, which the agent does not export"
+
+
+def test_the_architecture_page_names_what_exists() -> None:
+    """docs/architecture.md's paths (from the repository or from gpuagent/), dotted names
+    (``state.store.Keyed``, ``support.waiting.eventually``: a module and a name defined in it) and
+    flags exist; every package and top-level module of gpuagent has its place on the page."""
+    text = read(DOCS / "architecture.md")
+    tokens = set(re.findall(r"`([^`\n]+)`", text))
+    for token in tokens:
+        if token.startswith("--"):
+            assert token in FLAGS | {"--help", "--version"}, f"architecture.md: no flag {token}"
+        elif re.fullmatch(r"[\w.-]+/[\w./-]*", token) and not token.startswith(".."):
+            found = [p for p in (ROOT / token, ROOT / "gpuagent" / token) if p.exists()]
+            assert found, f"architecture.md names {token}, which does not exist"
+        elif re.fullmatch(r"[A-Za-z_0-9]+(\.[A-Za-z_0-9]+)+(\(.*\))?", token):
+            dotted = token.split("(")[0]
+            if not dotted.endswith((".py", ".md", ".toml")):
+                assert _defined(dotted), f"architecture.md names {dotted}, which is not defined"
+    for child in sorted((ROOT / "gpuagent").iterdir()):
+        if child.name.startswith("__pycache__") or child.name == "__init__.py":
+            continue
+        if child.is_dir() and (child / "__init__.py").exists():
+            assert f"`gpuagent/{child.name}/`" in text, f"architecture.md: no room for {child.name}"
+        elif child.suffix == ".py":
+            assert f"`gpuagent/{child.name}`" in text, f"architecture.md: no word on {child.name}"
+
+
+def _defined(dotted: str) -> bool:
+    """Whether ``a.b.name`` names a module (under gpuagent/ or tests/) and a name it defines (a
+    function, class or assignment, at any depth: ``a.b.Class.method`` checks ``Class``), or
+    ``Class.method`` a class of gpuagent's with that method in its module."""
+    parts = dotted.split(".")
+    if parts[0][:1].isupper():
+        cls, method = parts[0], parts[1]
+        return any(
+            re.search(rf"^class {cls}\b", code := read(path), re.MULTILINE)
+            and re.search(rf"^\s+(?:async\s+)?def {method}\b", code, re.MULTILINE)
+            for path in (ROOT / "gpuagent").rglob("*.py")
+        )
+    for cut in range(len(parts) - 1, 0, -1):
+        for base in (ROOT / "gpuagent", ROOT / "tests"):
+            path = base.joinpath(*parts[:cut]).with_suffix(".py")
+            if path.exists():
+                name = parts[cut]
+                pattern = rf"^\s*(?:(?:async\s+)?def|class)\s+{name}\b|^\s*{name}\s*[:=]"
+                return re.search(pattern, read(path), re.MULTILINE) is not None
+    return False
 
 
 def test_nvidia_environment_names_are_listed_in_one_place() -> None:
