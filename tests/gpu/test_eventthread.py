@@ -12,6 +12,7 @@ import pynvml
 import pytest
 import structlog.testing
 from support.backends import Delegating
+from support.tasks import awaiting
 from support.waiting import eventually
 
 from gpu.monitoring import (
@@ -142,8 +143,7 @@ async def test_cancel_as_a_poll_is_asked_for_stops_the_monitor(
     task = asyncio.create_task(monitor.run())
     try:
         await until(store, probed)
-        for _ in range(3):
-            await asyncio.sleep(0)  # run() is back in its wait for the next poll
+        await eventually(lambda: awaiting(task) == ["run", "wait"], what="run() in its poll wait")
         monitor._poll_now.set()
         task.cancel()
         done, _ = await asyncio.wait({task}, timeout=WAIT_S)
@@ -187,8 +187,9 @@ async def test_close_lets_a_topology_read_finish_then_releases_the_driver(
     monitor._spawn_refresh()  # as a GPU taken in late, or back on the bus, does
     assert await asyncio.to_thread(nvml.started.wait, WAIT_S)
     closing = asyncio.create_task(monitor.close())
-    for _ in range(5):
-        await asyncio.sleep(0)
+    await eventually(
+        lambda: awaiting(closing)[:2] == ["close", "finish_running"], what="close() in its wait"
+    )
     assert not closing.done()  # waiting for the read
     nvml.release.set()
     await asyncio.wait_for(closing, WAIT_S)
@@ -210,8 +211,8 @@ async def test_cancel_as_a_topology_refresh_returns_drops_it(
         monkeypatch.setattr(monitor._lanes.control, "submit", lambda _fn: answer)
         monitor._spawn_refresh()
         (task,) = monitor._background
-        for _ in range(3):
-            await asyncio.sleep(0)  # the refresh waits for its read
+        # The refresh waits for its read.
+        await eventually(lambda: awaiting(task) == ["_refresh_topology"], what="the refresh's wait")
         answer.set_result(Topology())  # the read returns in the same turn as the cancel
         task.cancel()
         await asyncio.wait({task}, timeout=WAIT_S)

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
+from support.tasks import awaiting
+from support.waiting import eventually
 
 from gpuagent.sockets import dirwatch
 from gpuagent.sockets.dirwatch import DirectoryWatch
@@ -58,8 +60,7 @@ async def test_a_change_between_two_waits_is_not_lost(tmp_path: Path) -> None:
 async def test_without_a_change_the_waiter_sleeps_until_its_timeout(tmp_path: Path) -> None:
     with closing(DirectoryWatch([tmp_path])) as watch:
         waiter = asyncio.create_task(watch.wait(HOUR, at_most=HOUR))
-        for _ in range(20):
-            await asyncio.sleep(0)
+        await eventually(lambda: awaiting(waiter) == ["wait", "wait"], what="the waiter's wait")
         assert not waiter.done()
         waiter.cancel()
         await asyncio.wait({waiter})

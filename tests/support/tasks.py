@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import types
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any
@@ -25,11 +26,14 @@ async def running(coroutine: Coroutine[Any, Any, None]) -> AsyncIterator[asyncio
 
 def awaiting(task: asyncio.Task[Any]) -> list[str]:
     """The coroutines ``task`` is suspended in, outermost first (``["run", "sleep"]``: its
-    ``run()`` awaits ``asyncio.sleep``), so a test can wait for code to reach a wait rather than
-    count turns of the loop."""
+    ``run()`` awaits ``asyncio.sleep``; ``[]`` before it first runs), so a test can wait for code
+    to reach a wait rather than count turns of the loop."""
     names: list[str] = []
     coroutine: object = task.get_coro()
-    while isinstance(coroutine, types.CoroutineType):
+    while (
+        isinstance(coroutine, types.CoroutineType)
+        and inspect.getcoroutinestate(coroutine) == inspect.CORO_SUSPENDED
+    ):
         names.append(coroutine.cr_code.co_name)
         coroutine = coroutine.cr_await
     return names
