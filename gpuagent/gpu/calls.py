@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -90,8 +90,19 @@ class NvmlCalls:
             self._sink(name, seconds, failed=failed)
 
     # ----- calling -------------------------------------------------------------------------------
-    def call(self, gpu: int, fn: Callable[..., T], *args: Any, name: str = "") -> T:
-        """``fn(*args)``; an NVML error is counted under ``name`` (default: ``fn``'s) and raised."""
+    def call(
+        self,
+        gpu: int,
+        fn: Callable[..., T],
+        *args: Any,
+        name: str = "",
+        answers: Collection[int] = (),
+    ) -> T:
+        """``fn(*args)``; an NVML error is counted under ``name`` (default: ``fn``'s) and raised.
+
+        ``answers``: error codes that are an answer, not a failure (an event wait's TIMEOUT: no
+        event; a utilisation read's NOT_FOUND: no sample), raised but not counted as errors.
+        """
         what = name or _name(fn)
         thread = threading.get_ident()
         started = self._clock()
@@ -101,7 +112,7 @@ class NvmlCalls:
         try:
             result = fn(*args)
         except pynvml.NVMLError as exc:
-            failed = exc.value not in ABSENT
+            failed = exc.value not in ABSENT and exc.value not in answers
             raise
         else:
             failed = False

@@ -44,6 +44,8 @@ HEALTH_EVENTS = (
 #: ``gpuInstanceId``/``computeInstanceId`` of an event attributed to no MIG instance.
 NO_INSTANCE = 0xFFFF_FFFF
 _RECOVERY_FIELD = [f for f in FIELDS if f[0] == "recovery_action"]
+#: An event wait's answer when no event came in time: not a failure.
+_NO_EVENT = (pynvml.NVML_ERROR_TIMEOUT,)
 
 
 class EventSet:
@@ -147,7 +149,9 @@ class EventSet:
         """Keep the events still queued in a set about to be freed (for :meth:`wait`)."""
         while True:
             try:
-                data = self._calls.call(NO_GPU, pynvml.nvmlEventSetWait_v2, event_set, 0)
+                data = self._calls.call(
+                    NO_GPU, pynvml.nvmlEventSetWait_v2, event_set, 0, answers=_NO_EVENT
+                )
             except pynvml.NVMLError:
                 return  # empty (TIMEOUT), or it holds a lost GPU: nothing more to read
             event = self._decode(data)
@@ -166,7 +170,9 @@ class EventSet:
         if self._event_set is None:
             raise EventWaitError("no event set", lost=False)
         try:
-            data = self._calls.call(NO_GPU, pynvml.nvmlEventSetWait_v2, self._event_set, timeout_ms)
+            data = self._calls.call(
+                NO_GPU, pynvml.nvmlEventSetWait_v2, self._event_set, timeout_ms, answers=_NO_EVENT
+            )
         except pynvml.NVMLError as exc:
             if exc.value == pynvml.NVML_ERROR_TIMEOUT:
                 return None

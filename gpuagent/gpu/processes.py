@@ -39,6 +39,8 @@ NO_INSTANCE = 0xFFFF_FFFF
 _ABSENT = ABSENT
 # A driver that knows the detail list but not mode ALL answers INVALID_ARGUMENT.
 _NO_DETAIL_LIST = (*_ABSENT, pynvml.NVML_ERROR_INVALID_ARGUMENT)
+#: A utilisation read's answer when no process used the GPU since the last sample: not a failure.
+_NO_SAMPLE = (pynvml.NVML_ERROR_NOT_FOUND,)
 _LISTS: tuple[tuple[str, Callable[[Any], list[Any]]], ...] = (
     ("compute_processes", pynvml.nvmlDeviceGetComputeRunningProcesses_v3),
     ("graphics_processes", pynvml.nvmlDeviceGetGraphicsRunningProcesses_v3),
@@ -144,17 +146,21 @@ class ProcessReader:
             try:
                 return list(
                     self._calls.call(
-                        index, pynvml.nvmlDeviceGetProcessesUtilizationInfo, handle, last_seen
+                        index, pynvml.nvmlDeviceGetProcessesUtilizationInfo, handle, last_seen,
+                        answers=_NO_SAMPLE,
                     )
-                )
+                )  # fmt: skip
             except pynvml.NVMLError as exc:
                 if exc.value != pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
                     raise
                 with self._lock:
                     self._old_utilization.add(index)
         return list(
-            self._calls.call(index, pynvml.nvmlDeviceGetProcessUtilization, handle, last_seen)
-        )
+            self._calls.call(
+                index, pynvml.nvmlDeviceGetProcessUtilization, handle, last_seen,
+                answers=_NO_SAMPLE,
+            )
+        )  # fmt: skip
 
     # ----- errors ------------------------------------------------------------------------------
     def _failed(self, index: int, what: str, exc: pynvml.NVMLError) -> None:

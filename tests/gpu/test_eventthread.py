@@ -101,8 +101,8 @@ async def test_close_leaves_a_wait_to_finish(
 async def test_event_wait_is_long_and_failures_back_off_from_half_a_second(
     store: DeviceStore, driver: SimDriver, tmp_path: Path
 ) -> None:
-    """The production event wait blocks 5 s (a timed-out wait costs an NVML error each time,
-    so it should be rare); failing waits are still retried after 0.5 s at first."""
+    """The production event wait blocks 5 s (a timed-out wait costs an NVML call each time, so
+    it should be rare); failing waits are still retried after 0.5 s at first."""
     nvml = WaitRecorder(tmp_path)
     monitor = GpuMonitor(store, nvml, poll_interval=30.0, call_timeout=2.0)
     with structlog.testing.capture_logs() as logs:

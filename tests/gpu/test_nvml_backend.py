@@ -566,8 +566,12 @@ class TestEvents:
             uninstall()
 
     def test_timeout_is_none(self, ready: Nvml) -> None:
-        """A wait that sees no event within the timeout returns None."""
+        """A wait that sees no event within the timeout returns None: an answer, not a failed
+        NVML call (gpuagent_nvml_calls_total{result="error"} does not grow with every wait)."""
         assert ready.wait_event(10) is None
+        waits = dict(ready.calls.stats())["nvmlEventSetWait_v2"]
+        assert waits.count >= 1
+        assert waits.errors == 0
 
     @pytest.mark.parametrize(
         ("code", "lost", "text"),

@@ -14,6 +14,7 @@ import structlog.testing
 from support.clock import FakeClock
 
 from gpuagent.domain.usage import GpuProcess, ProcessSample
+from gpuagent.gpu.calls import NvmlCalls
 from gpuagent.gpu.nvml import Nvml
 from gpuagent.gpu.processes import ProcessReader
 from gpuagent.gpu.sim import SimDriver, install, node_from_mapping, uninstall
@@ -133,6 +134,23 @@ def test_an_idle_gpu_costs_one_call_each(driver: tuple[SimDriver, ProcessReader]
     assert +calls == Counter(
         {"nvmlDeviceGetRunningProcessDetailList": 1, "nvmlDeviceGetProcessesUtilizationInfo": 1}
     )
+
+
+def test_no_sample_since_the_last_is_an_answer_not_an_error(
+    driver: tuple[SimDriver, ProcessReader],
+) -> None:
+    """An idle GPU's utilisation read answers NOT_FOUND ("no sample since"): not counted as a
+    failed NVML call (what gpuagent_nvml_calls_total{result="error"} sums)."""
+    sim, _ = driver
+    calls = NvmlCalls()
+    reader = ProcessReader(calls)
+    for _ in range(3):
+        assert reader.read(H100, handle(H100)) is not None
+    utilisation = dict(calls.stats())["nvmlDeviceGetProcessesUtilizationInfo"]
+    assert (utilisation.count, utilisation.errors) == (3, 0)
+    sim.inject(H100, "call_error", symbol="nvmlDeviceGetProcessesUtilizationInfo", error="unknown")
+    assert reader.read(H100, handle(H100)) is not None
+    assert dict(calls.stats())["nvmlDeviceGetProcessesUtilizationInfo"].errors == 1
 
 
 def test_older_gpus_read_the_three_lists_merging_a_process_in_two(
