@@ -78,7 +78,9 @@ def test_defaults() -> None:
         "proc_root": "/proc",
         "container_logs_dir": "/var/log/containers",
         "cri_socket": None,
+        "dcgm_series_per_container": False,
         "dcgm_container_shares": False,
+        "detailed_agent_metrics": False,
         "kubernetes": True,
         "node_name": socket.gethostname(),
         "check_config": None,
@@ -265,6 +267,13 @@ def test_empty_env_value_counts_as_unset(tmp_path: Path) -> None:
             "kubelet_socket",
             Path("/k/kubelet.sock"),
             id="KUBELET_SOCKET",
+        ),
+        pytest.param(  # dcgm-exporter's: a series per pod sharing a GPU, with its own use
+            "KUBERNETES_VIRTUAL_GPUS",
+            "true",
+            "dcgm_container_shares",
+            True,
+            id="KUBERNETES_VIRTUAL_GPUS",
         ),
     ],
 )
@@ -775,7 +784,9 @@ container-accounting: false
 proc-root: /host/proc
 container-logs-dir: /host/var/log/containers
 cri-socket: /run/k3s/containerd/containerd.sock
+dcgm-series-per-container: true
 dcgm-container-shares: true
+detailed-agent-metrics: true
 nvml-timeout: 120
 """,
     )
@@ -833,7 +844,9 @@ nvml-timeout: 120
         "proc_root": "/host/proc",
         "container_logs_dir": "/host/var/log/containers",
         "cri_socket": "/run/k3s/containerd/containerd.sock",
+        "dcgm_series_per_container": True,
         "dcgm_container_shares": True,
+        "detailed_agent_metrics": True,
         "kubernetes": True,
         "node_name": "node-7",
         "check_config": None,

@@ -95,7 +95,9 @@ def build_rest(
         node_name,
         __version__,
         hostname_label=None if settings.no_hostname else settings.hostname_label,
+        series_per_container=settings.dcgm_series_per_container,
         container_shares=settings.dcgm_container_shares,
+        detailed=settings.detailed_agent_metrics,
         kubernetes=settings.kubernetes,
         accounting=settings.container_accounting,
     )

@@ -13,6 +13,7 @@ from gpuagent.config.groups.accounting import (
     CONTAINER_LOGS_DIR,
     CRI_SOCKET,
     DCGM_CONTAINER_SHARES,
+    DCGM_SERIES_PER_CONTAINER,
     PROC_ROOT,
 )
 from gpuagent.config.groups.agent import (
@@ -59,6 +60,7 @@ from gpuagent.config.groups.kubelet import (
     SOCKET_DIR,
 )
 from gpuagent.config.groups.metrics import (
+    DETAILED_AGENT_METRICS,
     HOSTNAME_LABEL,
     METRICS_ADDRESS,
     NO_HOSTNAME,
@@ -177,7 +179,9 @@ def load_settings(
         proc_root=sources.get(PROC_ROOT, Path("/proc")),
         container_logs_dir=sources.get(CONTAINER_LOGS_DIR, Path("/var/log/containers")),
         cri_socket=sources.get(CRI_SOCKET, None),
+        dcgm_series_per_container=sources.get(DCGM_SERIES_PER_CONTAINER, False),
         dcgm_container_shares=sources.get(DCGM_CONTAINER_SHARES, False),
+        detailed_agent_metrics=sources.get(DETAILED_AGENT_METRICS, False),
         kubernetes=kubernetes,
         node_name=environ.get("NODE_NAME", "").strip() or socket.gethostname(),
         check_config=check_config,

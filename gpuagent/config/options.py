@@ -65,7 +65,9 @@ OPTIONS: tuple[Option[Any], ...] = (
     accounting.PROC_ROOT,
     accounting.CONTAINER_LOGS_DIR,
     accounting.CRI_SOCKET,
+    accounting.DCGM_SERIES_PER_CONTAINER,
     accounting.DCGM_CONTAINER_SHARES,
+    metrics.DETAILED_AGENT_METRICS,
     agent.KUBERNETES,
     agent.CHECK_CONFIG,
 )

@@ -68,7 +68,9 @@ class Settings:
     proc_root: Path = Path("/proc")
     container_logs_dir: Path = Path("/var/log/containers")
     cri_socket: Path | None = None
+    dcgm_series_per_container: bool = False
     dcgm_container_shares: bool = False
+    detailed_agent_metrics: bool = False
     kubernetes: bool = True
     # The node's name (the host label on every metric): NODE_NAME (the DaemonSet sets it from
     # spec.nodeName), else the host name.

@@ -1,6 +1,12 @@
 """The agent's own families, rendered on every scrape: the kubelet, configuration reloads,
 pod-resources, NVML calls, the DRA side and the node-health writer (per-container accounting's are
-in :mod:`gpuagent.web.usage`)."""
+in :mod:`gpuagent.web.usage`).
+
+By default they are what an operator acts on — states, errors, the poll's cost — in a few series
+a node (a fleet pays for every one of them on every node). ``detailed``
+(``--detailed-agent-metrics``) adds the breakdowns and activity counters for a closer look: each
+NVML function and the start-up's pieces, API requests by object, request and event counts.
+"""
 
 from __future__ import annotations
 
@@ -25,7 +31,13 @@ __all__ = [
 ]
 
 
-def config_families(generation: int, reloads: ReloadStats) -> list[Family]:
+#: The pieces of NVML work timed as a whole (the rest of the names are NVML functions); the poll's
+#: probe of a GPU is what the default families time.
+NVML_WORK = frozenset({"init", "discover", "probe"})
+PROBE = "probe"
+
+
+def config_families(generation: int, reloads: ReloadStats, *, detailed: bool) -> list[Family]:
     total = Family(
         "gpuagent_config_reloads_total",
         "counter",
@@ -34,34 +46,46 @@ def config_families(generation: int, reloads: ReloadStats) -> list[Family]:
     )
     for result in ("changed", "unchanged", "invalid"):
         total.add((("result", result),), getattr(reloads, result))
-    return [
-        single("gpuagent_config_generation", "gauge",
-               "Reloads that changed the running configuration since the agent started.", (),
-               generation),
+    out = [
         single("gpuagent_config_last_reload_successful", "gauge",
                "Whether the last configuration reload was applied (1; also before any) or "
                "refused as invalid (0).", (), 1 if reloads.last_successful else 0),
         total,
     ]  # fmt: skip
+    if detailed:
+        out.insert(0, single("gpuagent_config_generation", "gauge",
+                             "Reloads that changed the running configuration since the agent "
+                             "started.", (), generation))  # fmt: skip
+    return out
 
 
-def dra_families(dra: DraCounters | None) -> list[Family]:
-    return [] if dra is None else singles(_DRA, dra)
+def dra_families(dra: DraCounters | None, *, detailed: bool) -> list[Family]:
+    if dra is None:
+        return []
+    return singles(_DRA + (_DRA_DETAILED if detailed else ()), dra)
 
 
-def kube_families(kube: KubeCounters | None) -> list[Family]:
+def kube_families(kube: KubeCounters | None, *, detailed: bool) -> list[Family]:
     if kube is None:
         return []
     requests = Family(
         "gpuagent_kube_requests_total",
         "counter",
         "API server requests of the node-health writer (GPUHealthy condition, events, taint), "
-        "by object (node_condition, node_taint, event, node, discovery) and result (ok, "
-        "unreachable, throttled, server_error, forbidden, not_found, conflict, invalid).",
+        "by result (ok, unreachable, throttled, server_error, forbidden, not_found, conflict, "
+        "invalid); with --detailed-agent-metrics also by object (node_condition, node_taint, "
+        "event, node, discovery).",
     )
-    for obj, result, count in kube.requests:
-        requests.add((("object", obj), ("result", result)), count)
-    out = [requests, *singles(_KUBE, kube)]
+    if detailed:
+        for obj, result, count in kube.requests:
+            requests.add((("object", obj), ("result", result)), count)
+    else:
+        by_result: dict[str, int] = {}
+        for _, result, count in kube.requests:
+            by_result[result] = by_result.get(result, 0) + count
+        for result, count in sorted(by_result.items()):
+            requests.add((("result", result),), count)
+    out = [requests, *singles(_KUBE + (_KUBE_DETAILED if detailed else ()), kube)]
     if kube.condition_written_at is not None:
         out.append(
             single("gpuagent_node_condition_last_write_timestamp_seconds", "gauge",
@@ -71,23 +95,41 @@ def kube_families(kube: KubeCounters | None) -> list[Family]:
     return out
 
 
-def nvml_families(calls: tuple[NvmlCallStats, ...]) -> list[Family]:
+def nvml_families(calls: tuple[NvmlCallStats, ...], *, detailed: bool) -> list[Family]:
+    """Every NVML function call by result, and the time and failures of the poll's probe of a
+    GPU (``detailed``: of every NVML function and piece of work, by ``call``)."""
     if not calls:
         return []
+    made = Family(
+        "gpuagent_nvml_calls_total",
+        "counter",
+        "Calls of NVML functions, by result (ok, error); which function failed is in the log "
+        "(and in gpuagent_nvml_call_errors_total with --detailed-agent-metrics).",
+    )
+    functions = [c for c in calls if c.call not in NVML_WORK]
+    failed = sum(c.errors for c in functions)
+    made.add((("result", "error"),), failed)
+    made.add((("result", "ok"),), sum(c.count for c in functions) - failed)
     seconds = Family(
         "gpuagent_nvml_call_duration_seconds",
         "summary",
-        "Time spent in NVML calls, per kind of call.",
+        "Time spent in NVML work: the poll's probe of a GPU (call=probe); with "
+        "--detailed-agent-metrics also start-up's pieces and each NVML function.",
     )
     errors = Family(
-        "gpuagent_nvml_call_errors_total", "counter", "NVML calls that failed, per kind of call."
+        "gpuagent_nvml_call_errors_total",
+        "counter",
+        "NVML work that failed: probes of a GPU (call=probe); with --detailed-agent-metrics "
+        "also start-up's pieces and each NVML function.",
     )
     for stats in sorted(calls, key=lambda s: s.call):
+        if not detailed and stats.call != PROBE:
+            continue
         block = "{" + label_pairs((("call", stats.call),)) + "}"
         seconds.samples.append(f"{seconds.name}_sum{block} {format_value(stats.seconds)}\n")
         seconds.samples.append(f"{seconds.name}_count{block} {stats.count}\n")
         errors.add(block, stats.errors)
-    return [seconds, errors]
+    return [made, seconds, errors]
 
 
 def pod_resources_families(
@@ -96,6 +138,8 @@ def pod_resources_families(
     device_ids: int,
     monotonic: Callable[[], float],
     wall: Callable[[], float],
+    *,
+    detailed: bool,
 ) -> list[Family]:
     if stats is None:
         return []
@@ -107,15 +151,17 @@ def pod_resources_families(
         single("gpuagent_pod_resources_socket_present", "gauge",
                "Whether the kubelet pod-resources socket exists (1) or not (0).", (),
                1 if stats.socket_present else 0),
-        single("gpuagent_pod_resources_requests_total", "counter",
-               "pod-resources List calls made.", (), stats.requests),
         single("gpuagent_pod_resources_errors_total", "counter",
                "pod-resources List calls that failed (socket absent, kubelet down, error).",
                (), stats.errors),
-        single("gpuagent_pod_resources_devices", "gauge",
-               "Device IDs in the last known pod-resources mapping.", (),
-               device_ids),
     ]  # fmt: skip
+    if detailed:
+        out += [
+            single("gpuagent_pod_resources_requests_total", "counter",
+                   "pod-resources List calls made.", (), stats.requests),
+            single("gpuagent_pod_resources_devices", "gauge",
+                   "Device IDs in the last known pod-resources mapping.", (), device_ids),
+        ]  # fmt: skip
     if pods.refreshed_at is not None:
         age = max(0.0, monotonic() - pods.refreshed_at)
         out.append(
@@ -123,11 +169,12 @@ def pod_resources_families(
                    "Seconds since the pod attribution was last refreshed successfully.",
                    (), round(age, 3))
         )  # fmt: skip
-        out.append(
-            single("gpuagent_pod_resources_last_success_timestamp_seconds", "gauge",
-                   "Unix time of the last successful pod-resources List.", (),
-                   round(wall() - age, 3))
-        )  # fmt: skip
+        if detailed:
+            out.append(
+                single("gpuagent_pod_resources_last_success_timestamp_seconds", "gauge",
+                       "Unix time of the last successful pod-resources List.", (),
+                       round(wall() - age, 3))
+            )  # fmt: skip
     return out
 
 
@@ -145,19 +192,6 @@ _DRA: tuple[Single[DraCounters], ...] = (
         lambda d: d.api_errors,
     ),
     (
-        "gpuagent_dra_slice_writes_total",
-        "counter",
-        "ResourceSlices created or replaced.",
-        lambda d: d.slice_writes,
-    ),
-    (
-        "gpuagent_dra_slice_generation",
-        "gauge",
-        "Generation of the node's ResourceSlice pool as last published.",
-        lambda d: d.slice_generation,
-    ),
-    ("gpuagent_dra_devices", "gauge", "Devices this node serves through DRA.", lambda d: d.devices),
-    (
         "gpuagent_dra_unpublished_gpus",
         "gauge",
         "GPUs given to DRA whose devices are in no published ResourceSlice, so offered "
@@ -171,6 +205,27 @@ _DRA: tuple[Single[DraCounters], ...] = (
         lambda d: 1 if d.registered else 0,
     ),
     (
+        "gpuagent_dra_prepare_errors_total",
+        "counter",
+        "Claims NodePrepareResources could not prepare.",
+        lambda d: d.prepare_errors,
+    ),
+)
+_DRA_DETAILED: tuple[Single[DraCounters], ...] = (
+    (
+        "gpuagent_dra_slice_writes_total",
+        "counter",
+        "ResourceSlices created or replaced.",
+        lambda d: d.slice_writes,
+    ),
+    (
+        "gpuagent_dra_slice_generation",
+        "gauge",
+        "Generation of the node's ResourceSlice pool as last published.",
+        lambda d: d.slice_generation,
+    ),
+    ("gpuagent_dra_devices", "gauge", "Devices this node serves through DRA.", lambda d: d.devices),
+    (
         "gpuagent_dra_prepared_claims",
         "gauge",
         "ResourceClaims prepared on this node (checkpointed).",
@@ -181,12 +236,6 @@ _DRA: tuple[Single[DraCounters], ...] = (
         "counter",
         "Claims prepared by NodePrepareResources.",
         lambda d: d.prepares,
-    ),
-    (
-        "gpuagent_dra_prepare_errors_total",
-        "counter",
-        "Claims NodePrepareResources could not prepare.",
-        lambda d: d.prepare_errors,
     ),
     (
         "gpuagent_dra_unprepares_total",
@@ -205,15 +254,17 @@ _KUBE: tuple[Single[KubeCounters], ...] = (
         lambda k: 1 if k.backing_off else 0,
     ),
     (
-        "gpuagent_kube_events_pending",
-        "gauge",
-        "Events (or repeats of one) waiting to be written.",
-        lambda k: k.events_pending,
-    ),
-    (
         "gpuagent_kube_events_dropped_total",
         "counter",
         "Events given up: over the pending bound, their namespace gone, or refused as invalid.",
         lambda k: k.events_dropped,
+    ),
+)
+_KUBE_DETAILED: tuple[Single[KubeCounters], ...] = (
+    (
+        "gpuagent_kube_events_pending",
+        "gauge",
+        "Events (or repeats of one) waiting to be written.",
+        lambda k: k.events_pending,
     ),
 )

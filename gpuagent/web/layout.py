@@ -1,8 +1,15 @@
 """What the device series' labels depend on, kept while only readings change.
 
-A layout holds each series' label blocks (one per container holding its GPU or MIG device, or
-one unattributed) and the identity families; :class:`gpuagent.web.metrics.MetricsRenderer`
-builds a new one only when a GPU's identity, the driver, the pods or the served resources change.
+A layout holds each series' label blocks and the identity families;
+:class:`gpuagent.web.metrics.MetricsRenderer` builds a new one only when a GPU's identity, the
+driver, the pods or the served resources change.
+
+A GPU (or MIG GPU instance) has **one** series per family: with the labels of the container
+holding it when exactly one does (as dcgm-exporter's dashboards expect), with empty pod labels
+when none does or several share it (time-slicing: who shares it is told by
+``gpuagent_device_allocated`` and the ``gpuagent_container_*`` families). ``per_container``
+(``--dcgm-series-per-container``) gives instead one series per container holding it, each with
+that container's labels: the series then multiply by the containers sharing a GPU.
 """
 
 from __future__ import annotations
@@ -30,7 +37,8 @@ class Series:
     gpu: int
     mig: int | None
     blocks: tuple[bytes, ...]
-    refs: tuple[PodRef, ...] = ()  # the container of each block (none when unattributed)
+    # The container of each block (none when unattributed or shared, one series per device).
+    refs: tuple[PodRef, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,16 +49,23 @@ class Layout:
     driver: str
     allocated: tuple[Allocated, ...]
     served: frozenset[str]
+    per_container: bool
     device_ids: int  # device IDs of served resources the kubelet lists as held
     series: tuple[Series, ...]
     static: bytes
 
 
 def build_layout(
-    snapshot: Snapshot, served: Collection[str], gpus: tuple[object, ...], host: str
+    snapshot: Snapshot,
+    served: Collection[str],
+    gpus: tuple[object, ...],
+    host: str,
+    *,
+    per_container: bool = False,
 ) -> Layout:
     """The layout of ``snapshot`` under ``served``; ``gpus`` are its GPUs' :func:`identity`,
-    ``host`` the host label (``,Hostname="..."``, or empty)."""
+    ``host`` the host label (``,Hostname="..."``, or empty); ``per_container``: a series per
+    container holding a device (else one per device)."""
     driver = snapshot.driver.version
     allocated = snapshot.pods.allocated
     mapping = by_device(allocated, served)
@@ -70,7 +85,7 @@ def build_layout(
         instances = _gpu_instances(gpu) if gpu.mig_enabled else []
         if not instances:
             target = Target(gpu.index)
-            refs = pods.get(target, ())
+            refs = _labelled(pods.get(target, ()), per_container)
             series.append(Series(target, position, None, _blocks(base + tail, refs), refs))
             continue
         for mig_position, mig in instances:
@@ -79,14 +94,14 @@ def build_layout(
                 f'{base},GPU_I_PROFILE="{escape_label(mig.profile)}"'
                 f',GPU_I_ID="{mig.gpu_instance_id}"{tail}'
             )
-            series.append(
-                Series(target, position, mig_position, _blocks(labels, pods.get(target, ())))
-            )
+            refs = _labelled(pods.get(target, ()), per_container)
+            series.append(Series(target, position, mig_position, _blocks(labels, refs), refs))
     return Layout(
         gpus=gpus,
         driver=driver,
         allocated=allocated,
         served=frozenset(served),
+        per_container=per_container,
         device_ids=len(mapping),
         series=tuple(series),
         static=identity_families(snapshot, pods).encode(),
@@ -115,6 +130,12 @@ def _gpu_instances(gpu: Gpu) -> list[tuple[int, MigDevice]]:
     for position, mig in enumerate(gpu.mig_devices):
         seen.setdefault(mig.gpu_instance_id, (position, mig))
     return [seen[gi] for gi in sorted(seen)]
+
+
+def _labelled(refs: tuple[PodRef, ...], per_container: bool) -> tuple[PodRef, ...]:
+    """The containers a device's series are labelled with: each one per container, else the
+    one holding it alone (none when unheld or shared)."""
+    return refs if per_container or len(refs) == 1 else ()
 
 
 _EMPTY_POD = ',container="",namespace="",pod=""'

@@ -50,11 +50,15 @@ class MetricsRenderer:
     """Renders snapshots for /metrics; the device part is cached per snapshot version.
 
     ``hostname_label`` is ``Hostname`` (dcgm-exporter before May 2026), ``hostname`` (after), or
-    ``None`` to leave the label out (dcgm-exporter's ``--no-hostname``). ``container_shares``: a
-    full GPU's dcgm-exporter series carry each holding container's own reading where NVML has it
-    per process (``--dcgm-container-shares``, see :mod:`gpuagent.web.usage`). ``accounting``:
-    whether per-container accounting runs (``--container-accounting``), as
-    ``gpuagent_container_accounting_enabled`` says.
+    ``None`` to leave the label out (dcgm-exporter's ``--no-hostname``). ``series_per_container``:
+    a device's dcgm-exporter series are copied once per container holding it
+    (``--dcgm-series-per-container``; by default a device has one series, see
+    :mod:`gpuagent.web.layout`). ``container_shares``: those copies carry each container's own
+    reading where NVML has it per process (``--dcgm-container-shares``, which implies the copies;
+    see :mod:`gpuagent.web.usage`). ``accounting``: whether per-container accounting runs
+    (``--container-accounting``), as ``gpuagent_container_accounting_enabled`` says.
+    ``detailed``: the agent's own families in full (``--detailed-agent-metrics``, see
+    :mod:`gpuagent.web.agentfamilies`).
     """
 
     def __init__(
@@ -65,15 +69,19 @@ class MetricsRenderer:
         hostname_label: str | None = "Hostname",
         monotonic: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        series_per_container: bool = False,
         container_shares: bool = False,
         kubernetes: bool = True,
         accounting: bool = True,
+        detailed: bool = False,
     ) -> None:
         self.hostname = hostname
         self.accounting = accounting
         # Off Kubernetes (--kubernetes=false) there is no kubelet: no registration families.
         self.kubernetes = kubernetes
         self.container_shares = container_shares
+        self.series_per_container = series_per_container or container_shares
+        self.detailed = detailed
         self.version = version
         self.hostname_label = hostname_label
         self.monotonic = monotonic
@@ -132,7 +140,9 @@ class MetricsRenderer:
             and cached.served == served
         ):
             return cached
-        layout = build_layout(snapshot, served, gpus, self._host)
+        layout = build_layout(
+            snapshot, served, gpus, self._host, per_container=self.series_per_container
+        )
         self._layout = layout
         self.layouts += 1
         return layout
@@ -181,7 +191,8 @@ class MetricsRenderer:
                     yield xid
         yield health_families(snapshot).encode()
         yield layout.static
-        yield render_usage(snapshot, self._host).encode()
+        for family in render_usage(snapshot):
+            yield family.encode()
 
     @staticmethod
     def _shares(snapshot: Snapshot, layout: Layout) -> dict[int, list[ContainerUsage | None]]:
@@ -229,27 +240,38 @@ class MetricsRenderer:
             single("gpuagent_gpus", "gauge", "GPUs discovered on this node.", (),
                    len(snapshot.gpus)),
         ]  # fmt: skip
+        detailed = self.detailed
         if self.kubernetes:
-            families += [
+            families.append(
                 single("gpuagent_kubelet_registered", "gauge",
                        "Whether the device plugin is registered with the kubelet (1) or not (0).",
-                       (), 1 if snapshot.registered else 0),
+                       (), 1 if snapshot.registered else 0)
+            )  # fmt: skip
+        if self.kubernetes and detailed:
+            families += [
                 single("gpuagent_kubelet_registrations_total", "counter",
                        "Successful registrations with the kubelet.", (), counters.registrations),
                 single("gpuagent_allocations_total", "counter",
                        "Allocate calls answered successfully.", (), counters.allocations),
             ]  # fmt: skip
-        families.extend(config_families(snapshot.plan.generation, counters.reloads))
+        families.extend(
+            config_families(snapshot.plan.generation, counters.reloads, detailed=detailed)
+        )
         devices = self._layout_for(snapshot, served).device_ids
         families.extend(
             pod_resources_families(
-                snapshot, counters.pod_resources, devices, self.monotonic, self.wall
+                snapshot, counters.pod_resources, devices, self.monotonic, self.wall,
+                detailed=detailed,
+            )
+        )  # fmt: skip
+        families.extend(nvml_families(counters.nvml, detailed=detailed))
+        families.extend(dra_families(counters.dra, detailed=detailed))
+        families.extend(kube_families(counters.kube, detailed=detailed))
+        families.extend(
+            accounting_families(
+                self.accounting, counters.log_links, counters.cri, detailed=detailed
             )
         )
-        families.extend(nvml_families(counters.nvml))
-        families.extend(dra_families(counters.dra))
-        families.extend(kube_families(counters.kube))
-        families.extend(accounting_families(self.accounting, counters.log_links, counters.cri))
         scrape = Family(
             "gpuagent_scrape_duration_seconds",
             "histogram",

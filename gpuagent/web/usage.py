@@ -1,17 +1,20 @@
 """The per-container GPU families, rendered from ``Snapshot.usage`` (see domain/accounting.py).
 
-Labels: the GPU's (``gpu``, ``UUID``, ``pci_bus_id``, ``device``, ``modelName``, ``GPU_I_ID`` on
-MIG), the host label, then ``container``, ``namespace``, ``pod`` (empty for processes whose
-container is not known) — the same spelling as the dcgm-exporter series, so they join.
+Labels: the GPU's index ``gpu`` (and ``GPU_I_ID`` on MIG), then ``container``, ``namespace``,
+``pod`` (empty for processes whose container is not known). The GPU's other labels (UUID, model,
+PCI bus, ...) are on ``gpuagent_gpu_info`` once per GPU, not repeated on every container's
+series: a query joins them on ``gpu`` (Prometheus' info-metric convention, see
+docs/metrics.md).
 
-With ``--dcgm-container-shares`` the dcgm-exporter series of a full GPU held by containers carry,
-per container, the container's own reading for the values NVML reports per process
-(:data:`SHARED_DCGM`); the GPU's physical readings (power, temperature, clocks, ...) stay whole.
+With ``--dcgm-container-shares`` the dcgm-exporter series of a full GPU are per container
+(``--dcgm-series-per-container``) and carry the container's own reading for the values NVML
+reports per process (:data:`SHARED_DCGM`); the GPU's physical readings (power, temperature,
+clocks, ...) stay whole.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 from gpuagent.domain.devices import Gpu
 from gpuagent.domain.snapshot import Snapshot
@@ -87,9 +90,8 @@ def _percent(ratio: float | None) -> float | None:
     return None if ratio is None else round(ratio * 100, 3)
 
 
-def render_usage(snapshot: Snapshot, host: str) -> str:
-    """The container families and ``gpuagent_gpu_unallocated_use``; ``host`` is the rendered
-    host label pair (``,Hostname="node-1"``) or empty."""
+def render_usage(snapshot: Snapshot) -> Iterator[str]:
+    """The container families and ``gpuagent_gpu_unallocated_use``, a family at a time."""
     usage = snapshot.usage
     by_index = {gpu.index: gpu for gpu in snapshot.gpus}
     gpu_labels: dict[tuple[int, int | None], str] = {}
@@ -101,11 +103,10 @@ def render_usage(snapshot: Snapshot, host: str) -> str:
             parent = by_index.get(gpu)
             if parent is None:
                 return None
-            found = _gpu_labels(parent, instance) + host
+            found = _gpu_labels(parent, instance)
             gpu_labels[key] = found
         return found
 
-    out: list[str] = []
     rows = []
     for u in usage.containers:
         prefix = labels(u.gpu, u.gpu_instance)
@@ -118,10 +119,9 @@ def render_usage(snapshot: Snapshot, host: str) -> str:
             if value is not None:
                 samples.append(f"{name}{{{block}}} {format_value(value)}\n")
         if samples:
-            out.append(header(name, kind, help_text) + "".join(samples))
+            yield header(name, kind, help_text) + "".join(samples)
     if usage.judged:
-        out.append(_unallocated(snapshot, labels))
-    return "".join(out)
+        yield _unallocated(snapshot, labels)
 
 
 def _unallocated(snapshot: Snapshot, labels: Callable[[int, int | None], str | None]) -> str:
@@ -152,13 +152,7 @@ def _unallocated(snapshot: Snapshot, labels: Callable[[int, int | None], str | N
 
 
 def _gpu_labels(gpu: Gpu, instance: int | None) -> str:
-    pairs = [
-        ("gpu", str(gpu.index)),
-        ("UUID", gpu.uuid),
-        ("pci_bus_id", gpu.pci_bus_id),
-        ("device", f"nvidia{gpu.index}"),  # as the dcgm-exporter series: the index
-        ("modelName", gpu.name),
-    ]
+    pairs = [("gpu", str(gpu.index))]
     if instance is not None:
         pairs.append(("GPU_I_ID", str(instance)))
     return label_pairs(pairs)
@@ -172,9 +166,10 @@ def _pod_labels(namespace: str, pod: str, container: str) -> str:
 
 
 def accounting_families(
-    enabled: bool, links: LogLinkStats | None, cri: CriStats | None
+    enabled: bool, links: LogLinkStats | None, cri: CriStats | None, *, detailed: bool
 ) -> list[Family]:
-    """Whether accounting runs, and its name sources' counters (agent part)."""
+    """Whether accounting runs, and its name sources' errors (agent part); ``detailed``: their
+    activity too."""
     state = Family(
         "gpuagent_container_accounting_enabled",
         "gauge",
@@ -182,18 +177,15 @@ def accounting_families(
         "series; --container-accounting).",
     )
     state.add((), 1 if enabled else 0)
-    return [state, *_log_link_families(links), *_cri_families(cri)]
+    out = [state]
+    if links is not None:
+        out += singles(_LOG_LINKS if detailed else _LOG_LINKS[1:2], links)
+    if cri is not None:
+        out += singles(_CRI if detailed else _CRI[1:2], cri)
+    return out
 
 
-def _log_link_families(stats: LogLinkStats | None) -> list[Family]:
-    return [] if stats is None else singles(_LOG_LINKS, stats)
-
-
-def _cri_families(stats: CriStats | None) -> list[Family]:
-    """The CRI client's counters (agent part)."""
-    return [] if stats is None else singles(_CRI, stats)
-
-
+# The errors (the second row of each) are always exported; the rest with detailed metrics.
 _LOG_LINKS: tuple[Single[LogLinkStats], ...] = (
     (
         "gpuagent_container_log_links_listings_total",

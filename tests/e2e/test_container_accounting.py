@@ -185,12 +185,11 @@ async def test_time_sliced_containers_get_their_own_share(
         assert sm == pytest.approx({"trainer": 0.30, "notebook": 0.45})
         assert sum(sm.values()) == pytest.approx(gpu_value(text, "DCGM_FI_DEV_GPU_UTIL") / 100)
         assert by_pod(text, PROCESSES) == {"trainer": 1, "notebook": 1}
+        # The GPU by its index: its identity is gpuagent_gpu_info's, once.
         labels = next(lbl for lbl, _ in samples(text, MEMORY) if lbl["pod"] == "trainer")
-        assert labels == {
-            "gpu": "0", "UUID": uuid, "pci_bus_id": labels["pci_bus_id"], "device": "nvidia0",
-            "modelName": "NVIDIA H100 80GB HBM3", "Hostname": "test-node",
-            "container": "main", "namespace": "ml", "pod": "trainer",
-        }  # fmt: skip
+        assert labels == {"gpu": "0", "container": "main", "namespace": "ml", "pod": "trainer"}
+        (info,) = [lbl for lbl, _ in samples(text, "gpuagent_gpu_info") if lbl["gpu"] == "0"]
+        assert info["uuid"] == uuid
         # Both hold the GPU and only use it as allocated.
         assert by_pod(text, UNALLOCATED) == {"": 0}
         # The GPU's energy counter is shared out as time passes: from here on the notebook
@@ -201,11 +200,11 @@ async def test_time_sliced_containers_get_their_own_share(
         )
         after = by_pod(text, ENERGY)
         assert after["notebook"] - before["notebook"] > after["trainer"] - before["trainer"] > 0
-        # Without --dcgm-container-shares each pod's series repeats the whole GPU's value.
+        # The shared GPU's dcgm-exporter series: one, the whole GPU's, without pod labels.
         util = {
             lbl["pod"]: v for lbl, v in samples(text, "DCGM_FI_DEV_GPU_UTIL") if lbl["gpu"] == "0"
         }
-        assert util == {"trainer": 75, "notebook": 75}
+        assert util == {"": 75}
         # A process that exits is gone at the next poll (the container holds the GPU still).
         await end(run, NOTEBOOK.pid)
         text = await run.metrics_until(lambda t: by_pod(t, PROCESSES).get("notebook") == 0)
@@ -264,8 +263,10 @@ async def test_unknown_containers_and_unallocated_use(
         text = await run.metrics_until(ready)
         assert by_pod(text, UNALLOCATED, gpu="0") == {"": 0}
         (offender,) = [lbl for lbl, v in samples(text, UNALLOCATED) if v == 1]
-        who = (offender["gpu"], offender["UUID"], offender["namespace"], offender["container"])
-        assert who == ("1", uuid1, "sneaky", "main")
+        who = (offender["gpu"], offender["namespace"], offender["container"])
+        assert who == ("1", "sneaky", "main")
+        infos = {lbl["gpu"]: lbl["uuid"] for lbl, _ in samples(text, "gpuagent_gpu_info")}
+        assert infos["1"] == uuid1
         # Unknown container and host process: kept, with empty labels, never dropped.
         assert by_pod(text, MEMORY, gpu="1") == {"miner": 3_000 * MIB, "": 750 * MIB}
         assert by_pod(text, PROCESSES, gpu="1") == {"miner": 1, "": 2}
@@ -356,7 +357,8 @@ async def test_switched_off_accounting_says_so_and_reads_no_processes(
     it yields no per-container series, no per-process NVML calls and no CRI calls, and the
     gauge tells "not enabled" apart from "nothing runs"."""
     pod_resources.set([Held("ml", "trainer", "main", GPU, ("0",))])
-    async with accounting_agent("--simulate", "1", "--container-accounting=false") as run:
+    args = ("--simulate", "1", "--container-accounting=false", "--detailed-agent-metrics")
+    async with accounting_agent(*args) as run:
         await start(run, 0, TRAINER.pid, 1_000, 10)
         await run.polls(3)
         text = await run.metrics_until(lambda t: "gpuagent_pod_resources_up 1" in t)
@@ -391,6 +393,7 @@ async def test_names_from_the_kubelets_log_links_without_a_runtime_socket(
         "--container-logs-dir", str(links),
         "--cri-socket", str(tmp_path / "no-runtime.sock"),
         "--poll-interval", "0.3",
+        "--detailed-agent-metrics",
     )  # fmt: skip
     async with running_agent(device_plugin_dir, ("--simulate", "1", *extra)) as run:
         await start(run, 0, TRAINER.pid, 4_000, 20)

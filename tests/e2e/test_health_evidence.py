@@ -48,6 +48,11 @@ def errors_in(text: str, call: str) -> float:
     return samples(text, "gpuagent_nvml_call_errors_total").get((("call", call),), 0.0)
 
 
+def failed_calls(text: str) -> float:
+    """Failed NVML function calls, all together (what an operator sees by default)."""
+    return samples(text, "gpuagent_nvml_calls_total").get((("result", "error"),), 0.0)
+
+
 async def errors_of(run: RunningAgent, call: str) -> float:
     _, text = await run.get("/metrics")
     return errors_in(text, call)
@@ -56,9 +61,12 @@ async def errors_of(run: RunningAgent, call: str) -> float:
 async def test_failing_telemetry_calls_leave_the_gpu_healthy(
     fake_kubelet: FakeKubelet, device_plugin_dir: Path
 ) -> None:
-    """``call_error`` on one GPU's telemetry calls: its metrics go absent, the error counter
-    rises poll after poll, and the kubelet never hears it Unhealthy; recover brings them back."""
-    async with running_agent(device_plugin_dir, ("--simulate", "2")) as run:
+    """``call_error`` on one GPU's telemetry calls: its metrics go absent, the error counters
+    (per call: --detailed-agent-metrics; and of all calls) rise poll after poll, and the kubelet
+    never hears it Unhealthy; recover brings them back."""
+    async with running_agent(
+        device_plugin_dir, ("--simulate", "2", "--detailed-agent-metrics")
+    ) as run:
         reg = await first_stream(fake_kubelet)
         uuid = run.uuids[1]
         for symbol in ("nvmlDeviceGetTemperature", "nvmlDeviceGetPowerUsage"):
@@ -84,6 +92,13 @@ async def test_failing_telemetry_calls_leave_the_gpu_healthy(
             ),
             within=3 * T,
         )
+        # Every failed call is counted in the aggregate too: the per-function counts add up to it.
+        per_function = samples(text, "gpuagent_nvml_call_errors_total")
+        work = {"init", "discover", "probe"}
+        assert failed_calls(text) == sum(
+            n for labels, n in per_function.items() if dict(labels)["call"] not in work
+        )
+        assert failed_calls(text) >= before + 80
         for family in (
             "DCGM_FI_DEV_GPU_TEMP",
             "DCGM_FI_DEV_POWER_USAGE",
@@ -128,7 +143,7 @@ async def test_xid_on_one_mig_instance_marks_that_instance_only(
     instance IDs marks every device of the GPU."""
     config = tmp_path / "node.yaml"
     config.write_text(yaml.safe_dump(MIG_NODE))
-    args = ("--sim-config", str(config), "--mig-strategy", "mixed")
+    args = ("--sim-config", str(config), "--mig-strategy", "mixed", "--detailed-agent-metrics")
     async with running_agent(device_plugin_dir, args) as run:
         await asyncio.to_thread(fake_kubelet.wait_for_registrations, 4, T)
         migs = {m["profile"]: m for m in run.sim.describe()[0]["mig_devices"]}  # type: ignore[attr-defined]
@@ -165,7 +180,7 @@ async def test_mig_node_without_cap_sys_admin_stays_healthy(
     that reading is absent and counted; every device stays Healthy, as it should."""
     config = tmp_path / "node.yaml"
     config.write_text(yaml.safe_dump(MIG_NODE))
-    args = ("--sim-config", str(config), "--mig-strategy", "mixed")
+    args = ("--sim-config", str(config), "--mig-strategy", "mixed", "--detailed-agent-metrics")
     async with running_agent(device_plugin_dir, args) as run:
         await asyncio.to_thread(fake_kubelet.wait_for_registrations, 4, T)
         await run.metrics_until(

@@ -185,15 +185,23 @@ async def test_own_families_pass_promtool(
     assert result.stderr.strip() == ""
 
 
-async def test_nvml_call_timings_are_exported(device_plugin_dir: Path) -> None:
-    async with running_agent(device_plugin_dir, ("--simulate", "2")) as run:
+@pytest.mark.parametrize("detailed", [False, True], ids=["default", "detailed"])
+async def test_nvml_call_timings_are_exported(device_plugin_dir: Path, detailed: bool) -> None:
+    flags = ("--detailed-agent-metrics",) if detailed else ()
+    async with running_agent(device_plugin_dir, ("--simulate", "2", *flags)) as run:
         text = await run.metrics_until(
             lambda t: probe_count(t, "gpuagent_nvml_call_duration_seconds_count") >= 2
         )
         counts = samples(text, "gpuagent_nvml_call_duration_seconds_count")
-        assert counts[(("call", "init"),)] == 1
-        assert counts[(("call", "discover"),)] == 2  # one per GPU, each on its own worker
         assert counts[(("call", "probe"),)] >= 2
+        made = samples(text, "gpuagent_nvml_calls_total")
+        assert made[(("result", "ok"),)] > 0
+        if not detailed:  # the poll's probe alone (and every NVML call, by result)
+            assert set(counts) == {(("call", "probe"),)}
+        else:  # start-up's pieces and each NVML function too
+            assert counts[(("call", "init"),)] == 1
+            assert counts[(("call", "discover"),)] == 2  # one per GPU, each on its own worker
+            assert counts[(("call", "nvmlDeviceGetTemperature"),)] >= 2
         errors = samples(text, "gpuagent_nvml_call_errors_total")
         assert errors[(("call", "probe"),)] == 0
         await run.fault({"gpu": 1, "fault": "lost"})

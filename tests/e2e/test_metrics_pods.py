@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.fake_kubelet import FakeKubelet
 from support.fake_podresources import FakePodResources, Held
@@ -34,6 +35,11 @@ def value(text: str, name: str) -> float | None:
 
 def pods_on(text: str, gpu: str) -> set[str]:
     return {s["pod"] for s in series(text, "DCGM_FI_DEV_GPU_TEMP") if s["gpu"] == gpu}
+
+
+def holders(text: str, gpu: str) -> set[str]:
+    """The pods holding ``gpu`` (a time-sliced GPU's DCGM series name none of them)."""
+    return {s["pod"] for s in series(text, "gpuagent_device_allocated") if s["gpu"] == gpu}
 
 
 async def allocate(kubelet: FakeKubelet, ids: list[str]) -> None:
@@ -85,9 +91,16 @@ async def test_pod_labels_follow_allocate_disappearance_and_return(
         assert (value(text, "gpuagent_pod_resources_age_seconds") or 99) < 5
 
 
-async def test_replicas_and_index_ids_give_one_series_per_pod(
-    fake_kubelet: FakeKubelet, device_plugin_dir: Path, pod_resources: FakePodResources
+@pytest.mark.parametrize("per_container", [False, True], ids=["shared-once", "per-container"])
+async def test_replicas_and_index_ids_are_attributed(
+    fake_kubelet: FakeKubelet,
+    device_plugin_dir: Path,
+    pod_resources: FakePodResources,
+    per_container: bool,
 ) -> None:
+    """Replica IDs (``1::0``) and index IDs name the GPU: GPU 1, shared by two pods, is reported
+    once with empty pod labels (a copy per pod with ``--dcgm-series-per-container``); GPU 0, held
+    by one, carries its labels."""
     pod_resources.set([
         Held("a", "p0", "c", GPU, ("1::0",)),
         Held("b", "p1", "c", GPU, ("1::1",)),
@@ -95,13 +108,15 @@ async def test_replicas_and_index_ids_give_one_series_per_pod(
         Held("x", "other", "c", "example.com/fpga", ("1",)),
     ])  # fmt: skip
     args = ("--simulate", "2", "--device-id-strategy", "index",
-            "--pod-resources-socket", str(pod_resources.socket_path))  # fmt: skip
+            "--pod-resources-socket", str(pod_resources.socket_path),
+            f"--dcgm-series-per-container={str(per_container).lower()}")  # fmt: skip
     async with running_agent(device_plugin_dir, args) as run:
-        text = await run.metrics_until(lambda t: pods_on(t, "1") == {"p0", "p1"})
+        text = await run.metrics_until(lambda t: holders(t, "1") == {"p0", "p1"})
         assert pods_on(text, "0") == {"p2"}
+        wanted = [("a", "p0"), ("b", "p1")] if per_container else [("", "")]
         for name in ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_XID_ERRORS"):
             gpu1 = [s for s in series(text, name) if s["gpu"] == "1"]
-            assert sorted((s["namespace"], s["pod"]) for s in gpu1) == [("a", "p0"), ("b", "p1")]
+            assert sorted((s["namespace"], s["pod"]) for s in gpu1) == wanted
         allocated = series(text, "gpuagent_device_allocated")
         assert sorted(s["pod"] for s in allocated) == ["p0", "p1", "p2"]
 
@@ -181,5 +196,6 @@ async def test_renamed_time_slicing_replicas_are_attributed(
             Held("ml", "one", "c", "nvidia.com/gpu.shared", (replicas[0],)),
             Held("ml", "two", "c", "nvidia.com/gpu.shared", (replicas[1],)),
         ])  # fmt: skip
-        text = await run.metrics_until(lambda t: pods_on(t, "0") == {"one", "two"})
+        text = await run.metrics_until(lambda t: holders(t, "0") == {"one", "two"})
+        assert pods_on(text, "0") == {""}  # shared: once, no one pod's
         assert pods_on(text, "1") == {""}

@@ -263,6 +263,32 @@ async def test_prometheus_scrapes_and_dashboards_see_every_gpu(
             ("0", "train-0")
         ]
 
+        # The per-container families name the GPU by its index; the rest of its identity joins
+        # from the info metric, as docs/metrics.md shows ("Joining a GPU's identity").
+        joined = (
+            "gpuagent_container_gpu_memory_used_bytes"
+            " * on (instance, gpu) group_left (uuid, model_name) gpuagent_gpu_info"
+        )
+
+        async def memory_with_identity() -> list[Any]:
+            data = await api(http, prom, "/api/v1/query", query=joined)
+            result: list[Any] = data["result"]
+            return (
+                result if {r["metric"].get("pod") for r in result} >= {"train-0", "miner"} else []
+            )
+
+        result = await until("per-container join", memory_with_identity, prom)
+        found = {r["metric"]["pod"]: r for r in result if r["metric"]["pod"]}
+        for pod, gpu, mib in (("train-0", 0, 8000), ("miner", 2, 2000)):
+            metric = found[pod]["metric"]
+            assert (metric["gpu"], metric["uuid"]) == (str(gpu), run.uuids[gpu]), metric
+            assert metric["model_name"], metric
+            assert "UUID" not in metric, metric
+            assert float(found[pod]["value"][1]) == mib * 1024 * 1024
+        data = await api(http, prom, "/api/v1/query",
+                         query=f"sum by (model_name, namespace) ({joined})")  # fmt: skip
+        assert {r["metric"]["namespace"] for r in data["result"]} >= {"ml", "sneaky"}
+
         # Our dashboard: every panel's every query returns data.
         dashboard = json.loads((MONITORING / "dashboard.json").read_text())
         for panel in dashboard["panels"]:

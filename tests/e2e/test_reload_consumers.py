@@ -136,7 +136,8 @@ async def test_reload_to_an_invalid_file_keeps_the_running_plan(
     config = short_tmp_path / "gpuagent.yaml"
     config.write_text(SHARED_4)
     labels = short_tmp_path / "features.d" / "gpuagent"
-    args = ("--simulate", "2", "--config", str(config), "--node-labels-file", str(labels))
+    args = ("--simulate", "2", "--config", str(config), "--node-labels-file", str(labels),
+            "--detailed-agent-metrics")  # fmt: skip
     async with registered_agent(fake_kubelet, device_plugin_dir, args) as run:
         reg = fake_kubelet.latest()
         assert len((await asyncio.to_thread(reg.next_update, T)).devices) == 8
@@ -165,7 +166,7 @@ async def test_reload_that_changes_nothing_changes_nothing(
     config = short_tmp_path / "gpuagent.yaml"
     config.write_text(SHARED_4)
     async with running_agent(
-        device_plugin_dir, ("--simulate", "2", "--config", str(config))
+        device_plugin_dir, ("--simulate", "2", "--config", str(config), "--detailed-agent-metrics")
     ) as run:
         (reg,) = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
         await asyncio.to_thread(reg.next_update, T)

@@ -108,12 +108,13 @@ async def test_the_agent_names_a_real_containers_gpu_process_from_its_cgroup(
         assert cgroup_owner(running.pid) == (running.id, running.pod_uid)
     no_links = tmp_path / "no-links"
     no_links.mkdir()
-    args = (
+    args: tuple[str, ...] = (
         "--simulate", "1",
         "--proc-root", "/proc",
         "--cri-socket", str(containerd.socket),
         "--container-logs-dir", str(no_links),
         "--pod-resources-socket", str(tmp_path / "no-kubelet.sock"),
+        "--detailed-agent-metrics",
     )  # fmt: skip
     expected = {
         ("ml", "trainer-0", "main"): 3_000 * MIB,

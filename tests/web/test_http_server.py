@@ -55,10 +55,11 @@ async def serving(
     web_config: WebConfigFile | None = None,
     limits: HttpLimits | None = None,
     replicas: int = 0,
+    per_container: bool = False,
 ) -> AsyncIterator[Served]:
     limits = limits or HttpLimits()
     store = DeviceStore(synthetic_snapshot(gpus, replicas=replicas))
-    renderer = MetricsRenderer("node-1", "1.0")
+    renderer = MetricsRenderer("node-1", "1.0", series_per_container=per_container)
     app = build_app(store, renderer, _Probes(), web_config=web_config, limits=limits)
     server = HttpServer(
         app,
@@ -156,8 +157,8 @@ async def test_scrape_duration_is_recorded() -> None:
 
 async def test_too_many_concurrent_scrapes_get_503() -> None:
     limits = HttpLimits(max_concurrent_scrapes=1, chunk=1024, write_timeout=5.0)
-    # ~20 MB: more than loopback socket buffers hold.
-    async with serving(gpus=8, replicas=300, limits=limits) as s:
+    # ~20 MB (a copy of every series per replica): more than loopback socket buffers hold.
+    async with serving(gpus=8, replicas=300, limits=limits, per_container=True) as s:
         # A client that asks and never reads holds the only slot while its socket is full.
         _reader, writer = await asyncio.open_connection("127.0.0.1", s.server.port)
         writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -179,8 +180,9 @@ async def test_too_many_concurrent_scrapes_get_503() -> None:
 
 async def test_a_client_that_stops_reading_is_dropped_without_blocking_others() -> None:
     limits = HttpLimits(write_timeout=0.3, chunk=16 * 1024)
-    # ~20 MB: more than loopback socket buffers hold, so the server's writes must wait.
-    async with serving(gpus=8, replicas=300, limits=limits) as s:
+    # ~20 MB (a copy of every series per replica): more than loopback socket buffers hold, so
+    # the server's writes must wait.
+    async with serving(gpus=8, replicas=300, limits=limits, per_container=True) as s:
         reader, writer = await asyncio.open_connection("127.0.0.1", s.server.port)
         with capture_logs() as logs:
             writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")

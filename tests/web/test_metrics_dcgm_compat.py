@@ -97,8 +97,10 @@ def test_build_info_carries_the_node() -> None:
 def test_no_kubelet_families_off_kubernetes() -> None:
     """With --kubernetes=false there is no kubelet: nothing says "not registered" (an alert)."""
     snapshot = synthetic_snapshot(1)
-    on = MetricsRenderer("node-1", "1").render(snapshot, AgentCounters())
-    off = MetricsRenderer("node-1", "1", kubernetes=False).render(snapshot, AgentCounters())
+    on = MetricsRenderer("node-1", "1", detailed=True).render(snapshot, AgentCounters())
+    off = MetricsRenderer("node-1", "1", kubernetes=False, detailed=True).render(
+        snapshot, AgentCounters()
+    )
     for name in ("gpuagent_kubelet_registered", "gpuagent_kubelet_registrations_total",
                  "gpuagent_allocations_total"):  # fmt: skip
         assert samples(on, name)

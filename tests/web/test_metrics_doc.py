@@ -33,7 +33,8 @@ def families() -> set[str]:
 
 
 def rendered() -> str:
-    """/metrics as the renderer writes it for snapshots that hold every family and label."""
+    """/metrics as the renderer writes it for snapshots that hold every family and label (the
+    agent's own families in full: --detailed-agent-metrics)."""
     snapshot = synthetic_snapshot(2, replicas=1)
     gpu = replace(
         snapshot.gpus[0],
@@ -54,7 +55,7 @@ def rendered() -> str:
         log_links=LogLinkStats(1, 0, 1),
         kube=KubeCounters(requests=(("node_condition", "ok", 1),), condition_written_at=1e9),
     )
-    text = MetricsRenderer("n", "1").render(snapshot, counters)
+    text = MetricsRenderer("n", "1", detailed=True).render(snapshot, counters)
     mig = synthetic_snapshot(1, mig=True)
     (mig_gpu,) = mig.gpus
     first, *rest = mig_gpu.mig_devices
@@ -65,7 +66,7 @@ def rendered() -> str:
         gpus=(replace(mig_gpu, mig_devices=(sick, *rest), processes=ProcessReading(samples=())),),
         usage=Usage(containers=(on_instance,), judged=True),
     )
-    return text + MetricsRenderer("n", "1").render(mig, counters)
+    return text + MetricsRenderer("n", "1", detailed=True).render(mig, counters)
 
 
 def test_every_family_is_documented_and_every_documented_family_exists() -> None:

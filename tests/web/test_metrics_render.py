@@ -20,7 +20,13 @@ from gpuagent.domain.devices import (
     PodRef,
     Telemetry,
 )
-from gpuagent.state.counters import AgentCounters, NvmlCallStats, PodResourcesStats
+from gpuagent.state.counters import (
+    AgentCounters,
+    KubeCounters,
+    NvmlCallStats,
+    PodResourcesStats,
+    ReloadStats,
+)
 from gpuagent.web.dcgm import DCGM_METRICS, xid_message
 from gpuagent.web.exposition import escape_label, format_value
 from gpuagent.web.metrics import MetricsRenderer
@@ -178,18 +184,46 @@ def test_xid_last_value_with_code_and_message() -> None:
     assert xid_message(99999) == "Unknown Error"
 
 
-def test_shared_gpu_gets_one_series_per_pod() -> None:
+def test_a_shared_gpu_has_one_series_with_empty_pod_labels() -> None:
     snapshot = synthetic_snapshot(2, replicas=3)
+    held_alone = PodRef("solo", "train", "main")
+    pods = snapshot.pods.allocated[:3] + pods_by_device({gpu_uuid(1): (held_alone,)}).allocated
+    snapshot = replace(snapshot, pods=replace(snapshot.pods, allocated=pods))
     text = renderer().render(snapshot, AgentCounters())
+    parsed = {f.name: f.samples for f in text_string_to_metric_families(text)}
+    for metric in DCGM_METRICS:
+        # GPU 0, time-sliced among three pods: once, with empty pod labels; GPU 1, held by one
+        # container alone: once, with its labels (as dcgm-exporter's dashboards expect).
+        found = [s.labels for s in parsed[metric.name]]
+        series = [(s["gpu"], s["namespace"], s["pod"], s["container"]) for s in found]
+        assert sorted(series) == [("0", "", "", ""), ("1", "solo", "train", "main")], metric.name
+    assert len(samples(text, "DCGM_FI_DEV_XID_ERRORS")) == 2
+    # Who shares GPU 0 is said once per container by gpuagent_device_allocated.
+    allocated = samples(text, "gpuagent_device_allocated")
+    assert sorted(s[0]["pod"] for s in allocated if s[0]["gpu"] == "0") == [
+        f"pod-0-{gpu_uuid(0)[-4:]}-{r}" for r in range(3)
+    ]
+    assert_unique_series(text)
+
+
+def test_per_container_series_copy_a_shared_gpu_per_pod() -> None:
+    snapshot = synthetic_snapshot(2, replicas=3)
+    text = renderer(series_per_container=True).render(snapshot, AgentCounters())
     temps = samples(text, "DCGM_FI_DEV_GPU_TEMP")
     assert len(temps) == 6
     gpu0 = sorted(s[0]["pod"] for s in temps if s[0]["gpu"] == "0")
     assert gpu0 == [f"pod-0-{gpu_uuid(0)[-4:]}-{r}" for r in range(3)]
     assert {s[1] for s in temps if s[0]["gpu"] == "0"} == {snapshot.gpus[0].telemetry.temperature_c}
     assert all(s[0]["namespace"] == "team-a" and s[0]["container"] == "main" for s in temps)
+    assert len(samples(text, "DCGM_FI_DEV_XID_ERRORS")) == 6
     allocated = samples(text, "gpuagent_device_allocated")
     assert len(allocated) == 6
     assert_unique_series(text)
+
+
+def test_container_shares_imply_per_container_series() -> None:
+    assert renderer(container_shares=True).series_per_container
+    assert not renderer().series_per_container
 
 
 def test_mig_series_per_gpu_instance_with_parent_identity() -> None:
@@ -279,7 +313,7 @@ def test_hostile_label_values_round_trip(value: str) -> None:
         snapshot,
         gpus=(replace(gpu, health=GpuHealth((Condition("xid", value),))),),
     )
-    text = MetricsRenderer(value, value, hostname_label="Hostname").render(
+    text = MetricsRenderer(value, value, hostname_label="Hostname", detailed=True).render(
         snapshot, AgentCounters(nvml=(NvmlCallStats(value, 3, 0.5, 1),))
     )
     for labels, _ in samples(text, "DCGM_FI_DEV_GPU_TEMP"):
@@ -336,8 +370,9 @@ def test_device_part_cached_per_snapshot_version() -> None:
 def test_agent_part_is_fresh_on_every_scrape() -> None:
     r = renderer()
     snapshot = synthetic_snapshot(1)
-    assert b"gpuagent_allocations_total 1\n" in r.agent(snapshot, AgentCounters(allocations=1))
-    assert b"gpuagent_allocations_total 2\n" in r.agent(snapshot, AgentCounters(allocations=2))
+    for reloads in (1, 2):
+        counters = AgentCounters(reloads=ReloadStats(changed=reloads))
+        assert b'{result="changed"} %d\n' % reloads in r.agent(snapshot, counters)
 
 
 @pytest.mark.parametrize("tail", [b"", b"x\n", b"gpuagent_gpus 8\n" * 500])
@@ -365,7 +400,7 @@ def test_gzip_prefix_is_compressed_once_per_version(replicas: int) -> None:
 def test_pod_resources_families() -> None:
     snapshot = synthetic_snapshot(1, replicas=2, refreshed_at=100.0)
     stats = PodResourcesStats(requests=7, errors=2, socket_present=True)
-    text = renderer().render(snapshot, AgentCounters(pod_resources=stats))
+    text = renderer(detailed=True).render(snapshot, AgentCounters(pod_resources=stats))
     values = {name: samples(text, name)[0][1] for name in (
         "gpuagent_pod_resources_up", "gpuagent_pod_resources_socket_present",
         "gpuagent_pod_resources_requests_total", "gpuagent_pod_resources_errors_total",
@@ -382,6 +417,12 @@ def test_pod_resources_families() -> None:
         "gpuagent_pod_resources_last_success_timestamp_seconds": 1e9 - 30.0,
         "gpuagent_pod_resources_devices": 2,
     }
+    # By default the state and the failures, not the activity.
+    text = renderer().render(snapshot, AgentCounters(pod_resources=stats))
+    assert {f for f in families(text) if f.startswith("gpuagent_pod_resources")} == {
+        "gpuagent_pod_resources_up", "gpuagent_pod_resources_socket_present",
+        "gpuagent_pod_resources_errors", "gpuagent_pod_resources_age_seconds",
+    }  # fmt: skip
     failing = replace(snapshot, pods=replace(snapshot.pods, error="socket absent"))
     text = renderer().render(failing, AgentCounters(pod_resources=stats))
     assert samples(text, "gpuagent_pod_resources_up")[0][1] == 0
@@ -396,14 +437,76 @@ def test_scrape_histogram_is_cumulative() -> None:
         r.scrapes.observe(seconds)
     text = r.render(synthetic_snapshot(1), AgentCounters())
     buckets = {s[0]["le"]: s[1] for s in samples(text, "gpuagent_scrape_duration_seconds_bucket")}
-    assert buckets["0.0005"] == 1
+    assert buckets["0.001"] == 1
     assert buckets["0.005"] == 3
-    assert buckets["1"] == 3
+    assert buckets["0.25"] == 3
     assert buckets["+Inf"] == 4
     assert samples(text, "gpuagent_scrape_duration_seconds_count")[0][1] == 4
 
 
-def full_render() -> str:
+NVML_CALLS = (
+    NvmlCallStats("init", 1, 0.2, 0),
+    NvmlCallStats("probe", 16, 0.04, 1),
+    NvmlCallStats("nvmlDeviceGetTemperature", 16, 0.001, 0),
+    NvmlCallStats("nvmlDeviceGetProcessesUtilizationInfo", 16, 0.002, 5),
+)
+
+
+def test_nvml_calls_are_aggregated_unless_detailed() -> None:
+    counters = AgentCounters(nvml=NVML_CALLS)
+    text = renderer().render(synthetic_snapshot(1), counters)
+    # NVML functions by result (the pieces of work are not calls); the poll's probe timed.
+    made = samples(text, "gpuagent_nvml_calls_total")
+    assert {s[0]["result"]: s[1] for s in made} == {"ok": 27, "error": 5}
+    assert samples(text, "gpuagent_nvml_call_duration_seconds_count") == [({"call": "probe"}, 16)]
+    assert samples(text, "gpuagent_nvml_call_errors_total") == [({"call": "probe"}, 1)]
+    detailed = renderer(detailed=True).render(synthetic_snapshot(1), counters)
+    counts = samples(detailed, "gpuagent_nvml_call_duration_seconds_count")
+    assert {s[0]["call"]: s[1] for s in counts} == {c.call: c.count for c in NVML_CALLS}
+    errors = samples(detailed, "gpuagent_nvml_call_errors_total")
+    assert {s[0]["call"]: s[1] for s in errors} == {c.call: c.errors for c in NVML_CALLS}
+    assert samples(detailed, "gpuagent_nvml_calls_total") == made
+
+
+def test_kube_requests_by_result_unless_detailed() -> None:
+    kube = KubeCounters(requests=(
+        ("event", "ok", 3), ("node", "ok", 1), ("node_condition", "ok", 2),
+        ("node_condition", "throttled", 1),
+    ))  # fmt: skip
+    text = renderer().render(synthetic_snapshot(1), AgentCounters(kube=kube))
+    requests = samples(text, "gpuagent_kube_requests_total")
+    assert requests == [({"result": "ok"}, 6), ({"result": "throttled"}, 1)]
+    assert samples(text, "gpuagent_kube_events_pending") == []
+    detailed = renderer(detailed=True).render(synthetic_snapshot(1), AgentCounters(kube=kube))
+    requests = samples(detailed, "gpuagent_kube_requests_total")
+    assert [(s[0]["object"], s[0]["result"], s[1]) for s in requests] == list(kube.requests)
+    assert samples(detailed, "gpuagent_kube_events_pending") == [({}, 0)]
+
+
+def test_the_agents_own_series_fit_a_fleet() -> None:
+    """A node's own series by default, every source reporting (the node condition and events
+    on, per-container accounting and DRA off, as the DaemonSet runs): what an operator acts on,
+    in at most 30 series, whatever the number of NVML functions or API objects."""
+    snapshot = synthetic_snapshot(8)
+    r = renderer()
+    r.scrapes.observe(0.001)
+    nvml = tuple(NvmlCallStats(f"nvmlCall{i}", 10, 0.01, i % 2) for i in range(120))
+    objects = ("event", "node", "node_condition", "discovery")
+    counters = AgentCounters(
+        pod_resources=PodResourcesStats(3, 1, True),
+        nvml=(*nvml, *NVML_CALLS),
+        kube=KubeCounters(
+            requests=tuple((obj, "ok", 1) for obj in objects), condition_written_at=1e9
+        ),
+    )
+    own = r.agent(snapshot, counters).decode()
+    series = [line for line in own.splitlines() if line and not line.startswith("#")]
+    assert len(series) <= 30, "\n".join(series)
+    detailed = renderer(detailed=True).agent(snapshot, counters).decode()
+    assert len([line for line in detailed.splitlines() if not line.startswith("#")]) > 250
+
+
+def full_render(*, detailed: bool = False) -> str:
     snapshot = synthetic_snapshot(2, replicas=2)
     gpu = replace(
         snapshot.gpus[0],
@@ -413,23 +516,25 @@ def full_render() -> str:
         telemetry=full_telemetry(),
     )
     snapshot = replace(snapshot, gpus=(gpu, *snapshot.gpus[1:]))
-    r = renderer()
+    r = renderer(detailed=detailed)
     r.scrapes.observe(0.001)
     counters = AgentCounters(
         registrations=1,
         allocations=3,
         pod_resources=PodResourcesStats(3, 1, True),
-        nvml=(NvmlCallStats("nvmlDeviceGetTemperature", 10, 0.01, 1),),
+        nvml=NVML_CALLS,
     )
     return r.render(snapshot, counters)
 
 
-def test_own_families_pass_promtool() -> None:
-    text = full_render()
+@pytest.mark.parametrize("detailed", [False, True])
+def test_own_families_pass_promtool(detailed: bool) -> None:
+    text = full_render(detailed=detailed)
     own = "".join(line + "\n" for line in text.splitlines() if "gpuagent_" in line)
     for family in ("gpuagent_device_allocated", "gpuagent_scrape_duration_seconds",
                    "gpuagent_nvml_call_duration_seconds", "gpuagent_pod_resources_age_seconds",
-                   "gpuagent_gpu_condition", "gpuagent_build_info"):  # fmt: skip
+                   "gpuagent_gpu_condition", "gpuagent_build_info",
+                   "gpuagent_nvml_calls_total"):  # fmt: skip
         assert f"# TYPE {family} " in own
     result = check_metrics(own)
     assert result.returncode == 0, result.stderr + result.stdout
@@ -442,8 +547,9 @@ def test_own_families_pass_promtool() -> None:
         assert line.startswith("DCGM_"), line
 
 
-def test_whole_exposition_parses_and_has_unique_series() -> None:
-    text = full_render()
+@pytest.mark.parametrize("detailed", [False, True])
+def test_whole_exposition_parses_and_has_unique_series(detailed: bool) -> None:
+    text = full_render(detailed=detailed)
     assert_unique_series(text)
     names = [f.name for f in text_string_to_metric_families(text)]
     assert len(names) == len(set(names))

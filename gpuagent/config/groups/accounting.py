@@ -35,10 +35,20 @@ CRI_SOCKET = Option(
     "optional (default containerd's or CRI-O's, whichever exists)",
     "PATH",
 )
+DCGM_SERIES_PER_CONTAINER = Option(
+    "dcgm-series-per-container",
+    parse_bool,
+    "a GPU shared by several containers gets a copy of each dcgm-exporter series per "
+    "container, with its pod labels; by default one series, with empty pod labels (default "
+    "false)",
+    is_bool=True,
+)
 DCGM_CONTAINER_SHARES = Option(
     "dcgm-container-shares",
     parse_bool,
-    "the dcgm-exporter series of a shared GPU carry each container's own utilisation, memory "
-    "and energy instead of the whole GPU's (default false)",
+    "the dcgm-exporter series of a shared GPU are per container and carry each container's own "
+    "utilisation, memory and energy instead of the whole GPU's (implies "
+    "--dcgm-series-per-container; default false)",
+    env_aliases=("KUBERNETES_VIRTUAL_GPUS",),
     is_bool=True,
 )

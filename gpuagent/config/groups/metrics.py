@@ -29,3 +29,10 @@ NO_HOSTNAME = Option(
     "leave the host label off dcgm-exporter series (default false)",
     is_bool=True,
 )
+DETAILED_AGENT_METRICS = Option(
+    "detailed-agent-metrics",
+    parse_bool,
+    "the agent's own metrics in full: each NVML function, API requests by object, request and "
+    "event counts; by default what an operator acts on, in about 30 series (default false)",
+    is_bool=True,
+)
