@@ -5,7 +5,10 @@ The exposition has two parts:
 * the **device part** — every dcgm-exporter series and the per-GPU ``gpuagent_`` families — depends
   only on the snapshot, so it is rendered once per snapshot version and cached, with its gzip
   stream once a gzip scrape has asked for it (:mod:`gpuagent.web.devicepart`), from label blocks
-  kept while only readings change (:mod:`gpuagent.web.layout`);
+  kept while only readings change (:mod:`gpuagent.web.layout`). A scrape renders it a family at a
+  time (:meth:`MetricsRenderer.devices_async`), handing the event loop back every
+  :data:`SLICE_S` seconds, so a new version's render never holds the loop long; concurrent
+  scrapes of one version share one render;
 * the **agent part** — counters, pod-resources freshness, scrape durations — is small and rendered
   on every scrape.
 
@@ -17,6 +20,7 @@ The families themselves are :mod:`gpuagent.web.dcgm` (dcgm-exporter's, rendered 
 
 from __future__ import annotations
 
+import asyncio
 import platform
 import time
 from collections.abc import Callable, Collection, Iterator
@@ -41,9 +45,11 @@ from gpuagent.web.histogram import SCRAPE_BUCKETS, Histogram
 from gpuagent.web.layout import Layout, build_layout, identity
 from gpuagent.web.usage import SHARED_DCGM, accounting_families, render_usage
 
-__all__ = ["MetricsRenderer"]
+__all__ = ["SLICE_S", "MetricsRenderer"]
 
 DEFAULT_SERVED = Plan().served_resources
+#: The longest a render or compression holds the event loop before handing it back (seconds).
+SLICE_S = 0.001
 
 
 class MetricsRenderer:
@@ -91,9 +97,11 @@ class MetricsRenderer:
         self.layouts = 0
         self._cached: DevicePart | None = None
         self._layout: Layout | None = None
+        self._rendering: dict[int, asyncio.Task[DevicePart]] = {}
 
     def devices(self, snapshot: Snapshot, served: Collection[str] = DEFAULT_SERVED) -> DevicePart:
-        """The device part for ``snapshot``, rendered only when its version is new.
+        """The device part for ``snapshot``, rendered only when its version is new (at once:
+        :meth:`devices_async` is what a scrape on the event loop uses).
 
         ``served`` are the resource names of the plan ``snapshot`` was taken under (its pods are
         attributed by them): a new plan is a new snapshot version.
@@ -101,8 +109,40 @@ class MetricsRenderer:
         cached = self._cached
         if cached is not None and cached.version == snapshot.version:
             return cached
-        part = DevicePart(snapshot.version, self._render_device_chunks(snapshot, served))
-        self._cached = part
+        chunks = self._render_device_chunks(snapshot, served)
+        return self._keep(DevicePart(snapshot.version, chunks))
+
+    async def devices_async(
+        self, snapshot: Snapshot, served: Collection[str] = DEFAULT_SERVED
+    ) -> DevicePart:
+        """:meth:`devices`, rendered a family at a time with the event loop handed back every
+        :data:`SLICE_S`; scrapes of a version being rendered wait for that one render."""
+        cached = self._cached
+        if cached is not None and cached.version == snapshot.version:
+            return cached
+        task = self._rendering.get(snapshot.version)
+        if task is None:
+            task = asyncio.create_task(self._render_async(snapshot, served), name="metrics-render")
+            self._rendering[snapshot.version] = task
+            task.add_done_callback(lambda _: self._rendering.pop(snapshot.version, None))
+        # Shielded: a scrape that goes away does not cancel the render the others wait for.
+        return await asyncio.shield(task)
+
+    async def _render_async(self, snapshot: Snapshot, served: Collection[str]) -> DevicePart:
+        chunks = []
+        began = time.perf_counter()
+        for chunk in self._render_device_chunks(snapshot, served):
+            chunks.append(chunk)
+            if time.perf_counter() - began >= SLICE_S:
+                await asyncio.sleep(0)
+                began = time.perf_counter()
+        return self._keep(DevicePart(snapshot.version, chunks))
+
+    def _keep(self, part: DevicePart) -> DevicePart:
+        """Cache ``part`` unless a newer version's is cached already (renders may overlap)."""
+        cached = self._cached
+        if cached is None or cached.version <= part.version:
+            self._cached = part
         self.device_renders += 1
         return part
 

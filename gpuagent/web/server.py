@@ -26,7 +26,7 @@ from gpuagent.state.store import DeviceStore
 from gpuagent.web.connections import FirstBytes, ProbesOnly, evict_quietest
 from gpuagent.web.exposition import CONTENT_TYPE
 from gpuagent.web.listener import Listener
-from gpuagent.web.metrics import MetricsRenderer
+from gpuagent.web.metrics import SLICE_S, MetricsRenderer
 from gpuagent.web.simulation import SimulatorControl, add_simulation_routes
 from gpuagent.web.webconfig import AuthResult, WebConfigFile
 
@@ -158,7 +158,11 @@ class _Scrapes:
         snapshot = self._store.snapshot
         served = snapshot.plan.served_resources
         gzipped = _accepts_gzip(request.headers.get("Accept-Encoding", ""))
-        part = self._renderer.devices(snapshot, served)
+        # A new version is rendered (and compressed) a family at a time, the loop handed back
+        # between them: a scrape never holds it for long, whatever the node's size.
+        part = await self._renderer.devices_async(snapshot, served)
+        if gzipped:
+            await part.deflate(SLICE_S)
         tail = self._renderer.agent(snapshot, self._store.counters.read(), served)
         headers = {"Content-Type": CONTENT_TYPE, "Vary": "Accept-Encoding"}
         if gzipped:

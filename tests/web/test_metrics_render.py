@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import math
 import re
@@ -27,6 +28,7 @@ from gpuagent.state.counters import (
     PodResourcesStats,
     ReloadStats,
 )
+from gpuagent.web import metrics
 from gpuagent.web.dcgm import DCGM_METRICS, xid_message
 from gpuagent.web.exposition import escape_label, format_value
 from gpuagent.web.metrics import MetricsRenderer
@@ -395,6 +397,74 @@ def test_gzip_prefix_is_compressed_once_per_version(replicas: int) -> None:
     newer = r.devices(replace(base, version=base.version + 1))
     assert newer is not part
     assert gzip.decompress(b"".join(newer.gzip(b""))) == newer.text
+
+
+class Ticker:
+    """Counts the turns the event loop gives other tasks while a render or compression runs."""
+
+    def __init__(self) -> None:
+        self.turns = 0
+        self._task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            self.turns += 1
+            await asyncio.sleep(0)
+
+    def stop(self) -> int:
+        self._task.cancel()
+        return self.turns
+
+
+async def test_a_scrapes_render_hands_the_loop_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slice of no time: the render hands the loop back after every family, and the scrapes
+    that ask for that version meanwhile share the one render; the text is the same as at once."""
+    monkeypatch.setattr(metrics, "SLICE_S", 0.0)
+    snapshot = synthetic_snapshot(4, replicas=3)
+    r = renderer()
+    ticker = Ticker()
+    parts = await asyncio.gather(*(r.devices_async(snapshot) for _ in range(3)))
+    turns = ticker.stop()
+    assert parts[0] is parts[1] is parts[2]
+    assert r.device_renders == 1
+    assert turns >= len(parts[0].chunks) - 1
+    assert parts[0].text == renderer().devices(snapshot).text
+    assert await r.devices_async(snapshot) is parts[0]  # cached
+
+
+async def test_a_scrape_that_goes_away_leaves_the_render_to_the_others() -> None:
+    snapshot = synthetic_snapshot(2, replicas=2)
+    r = renderer()
+    gone = asyncio.create_task(r.devices_async(snapshot))
+    staying = asyncio.create_task(r.devices_async(snapshot))
+    await asyncio.sleep(0)
+    gone.cancel()
+    part = await staying
+    assert part.text == renderer().devices(snapshot).text
+    assert r.device_renders == 1
+
+
+async def test_an_older_render_finishing_late_does_not_replace_a_newer_one() -> None:
+    base = synthetic_snapshot(2)
+    newer = replace(base, version=base.version + 1)
+    r = renderer()
+    late = asyncio.create_task(r.devices_async(base))
+    part = r.devices(newer)
+    await late
+    assert r.devices(newer) is part
+
+
+async def test_gzip_is_compressed_in_pieces_once() -> None:
+    """Compression hands the loop back between pieces; scrapes asking meanwhile share it, and the
+    stream is the same as compressing at once."""
+    part = renderer(series_per_container=True).devices(synthetic_snapshot(8, replicas=40))
+    assert part.size > 4 * 64 * 1024
+    ticker = Ticker()
+    await asyncio.gather(part.deflate(0.0), part.deflate(0.0))
+    assert ticker.stop() >= part.size // (64 * 1024)
+    stream = part.gzip(b"tail\n")
+    assert gzip.decompress(b"".join(stream)) == part.text + b"tail\n"
+    assert part.gzip(b"")[1] is stream[1]
 
 
 def test_pod_resources_families() -> None:
