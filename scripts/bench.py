@@ -37,6 +37,7 @@ import bench_health  # noqa: E402
 import bench_kube  # noqa: E402
 import bench_metrics  # noqa: E402
 import bench_plugin  # noqa: E402
+import bench_series  # noqa: E402
 import bench_watch  # noqa: E402
 from bench_preferred import bench_preferred  # noqa: E402
 from support.fake_kubelet import FakeKubelet  # noqa: E402
@@ -261,6 +262,9 @@ def main() -> int:
     )  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the rows here")
     bench_metrics.add_arguments(parser)
+    bench_series.add_arguments(parser)
+    parser.add_argument("--only-series", action="store_true",
+                        help="the /metrics series, bytes and loop-stall rows only")  # fmt: skip
     bench_dra.add_arguments(parser)
     parser.add_argument("--only-dra", action="store_true", help="run the DRA rows only")
     bench_kube.add_arguments(parser)
@@ -280,6 +284,9 @@ def main() -> int:
         return 0
     if args.only_kube:
         print(table(bench_kube.rows(args, Row)))
+        return 0
+    if args.only_series:
+        print(table(bench_series.rows(args, agent, tempdir, Row)))
         return 0
     with tempfile.TemporaryDirectory() as stubs_dir:
         stubs = kubelet_stubs()
@@ -313,6 +320,7 @@ def main() -> int:
         rows += bench_running(stubs, args)
         rows += bench_preferred_search()
         rows += bench_metrics.rows(stubs, args, agent, tempdir, Row)
+        rows += bench_series.rows(args, agent, tempdir, Row)
         rows += bench_dra.rows(args, Row)
         rows += bench_kube.rows(args, Row)
         rows += bench_accounting.rows(stubs, args, agent, tempdir, Row)

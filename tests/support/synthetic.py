@@ -7,7 +7,7 @@ where the simulator cannot yet produce the shape wanted, e.g. 1,024 replicas).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import fields
+from dataclasses import fields, replace
 from types import MappingProxyType
 
 from gpuagent.domain.devices import (
@@ -21,8 +21,9 @@ from gpuagent.domain.devices import (
     Telemetry,
 )
 from gpuagent.domain.snapshot import Snapshot
+from gpuagent.domain.usage import ContainerUsage, ProcessReading, Usage
 
-__all__ = ["full_telemetry", "gpu_uuid", "mig_uuid", "synthetic_snapshot"]
+__all__ = ["full_telemetry", "gpu_uuid", "mig_uuid", "synthetic_snapshot", "with_usage"]
 
 # Seven 1g slices of an H100 80GB: profile and GPU-instance id per MIG device.
 MIG_1G = tuple(("1g.10gb", gi) for gi in range(7, 14))
@@ -108,6 +109,30 @@ def synthetic_snapshot(
             allocated=tuple(allocated), refreshed_at=refreshed_at if replicas else None
         ),
     )
+
+
+def with_usage(snapshot: Snapshot, seed: int = 0) -> Snapshot:
+    """``snapshot`` with per-container accounting: every container holding a GPU (or MIG device)
+    uses it, each with readings of its own (MIG: no per-process utilisation, as NVML has none),
+    and the kubelet's allocations known (unallocated use judged: none)."""
+    mig_of = {m.uuid: (g.index, m.gpu_instance_id) for g in snapshot.gpus for m in g.mig_devices}
+    by_uuid = {g.uuid: g.index for g in snapshot.gpus}
+    rows = []
+    for n, held in enumerate(snapshot.pods.allocated):
+        device = held.device_ids[0].split("::")[0]
+        gpu, instance = mig_of.get(device, (by_uuid.get(device, 0), None))
+        share = None if instance is not None else round(0.001 * (n % 97 + seed), 6)
+        rows.append(
+            ContainerUsage(
+                gpu, instance, held.namespace, held.pod, held.container, processes=1 + n % 3,
+                memory_bytes=(256 + n * 7 + seed) * 1024 * 1024, sm_ratio=share,
+                mem_ratio=share, energy_joules=None if share is None else 1000.0 + n + seed,
+                allocated=True,
+            )
+        )  # fmt: skip
+    rows.sort(key=lambda u: (u.gpu, u.gpu_instance or -1, u.namespace, u.pod, u.container))
+    gpus = tuple(replace(g, processes=ProcessReading()) for g in snapshot.gpus)
+    return replace(snapshot, gpus=gpus, usage=Usage(tuple(rows), judged=True))
 
 
 def pods_by_device(
