@@ -17,7 +17,6 @@ Every call goes through the pacer, which counts it.
 
 from __future__ import annotations
 
-import asyncio
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -44,7 +43,7 @@ from gpuagent.domain.nodehealth import (
 from gpuagent.domain.pacing import Backoff, Coalescing, next_heartbeat
 from gpuagent.domain.snapshot import Snapshot
 from gpuagent.kube.client import KubeApi
-from gpuagent.kube.pacer import CallFailed, Pacer
+from gpuagent.kube.pacer import CallFailed, Pacer, next_change
 from gpuagent.state.counters import KubeCounters
 from gpuagent.state.store import DeviceStore, Watch
 
@@ -133,21 +132,8 @@ class NodeHealthWriter:
 
     async def _wait(self, views: Watch[NodeHealthView | None], seconds: float) -> None:
         """Until the projection changes or ``seconds`` of the writer's clock pass."""
-        changed = asyncio.Event()
-        got: list[NodeHealthView | None] = []
-
-        async def next_view() -> None:
-            got.append(await anext(views))
-            changed.set()
-
-        watcher = asyncio.create_task(next_view(), name="node-health-store-watch")
-        try:
-            await self._clock.wait(changed, seconds)
-        finally:
-            watcher.cancel()
-            await asyncio.wait({watcher})
-        if got:
-            self._observe(got[0])
+        for view in await next_change(self._clock, views, seconds):
+            self._observe(view)
 
     def _work(self) -> Mapping[str, bool]:
         """What has something to write, by the key a refusal holds it back under."""

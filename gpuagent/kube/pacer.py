@@ -11,6 +11,7 @@ help). Nothing here sleeps: the writer waits on its clock until :meth:`due`.
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -21,8 +22,9 @@ import structlog
 from gpuagent.clock import Clock
 from gpuagent.domain.pacing import Backoff, Coalescing
 from gpuagent.kube.client import ApiError, ApiUnreachable
+from gpuagent.state.store import Watch
 
-__all__ = ["CallFailed", "Pacer", "RequestCounts"]
+__all__ = ["CallFailed", "Pacer", "RequestCounts", "next_change"]
 
 log = structlog.get_logger("gpuagent.kube")
 
@@ -38,7 +40,8 @@ _RETRY_CODES = frozenset({408, 429})
 
 class CallFailed(Exception):
     """A paced call failed: ``retry`` (the server is down, throttles or errs: every call
-    backs off), ``refused`` (403, 404: this object waits ``rare`` seconds), ``conflict`` (409)
+    backs off), ``refused`` (403, 404: this object waits ``rare`` seconds), ``conflict`` (409;
+    and 404 for a call made with ``absent_is_conflict``: the object is not as the writer thought)
     or ``invalid`` (another refusal: a bug, not retried as such)."""
 
     def __init__(
@@ -116,15 +119,26 @@ class Pacer:
             self._last_write = self.clock.now()
 
     # ----- calls -------------------------------------------------------------------------------
-    async def call(self, obj: str, call: Awaitable[T], *, key: str | None = None) -> T:
+    async def call(
+        self,
+        obj: str,
+        call: Awaitable[T],
+        *,
+        key: str | None = None,
+        absent_is_conflict: bool = False,
+    ) -> T:
         """Await ``call``, a request about ``obj`` (counted under it); raises
         :class:`CallFailed`. A refusal (403, 404) holds back ``key`` (default ``obj``): what
-        :meth:`refused` answers for."""
+        :meth:`refused` answers for; with ``absent_is_conflict`` a 404 is a conflict instead
+        (the writer's copy is stale: it reads again, it is not refused)."""
         try:
             result = await call
         except ApiUnreachable as exc:
             self._backoff(obj, "unreachable", f"API server unreachable: {exc}", None)
         except ApiError as exc:
+            if exc.code == 404 and absent_is_conflict:
+                self.counts.add(obj, "not_found")
+                raise CallFailed("conflict", str(exc), exc.code) from None
             self._failed(obj, key or obj, exc)
         self.counts.add(obj, "ok")
         self._recovered(key or obj)
@@ -184,3 +198,22 @@ class Pacer:
         self._retry_at = None
         if self._refused.pop(key, None) is not None:
             log.info("API server accepts again", object=key)
+
+
+async def next_change(clock: Clock, watch: Watch[T], seconds: float) -> list[T]:
+    """The next value of ``watch`` (one item), or none once ``seconds`` of ``clock`` pass: how a
+    writer waits for a store change or for its next batch to be due, whichever comes first."""
+    changed = asyncio.Event()
+    got: list[T] = []
+
+    async def next_value() -> None:
+        got.append(await anext(watch))
+        changed.set()
+
+    watcher = asyncio.create_task(next_value(), name="api-writer-store-watch")
+    try:
+        await clock.wait(changed, seconds)
+    finally:
+        watcher.cancel()
+        await asyncio.wait({watcher})
+    return got

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from support.clock import ManualClock
 from support.fake_apiserver import FakeApiServer
+from support.kubehealth import Writers
 from support.noderig import NODE, Rig, new_writer
 from support.synthetic import synthetic_snapshot
 
-from gpuagent.kube.client import KubeApi
 from gpuagent.state.store import DeviceStore
 
 
@@ -24,11 +24,22 @@ def node_name() -> str:
 
 
 @pytest.fixture
-async def make_rig(apiserver: FakeApiServer, tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
+async def writers() -> AsyncIterator[Writers]:
+    running = Writers()
+    try:
+        yield running
+    finally:
+        for task in running.tasks:
+            task.cancel()
+        await asyncio.gather(*running.tasks, return_exceptions=True)
+        for api in running.apis:
+            await api.close()
+
+
+@pytest.fixture
+def make_rig(apiserver: FakeApiServer, tmp_path: Path, writers: Writers) -> Callable[..., Any]:
     """Start a writer on an 8-GPU node (each GPU held by one pod) against ``apiserver``."""
     server = apiserver
-    tasks: list[asyncio.Task[None]] = []
-    apis: list[KubeApi] = []
 
     async def make(*, gpus: int = 8, **options: Any) -> Rig:
         store = DeviceStore(synthetic_snapshot(gpus, replicas=1))
@@ -37,17 +48,9 @@ async def make_rig(apiserver: FakeApiServer, tmp_path: Path) -> AsyncIterator[Ca
         writer, api = new_writer(
             server, store, clock, lambda: next(draws), tmp_path / "kubeconfig", **options
         )
-        apis.append(api)
-        tasks.append(asyncio.create_task(writer.run(), name="node-health-under-test"))
+        writers.start(api, writer.run(), "node-health-under-test")
         rig = Rig(server, store, clock, writer, draws)
         await rig.settle()
         return rig
 
-    try:
-        yield make
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for api in apis:
-            await api.close()
+    return make

@@ -269,7 +269,7 @@ class FakeApiServer:
     events_api: bool = True
     # Requests answered 403, as "VERB path-suffix" (e.g. "PATCH nodes/status", "POST events").
     refuse: set[str] = field(default_factory=set)
-    # The next N writes (PATCH, POST) are answered 429 with Retry-After: retry_after.
+    # The next N writes (PATCH, POST, PUT, DELETE) are answered 429 with Retry-After: retry_after.
     throttle: int = 0
     retry_after: int = 5
     port: int = 0
@@ -354,7 +354,7 @@ class FakeApiServer:
         if f"{request.method} {suffix}" in self.refuse or f"{request.method} {tail}" in self.refuse:
             self.requests.append((request.method, request.path))
             return self._status(403, "Forbidden", f"{request.method} {request.path} forbidden")
-        if self.throttle and request.method in ("PATCH", "POST"):
+        if self.throttle and request.method in ("PATCH", "POST", "PUT", "DELETE"):
             self.throttle -= 1
             self.requests.append((request.method, request.path))
             throttled = self._status(429, "TooManyRequests", "too many requests")
