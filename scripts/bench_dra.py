@@ -31,7 +31,7 @@ from support.grpcstubs import dra_stubs
 
 from gpuagent import logs
 from gpuagent.dra.endpoint import EndpointTiming
-from gpuagent.kube.slices import Backoff
+from gpuagent.kube.slices import Backoff, Coalescing
 
 NODE = "bench-node"
 DRIVER = "gpu.nvidia.com"
@@ -73,6 +73,9 @@ async def _measure(gpus: int, claims: int, faults: int, root: Path) -> dict[str,
         "dra_options": {
             "endpoint_timing": EndpointTiming(watch_interval=0.05),
             "backoff": Backoff(initial=0.05, maximum=0.5),
+            # Each fault after a quiet spell, as one is (0.2 s gathering what it changes); the
+            # merging of a storm's changes (30 s windows) is measured by tests/kube/test_slices.py.
+            "coalescing": Coalescing(window=0.0),
         },
     }
     out: dict[str, list[float]] = {"round_trip": [], "to_taint": [], "to_clear": []}

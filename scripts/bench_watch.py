@@ -74,11 +74,13 @@ class _CountingApi:
     async def slices(self, node: str, driver: str) -> list[dict[str, Any]]:
         return []
 
-    async def create_slice(self, manifest: dict[str, Any]) -> None:
+    async def create_slice(self, manifest: dict[str, Any]) -> str:
         self.writes += 1
+        return str(self.writes)
 
-    async def replace_slice(self, manifest: dict[str, Any]) -> None:
+    async def replace_slice(self, manifest: dict[str, Any]) -> str:
         self.writes += 1
+        return str(self.writes)
 
     async def delete_slice(self, name: str) -> None:
         self.writes += 1

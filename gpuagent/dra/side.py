@@ -31,7 +31,7 @@ from gpuagent.dra.service import (
     NodeSpecSource,
 )
 from gpuagent.kube.client import ApiError, ApiUnreachable, KubeApi, KubeConfigError, load_config
-from gpuagent.kube.slices import Backoff, SlicePublisher
+from gpuagent.kube.slices import Backoff, Coalescing, SlicePublisher
 from gpuagent.state.counters import DraCounters
 from gpuagent.state.store import DeviceStore, per_snapshot
 
@@ -57,6 +57,7 @@ class DraSide:
         node_spec: NodeSpecSource,
         endpoint_timing: EndpointTiming = EndpointTiming(),
         backoff: Backoff = Backoff(),
+        coalescing: Coalescing = Coalescing(),
         api_timeout: float = 10.0,
         health_resend_s: float = 20.0,
     ) -> None:
@@ -92,7 +93,13 @@ class DraSide:
             timing=endpoint_timing,
         )
         self.publisher = SlicePublisher(
-            store, self._devices, self.api, node=node, driver=plan.driver, backoff=backoff
+            store,
+            self._devices,
+            self.api,
+            node=node,
+            driver=plan.driver,
+            backoff=backoff,
+            coalescing=coalescing,
         )
         store.counters.follow_dra(self.counters)
 

@@ -105,11 +105,14 @@ class KubeApi:
                 dict(obj.to_dict()) async for obj in self._client.list(ResourceSlice, fields=fields)
             ]
 
-    async def create_slice(self, manifest: dict[str, Any]) -> None:
-        await self._call(self._client.create(ResourceSlice.from_dict(manifest)))
+    async def create_slice(self, manifest: dict[str, Any]) -> str:
+        """Create a slice; its ``resourceVersion`` as stored (for the next replace)."""
+        return _version(await self._call(self._client.create(ResourceSlice.from_dict(manifest))))
 
-    async def replace_slice(self, manifest: dict[str, Any]) -> None:
-        await self._call(self._client.replace(ResourceSlice.from_dict(manifest)))
+    async def replace_slice(self, manifest: dict[str, Any]) -> str:
+        """Replace a slice (409 if ``metadata.resourceVersion`` is not the stored one); its new
+        ``resourceVersion``."""
+        return _version(await self._call(self._client.replace(ResourceSlice.from_dict(manifest))))
 
     async def delete_slice(self, name: str) -> None:
         await self._call(self._client.delete(ResourceSlice, name))
@@ -182,6 +185,11 @@ def _translated() -> Iterator[None]:
         raise _status_error(exc.response) from None
     except httpx2.TransportError as exc:
         raise ApiUnreachable(f"{type(exc).__name__}: {exc}") from None
+
+
+def _version(obj: Any) -> str:
+    meta = getattr(obj, "metadata", None)
+    return str(getattr(meta, "resourceVersion", None) or "")
 
 
 def _api_error(exc: _LightkubeApiError) -> ApiError:

@@ -1,37 +1,50 @@
-"""Keeping this node's ResourceSlices equal to its DRA devices, through outages of the API server.
+"""Keeping this node's ResourceSlices equal to its DRA devices, politely to the control plane.
 
 On every store change the devices are derived again; when they differ from what was published,
-the node's slices are listed, written (create or replace, with the pool's generation one above
-the highest seen) and any left over deleted. An unreachable or refusing API server is retried
-with exponential backoff; meanwhile :attr:`SlicePublisher.error` says why (``/readyz``, metrics)
-and the device plugin side goes on untouched.
+the node's slices are written (create or replace, with the pool's generation one above the last)
+and any left over deleted. The writes follow the API client rules every writer of the agent does
+(:mod:`gpuagent.domain.pacing`, applied by :class:`~gpuagent.kube.pacer.Pacer`):
+
+- the first change after a quiet spell goes out at once (after 0.2 s that gather what one fault
+  changes together: a fault taints its device within a second); later changes are merged into one
+  publication at most every 30 s, so a storm costs a node at most two slice updates a minute;
+- the slices as last written are kept, ``resourceVersion`` included: a replace needs no LIST. The
+  node's slices are listed only at start and after a conflict (409: someone else wrote one) or an
+  absence (404: one was deleted);
+- an unreachable, throttling (429) or failing (5xx) API server is retried after a full-jitter
+  exponential delay (0.5 s to 60 s), never sooner than its ``Retry-After``; a refusal (403, or a
+  422 the writer cannot fix by retrying) is tried again every 10 minutes.
+
+Meanwhile :attr:`SlicePublisher.error` says why (``/readyz``, metrics) and the device plugin side
+goes on untouched.
 """
 
 from __future__ import annotations
 
-import asyncio
+import random
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import structlog
 
+from gpuagent.clock import Clock, LoopClock
 from gpuagent.domain.dra import DraDevice
+from gpuagent.domain.pacing import Backoff, Coalescing
 from gpuagent.domain.slices import slice_manifests
 from gpuagent.domain.snapshot import Snapshot
-from gpuagent.kube.client import ApiError, ApiUnreachable, KubeApi
-from gpuagent.state.store import DeviceStore
+from gpuagent.kube.client import KubeApi
+from gpuagent.kube.pacer import CallFailed, Pacer, next_change
+from gpuagent.state.store import DeviceStore, Watch
+
+__all__ = ["Backoff", "Coalescing", "SlicePublisher"]
 
 log = structlog.get_logger("gpuagent.dra.slices")
 
-
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """Retry delays: doubling from ``initial`` up to ``maximum`` seconds."""
-
-    initial: float = 0.5
-    maximum: float = 30.0
+#: What a refusal holds back (every slice call: they stand or fall together).
+SLICES = "resource_slices"
+#: Seconds to wait when nothing is due (a store change ends the wait sooner).
+IDLE_WAIT = 3600.0
 
 
 class SlicePublisher:
@@ -46,96 +59,159 @@ class SlicePublisher:
         node: str,
         driver: str,
         backoff: Backoff = Backoff(),
+        coalescing: Coalescing = Coalescing(),
+        clock: Clock | None = None,
+        draw: Callable[[], float] = random.random,
     ) -> None:
         self._store = store
         self._devices = devices
         self._api = api
         self._node = node
         self._driver = driver
-        self._backoff = backoff
+        self._clock = clock or LoopClock()
+        self.pacer = Pacer(self._clock, backoff=backoff, coalescing=coalescing, draw=draw)
         self._node_uid: str | None = None
+        # The node's slices as last written or listed, by name, each with its resourceVersion;
+        # None: not known (at start, after a conflict or an absence): listed before the next write.
+        self._stored: dict[str, dict[str, Any]] | None = None
+        self._latest: tuple[DraDevice, ...] | None = None
+        self._views: Watch[tuple[DraDevice, ...] | None] | None = None
         self.published: tuple[DraDevice, ...] | None = None
         self.generation = 0
         self.error = "not published yet"
         self.up = False
         self.writes = 0
+        self.lists = 0
         self.failures = 0
-        # Seconds from a store change to its slices written, per publication.
+        # Seconds each publication that wrote took, from its first call to its last.
         self.publish_seconds: list[float] = []
 
+    @property
+    def seen_version(self) -> int:
+        """The last store version the publisher looked at (``-1`` before it runs)."""
+        return self._views.version if self._views is not None else -1
+
     async def run(self) -> None:
-        delay = self._backoff.initial
-        wanted = self._store.watch(self._wanted)
-        devices = await anext(wanted)
+        self._views = views = self._store.watch(self._wanted)
+        self._latest = await anext(views)
         while True:
-            if devices is None:  # not discovered yet
-                devices = await anext(wanted)
+            due = self._next()
+            now = self._clock.now()
+            if due is not None and due <= now:
+                await self._flush()
                 continue
-            started = time.perf_counter()
-            try:
-                wrote = await self._publish(devices)
-            except (ApiUnreachable, ApiError) as exc:
-                self.up = False
-                self.failures += 1
-                error = f"API server: {exc}"
-                # Once per error, not on every retry (they back off up to the maximum).
-                (log.warning if error != self.error else log.debug)(
-                    "resource slices not published; retrying", error=error, delay=delay
-                )
-                self.error = error
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self._backoff.maximum)
-                devices = wanted.now()  # retried with the devices as they are by then
-                continue
-            delay = self._backoff.initial
-            if not self.up:
-                log.info("resource slices published", generation=self.generation)
-            self.up = True
-            self.error = ""
-            if wrote and len(self.publish_seconds) < 100_000:
-                self.publish_seconds.append(time.perf_counter() - started)
-            devices = await anext(wanted)
+            for devices in await next_change(
+                self._clock, views, IDLE_WAIT if due is None else due - now
+            ):
+                self._latest = devices
 
     def _wanted(self, snapshot: Snapshot) -> tuple[DraDevice, ...] | None:
         """The devices to publish; ``None`` until the GPUs are discovered."""
         return self._devices(snapshot) if snapshot.discovered else None
 
-    async def _publish(self, devices: tuple[DraDevice, ...]) -> bool:
-        if devices == self.published:
-            return False
-        if self._node_uid is None:
-            self._node_uid = await self._api.node_uid(self._node)
-        existing = {
-            s["metadata"]["name"]: s for s in await self._api.slices(self._node, self._driver)
-        }
-        seen = max((_generation(s) for s in existing.values()), default=0)
-        current = slice_manifests(
-            devices, node=self._node, node_uid=self._node_uid, driver=self._driver, generation=seen
+    def _next(self) -> float | None:
+        """When the next publication goes out (``None``: nothing to publish)."""
+        if self._latest is None or self._latest == self.published:
+            if self.pacer.pending:
+                self.pacer.done(wrote=False)  # changed, and changed back before it went out
+            return None
+        until = self.pacer.refused(SLICES)
+        if until is not None:
+            return until
+        self.pacer.changed()
+        return self.pacer.due()
+
+    async def _flush(self) -> None:
+        devices = self._latest
+        assert devices is not None
+        started = time.perf_counter()
+        try:
+            wrote = await self._publish(devices)
+        except CallFailed as exc:
+            self._failed(f"API server: {exc.error}")
+            return
+        except Exception as exc:  # a bug must not end the task, nor spin: back off as if down
+            log.exception("resource slices not published")
+            self.pacer.pause(f"{type(exc).__name__}: {exc}")
+            self._failed(f"{type(exc).__name__}: {exc}")
+            return
+        self.pacer.done(wrote=wrote)
+        if not self.up:
+            log.info("resource slices published", generation=self.generation)
+        self.up = True
+        self.error = ""
+        if wrote and len(self.publish_seconds) < 100_000:
+            self.publish_seconds.append(time.perf_counter() - started)
+
+    def _failed(self, error: str) -> None:
+        self.up = False
+        self.failures += 1
+        # Once per error, not on every retry (they back off up to the maximum).
+        (log.warning if error != self.error else log.debug)(
+            "resource slices not published; retrying", error=error
         )
-        if seen and _same(current, existing):
-            # Already there (an agent restart): adopt it without a write.
-            self.generation, self.published = seen, devices
-            return False
-        wanted = slice_manifests(
+        self.error = error
+
+    async def _publish(self, devices: tuple[DraDevice, ...]) -> bool:
+        if self._node_uid is None:
+            self._node_uid = await self.pacer.call("node", self._api.node_uid(self._node))
+        if self._stored is None:
+            listed = await self._call(self._api.slices(self._node, self._driver))
+            self.lists += 1
+            self._stored = {s["metadata"]["name"]: s for s in listed}
+            seen = max((_generation(s) for s in listed), default=0)
+            self.generation = max(self.generation, seen)
+            current = self._manifests(devices, seen)
+            if seen and _same(current, self._stored):
+                # Already there (an agent restart): adopt it without a write.
+                self.generation, self.published = seen, devices
+                return False
+        stored = self._stored
+        wanted = self._manifests(devices, self.generation + 1)
+        for manifest in wanted:
+            name = manifest["metadata"]["name"]
+            old = stored.get(name)
+            if old is None:
+                version = await self._call(self._api.create_slice(manifest))
+            else:
+                manifest["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
+                version = await self._call(self._api.replace_slice(manifest))
+            manifest["metadata"]["resourceVersion"] = version
+            stored[name] = manifest
+            self.writes += 1
+        names = {m["metadata"]["name"] for m in wanted}
+        for name in [n for n in stored if n not in names]:
+            await self._call(self._api.delete_slice(name), absent_ok=True)
+            del stored[name]
+        self.generation, self.published = self.generation + 1, devices
+        log.info("resource slices written", generation=self.generation, devices=len(devices))
+        return True
+
+    async def _call(self, call: Awaitable[Any], *, absent_ok: bool = False) -> Any:
+        """A slice call through the pacer. A conflict (409) or an absence (404) means the slices
+        are not as last written: they are listed again, after a short backoff (``absent_ok``: a
+        404 is the wanted outcome, a deletion of a slice already gone)."""
+        try:
+            return await self.pacer.call(
+                "resource_slice", call, key=SLICES, absent_is_conflict=True
+            )
+        except CallFailed as exc:
+            if exc.kind == "conflict":
+                if exc.code == 404 and absent_ok:
+                    return None
+                self._stored = None
+                self.pacer.pause(f"API server: {exc.error}")
+            raise
+
+    def _manifests(self, devices: tuple[DraDevice, ...], generation: int) -> list[dict[str, Any]]:
+        assert self._node_uid is not None
+        return slice_manifests(
             devices,
             node=self._node,
             node_uid=self._node_uid,
             driver=self._driver,
-            generation=seen + 1,
+            generation=generation,
         )
-        for manifest in wanted:
-            old = existing.pop(manifest["metadata"]["name"], None)
-            if old is None:
-                await self._api.create_slice(manifest)
-            else:
-                manifest["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
-                await self._api.replace_slice(manifest)
-            self.writes += 1
-        for name in existing:
-            await self._api.delete_slice(name)
-        self.generation, self.published = seen + 1, devices
-        log.info("resource slices written", generation=self.generation, devices=len(devices))
-        return True
 
 
 def _generation(obj: Mapping[str, Any]) -> int:

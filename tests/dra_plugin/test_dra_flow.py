@@ -31,7 +31,7 @@ from support.waiting import eventually
 from gpuagent.domain.devices import Gpu
 from gpuagent.dra.endpoint import EndpointTiming
 from gpuagent.dra.service import DraConfig
-from gpuagent.kube.slices import Backoff
+from gpuagent.kube.slices import Backoff, Coalescing
 
 T = 10.0
 NODE = "test-node"
@@ -39,6 +39,8 @@ DRIVER = "gpu.nvidia.com"
 FAST_DRA = {
     "endpoint_timing": EndpointTiming(watch_interval=0.02, retry_initial=0.01, retry_max=0.05),
     "backoff": Backoff(initial=0.01, maximum=0.05),
+    # Every change out at once (the pacing of the writes is tests/kube/test_slices.py's).
+    "coalescing": Coalescing(window=0.0, settle=0.0),
     "api_timeout": 2.0,
     "health_resend_s": 0.2,
 }

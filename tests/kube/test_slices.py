@@ -1,0 +1,240 @@
+"""The ResourceSlice publisher against the API-server stand-in (every write validated), timed by a
+clock the test moves: how many requests a storm, a throttle, a conflict and an outage cost, and
+when each goes out (the pacing rules of gpuagent/domain/pacing.py)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.clock import ManualClock
+from support.fake_apiserver import RESOURCE, FakeApiServer
+from support.kubehealth import Writers, settle
+from support.noderig import NODE, with_health
+from support.synthetic import synthetic_snapshot
+
+from gpuagent.domain.devices import Condition, GpuHealth
+from gpuagent.domain.dra import DraGpus, dra_devices
+from gpuagent.domain.snapshot import Snapshot
+from gpuagent.kube.client import KubeApi, load_config
+from gpuagent.kube.slices import SlicePublisher
+from gpuagent.state.store import DeviceStore
+
+DRIVER = "gpu.nvidia.com"
+XID_79 = GpuHealth((Condition("xid", "79"),))
+
+
+@dataclass
+class Rig:
+    server: FakeApiServer
+    store: DeviceStore
+    clock: ManualClock
+    publisher: SlicePublisher
+    draws: list[float]
+
+    def requests(self, since: int = 0) -> list[tuple[str, str]]:
+        return self.server.requests[since:]
+
+    def writes(self, since: int = 0) -> list[tuple[str, str]]:
+        # As the stand-in records them: by the call, or by the method when it answered 429.
+        verbs = ("CREATE", "REPLACE", "DELETE", "POST", "PUT")
+        return [r for r in self.requests(since) if r[0] in verbs]
+
+    def lists(self, since: int = 0) -> int:
+        return sum(1 for verb, _ in self.requests(since) if verb == "LIST")
+
+    async def change(self, change: Callable[[Snapshot], Snapshot]) -> None:
+        self.store.update(change)
+        await self.settle()
+
+    async def settle(self, seconds: float = 0.0) -> None:
+        await settle(self.clock, self.publisher, self.store, seconds)
+
+    def tainted(self) -> set[str]:
+        """The published devices with a taint."""
+        return {name for name, d in self.server.devices().items() if d.get("taints")}
+
+    def wanted_tainted(self) -> set[str]:
+        """The devices the store's GPUs say should carry a taint."""
+        return {d.name for d in devices(self.store.snapshot) if d.taints}
+
+    async def until(self, at: float) -> None:
+        """Let the publisher's time run to ``at`` (absolute, on its clock)."""
+        await self.settle(at - self.clock.now())
+
+
+def devices(snapshot: Snapshot) -> Any:
+    return dra_devices(snapshot, DraGpus(all=True))
+
+
+def health(gpu: int, state: GpuHealth) -> Callable[[Snapshot], Snapshot]:
+    return lambda s: with_health(s, gpu, state)
+
+
+@pytest.fixture
+def make_rig(apiserver: FakeApiServer, tmp_path: Path, writers: Writers) -> Callable[..., Any]:
+    """A publisher of an 8-GPU node's devices (every GPU through DRA) against ``apiserver``,
+    its random draws taken from ``draws`` (cycled)."""
+
+    async def make(draws: tuple[float, ...] = (0.5,)) -> Rig:
+        store = DeviceStore(synthetic_snapshot(8))
+        clock = ManualClock()
+        drawn: list[float] = []
+        cycle: Iterator[float] = itertools.cycle(draws)
+
+        def draw() -> float:
+            drawn.append(next(cycle))
+            return drawn[-1]
+
+        api = KubeApi(load_config(apiserver.kubeconfig(tmp_path / "kubeconfig")), timeout=5.0)
+        publisher = SlicePublisher(
+            store, devices, api, node=NODE, driver=DRIVER, clock=clock, draw=draw
+        )
+        writers.start(api, publisher.run(), "slices-under-test")
+        rig = Rig(apiserver, store, clock, publisher, drawn)
+        await rig.settle(0.2)  # the first publication, at once
+        return rig
+
+    return make
+
+
+async def test_start_lists_once_then_creates(make_rig: Callable[..., Any]) -> None:
+    rig: Rig = await make_rig()
+    assert rig.requests() == [
+        ("GET", f"/api/v1/nodes/{NODE}"),
+        ("LIST", RESOURCE + f"/resourceslices?fieldSelector=spec.nodeName%3D{NODE}%2C"
+                            f"spec.driver%3D{DRIVER}"),
+        ("CREATE", RESOURCE + "/resourceslices"),
+    ]  # fmt: skip
+    assert len(rig.server.devices()) == 8
+    assert rig.publisher.up
+    assert rig.server.invalid == []
+
+
+async def test_a_fault_after_a_quiet_spell_taints_at_once(make_rig: Callable[..., Any]) -> None:
+    rig: Rig = await make_rig()
+    await rig.settle(600.0)  # a quiet spell
+    start = len(rig.requests())
+    changed = rig.clock.now()
+    await rig.change(lambda s: with_health(s, 3, XID_79))
+    await rig.until(changed + 0.15)
+    assert rig.requests(start) == []  # gathering what the fault changes together
+    await rig.until(changed + 0.25)
+    assert rig.tainted() == rig.wanted_tainted()
+    assert len(rig.tainted()) == 1
+    assert rig.writes(start) == [("REPLACE", RESOURCE + "/resourceslices/" + _slice(rig))]
+    assert rig.lists(start) == 0  # the slice's resourceVersion is known: no LIST per write
+
+
+async def test_a_storm_is_two_updates_a_minute_and_no_list(make_rig: Callable[..., Any]) -> None:
+    """1,000 XIDs in 60 s over the 8 GPUs (each fault and recovery changes a device's taints):
+    the first change goes out at once, the rest merged 30 s at a time."""
+    rig: Rig = await make_rig()
+    await rig.settle(600.0)
+    start = len(rig.requests())
+    for n in range(1000):
+        gpu, failing = n % 8, n % 16 < 8
+        await rig.change(health(gpu, XID_79 if failing else GpuHealth()))
+        await rig.settle(0.06)
+    assert rig.clock.now() == pytest.approx(660.2)
+    # Over the storm's minute: at 0.2 s, then at 30.2 s; nothing else.
+    assert len(rig.writes(start)) == 2
+    assert rig.lists(start) == 0
+    # Its last change (GPU 0 recovers) goes out with the next window (60.2 s), once.
+    await rig.change(health(0, GpuHealth()))
+    await rig.settle(30.0)
+    assert len(rig.writes(start)) == 3
+    assert rig.publisher.published == devices(rig.store.snapshot)
+    assert rig.tainted() == rig.wanted_tainted()
+    assert rig.server.invalid == []
+
+
+async def test_429_with_retry_after_is_retried_no_sooner(make_rig: Callable[..., Any]) -> None:
+    rig: Rig = await make_rig(draws=(0.5,))
+    await rig.settle(600.0)
+    rig.server.throttle, rig.server.retry_after = 1, 5
+    start = len(rig.requests())
+    await rig.change(lambda s: with_health(s, 0, XID_79))
+    await rig.settle(0.2)
+    tried = rig.clock.now()
+    assert rig.requests(start) == [("PUT", RESOURCE + "/resourceslices/" + _slice(rig))]  # 429
+    assert not rig.publisher.up
+    assert rig.tainted() == set()
+    # Retry-After: 5, plus the full jitter of a first failure (0.5 x 0.5 s): 5.25 s later.
+    await rig.until(tried + 5.2)
+    assert len(rig.requests(start)) == 1
+    await rig.until(tried + 5.3)
+    assert len(rig.writes(start)) == 2
+    assert rig.lists(start) == 0
+    assert len(rig.tainted()) == 1
+    assert rig.publisher.up
+
+
+async def test_retries_back_off_with_full_jitter(make_rig: Callable[..., Any]) -> None:
+    """Each retry after a uniform draw of its ceiling (0.5 s doubling up to 60 s): with draws
+    0.9, 0.1, 0.5, 0.7 the tries come 0.45, 0.1, 1.0 and 2.8 s apart, not in lockstep."""
+    rig: Rig = await make_rig(draws=(0.9, 0.1, 0.5, 0.7))
+    await rig.settle(600.0)
+    rig.server.throttle, rig.server.retry_after = 4, 0  # 429 without a Retry-After to honour
+    start = len(rig.requests())
+    await rig.change(lambda s: with_health(s, 5, XID_79))
+    await rig.settle(0.2)
+    assert len(rig.writes(start)) == 1
+    tried = rig.clock.now()
+    for gap, tries in ((0.45, 2), (0.1, 3), (1.0, 4), (2.8, 5)):
+        await rig.until(tried + gap - 0.005)
+        assert len(rig.writes(start)) == tries - 1, gap
+        await rig.until(tried + gap + 0.005)
+        assert len(rig.writes(start)) == tries, gap
+        tried += gap
+    assert rig.draws == [0.9, 0.1, 0.5, 0.7]
+    assert len(rig.tainted()) == 1
+    assert rig.publisher.up
+
+
+async def test_a_conflict_lists_again_then_writes(make_rig: Callable[..., Any]) -> None:
+    rig: Rig = await make_rig()
+    await rig.settle(600.0)
+    name = _slice(rig)
+    rig.server.slices[name]["metadata"]["resourceVersion"] = "9999"  # someone else wrote it
+    start = len(rig.requests())
+    await rig.change(lambda s: with_health(s, 1, XID_79))
+    await rig.settle(0.2)
+    assert [verb for verb, _ in rig.requests(start)] == ["REPLACE"]  # 409
+    await rig.settle(0.3)  # the backoff's jitter (0.5 x 0.5 s)
+    assert [verb for verb, _ in rig.requests(start)] == ["REPLACE", "LIST", "REPLACE"]
+    assert len(rig.tainted()) == 1
+    assert rig.publisher.lists == 2
+
+
+async def test_a_deleted_slice_is_listed_and_created_again(make_rig: Callable[..., Any]) -> None:
+    rig: Rig = await make_rig()
+    await rig.settle(600.0)
+    del rig.server.slices[_slice(rig)]  # someone deleted it
+    start = len(rig.requests())
+    await rig.change(lambda s: with_health(s, 2, XID_79))
+    await rig.settle(0.2)
+    await rig.settle(0.3)  # the backoff's jitter (0.5 x 0.5 s)
+    assert [verb for verb, _ in rig.requests(start)] == ["REPLACE", "LIST", "CREATE"]
+    assert len(rig.server.devices()) == 8
+    assert len(rig.tainted()) == 1
+
+
+async def test_a_restarted_agent_adopts_its_slices_without_a_write(
+    make_rig: Callable[..., Any],
+) -> None:
+    first: Rig = await make_rig()
+    writes = len(first.writes())
+    second: Rig = await make_rig()
+    assert len(second.writes()) == writes
+    assert second.publisher.published is not None
+    assert second.publisher.up
+
+
+def _slice(rig: Rig) -> str:
+    (name,) = rig.server.slices
+    return name
