@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import bench_accounting  # noqa: E402
 import bench_dra  # noqa: E402
+import bench_fleet  # noqa: E402
 import bench_health  # noqa: E402
 import bench_kube  # noqa: E402
 import bench_metrics  # noqa: E402
@@ -263,6 +264,9 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="also write the rows here")
     bench_metrics.add_arguments(parser)
     bench_series.add_arguments(parser)
+    bench_fleet.add_arguments(parser)
+    parser.add_argument("--only-fleet", action="store_true",
+                        help="the fleet model's rows only (and its inputs)")  # fmt: skip
     parser.add_argument("--only-series", action="store_true",
                         help="the /metrics series, bytes and loop-stall rows only")  # fmt: skip
     bench_dra.add_arguments(parser)
@@ -287,6 +291,9 @@ def main() -> int:
         return 0
     if args.only_series:
         print(table(bench_series.rows(args, agent, tempdir, Row)))
+        return 0
+    if args.only_fleet:
+        print(table(bench_fleet.rows(args, agent, tempdir, Row)))
         return 0
     with tempfile.TemporaryDirectory() as stubs_dir:
         stubs = kubelet_stubs()
@@ -321,6 +328,7 @@ def main() -> int:
         rows += bench_preferred_search()
         rows += bench_metrics.rows(stubs, args, agent, tempdir, Row)
         rows += bench_series.rows(args, agent, tempdir, Row)
+        rows += bench_fleet.rows(args, agent, tempdir, Row)
         rows += bench_dra.rows(args, Row)
         rows += bench_kube.rows(args, Row)
         rows += bench_accounting.rows(stubs, args, agent, tempdir, Row)
