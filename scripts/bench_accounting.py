@@ -266,7 +266,14 @@ def bench_agent(
                     latencies.append(time.perf_counter() - t1)
                 conn.close()
                 during_scrapes = cri.calls - named_after - at_rest
+                page = _get(a.port, "/metrics").decode()
+                rss, hwm = a.rss_mib()
+    series = sum(1 for line in page.splitlines() if line and not line.startswith("#"))
     return {
+        "series": series,
+        "raw_bytes": len(page.encode()),
+        "rss": rss,
+        "hwm": hwm,
         "refreshes": named_after,
         "at_rest": at_rest,
         "per_minute": at_rest * 60 / elapsed,
@@ -307,6 +314,13 @@ def rows(
                    f"{_ms(r['scrape_p50'])} / {_ms(r['scrape_p99'])}, "
                    f"{r['gzip_bytes'] / 1024:.0f} KiB gzip",
                    "p99 < 5 ms", r["scrape_p99"] < 0.005))  # fmt: skip
+    out.append(row("/metrics 8 GPUs x 50 containers, a real agent's page: series, raw",
+                   f"{r['series']:,}, {r['raw_bytes'] / 1000:,.0f} KB",
+                   "<= 2,500, <= 500 KB",
+                   r["series"] <= 2500 and r["raw_bytes"] <= 500_000))  # fmt: skip
+    out.append(row("RSS of that agent after the scrapes (peak)",
+                   f"{r['rss']:.1f} MiB ({r['hwm']:.1f})", "<= 75 MiB",
+                   r["rss"] <= 75))  # fmt: skip
     return out
 
 
