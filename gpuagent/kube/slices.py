@@ -22,7 +22,6 @@ goes on untouched.
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -83,8 +82,6 @@ class SlicePublisher:
         self.writes = 0
         self.lists = 0
         self.failures = 0
-        # Seconds each publication that wrote took, from its first call to its last.
-        self.publish_seconds: list[float] = []
 
     @property
     def seen_version(self) -> int:
@@ -124,7 +121,6 @@ class SlicePublisher:
     async def _flush(self) -> None:
         devices = self._latest
         assert devices is not None
-        started = time.perf_counter()
         try:
             wrote = await self._publish(devices)
         except CallFailed as exc:
@@ -140,8 +136,6 @@ class SlicePublisher:
             log.info("resource slices published", generation=self.generation)
         self.up = True
         self.error = ""
-        if wrote and len(self.publish_seconds) < 100_000:
-            self.publish_seconds.append(time.perf_counter() - started)
 
     def _failed(self, error: str) -> None:
         self.up = False
