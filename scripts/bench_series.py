@@ -18,6 +18,7 @@ probe task asks ``call_later`` for a callback every millisecond and records how 
 from __future__ import annotations
 
 import asyncio
+import gc
 import gzip
 import http.client
 import time
@@ -112,6 +113,8 @@ async def _stalls(replicas: int, scrapes: int, asynchronous: bool) -> dict[str, 
     renderer = MetricsRenderer("bench-node", "bench")
     # Every tenth version a pod set of its own: the label layout is built again (pods churn).
     bases = [with_usage(synthetic_snapshot(8, replicas=replicas, pod_prefix=p)) for p in "ab"]
+    gc.collect()
+    gc.freeze()  # as the agent does once started: what was built stays out of the collections
     late: list[float] = []
     held: list[float] = []
     last_cpu = [time.thread_time()]
