@@ -167,7 +167,12 @@ def substitute(expr: str, instance: str, gpus: list[str]) -> str:
 @pytest.fixture
 def pod_resources(short_tmp_path: Path, grpc_stubs: StubModules) -> Iterator[FakePodResources]:
     with FakePodResources(short_tmp_path / "pr" / "kubelet.sock", grpc_stubs) as fake:
-        fake.set([Held("ml", "train-0", "main", "nvidia.com/gpu", ("0",))])
+        fake.set([
+            Held("ml", "train-0", "main", "nvidia.com/gpu", ("0",)),
+            # GPU 3 time-sliced between two notebooks (replica IDs of the index strategy).
+            Held("ds", "nb-0", "lab", "nvidia.com/gpu", ("3::0",)),
+            Held("ds", "nb-1", "lab", "nvidia.com/gpu", ("3::1",)),
+        ])  # fmt: skip
         yield fake
 
 
@@ -262,6 +267,14 @@ async def test_prometheus_scrapes_and_dashboards_see_every_gpu(
         assert [(r["metric"]["gpu"], r["metric"]["pod"]) for r in data["result"]] == [
             ("0", "train-0")
         ]
+
+        # GPU 3, shared by two pods, is one series per family (no pod's labels: the dashboards'
+        # per-GPU queries above saw one series per GPU); who shares it is said per container.
+        data = await api(http, prom, "/api/v1/query", query='DCGM_FI_DEV_GPU_TEMP{gpu="3"}')
+        assert [r["metric"].get("pod", "") for r in data["result"]] == [""]
+        data = await api(http, prom, "/api/v1/query",
+                         query='gpuagent_device_allocated{gpu="3"}')  # fmt: skip
+        assert sorted(r["metric"]["pod"] for r in data["result"]) == ["nb-0", "nb-1"]
 
         # The per-container families name the GPU by its index; the rest of its identity joins
         # from the info metric, as docs/metrics.md shows ("Joining a GPU's identity").
