@@ -155,7 +155,7 @@ def _max_clock(st: DriverState, gpu: GpuState, kind: object, ref: object) -> int
 
 
 def _utilization(st: DriverState, gpu: GpuState, ref: object) -> int:
-    if gpu.spec.mig:
+    if gpu.in_mig:
         return NOT_SUPPORTED
     s = st.sample(gpu)
     util = out(ref)
@@ -209,7 +209,7 @@ def _remapped_rows(  # noqa: PLR0917 (the C signature)
     st: DriverState, gpu: GpuState, corr: object, unc: object, pending: object, failure: object
 ) -> int:
     # Row remapping is Ampere and newer, and not readable while MIG instances exist.
-    if gpu.spec.mig:
+    if gpu.in_mig:
         return NOT_SUPPORTED
     for ref in (corr, unc, pending, failure):
         out(ref).value = 0
@@ -220,9 +220,9 @@ def _mig_mode(st: DriverState, gpu: GpuState, current: object, pending: object) 
     # nvml.h: NOT_SUPPORTED if the device does not support MIG mode (a model without profiles).
     if not gpu.spec.profile.mig_profiles:
         return NOT_SUPPORTED
-    mode = pynvml.NVML_DEVICE_MIG_ENABLE if gpu.spec.mig else pynvml.NVML_DEVICE_MIG_DISABLE
-    out(current).value = mode
-    out(pending).value = mode
+    whole = gpu if gpu.mig is None else gpu.mig.parent
+    out(current).value = whole.mig_mode
+    out(pending).value = whole.mig_pending
     return SUCCESS
 
 
@@ -300,7 +300,7 @@ def _field(
         f.NVML_FI_DEV_REMAPPED_PENDING,
         f.NVML_FI_DEV_REMAPPED_FAILURE,
     ):
-        return NOT_SUPPORTED if gpu.spec.mig else (_UINT, 0)
+        return NOT_SUPPORTED if gpu.in_mig else (_UINT, 0)
     return None
 
 

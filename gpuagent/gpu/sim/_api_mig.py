@@ -2,12 +2,14 @@
 
 A GPU configured with MIG profiles (``mig:`` in ``--sim-config``) is in MIG mode with one GPU
 instance per profile and one compute instance spanning each (compute instance ID 0), placed as
-:func:`gpuagent.gpu.sim.profiles.place_mig` places them. MIG devices are enumerated in GPU-instance
+:func:`gpuagent.gpu.sim.profiles.place_mig` places them; instances made and destroyed later are
+``_api_migmake``'s. MIG devices are enumerated in GPU-instance
 ID order by ``nvmlDeviceGetMigDeviceHandleByIndex`` (index 0 up; NOT_FOUND past the last one).
 
 On a MIG device handle the per-device calls of ``_api_device`` answer with the MIG device's UUID,
 name and memory; ``nvmlDeviceGetAttributes_v2`` answers only for MIG devices, as NVML's does.
-Profile info, instance lookups and MIG device enumeration need MIG mode (NOT_SUPPORTED without).
+Instance lookups, MIG device enumeration and the versioned profile-info call need MIG mode
+(NOT_SUPPORTED without); the first profile-info call answers on any GPU that supports MIG.
 GPU- and compute-instance handles of a lost GPU answer GPU_IS_LOST.
 """
 
@@ -30,17 +32,6 @@ GPU_IS_LOST = int(pynvml.NVML_ERROR_GPU_IS_LOST)
 VERSION_MISMATCH = int(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
 #: Most MIG devices one GPU can hold (``nvmlDeviceGetMaxMigDeviceCount``).
 MAX_MIG_DEVICES = MIG_COMPUTE_SLICES
-
-
-def _engines(shape: MigProfile) -> dict[str, int]:
-    """Engine counts of an instance, as ``nvidia-smi mig -lgip`` shows them on H100."""
-    return {
-        "copy": shape.slices + (1 if shape.slices == MIG_COMPUTE_SLICES else 0),
-        "decoders": shape.slices,
-        "encoders": 0,
-        "jpeg": shape.slices,
-        "ofa": 1 if shape.media_extensions or shape.slices == MIG_COMPUTE_SLICES else 0,
-    }
 
 
 def _max_count(st: DriverState, gpu: GpuState, ref: object) -> int:
@@ -93,7 +84,7 @@ def _attributes(st: DriverState, gpu: GpuState, ref: object) -> int:
     if gpu.mig is None:
         return NOT_SUPPORTED
     shape = gpu.mig.spec.profile
-    engines = _engines(shape)
+    engines = shape.engines
     attrs = out(ref)
     attrs.multiprocessorCount = shape.multiprocessors
     attrs.sharedCopyEngineCount = engines["copy"]
@@ -107,19 +98,23 @@ def _attributes(st: DriverState, gpu: GpuState, ref: object) -> int:
     return SUCCESS
 
 
-def _find_profile(gpu: GpuState, index: object) -> MigProfile | int:
-    """The GPU's MIG profile with NVML profile index ``index``, or the error code to return."""
+def _find_profile(gpu: GpuState, index: object, *, needs_mode: bool = True) -> MigProfile | int:
+    """The GPU's MIG profile with NVML profile index ``index``, or the error code to return.
+
+    nvml.h: the versioned call answers NOT_SUPPORTED while MIG mode is off, the first one only
+    for a device without MIG support (``needs_mode`` False).
+    """
     i = as_int(index)
     if not 0 <= i < pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT:
         return INVALID_ARGUMENT
-    if not gpu.mig_enabled:
+    if gpu.mig is not None or (needs_mode and not gpu.mig_enabled):
         return NOT_SUPPORTED
     found = next((p for p in gpu.spec.profile.mig_profiles if p.gi_profile == i), None)
     return NOT_SUPPORTED if found is None else found
 
 
 def _fill_profile_info(info: Any, gpu: GpuState, shape: MigProfile) -> None:
-    engines = _engines(shape)
+    engines = shape.engines
     info.id = shape.profile_id
     info.isP2pSupported = 0
     info.sliceCount = shape.slices
@@ -134,7 +129,7 @@ def _fill_profile_info(info: Any, gpu: GpuState, shape: MigProfile) -> None:
 
 
 def _profile_info(st: DriverState, gpu: GpuState, index: object, ref: object) -> int:
-    found = _find_profile(gpu, index)
+    found = _find_profile(gpu, index, needs_mode=False)
     if isinstance(found, int):
         return found
     _fill_profile_info(out(ref), gpu, found)
@@ -157,7 +152,7 @@ def _gpu_instance_by_id(st: DriverState, gpu: GpuState, gi_id: object, ref: obje
     if not gpu.mig_enabled:
         return NOT_SUPPORTED
     wanted = as_int(gi_id)
-    mig = next((m for m in gpu.migs if m.spec.gpu_instance_id == wanted), None)
+    mig = next((m for m in gpu.gpu_instances if m.spec.gpu_instance_id == wanted), None)
     if mig is None:
         return NOT_FOUND
     out(ref).contents = mig.gpu_instance
@@ -189,7 +184,7 @@ def _compute_instance_by_id(st: DriverState, handle: object, ci_id: object, ref:
     mig = _live(st.gpu_instance_of(handle))
     if isinstance(mig, int):
         return mig
-    if as_int(ci_id) != mig.spec.compute_instance_id:
+    if mig not in mig.parent.migs or as_int(ci_id) != mig.spec.compute_instance_id:
         return NOT_FOUND
     out(ref).contents = mig.compute_instance
     return SUCCESS

@@ -16,6 +16,7 @@ from gpuagent.gpu.sim import (
     _api_events,
     _api_gpm,
     _api_mig,
+    _api_migmake,
     _api_process,
     _api_system,
     _api_topology,
@@ -36,6 +37,7 @@ SYMBOLS: dict[str, Symbol] = {
     **_api_events.SYMBOLS,
     **_api_topology.SYMBOLS,
     **_api_mig.SYMBOLS,
+    **_api_migmake.SYMBOLS,
     **_api_gpm.SYMBOLS,
     **_api_process.SYMBOLS,
 }
@@ -190,7 +192,10 @@ class SimDriver:
     def describe(self) -> list[dict[str, object]]:
         """The simulated GPUs and their fault state, JSON-ready, one dict per GPU.
 
-        Keys: index, uuid, name, memory_mib, pci_bus_id, numa_node, mig (list of profiles),
+        Keys: index, uuid, name, memory_mib, pci_bus_id, numa_node, mig (the MIG devices'
+        profiles), mig_mode and mig_mode_pending ("enabled" or "disabled"), mig_devices (each with
+        its UUID, profile and profile ID, GPU and compute instance IDs and placement),
+        gpu_instances_without_compute_instance,
         state ("ok" or "lost"), recovery_action ("none", "gpu_reset", …), last_xid (int or None),
         xid_count, ecc_dbe_count, hang_s (what is left of a hang), hung_calls (calls blocked in it
         now), not_supported, call_errors, function_not_found.

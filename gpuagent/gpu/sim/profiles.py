@@ -65,6 +65,17 @@ class MigProfile:
     media_extensions: bool = False
 
     @property
+    def engines(self) -> dict[str, int]:
+        """Engine counts of an instance, as ``nvidia-smi mig -lgip`` shows them on H100."""
+        return {
+            "copy": self.slices + (1 if self.slices == MIG_COMPUTE_SLICES else 0),
+            "decoders": self.slices,
+            "encoders": 0,
+            "jpeg": self.slices,
+            "ofa": 1 if self.media_extensions or self.slices == MIG_COMPUTE_SLICES else 0,
+        }
+
+    @property
     def ci_profile(self) -> int:
         """``NVML_COMPUTE_INSTANCE_PROFILE_*`` of the compute instance spanning the GPU instance."""
         return CI_PROFILE_FOR_SLICES[self.slices]

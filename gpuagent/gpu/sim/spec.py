@@ -51,6 +51,12 @@ DEFAULT_CALL_LATENCY_S: Mapping[str, float] = MappingProxyType(
         "nvmlGpmSampleGet": 0.000_5,
         "nvmlGpmMigSampleGet": 0.000_5,
         "nvmlGpmMetricsGet": 0.000_1,
+        # MIG management: a real driver takes hundreds of milliseconds to make an instance.
+        "nvmlDeviceSetMigMode": 0.2,
+        "nvmlDeviceCreateGpuInstanceWithPlacement": 0.25,
+        "nvmlGpuInstanceCreateComputeInstance": 0.1,
+        "nvmlComputeInstanceDestroy": 0.05,
+        "nvmlGpuInstanceDestroy": 0.1,
     }
 )
 
@@ -209,6 +215,14 @@ def mig_memory_mib(shape: MigProfile, profile: GpuProfile, memory_mib: int) -> i
     return max(1, shape.memory_mib * memory_mib // profile.memory_mib)
 
 
+def mig_uuid(gpu_uuid: str, gpu_instance: int, compute_instance: int, made: int = 0) -> str:
+    """The ``MIG-`` UUID of a MIG device: fixed for a configured one (``made`` 0); the ``made``-th
+    instance the driver created carries its number too, so an instance made again at the same
+    place has a new UUID, as on a real driver."""
+    key = f"{gpu_uuid}/{gpu_instance}/{compute_instance}" + (f"#{made}" if made else "")
+    return f"MIG-{uuid.uuid5(_UUID_NAMESPACE, key)}"
+
+
 def _mig_devices(
     profile: GpuProfile, names: tuple[str, ...], memory_mib: int, gpu_uuid: str
 ) -> tuple[SimMigSpec, ...]:
@@ -227,7 +241,7 @@ def _mig_devices(
                 compute_instance_id=0,
                 start=start,
                 memory_mib=mig_memory_mib(shape, profile, memory_mib),
-                uuid=f"MIG-{uuid.uuid5(_UUID_NAMESPACE, f'{gpu_uuid}/{gi}/0')}",
+                uuid=mig_uuid(gpu_uuid, gi, 0),
             )
         )
     return tuple(sorted(devices, key=lambda d: d.gpu_instance_id))

@@ -7,6 +7,11 @@ A MIG device has its own ``nvmlDevice_t`` and its own :class:`GpuState` (``mig``
 per-device entry points (UUID, name, memory, …) answer for it as NVML does, with the MIG device's
 UUID and memory. Its index is its parent's: a fault injected on a GPU (lost, a hang, a failing
 call) reaches its MIG devices too.
+
+MIG mode is a state of its own (current and pending, as ``nvmlDeviceGetMigMode`` reports them):
+on at start exactly for a GPU configured with MIG devices, switched by ``nvmlDeviceSetMigMode``
+(``_api_migmake``). GPU instances made by the driver's callers start without a compute instance
+(``GpuState.bare``) and become MIG devices (``GpuState.migs``) once one is made in them.
 """
 
 from __future__ import annotations
@@ -77,7 +82,9 @@ class GpuState:
     """One GPU or MIG device: its spec, opaque NVML handle, NVLink table and fault state.
 
     ``links`` has one slot per NVLink of the GPU (``None``: inactive). A full GPU lists its MIG
-    devices in ``migs``; a MIG device's own state has ``mig`` set and no links.
+    devices in ``migs`` (GPU-instance ID order) and its GPU instances that hold no compute
+    instance yet in ``bare``; a MIG device's own state has ``mig`` set and no links.
+    ``mig_mode``/``mig_pending``: the current and pending MIG mode (1 enabled, 0 disabled).
     """
 
     spec: SimGpuSpec
@@ -90,6 +97,9 @@ class GpuState:
     ecc_dbe_count: int = 0
     migs: tuple[MigState, ...] = ()
     mig: MigState | None = field(default=None, repr=False)
+    bare: tuple[MigState, ...] = ()
+    mig_mode: int = 0
+    mig_pending: int = 0
 
     @property
     def index(self) -> int:
@@ -98,8 +108,18 @@ class GpuState:
 
     @property
     def mig_enabled(self) -> bool:
-        """MIG mode is on: a full GPU configured with MIG devices."""
-        return self.mig is None and bool(self.migs)
+        """MIG mode is on (a full GPU's; a MIG device's own state is never "in MIG mode")."""
+        return self.mig is None and self.mig_mode == 1
+
+    @property
+    def in_mig(self) -> bool:
+        """A MIG device, or a GPU in MIG mode: what the aggregate-only calls refuse."""
+        return self.mig is not None or self.mig_mode == 1
+
+    @property
+    def gpu_instances(self) -> tuple[MigState, ...]:
+        """Every GPU instance of a full GPU, with a compute instance or not."""
+        return self.migs + self.bare
 
 
 @dataclass(eq=False)
@@ -176,6 +196,9 @@ class DriverState:
         self.compute_instances: dict[int, MigState] = {}
         for gpu in self.gpus:
             gpu.migs = tuple(self._new_mig(gpu, m) for m in gpu.spec.mig_devices)
+            gpu.mig_mode = gpu.mig_pending = 1 if gpu.migs else 0
+        # GPU instances made by callers so far (each made MIG device's UUID is new).
+        self.made = 0
         self.event_sets: dict[int, EventSet] = {}
         self.processes = ProcessTable()
         # GPUs brought up since the driver was initialised (see SimLatency.cold_start_s).
@@ -187,6 +210,13 @@ class DriverState:
         self.interrupts = 0
 
     def _new_mig(self, parent: GpuState, spec: SimMigSpec) -> MigState:
+        mig = self.new_gpu_instance(parent, spec)
+        self.add_compute_instance(mig, spec)
+        return mig
+
+    def new_gpu_instance(self, parent: GpuState, spec: SimMigSpec) -> MigState:
+        """A GPU instance of ``parent`` as ``spec`` places it, its handle known, its MIG device
+        not yet (see :meth:`add_compute_instance`); the caller files it in ``parent``."""
         device = GpuState(
             spec=replace(
                 parent.spec,
@@ -206,10 +236,27 @@ class DriverState:
             compute_instance=pynvml.struct_c_nvmlComputeInstance_t(),
         )
         device.mig = mig
-        self.by_address[ctypes.addressof(device.handle)] = device
         self.gpu_instances[ctypes.addressof(mig.gpu_instance)] = mig
-        self.compute_instances[ctypes.addressof(mig.compute_instance)] = mig
         return mig
+
+    def add_compute_instance(self, mig: MigState, spec: SimMigSpec) -> None:
+        """The compute instance of ``mig`` exists (``spec`` names it): its MIG device answers."""
+        mig.spec = spec
+        mig.device.spec = replace(mig.device.spec, uuid=spec.uuid)
+        mig.device.lost = mig.parent.lost
+        mig.compute_instance = pynvml.struct_c_nvmlComputeInstance_t()
+        self.by_address[ctypes.addressof(mig.device.handle)] = mig.device
+        self.compute_instances[ctypes.addressof(mig.compute_instance)] = mig
+
+    def drop_compute_instance(self, mig: MigState) -> None:
+        """The compute instance of ``mig`` is gone: its handles and MIG device answer no more."""
+        self.by_address.pop(ctypes.addressof(mig.device.handle), None)
+        self.compute_instances.pop(ctypes.addressof(mig.compute_instance), None)
+        mig.device.handle = pynvml.struct_c_nvmlDevice_t()
+
+    def drop_gpu_instance(self, mig: MigState) -> None:
+        """The GPU instance of ``mig`` (holding no compute instance) is gone."""
+        self.gpu_instances.pop(ctypes.addressof(mig.gpu_instance), None)
 
     # ----- lookups (caller holds the lock) -----------------------------------------------------
     def gpu_of(self, handle: object) -> GpuState | None:
@@ -323,11 +370,22 @@ class DriverState:
             raise ValueError(f"GPU instance {gi_id} has no compute instance {ci_id}")
         return gi_id, ci_id
 
+    def _activate_mig_mode(self, gpu: GpuState) -> None:
+        """A reset makes a pending MIG mode current (Ampere); MIG mode off leaves no instance."""
+        gpu.mig_mode = gpu.mig_pending
+        if gpu.mig_mode:
+            return
+        for mig in gpu.migs:
+            self.drop_compute_instance(mig)
+        for mig in gpu.gpu_instances:
+            self.drop_gpu_instance(mig)
+        gpu.migs = gpu.bare = ()
+
     @staticmethod
     def _set_lost(gpu: GpuState, *, lost: bool) -> None:
         """A GPU and its MIG devices fall off the bus (or come back) together."""
         gpu.lost = lost
-        for mig in gpu.migs:
+        for mig in gpu.gpu_instances:
             mig.device.lost = lost
 
     def inject(
@@ -379,6 +437,7 @@ class DriverState:
                 # A GPU reset: the GPU answers again, nothing is asked of anyone, and the volatile
                 # ECC counters start again from zero.
                 self._set_lost(state, lost=False)
+                self._activate_mig_mode(state)
                 state.ecc_dbe_count = 0
                 self._set_recovery(state, pynvml.NVML_GPU_RECOVERY_ACTION_NONE)
             return self._describe(state)
@@ -394,15 +453,27 @@ class DriverState:
             "memory_mib": spec.memory_mib,
             "pci_bus_id": spec.pci_bus_id,
             "numa_node": spec.numa_node,
-            "mig": list(spec.mig),
+            "mig": [m.spec.name for m in gpu.migs],
+            "mig_mode": "enabled" if gpu.mig_mode else "disabled",
+            "mig_mode_pending": "enabled" if gpu.mig_pending else "disabled",
             "mig_devices": [
                 {
                     "uuid": m.spec.uuid,
                     "profile": m.spec.name,
+                    "profile_id": m.spec.profile.profile_id,
                     "gpu_instance": m.spec.gpu_instance_id,
                     "compute_instance": m.spec.compute_instance_id,
+                    "placement": {"start": m.spec.start, "size": m.spec.profile.memory_slices},
                 }
                 for m in gpu.migs
+            ],
+            "gpu_instances_without_compute_instance": [
+                {
+                    "profile": m.spec.name,
+                    "gpu_instance": m.spec.gpu_instance_id,
+                    "placement": {"start": m.spec.start, "size": m.spec.profile.memory_slices},
+                }
+                for m in gpu.bare
             ],
             "state": "lost" if gpu.lost else "ok",
             "recovery_action": RECOVERY_ACTION_NAMES.get(
