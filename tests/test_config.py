@@ -67,6 +67,7 @@ def test_defaults() -> None:
         "machine_type_file": "/sys/class/dmi/id/product_name",
         "dra_gpus": "none",
         "dra_driver_name": "gpu.nvidia.com",
+        "dra_mig": "static",
         "plugins_registry_dir": "/var/lib/kubelet/plugins_registry",
         "plugins_dir": "/var/lib/kubelet/plugins",
         "kubeconfig": None,
@@ -773,6 +774,7 @@ node-labels-file: /tmp/features
 machine-type-file: /host/product_name
 dra-gpus: [0, GPU-abc]
 dra-driver-name: gpu.example.com
+dra-mig: dynamic
 plugins-registry-dir: /pr
 plugins-dir: /p
 kubeconfig: /etc/kube.conf
@@ -833,6 +835,7 @@ nvml-timeout: 120
         "machine_type_file": "/host/product_name",
         "dra_gpus": "0,GPU-abc",
         "dra_driver_name": "gpu.example.com",
+        "dra_mig": "dynamic",
         "plugins_registry_dir": "/pr",
         "plugins_dir": "/p",
         "kubeconfig": "/etc/kube.conf",

@@ -33,6 +33,7 @@ from gpuagent.config.groups.apiserver import (
 from gpuagent.config.groups.dra import (
     DRA_DRIVER_NAME,
     DRA_GPUS,
+    DRA_MIG,
     PLUGINS_DIR,
     PLUGINS_REGISTRY_DIR,
 )
@@ -80,6 +81,7 @@ from gpuagent.config.settings import Settings
 from gpuagent.config.sources import Sources, check_environment
 from gpuagent.domain.containers import DeviceListStrategy
 from gpuagent.domain.devices import IdStrategy
+from gpuagent.domain.dra import DraMig
 from gpuagent.domain.preferred import SharedAllocationPolicy
 from gpuagent.domain.resources import MigStrategy
 from gpuagent.domain.timeslicing import TimeSlicing
@@ -166,6 +168,7 @@ def load_settings(
         machine_type_file=sources.get(MACHINE_TYPE_FILE, Path("/sys/class/dmi/id/product_name")),
         dra_gpus=dra_gpus,
         dra_driver_name=sources.get(DRA_DRIVER_NAME, "gpu.nvidia.com"),
+        dra_mig=sources.get(DRA_MIG, DraMig.STATIC),
         plugins_registry_dir=sources.get(
             PLUGINS_REGISTRY_DIR, Path("/var/lib/kubelet/plugins_registry")
         ),

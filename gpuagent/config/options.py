@@ -54,6 +54,7 @@ OPTIONS: tuple[Option[Any], ...] = (
     nodefiles.MACHINE_TYPE_FILE,
     dra.DRA_GPUS,
     dra.DRA_DRIVER_NAME,
+    dra.DRA_MIG,
     dra.PLUGINS_REGISTRY_DIR,
     dra.PLUGINS_DIR,
     apiserver.KUBECONFIG,

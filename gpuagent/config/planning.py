@@ -96,6 +96,7 @@ def make_plan(settings: Settings, *, control_nodes: tuple[str, ...] | None = Non
         gpus=serving.dra_gpus,
         driver=settings.dra_driver_name,
         mig_strategy=serving.resources.mig_strategy,
+        mig=settings.dra_mig,
     )
     return Plan(serving=serving, health=health, dra=dra)
 

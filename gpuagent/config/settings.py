@@ -9,6 +9,7 @@ from pathlib import Path
 from gpuagent.config.sharing import sharing_block
 from gpuagent.domain.containers import DeviceListStrategy
 from gpuagent.domain.devices import IdStrategy
+from gpuagent.domain.dra import DraMig
 from gpuagent.domain.preferred import SharedAllocationPolicy
 from gpuagent.domain.resources import MigStrategy
 from gpuagent.domain.timeslicing import TimeSlicing
@@ -56,6 +57,7 @@ class Settings:
     machine_type_file: Path
     dra_gpus: str = "none"
     dra_driver_name: str = "gpu.nvidia.com"
+    dra_mig: DraMig = DraMig.STATIC
     plugins_registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
     plugins_dir: Path = Path("/var/lib/kubelet/plugins")
     kubeconfig: Path | None = None

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from types import MappingProxyType
 
+from gpuagent.domain.migshapes import MigPartitions, Placement
 from gpuagent.domain.usage import ProcessReading, Usage
 
 HEALTHY = "Healthy"
@@ -134,6 +135,9 @@ class MigDevice:
     # Conditions of this instance alone (an XID the driver attributed to it); the parent GPU's
     # conditions apply to it too: see :meth:`Gpu.health_of`.
     health: GpuHealth = GpuHealth()
+    # Its GPU instance's profile ID and placement, where the driver said (None: not read).
+    profile_id: int | None = None
+    placement: Placement | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +163,8 @@ class Gpu:
     mig_capable: bool | None = None
     mig_enabled: bool = False
     mig_devices: tuple[MigDevice, ...] = ()
+    # The MIG the GPU could be partitioned into (read only where MIG is made on demand).
+    mig_partitions: MigPartitions | None = None
     # The last poll's per-process readings (None until read, or while the GPU does not answer).
     processes: ProcessReading | None = None
 

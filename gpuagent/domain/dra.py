@@ -3,7 +3,10 @@
 A GPU is served by exactly one API: the device plugin (``nvidia.com/gpu``) or DRA
 (``resource.k8s.io/v1``), chosen by ``--dra-gpus`` (:class:`DraGpus`). The DRA side publishes one
 device per GPU, or per MIG device of a GPU in MIG mode under a MIG strategy, in ResourceSlices
-whose pool is the node (:func:`gpuagent.domain.slices.slice_manifests`).
+whose pool is the node (:func:`gpuagent.domain.slices.slice_manifests`). With ``--dra-mig
+dynamic`` (:class:`DraMig`) a GPU whose driver offers MIG shapes is published partitionable
+instead: a counter set, every shape at every placement, and the whole GPU
+(:mod:`gpuagent.domain.dynmig`); its MIG devices are made when a claim is prepared.
 
 Names and attributes are those of NVIDIA's DRA driver (driver ``gpu.nvidia.com``; attributes
 ``type``, ``uuid``, ``productName``, ``architecture``, ``cudaComputeCapability``,
@@ -18,17 +21,21 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from enum import Enum
+from enum import Enum, StrEnum
+from types import MappingProxyType
 
 from gpuagent.domain.devices import Condition, Gpu, GpuHealth, MigDevice, NodeState
+from gpuagent.domain.dynmig import CounterSet, Partition, instance_at, partitions
 from gpuagent.domain.errors import SettingError
 from gpuagent.domain.health import LOST, RECOVERY, ROW_REMAP_PENDING
+from gpuagent.domain.migshapes import MigShape, Placement
 from gpuagent.domain.resources import MigStrategy
 
 __all__ = [
     "DEFAULT_DRIVER",
     "DraDevice",
     "DraGpus",
+    "DraMig",
     "DraPlan",
     "Effect",
     "Taint",
@@ -135,6 +142,14 @@ def _ref_order(ref: str) -> tuple[bool, int, str]:
     return (not ref.isdigit(), len(ref), ref)
 
 
+class DraMig(StrEnum):
+    """``--dra-mig``: MIG as it is on the node (``static``: the MIG strategy decides), or made on
+    demand when a claim is prepared (``dynamic``)."""
+
+    STATIC = "static"
+    DYNAMIC = "dynamic"
+
+
 class Effect(Enum):
     """What a device taint does to claims that do not tolerate it."""
 
@@ -157,6 +172,10 @@ class DraDevice:
 
     ``uuid`` names the GPU or MIG device (and its CDI device); ``gpu_uuid`` the physical GPU.
     ``attributes`` map a name to a typed value: ``str``, ``int``, ``bool`` or :class:`Version`.
+
+    A partitionable device (``--dra-mig dynamic``) carries its GPU's ``counter_set`` (published
+    once per pool), the counters it ``consumes`` from it and its other ``capacity``; a MIG device
+    that is made when prepared has its ``shape`` and ``placement``, and no ``uuid``.
     """
 
     name: str
@@ -169,6 +188,19 @@ class DraDevice:
     taints: tuple[Taint, ...] = ()
     healthy: bool = True
     reason: str = ""
+    capacity: Mapping[str, int] = field(default_factory=lambda: _NONE, hash=False)
+    counter_set: CounterSet | None = None
+    consumes: Mapping[str, int] = field(default_factory=lambda: _NONE, hash=False)
+    shape: MigShape | None = None
+    placement: Placement | None = None
+
+    @property
+    def made_on_prepare(self) -> bool:
+        """A MIG device that exists only once a claim is prepared (``--dra-mig dynamic``)."""
+        return self.shape is not None and self.placement is not None
+
+
+_NONE: Mapping[str, int] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,18 +354,68 @@ def _mig_device(
     )
 
 
+def _partitioned(
+    gpu: Gpu,
+    counters: CounterSet,
+    offered: tuple[Partition, ...],
+    driver: str,
+    versions: tuple[str, str],
+) -> list[DraDevice]:
+    """A partitionable GPU's devices: the whole GPU (if offered) and every shape at every
+    placement; a placement where an instance was made has that instance's health."""
+    out: list[DraDevice] = []
+    whole = _gpu_device(gpu, driver, *versions)
+    for part in offered:
+        if part.shape is None or part.placement is None:
+            out.append(
+                replace(whole, capacity=part.capacity, counter_set=counters, consumes=part.consumes)
+            )
+            continue
+        made = instance_at(gpu, part.shape, part.placement)
+        health = gpu.health if made is None else gpu.health_of(made)
+        attrs: dict[str, str | int | bool | Version] = {
+            "type": "mig",
+            "parentUUID": gpu.uuid,
+            "profile": part.shape.name[:MAX_STRING],
+            "index": gpu.index,
+            "minor": gpu.minor,
+        }
+        attrs.update(_common_attributes(gpu, *versions))
+        out.append(
+            replace(
+                whole,
+                name=part.name,
+                uuid="",
+                kind="mig",
+                attributes=attrs,
+                memory_bytes=part.shape.memory_mib * 1024 * 1024,
+                taints=taints(health, driver),
+                healthy=health.healthy,
+                reason=health.reason,
+                capacity=part.capacity,
+                counter_set=counters,
+                consumes=part.consumes,
+                shape=part.shape,
+                placement=part.placement,
+            )
+        )
+    return out
+
+
 def dra_devices(
     snapshot: NodeState,
     owned: DraGpus,
     *,
     driver: str = DEFAULT_DRIVER,
     mig_strategy: MigStrategy = MigStrategy.NONE,
+    mig: DraMig = DraMig.STATIC,
 ) -> tuple[DraDevice, ...]:
     """The DRA devices of the GPUs ``owned`` by DRA, in GPU index order.
 
     A GPU in MIG mode is published as its MIG devices under the ``single`` and ``mixed``
     strategies, and not at all under ``none`` (as the device plugin treats it); a GPU in MIG
-    mode with no MIG devices publishes nothing.
+    mode with no MIG devices publishes nothing. Under ``mig`` dynamic, a GPU whose MIG shapes
+    are known is published partitionable instead (:func:`gpuagent.domain.dynmig.partitions`).
     """
     out: list[DraDevice] = []
     version = snapshot.driver.version
@@ -342,7 +424,10 @@ def dra_devices(
     for gpu in sorted(snapshot.gpus, key=lambda g: g.index):
         if not owned.owns(gpu):
             continue
-        if not gpu.mig_enabled:
+        offered = partitions(gpu) if mig is DraMig.DYNAMIC else None
+        if offered is not None:
+            out.extend(_partitioned(gpu, *offered, driver, (version, cuda_version)))
+        elif not gpu.mig_enabled:
             out.append(_gpu_device(gpu, driver, version, cuda_version))
         elif mig_strategy is not MigStrategy.NONE:
             out.extend(_mig_device(gpu, m, driver, version, cuda_version) for m in gpu.mig_devices)
@@ -351,14 +436,22 @@ def dra_devices(
 
 @dataclass(frozen=True, slots=True)
 class DraPlan:
-    """What the DRA side serves: which GPUs, under which driver name and MIG strategy."""
+    """What the DRA side serves: which GPUs, under which driver name, MIG strategy and whether MIG
+    is made on demand."""
 
     gpus: DraGpus = field(default_factory=DraGpus)
     driver: str = DEFAULT_DRIVER
     mig_strategy: MigStrategy = MigStrategy.NONE
+    mig: DraMig = DraMig.STATIC
 
     def devices(self, snapshot: NodeState) -> tuple[DraDevice, ...]:
-        return dra_devices(snapshot, self.gpus, driver=self.driver, mig_strategy=self.mig_strategy)
+        return dra_devices(
+            snapshot,
+            self.gpus,
+            driver=self.driver,
+            mig_strategy=self.mig_strategy,
+            mig=self.mig,
+        )
 
 
 def unpublished_gpus(

@@ -1,19 +1,33 @@
 """ResourceSlices: the node's DRA devices (:mod:`gpuagent.domain.dra`) as the API server keeps
-them, ``resource.k8s.io/v1`` manifests whose pool is the node, split at the API's limit."""
+them, ``resource.k8s.io/v1`` manifests whose pool is the node, split at the API's limit.
+
+Partitionable devices (``--dra-mig dynamic``) are published as Kubernetes 1.35 and later require
+them: their GPUs' counter sets in slices of their own (a slice holds devices or shared counters,
+never both; at most :data:`MAX_COUNTER_SETS_PER_SLICE` sets each), first, then the devices.
+"""
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpuagent.domain.dra import DraDevice, Version
+from gpuagent.domain.dynmig import CounterSet
 
-__all__ = ["API_VERSION", "MAX_DEVICES_PER_SLICE", "slice_manifests", "slice_name"]
+__all__ = [
+    "API_VERSION",
+    "MAX_COUNTER_SETS_PER_SLICE",
+    "MAX_DEVICES_PER_SLICE",
+    "slice_manifests",
+    "slice_name",
+]
 
 API_VERSION = "resource.k8s.io/v1"
-# The API's limit for a slice whose devices carry taints (128 without).
+# The API's limit for a slice whose devices carry taints or consume counters (128 without).
 MAX_DEVICES_PER_SLICE = 64
+# The API's limit on counter sets in one slice (1.35 and later).
+MAX_COUNTER_SETS_PER_SLICE = 8
 
 
 def slice_name(node: str, driver: str, index: int) -> str:
@@ -37,13 +51,20 @@ def slice_manifests(
     """The node's ResourceSlices (``resource.k8s.io/v1``) for ``devices`` at ``generation``.
 
     Pool = node; owner = the Node (so the slices go when the Node does); at most
-    :data:`MAX_DEVICES_PER_SLICE` devices each. A node without devices publishes one empty
-    slice, so the scheduler knows the pool exists and is empty.
+    :data:`MAX_DEVICES_PER_SLICE` devices each, after the slices of the devices' counter sets
+    (each named once, in the order the devices name them). A node without devices publishes
+    one empty slice, so the scheduler knows the pool exists and is empty.
     """
-    chunks = [
-        list(devices[i : i + MAX_DEVICES_PER_SLICE])
+    sets = list({d.counter_set.name: d.counter_set for d in devices if d.counter_set}.values())
+    shared = [
+        {"sharedCounters": [_counter_set(c) for c in sets[i : i + MAX_COUNTER_SETS_PER_SLICE]]}
+        for i in range(0, len(sets), MAX_COUNTER_SETS_PER_SLICE)
+    ]
+    chunks: list[dict[str, Any]] = [
+        {"devices": [_device_manifest(d) for d in devices[i : i + MAX_DEVICES_PER_SLICE]]}
         for i in range(0, len(devices), MAX_DEVICES_PER_SLICE)
-    ] or [[]]
+    ]
+    contents = shared + chunks or [{"devices": []}]
     owner = {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid, "controller": True}
     return [
         {
@@ -60,21 +81,36 @@ def slice_manifests(
                 "pool": {
                     "name": node,
                     "generation": generation,
-                    "resourceSliceCount": len(chunks),
+                    "resourceSliceCount": len(contents),
                 },
-                "devices": [_device_manifest(d) for d in chunk],
+                **content,
             },
         }
-        for index, chunk in enumerate(chunks)
+        for index, content in enumerate(contents)
     ]
 
 
+def _counter_set(counters: CounterSet) -> dict[str, Any]:
+    return {"name": counters.name, "counters": _counters(counters.counters)}
+
+
+def _counters(values: Mapping[str, int]) -> dict[str, Any]:
+    return {
+        name: {"value": _quantity(v) if name == "memory" else str(v)} for name, v in values.items()
+    }
+
+
 def _device_manifest(device: DraDevice) -> dict[str, Any]:
+    capacity = {name: {"value": str(value)} for name, value in device.capacity.items()}
     out: dict[str, Any] = {
         "name": device.name,
         "attributes": {name: _attribute(value) for name, value in device.attributes.items()},
-        "capacity": {"memory": {"value": _quantity(device.memory_bytes)}},
+        "capacity": {**capacity, "memory": {"value": _quantity(device.memory_bytes)}},
     }
+    if device.counter_set is not None and device.consumes:
+        out["consumesCounters"] = [
+            {"counterSet": device.counter_set.name, "counters": _counters(device.consumes)}
+        ]
     if device.taints:
         out["taints"] = [
             {"key": t.key, "effect": t.effect.value, **({"value": t.value} if t.value else {})}

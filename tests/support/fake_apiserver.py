@@ -110,7 +110,8 @@ def validate_slice(obj: Mapping[str, Any]) -> list[str]:
             f"exactly one of nodeName, nodeSelector, allNodes, perDeviceNodeSelection: {where}"
         )
     devices = spec.get("devices") or []
-    tainted = any(d.get("taints") for d in devices)
+    errors += _counter_errors(spec)
+    tainted = any(d.get("taints") or d.get("consumesCounters") for d in devices)
     if len(devices) > (64 if tainted else 128):
         errors.append(f"{len(devices)} devices: more than {64 if tainted else 128}")
     names = [d.get("name") for d in devices]
@@ -166,6 +167,50 @@ def validate_slice(obj: Mapping[str, Any]) -> list[str]:
     for owner in meta.get("ownerReferences") or []:
         if not owner.get("uid") or not owner.get("name"):
             errors.append("ownerReferences need a name and a uid")
+    return errors
+
+
+def _counters_errors(at: str, counters: object) -> list[str]:
+    if not isinstance(counters, Mapping) or not counters:
+        return [f"{at}.counters: required"]
+    errors = [f"{at}.counters: more than 32"] if len(counters) > 32 else []
+    for name, value in counters.items():
+        if not (len(name) <= 63 and _DNS_LABEL.fullmatch(name)):
+            errors.append(f"{at}.counters[{name}]: not a DNS label")
+        if not _QUANTITY.fullmatch(str((value or {}).get("value", ""))):
+            errors.append(f"{at}.counters[{name}]: {value!r} is not a quantity")
+    return errors
+
+
+def _counter_errors(spec: Mapping[str, Any]) -> list[str]:
+    """Partitionable devices as 1.37 validates them (pkg/apis/resource/validation): a slice holds
+    devices or shared counters, never both; at most 8 counter sets of at most 32 counters, DNS
+    labels; a device consumes from at most 2 sets, once each, at most 32 counters."""
+    errors: list[str] = []
+    sets = spec.get("sharedCounters") or []
+    devices = spec.get("devices") or []
+    if sets and devices:
+        errors.append("only one of devices and sharedCounters may be set")
+    if len(sets) > 8:
+        errors.append(f"{len(sets)} counter sets: more than 8")
+    names = [c.get("name") for c in sets]
+    if len(set(names)) != len(names):
+        errors.append("counter set names are not unique")
+    for i, counter_set in enumerate(sets):
+        at = f"spec.sharedCounters[{i}]"
+        name = counter_set.get("name")
+        if not (isinstance(name, str) and len(name) <= 63 and _DNS_LABEL.fullmatch(name)):
+            errors.append(f"{at}.name {name!r} is not a DNS label")
+        errors += _counters_errors(at, counter_set.get("counters"))
+    for i, device in enumerate(devices):
+        uses = device.get("consumesCounters") or []
+        at = f"spec.devices[{i}].consumesCounters"
+        if len(uses) > 2:
+            errors.append(f"{at}: more than 2")
+        if len({u.get("counterSet") for u in uses}) != len(uses):
+            errors.append(f"{at}: a counter set named twice")
+        for j, use in enumerate(uses):
+            errors += _counters_errors(f"{at}[{j}]", use.get("counters"))
     return errors
 
 
@@ -590,6 +635,41 @@ class FakeApiServer:
 
     def generation(self) -> int:
         return max((s["spec"]["pool"]["generation"] for s in self.slices.values()), default=0)
+
+    def counter_sets(self) -> dict[str, dict[str, str]]:
+        """Every counter set of the node's pool: name → counter → value."""
+        return {
+            c["name"]: {k: v["value"] for k, v in c["counters"].items()}
+            for s in self.slices.values()
+            for c in s["spec"].get("sharedCounters") or []
+        }
+
+    def pool_errors(self) -> list[str]:
+        """What the scheduler would find wrong across the pool's slices: a device consuming
+        from a counter set the pool lacks, or a counter the set does not hold, or more of it."""
+        sets = self.counter_sets()
+        errors = []
+        for name, device in self.devices().items():
+            for use in device.get("consumesCounters") or []:
+                held = sets.get(use["counterSet"])
+                if held is None:
+                    errors.append(f"{name}: no counter set {use['counterSet']}")
+                    continue
+                for counter, value in use["counters"].items():
+                    if counter not in held:
+                        errors.append(f"{name}: {use['counterSet']} has no {counter}")
+                    elif _bytes(value["value"]) > _bytes(held[counter]):
+                        errors.append(f"{name}: consumes more {counter} than there is")
+        return errors
+
+
+def _bytes(quantity: str) -> int:
+    """An integer quantity (``81152Mi``, ``132``) as a number."""
+    units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
+    for suffix, unit in units.items():
+        if quantity.endswith(suffix):
+            return int(quantity[: -len(suffix)]) * unit
+    return int(quantity)
 
 
 def _json(body: object, status: int = 200) -> web.Response:

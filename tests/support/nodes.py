@@ -15,9 +15,21 @@ from gpuagent.domain.devices import (
     P2PLevel,
     Topology,
 )
+from gpuagent.domain.migshapes import MigPartitions, MigShape, Placement
 from gpuagent.domain.snapshot import Snapshot
+from gpuagent.gpu.sim.profiles import H100_80GB, GpuProfile
 
-__all__ = ["H100", "gpu", "gpu_uuid", "island_node", "link", "mig", "mig_uuid", "node"]
+__all__ = [
+    "H100",
+    "gpu",
+    "gpu_uuid",
+    "island_node",
+    "link",
+    "mig",
+    "mig_shapes",
+    "mig_uuid",
+    "node",
+]
 
 H100 = "NVIDIA H100 80GB HBM3"
 
@@ -43,6 +55,30 @@ def mig(gpu_index: int, gi: int, profile: str = "1g.10gb", memory_mib: int = 985
             f"/dev/nvidia-caps/nvidia-cap{100 + 10 * gpu_index + gi}",
             f"/dev/nvidia-caps/nvidia-cap{200 + 10 * gpu_index + gi}",
         ),
+    )
+
+
+def mig_shapes(model: GpuProfile = H100_80GB, *, toggles: bool = True) -> MigPartitions:
+    """The MIG shapes and placements a driver offers for ``model`` (the simulator's table)."""
+    return MigPartitions(
+        shapes=tuple(
+            MigShape(
+                name=p.name,
+                gi_profile=p.gi_profile,
+                profile_id=p.profile_id,
+                slices=p.slices,
+                memory_mib=p.memory_mib,
+                multiprocessors=p.multiprocessors,
+                copy_engines=p.engines["copy"],
+                decoders=p.engines["decoders"],
+                encoders=p.engines["encoders"],
+                jpeg_engines=p.engines["jpeg"],
+                ofa_engines=p.engines["ofa"],
+                placements=tuple(Placement(start, p.memory_slices) for start in p.placements),
+            )
+            for p in model.mig_profiles
+        ),
+        toggles=toggles,
     )
 
 

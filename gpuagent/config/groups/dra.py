@@ -1,10 +1,11 @@
-"""Dynamic Resource Allocation's options: which GPUs, the driver name and the kubelet's plugin
-folders."""
+"""Dynamic Resource Allocation's options: which GPUs, the driver name, whether MIG is made on
+demand, and the kubelet's plugin folders."""
 
 from __future__ import annotations
 
 from gpuagent.config.option import Option
-from gpuagent.config.values import parse_dra_gpus, parse_driver_name, parse_path
+from gpuagent.config.values import one_of, parse_dra_gpus, parse_driver_name, parse_path
+from gpuagent.domain.dra import DraMig
 
 DRA_GPUS = Option(
     "dra-gpus",
@@ -19,6 +20,14 @@ DRA_DRIVER_NAME = Option(
     "the DRA driver name; NVIDIA's by default, so its DeviceClasses and claims select our "
     "devices (default gpu.nvidia.com)",
     "NAME",
+)
+DRA_MIG = Option(
+    "dra-mig",
+    one_of(DraMig),
+    "static: DRA publishes a GPU's MIG devices as they are (under mig-strategy); dynamic: "
+    "every MIG profile at every placement as partitionable devices, each made when a claim is "
+    "prepared and destroyed when it is unprepared (needs CAP_SYS_ADMIN) (default static)",
+    "static|dynamic",
 )
 PLUGINS_REGISTRY_DIR = Option(
     "plugins-registry-dir",
