@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["MigPartitions", "MigShape", "Placement"]
+__all__ = ["Instance", "MigPartitions", "MigRefused", "MigShape", "Placement"]
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -61,3 +61,24 @@ class MigPartitions:
     @property
     def memory_slices(self) -> int:
         return max((p.start + p.size for s in self.shapes for p in s.placements), default=0)
+
+
+@dataclass(frozen=True, slots=True)
+class Instance:
+    """A GPU instance the driver lists: its ID, profile ID and placement, and whether it holds
+    a compute instance (is a MIG device)."""
+
+    gpu_instance_id: int
+    profile_id: int
+    placement: Placement
+    computed: bool
+
+
+class MigRefused(Exception):
+    """The driver refused to make, destroy or switch MIG; ``code`` is NVML's error (0: none).
+
+    The message names the error as nvml.h does (``INSUFFICIENT_RESOURCES``, ``IN_USE``, …)."""
+
+    def __init__(self, message: str, code: int = 0) -> None:
+        super().__init__(message)
+        self.code = code

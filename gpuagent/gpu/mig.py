@@ -45,6 +45,7 @@ import pynvml
 import structlog
 
 from gpuagent.domain.devices import MigAttributes, MigDevice
+from gpuagent.domain.migshapes import Placement
 from gpuagent.gpu.calls import ABSENT, NvmlCalls, describe
 
 log = structlog.get_logger("gpuagent.mig")
@@ -314,7 +315,7 @@ class _Reader:
         uuid = str(self._call(pynvml.nvmlDeviceGetUUID, mig))
         gi = int(self._call(pynvml.nvmlDeviceGetGpuInstanceId, mig))
         ci = int(self._call(pynvml.nvmlDeviceGetComputeInstanceId, mig))
-        gi_profile, gi_info = self._gpu_instance_profile(gi)
+        gi_profile, gi_info, placement = self._gpu_instance_profile(gi)
         attrs = self._attributes(mig)
         if attrs is not None:
             gpu_slices = int(attrs.gpuInstanceSliceCount)
@@ -337,6 +338,8 @@ class _Reader:
             memory_mib=memory_mib,
             device_nodes=self._device_nodes(gi, ci),
             attributes=None if attrs is None else mig_attributes(attrs),
+            profile_id=None if gi_info is None else int(gi_info.id),
+            placement=placement,
         )
 
     def _attributes(self, mig: Any) -> Any:
@@ -348,20 +351,22 @@ class _Reader:
             self._once("attributes", "mig device attributes not offered", exc)
             return None
 
-    def _gpu_instance_profile(self, gi: int) -> tuple[int | None, Any]:
-        """``(NVML_GPU_INSTANCE_PROFILE_*, its profile info)`` of GPU instance ``gi``, if known."""
+    def _gpu_instance_profile(self, gi: int) -> tuple[int | None, Any, Placement | None]:
+        """``(NVML_GPU_INSTANCE_PROFILE_*, its profile info, the instance's placement)`` of GPU
+        instance ``gi``, each if known."""
         try:
             instance = self._call(pynvml.nvmlDeviceGetGpuInstanceById, self._handle, gi)
-            profile_id = int(self._call(pynvml.nvmlGpuInstanceGetInfo, instance).profileId)
+            info = self._call(pynvml.nvmlGpuInstanceGetInfo, instance)
         except pynvml.NVMLError as exc:
             if exc.value not in _LOOKUP_REFUSED:
                 raise
             self._once("gpu instance", "gpu instance not readable; profile names lack +me", exc)
-            return None, None
-        found = self._profile_table().get(profile_id)
+            return None, None, None
+        placement = Placement(int(info.placement.start), int(info.placement.size))
+        found = self._profile_table().get(int(info.profileId))
         if found is None:
-            return None, None
-        return found
+            return None, None, placement
+        return (*found, placement)
 
     def _profile_table(self) -> dict[int, tuple[int, Any]]:
         """``{profile ID: (NVML_GPU_INSTANCE_PROFILE_*, profile info)}`` of the GPU, read once."""

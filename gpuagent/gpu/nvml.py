@@ -42,10 +42,13 @@ from gpuagent.domain.health import (
     LivenessFailed,
     Responding,
 )
+from gpuagent.domain.migshapes import Instance, MigRefused, MigShape, Placement
+from gpuagent.gpu import migmake
 from gpuagent.gpu.backend import DriverEvent, DriverUnavailable, EventWaitError, Pair, Probe
 from gpuagent.gpu.calls import ABSENT, NO_GPU, NvmlCalls, describe
 from gpuagent.gpu.eventset import EventSet
 from gpuagent.gpu.mig import DEFAULT_MIG_MINORS, read_mig_with_total
+from gpuagent.gpu.migmake import read_shapes
 from gpuagent.gpu.processes import ProcessReader
 from gpuagent.gpu.telemetry import TelemetryReader
 from gpuagent.gpu.topology import GpuLinks, TopologyReader, read_topology
@@ -62,6 +65,7 @@ class Nvml:
 
     ``clock`` (monotonic seconds) times NVML calls and spaces GPM samples. ``processes``: read
     each GPU's processes for per-container accounting (off: no such calls, no readings).
+    ``mig_shapes``: read the MIG shapes each MIG-capable GPU offers (``--dra-mig dynamic``).
     """
 
     def __init__(
@@ -71,8 +75,10 @@ class Nvml:
         *,
         clock: Callable[[], float] = time.monotonic,
         processes: bool = True,
+        mig_shapes: bool = False,
     ) -> None:
         self._sysfs_root = sysfs_root
+        self._mig_shapes = mig_shapes
         self._read_processes = processes
         self._mig_minors = mig_minors
         self._calls = NvmlCalls()
@@ -212,6 +218,10 @@ class Nvml:
             if mig.total_memory_bytes is None and refused is not None:
                 raise refused
             total = mig.total_memory_bytes or 0
+        architecture = optional(index, pynvml.nvmlDeviceGetArchitecture, handle)
+        shapes = None
+        if self._mig_shapes and mig.capable:
+            shapes = read_shapes(index, handle, self._calls, total, architecture)
         return Gpu(
             index=index,
             uuid=uuid,
@@ -220,15 +230,14 @@ class Nvml:
             memory_mib=total // MIB,
             pci_bus_id=bus_id,
             numa_node=self._numa_node(index, handle, bus_id),
-            architecture=architecture_name(
-                optional(index, pynvml.nvmlDeviceGetArchitecture, handle)
-            ),
+            architecture=architecture_name(architecture),
             compute_capability=compute_capability(
                 optional(index, pynvml.nvmlDeviceGetCudaComputeCapability, handle)
             ),
             mig_capable=mig.capable,
             mig_enabled=mig.enabled,
             mig_devices=mig.devices,
+            mig_partitions=shapes,
         )
 
     def _memory_total(self, index: int, handle: Any) -> tuple[int | None, pynvml.NVMLError | None]:
@@ -340,6 +349,28 @@ class Nvml:
     def _handle(self, index: int) -> Any:
         with self._lock:
             return self._handles.get(index)
+
+    # ----- MIG made on demand (gpu/migmake.py) -------------------------------------------------
+    def _described(self, index: int) -> Any:
+        handle = self._handle(index)
+        if handle is None:
+            raise MigRefused(f"gpu {index} has not been described")
+        return handle
+
+    def mig_mode(self, index: int) -> bool:
+        return migmake.mig_mode(index, self._described(index), self._calls)
+
+    def set_mig_mode(self, index: int, *, on: bool) -> None:
+        migmake.set_mig_mode(index, self._described(index), self._calls, on=on)
+
+    def make_mig(self, index: int, shape: MigShape, placement: Placement) -> int:
+        return migmake.make_instance(index, self._described(index), self._calls, shape, placement)
+
+    def mig_instances(self, index: int, shapes: tuple[MigShape, ...]) -> list[Instance]:
+        return migmake.instances(index, self._described(index), self._calls, shapes)
+
+    def destroy_mig(self, index: int, gpu_instance_id: int) -> bool:
+        return migmake.destroy_instance(index, self._described(index), self._calls, gpu_instance_id)
 
     # ----- liveness and telemetry --------------------------------------------------------------
     def probe(self, index: int) -> Probe:

@@ -224,15 +224,24 @@ def is_described(gpu: Gpu) -> bool:
 
 def merge_description(snapshot: Snapshot, gpu: Gpu) -> Snapshot:
     """``snapshot`` with a (re-)described GPU, keeping what events recorded meanwhile: their
-    conditions (not the discovery or unresponsive ones), XID counts and telemetry."""
+    conditions (not the discovery or unresponsive ones), XID counts and telemetry, the GPU's and
+    each MIG device's that is still there."""
     index = gpu.index
     before = snapshot.gpu(index)
     if before is None:
         gpus = tuple(sorted((*snapshot.gpus, gpu), key=lambda g: g.index))
         return replace(snapshot, gpus=gpus)
     kept = tuple(c for c in before.health.conditions if c.kind not in (DISCOVERY, UNRESPONSIVE))
+    earlier = {m.uuid: m for m in before.mig_devices}
+    migs = tuple(
+        replace(m, health=earlier[m.uuid].health, telemetry=earlier[m.uuid].telemetry)
+        if m.uuid in earlier
+        else m
+        for m in gpu.mig_devices
+    )
     merged = replace(
         gpu,
+        mig_devices=migs,
         health=GpuHealth(_union(kept, gpu.health.conditions)),
         xid_counts=before.xid_counts,
         last_xid=before.last_xid,
