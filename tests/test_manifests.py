@@ -71,6 +71,7 @@ COMBINED = (
       if name not in ("base", "accounting")),
     "base+taint-unhealthy-node",
     "dra+taint-unhealthy-node",
+    "dra+dra-mig-dynamic",
 )  # fmt: skip
 ALL_BUILDS = (*sorted(KUSTOMIZATIONS), *COMBINED)
 # Kubernetes versions whose schemas every manifest must pass: the oldest with CDI devices on by
@@ -86,9 +87,10 @@ CLUSTER_SCOPED = {
 # Overlays whose pod needs a service-account token: every one (the node condition and events; the
 # DRA side too).
 API_CLIENTS = EXPECTED_OVERLAYS
-# Overlays allowed to add a capability, and which: seeing every MIG device takes the driver's
-# mig/monitor capability, which the NVIDIA runtime grants only to a CAP_SYS_ADMIN container.
-ADDED_CAPABILITIES = {"mig-mixed": {"SYS_ADMIN"}}
+# Builds allowed to add a capability, and which: seeing every MIG device takes the driver's
+# mig/monitor capability, which the NVIDIA runtime grants only to a CAP_SYS_ADMIN container, and
+# making MIG devices (the dra-mig-dynamic component) takes CAP_SYS_ADMIN itself.
+ADDED_CAPABILITIES = {"mig-mixed": {"SYS_ADMIN"}, "dra+dra-mig-dynamic": {"SYS_ADMIN"}}
 # Host directories the DaemonSet must mount writable for features that have no agent option yet
 # (the CDI directory only where a cdi-* device-list strategy writes a spec there).
 EXTRA_HOST_DIRS = {
@@ -257,7 +259,7 @@ def overlay_of(name: str) -> str:
 
 def test_every_overlay_is_there() -> None:
     assert set(KUSTOMIZATIONS) >= EXPECTED_OVERLAYS
-    assert set(COMPONENTS) == {"accounting", "taint-unhealthy-node"}
+    assert set(COMPONENTS) == {"accounting", "taint-unhealthy-node", "dra-mig-dynamic"}
 
 
 @pytest.mark.parametrize("name", ALL_BUILDS)
@@ -475,7 +477,14 @@ OVERLAY_GRANTS["accounting"] = ACCOUNTING_GRANTS
 # What the taint component adds: patch on Nodes (their spec holds the taints), narrowed by its
 # admission policy to the one taint of the agent's own node.
 TAINT_GRANTS = Grants(rbac=frozenset({("", "nodes", "patch")}))
-COMPONENT_GRANTS = {"accounting": ACCOUNTING_GRANTS, "taint-unhealthy-node": TAINT_GRANTS}
+# What the dynamic-MIG component adds (on the dra overlay): CAP_SYS_ADMIN, which making MIG
+# devices takes, and so no refusal of privilege escalation.
+MIG_DYNAMIC_GRANTS = Grants(capabilities=frozenset({"SYS_ADMIN"}), escalation=True)
+COMPONENT_GRANTS = {
+    "accounting": ACCOUNTING_GRANTS,
+    "taint-unhealthy-node": TAINT_GRANTS,
+    "dra-mig-dynamic": MIG_DYNAMIC_GRANTS,
+}
 
 
 def expected_grants(name: str) -> Grants:
@@ -633,7 +642,7 @@ def test_daemonset_runs_as_a_node_critical_least_privileged_plugin(name: str) ->
 
     sc = ctr["securityContext"]
     assert sc["capabilities"]["drop"] == ["ALL"]
-    added = ADDED_CAPABILITIES.get(overlay_of(name), set())
+    added = ADDED_CAPABILITIES.get(name, ADDED_CAPABILITIES.get(overlay_of(name), set()))
     assert set(sc["capabilities"].get("add", [])) == added
     if not added:
         assert sc["allowPrivilegeEscalation"] is False
@@ -1174,3 +1183,10 @@ def test_the_taint_component_switches_the_taint_on_and_pins_it(tmp_path: Path) -
     text = json.dumps(_policies(docs)["gpuagent-node-taint"]["spec"])
     assert "nvidia.com/gpu-unhealthy" in text
     assert "NoSchedule" in text
+
+
+def test_the_dynamic_mig_component_switches_it_on_with_the_runtimes_mig_capabilities() -> None:
+    env = {e["name"]: e.get("value") for e in container(build("dra+dra-mig-dynamic"))["env"]}
+    assert env["GPUAGENT_DRA_MIG"] == "dynamic"
+    assert env["NVIDIA_MIG_CONFIG_DEVICES"] == env["NVIDIA_MIG_MONITOR_DEVICES"] == "all"
+    assert "GPUAGENT_DRA_MIG" not in {e["name"] for e in container(build("dra"))["env"]}
