@@ -60,6 +60,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "machine-type-file": ("/etc/machine-type",),
     "dra-gpus": ("all", "0,1"),
     "dra-driver-name": ("gpu.example.com",),
+    "dra-mig": ("dynamic",),
     "plugins-registry-dir": ("/var/lib/kubelet/reg",),
     "plugins-dir": ("/var/lib/kubelet/dra",),
     "kubeconfig": ("/etc/kubernetes/kubelet.conf",),
