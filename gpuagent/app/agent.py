@@ -24,9 +24,12 @@ from gpuagent.app.supervisor import Supervisor
 from gpuagent.app.tuning import collector_held
 from gpuagent.config import ConfigError, Settings
 from gpuagent.config.planning import check_socket_dirs, load_web_config, make_plan
+from gpuagent.domain.dra import DraMig
 from gpuagent.domain.plan import Plan
 from gpuagent.domain.readiness import readiness
 from gpuagent.domain.serving import ResourceView, cdi_gated
+from gpuagent.gpu.mig import DEFAULT_MIG_MINORS
+from gpuagent.gpu.migcontrol import MigControl
 from gpuagent.gpu.monitor import GpuMonitor
 from gpuagent.gpu.nvml import Nvml
 from gpuagent.kubehealth import NodeHealthWanted, wanted
@@ -50,7 +53,8 @@ class Agent:
     and ``node_health_options`` go to the DRA side and the node-health writer (tests shorten
     their timings). ``settings_source`` reads the settings again for a reload (none: no reloads).
     ``own_process``: the process is the agent's alone (the command line), so start-up may set
-    process-wide knobs (see :mod:`gpuagent.app.tuning`).
+    process-wide knobs (see :mod:`gpuagent.app.tuning`). ``mig_minors``: the driver's MIG
+    capability minors (``/dev/nvidia-caps`` nodes of MIG devices).
     """
 
     def __init__(
@@ -68,6 +72,7 @@ class Agent:
         dra_options: Mapping[str, Any] | None = None,
         node_health_options: Mapping[str, Any] | None = None,
         own_process: bool = False,
+        mig_minors: Path = DEFAULT_MIG_MINORS,
     ) -> None:
         self.node_name = node_name or settings.node_name
         self.store = DeviceStore(plan=plan or make_plan(settings))
@@ -106,6 +111,7 @@ class Agent:
             ssl_context=self.web_config.ssl_context if self.web_config is not None else None,
         )
         self._sysfs_root = sysfs_root
+        self._mig_minors = mig_minors
         self._nvml_call_timeout = nvml_call_timeout
         self._own_process = own_process
         self._rest: Rest | None = None  # once started
@@ -181,13 +187,23 @@ class Agent:
             from gpuagent.gpu import sim  # noqa: PLC0415
 
             sim.install(self.simulator)
+        dynamic = self.store.plan.dra.mig is DraMig.DYNAMIC
+        nvml = Nvml(
+            self._sysfs_root,
+            self._mig_minors,
+            processes=settings.container_accounting,
+            mig_shapes=dynamic,
+        )
         monitor = GpuMonitor(
             self.store,
-            Nvml(self._sysfs_root, processes=settings.container_accounting),
+            nvml,
             poll_interval=settings.poll_interval,
             call_timeout=self._nvml_call_timeout,
             nvml_timeout=settings.nvml_timeout,
         )
+        mig = MigControl(nvml, monitor) if dynamic and self.dra is not None else None
+        if mig is not None and self.dra is not None:
+            self.dra.manage_mig(mig)
         startup = Startup(
             self.store,
             settings,
@@ -234,6 +250,8 @@ class Agent:
                 monitor=monitor,
                 simulator=self.simulator,
             )
+            if mig is not None:
+                mig.close()
 
     # ----- reload ------------------------------------------------------------------------------
     def request_reload(self) -> None:

@@ -21,6 +21,7 @@ __all__ = [
     "ClaimError",
     "ClaimRef",
     "ClaimUnavailable",
+    "MadeMig",
     "PreparedClaim",
     "PreparedDevice",
     "allocated_devices",
@@ -29,6 +30,7 @@ __all__ = [
     "cdi_name",
     "checkpoint_json",
     "claims_from_checkpoint",
+    "switched_from_checkpoint",
 ]
 
 CHECKPOINT_VERSION = 1
@@ -52,14 +54,28 @@ class ClaimRef:
 
 
 @dataclass(frozen=True, slots=True)
+class MadeMig:
+    """A MIG device made when its claim was prepared (``--dra-mig dynamic``): its GPU, its GPU
+    instance's profile ID, placement start and ID — what unpreparing destroys, and what a
+    restarted agent keeps."""
+
+    gpu_uuid: str
+    profile_id: int
+    start: int
+    gpu_instance_id: int
+
+
+@dataclass(frozen=True, slots=True)
 class PreparedDevice:
-    """One allocated device: the requests it serves, where it is, and its CDI device IDs."""
+    """One allocated device: the requests it serves, where it is, and its CDI device IDs;
+    ``made``: the MIG device made for it, if it was."""
 
     requests: tuple[str, ...]
     pool: str
     device: str
     cdi_ids: tuple[str, ...]
     uuid: str = ""
+    made: MadeMig | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,10 +167,37 @@ def allocated_devices(
     return [(device, tuple(requests)) for device, requests in out.items()]
 
 
-def checkpoint_json(claims: Mapping[str, PreparedClaim]) -> dict[str, Any]:
-    """The checkpoint document for the prepared claims (keyed by UID)."""
+def _made_json(made: MadeMig | None) -> dict[str, Any]:
+    if made is None:
+        return {}
+    return {
+        "mig": {
+            "gpu": made.gpu_uuid,
+            "profileId": made.profile_id,
+            "start": made.start,
+            "gpuInstance": made.gpu_instance_id,
+        }
+    }
+
+
+def _made(entry: Mapping[str, Any]) -> MadeMig | None:
+    mig = entry.get("mig")
+    if mig is None:
+        return None
+    values = (mig["gpu"], mig["profileId"], mig["start"], mig["gpuInstance"])
+    if not isinstance(values[0], str) or not all(type(v) is int for v in values[1:]):
+        raise TypeError(f"mig {mig!r} is not a GPU UUID and three integers")
+    return MadeMig(*values)
+
+
+def checkpoint_json(
+    claims: Mapping[str, PreparedClaim], switched: Collection[str] = ()
+) -> dict[str, Any]:
+    """The checkpoint document for the prepared claims (keyed by UID) and the GPUs (UUIDs)
+    whose MIG mode the agent switched on."""
     return {
         "version": CHECKPOINT_VERSION,
+        "migSwitched": sorted(switched),
         "claims": {
             uid: {
                 "namespace": c.ref.namespace,
@@ -166,6 +209,7 @@ def checkpoint_json(claims: Mapping[str, PreparedClaim]) -> dict[str, Any]:
                         "device": d.device,
                         "cdi": list(d.cdi_ids),
                         "uuid": d.uuid,
+                        **_made_json(d.made),
                     }
                     for d in c.devices
                 ],
@@ -193,6 +237,7 @@ def claims_from_checkpoint(document: object) -> dict[str, PreparedClaim]:
                     device=d["device"],
                     cdi_ids=tuple(d["cdi"]),
                     uuid=d.get("uuid", ""),
+                    made=_made(d),
                 )
                 for d in entry["devices"]
             )
@@ -200,3 +245,11 @@ def claims_from_checkpoint(document: object) -> dict[str, PreparedClaim]:
             raise ValueError(f"checkpoint entry {uid!r} is malformed: {exc!r}") from None
         out[str(uid)] = PreparedClaim(ref=ref, devices=devices)
     return out
+
+
+def switched_from_checkpoint(document: object) -> frozenset[str]:
+    """The GPUs whose MIG mode the agent switched on, as a checkpoint remembers them."""
+    switched = document.get("migSwitched", []) if isinstance(document, Mapping) else []
+    if not isinstance(switched, list) or not all(isinstance(u, str) for u in switched):
+        raise ValueError("checkpoint's migSwitched is not a list of GPU UUIDs")
+    return frozenset(switched)

@@ -15,7 +15,7 @@ firmware and hooks — for the claim's devices only, renamed ``<claim UID>-<devi
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from gpuagent.domain.claims import (
     cdi_name,
     checkpoint_json,
     claims_from_checkpoint,
+    switched_from_checkpoint,
 )
 from gpuagent.nodefiles.atomicfile import remove_if_present, write_if_changed
 from gpuagent.nodefiles.cdi import render_spec
@@ -78,20 +79,22 @@ class ClaimFiles:
         vendor, _, cls = cdi_kind(self._driver).partition("/")
         return self._cdi_dir / f"{vendor}-{cls}_{claim_uid}.json"
 
-    def load(self) -> dict[str, PreparedClaim]:
-        """The checkpointed claims; empty when there is no checkpoint. Raises :class:`ValueError`
-        for a checkpoint that cannot be read back (kept for a person to look at)."""
+    def load(self) -> tuple[dict[str, PreparedClaim], frozenset[str]]:
+        """The checkpointed claims and the GPUs whose MIG mode the agent switched on; empty
+        when there is no checkpoint. Raises :class:`ValueError` for a checkpoint that cannot be
+        read back (kept for a person to look at)."""
         try:
             text = self.checkpoint.read_text(encoding="utf-8")
         except FileNotFoundError:
-            return {}
+            return {}, frozenset()
         try:
-            return claims_from_checkpoint(json.loads(text))
+            document = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{self.checkpoint}: {exc}") from None
+        return claims_from_checkpoint(document), switched_from_checkpoint(document)
 
-    def save(self, claims: Mapping[str, PreparedClaim]) -> None:
-        data = (json.dumps(checkpoint_json(claims), indent=1) + "\n").encode()
+    def save(self, claims: Mapping[str, PreparedClaim], switched: Collection[str] = ()) -> None:
+        data = (json.dumps(checkpoint_json(claims, switched), indent=1) + "\n").encode()
         write_if_changed(self.checkpoint, data, mode=0o600)
 
     def write_spec(self, claim_uid: str, spec: Mapping[str, Any]) -> None:

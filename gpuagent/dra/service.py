@@ -25,6 +25,7 @@ from gpuagent.domain.claims import (
     ClaimError,
     ClaimRef,
     ClaimUnavailable,
+    MadeMig,
     PreparedClaim,
     PreparedDevice,
     allocated_devices,
@@ -33,6 +34,7 @@ from gpuagent.domain.claims import (
 from gpuagent.domain.dra import DraDevice
 from gpuagent.domain.snapshot import Snapshot
 from gpuagent.dra.claims import ClaimFiles, claim_spec, with_claim, without_claim
+from gpuagent.dra.dynamic import DynamicMig
 from gpuagent.state.store import DeviceStore
 
 log = structlog.get_logger("gpuagent.dra")
@@ -101,16 +103,54 @@ class ClaimPreparer:
         self.stats = stats or DraStats()
         self._lock = asyncio.Lock()
         self.claims: dict[str, PreparedClaim] = {}
+        # MIG made on demand (--dra-mig dynamic), once the driver is there: see manage_mig.
+        self.mig: DynamicMig | None = None
 
     async def load(self) -> None:
         """Read the checkpoint (a restart keeps every prepared claim). A checkpoint that cannot
         be read is logged and set aside: claims are then prepared again from the API server."""
+        switched: frozenset[str] = frozenset()
         try:
-            self.claims = await asyncio.to_thread(self._files.load)
+            self.claims, switched = await asyncio.to_thread(self._files.load)
         except (ValueError, OSError) as exc:
             log.error("dra checkpoint unreadable; starting empty", error=str(exc))
             self.claims = {}
+        if self.mig is not None:
+            self.mig.switched = switched
         log.info("dra claims restored", claims=len(self.claims))
+
+    async def sweep(self) -> None:
+        """Destroy the MIG devices no prepared claim holds (after a restart), once every GPU is
+        described; a no-op unless MIG is made on demand."""
+        if self.mig is None:
+            return
+        async with self._lock:
+            async for discovered in self._store.watch(lambda s: s.discovered):
+                if discovered:
+                    break
+            kept = [d.made for c in self.claims.values() for d in c.devices if d.made]
+            removed = await self.mig.sweep(self._devices(self._store.snapshot), kept)
+            await asyncio.to_thread(self._files.save, self.claims, self.mig.switched)
+        log.info("mig devices of prepared claims checked", kept=len(kept), orphans_removed=removed)
+
+    @property
+    def _switched(self) -> frozenset[str]:
+        return frozenset() if self.mig is None else self.mig.switched
+
+    async def _make(self, device: DraDevice) -> tuple[MadeMig | None, str]:
+        """A device's MIG device made if it is made on prepare; ``(record, UUID to name)``."""
+        if not device.made_on_prepare:
+            if device.counter_set is not None and self.mig is not None:
+                await self.mig.whole(device)
+            return None, device.uuid
+        if self.mig is None:
+            raise ClaimError(f"device {device.name}: MIG devices cannot be made yet")
+        return await self.mig.make(device)
+
+    async def _unmake(self, devices: Iterable[PreparedDevice]) -> None:
+        for device in devices:
+            if device.made is not None and self.mig is not None:
+                await self.mig.remove(device.made)
 
     async def prepare(self, ref: ClaimRef) -> PreparedClaim:
         """The claim's devices, prepared; raises :class:`ClaimError`."""
@@ -130,24 +170,30 @@ class ClaimPreparer:
             chosen = allocated_devices(
                 claim, ref, driver=self._config.driver, pool=self._config.pool, known=devices
             )
-            prepared = PreparedClaim(
-                ref=ref,
-                devices=tuple(
-                    PreparedDevice(
-                        requests=requests,
-                        pool=self._config.pool,
-                        device=name,
-                        cdi_ids=(cdi_id(self._config.driver, ref.uid, name),),
-                        uuid=devices[name].uuid,
-                    )
-                    for name, requests in chosen
-                ),
-            )
-            claims = with_claim(self.claims, prepared)
+            made: list[PreparedDevice] = []
             try:
-                await asyncio.to_thread(self._write, snapshot, prepared, claims)
-            except OSError as exc:
-                raise ClaimError(f"writing the claim's CDI spec or checkpoint: {exc}") from None
+                for name, requests in chosen:
+                    record, uuid = await self._make(devices[name])
+                    made.append(
+                        PreparedDevice(
+                            requests=requests,
+                            pool=self._config.pool,
+                            device=name,
+                            cdi_ids=(cdi_id(self._config.driver, ref.uid, name),),
+                            uuid=uuid,
+                            made=record,
+                        )
+                    )
+                prepared = PreparedClaim(ref=ref, devices=tuple(made))
+                claims = with_claim(self.claims, prepared)
+                try:
+                    # The snapshot now, which lists the MIG devices just made.
+                    await asyncio.to_thread(self._write, self._store.snapshot, prepared, claims)
+                except OSError as exc:
+                    raise ClaimError(f"writing the claim's CDI spec or checkpoint: {exc}") from None
+            except ClaimError:
+                await self._undo(made)
+                raise
             self.claims = claims
             self.stats.record(self.stats.prepare_seconds, time.perf_counter() - started - read)
             log.info(
@@ -170,11 +216,22 @@ class ClaimPreparer:
             driver=self._config.driver,
         )
         self._files.write_spec(prepared.ref.uid, spec)
-        self._files.save(claims)
+        self._files.save(claims, self._switched)
+
+    async def _undo(self, made: list[PreparedDevice]) -> None:
+        """Destroy what a claim that failed to prepare made (its error stands)."""
+        try:
+            await self._unmake(made)
+        except ClaimError as exc:
+            log.error("mig device of a failed prepare not destroyed", error=str(exc))
 
     async def unprepare(self, ref: ClaimRef) -> None:
-        """Forget the claim and remove its CDI spec; a claim never prepared is not an error."""
+        """Destroy the claim's MIG devices made for it, forget the claim and remove its CDI
+        spec; a claim never prepared is not an error."""
         async with self._lock:
+            known = self.claims.get(ref.uid)
+            if known is not None:
+                await self._unmake(known.devices)
             claims = without_claim(self.claims, ref.uid)
             try:
                 await asyncio.to_thread(self._remove, ref.uid, claims)
@@ -188,7 +245,7 @@ class ClaimPreparer:
 
     def _remove(self, uid: str, claims: Mapping[str, PreparedClaim]) -> None:
         self._files.remove_spec(uid)
-        self._files.save(claims)
+        self._files.save(claims, self._switched)
 
 
 def _ref(claim: dra_v1.Claim | dra_v1beta1.Claim) -> ClaimRef:

@@ -17,6 +17,7 @@ from gpuagent.domain.claims import ClaimUnavailable
 from gpuagent.domain.dra import DraDevice, unpublished_gpus
 from gpuagent.domain.snapshot import Snapshot
 from gpuagent.dra.claims import ClaimFiles
+from gpuagent.dra.dynamic import DynamicMig, MigDriver
 from gpuagent.dra.endpoint import DraEndpoint, EndpointTiming
 from gpuagent.dra.service import (
     SUPPORTED_SERVICES,
@@ -113,9 +114,18 @@ class DraSide:
         """The long-lived tasks, by name, for the agent to spawn and supervise."""
         return {"dra-plugin": self._serve, "dra-slices": self.publisher.run}
 
+    def manage_mig(self, driver: MigDriver) -> None:
+        """MIG devices are made on prepare through ``driver`` (``--dra-mig dynamic``; set before
+        the tasks start)."""
+        self.preparer.mig = DynamicMig(driver, self._store)
+
     async def _serve(self) -> None:
         await self.preparer.load()
-        await self.endpoint.run()
+        async with asyncio.TaskGroup() as tasks:
+            # First: the sweep holds the claims until the GPUs are described and the orphans
+            # destroyed, so no prepare races it; the kubelet is served meanwhile.
+            tasks.create_task(self.preparer.sweep())
+            tasks.create_task(self.endpoint.run())
 
     def unpublished(self) -> tuple[int, ...]:
         """The GPUs given to DRA whose devices are in no slice this agent has published: the

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-import pytest
 import structlog.testing
 from e2e.agentrun import RunningAgent, running_agent
 from referencing import Registry
@@ -66,28 +65,7 @@ class Dirs:
         )  # fmt: skip
 
 
-@pytest.fixture
-def dirs(short_tmp_path: Path) -> Dirs:
-    return Dirs(short_tmp_path)
-
-
 DraAgent = Callable[..., AbstractAsyncContextManager[RunningAgent]]
-
-
-@pytest.fixture
-def dra_agent(dirs: Dirs, device_plugin_dir: Path, apiserver: FakeApiServer) -> DraAgent:
-    """``dra_agent(**kw)``: an agent on ``dirs`` and ``apiserver`` (``kw``: :meth:`Dirs.args`)."""
-    return lambda **kw: running_agent(
-        device_plugin_dir,
-        dirs.args(apiserver, **kw),
-        agent_options={"node_name": NODE, "dra_options": FAST_DRA},
-    )
-
-
-@pytest.fixture
-def watcher(dirs: Dirs, dra_stubs: DraStubs) -> FakePluginWatcher:
-    """The kubelet's plugin watcher, on the agent's registry directory."""
-    return FakePluginWatcher(dirs.registry, dra_stubs)
 
 
 async def registered(watcher: FakePluginWatcher) -> Registration:

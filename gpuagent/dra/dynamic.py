@@ -1,0 +1,200 @@
+"""MIG devices made when a claim is prepared and destroyed when it is unprepared
+(``--dra-mig dynamic``): the DRA side's rules over the driver's MIG operations.
+
+* Making: the device's GPU is switched to MIG mode if it is not (a GPU that switches without a
+  reset only; the agent remembers that it did), the GPU instance is made at the device's
+  placement with its compute instance, and the GPU is described again until the MIG device is
+  listed (its UUID, its ``/dev/nvidia-caps`` nodes).
+* Removing: the instance is destroyed only when it is still the one made (same profile and
+  placement); while processes run on it the driver answers IN_USE and the claim stays prepared.
+  Once the GPU holds no instance and the agent switched its MIG mode on, it is switched off.
+* After a restart: every instance on a GPU published partitionable that no prepared claim holds
+  is destroyed (:meth:`DynamicMig.sweep`).
+
+Errors reach the claim as :class:`~gpuagent.domain.claims.ClaimError`, naming the driver's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from typing import Protocol
+
+import structlog
+
+from gpuagent.domain.claims import ClaimError, MadeMig
+from gpuagent.domain.devices import Gpu
+from gpuagent.domain.dra import DraDevice
+from gpuagent.domain.migshapes import Instance, MigRefused, MigShape, Placement
+from gpuagent.state.store import DeviceStore
+
+__all__ = ["DynamicMig", "MigDriver"]
+
+log = structlog.get_logger("gpuagent.dra")
+
+#: Descriptions asked for after a creation before the MIG device must be listed.
+LISTED_WITHIN = 20
+
+
+class MigDriver(Protocol):
+    """The driver's MIG operations (:class:`gpuagent.gpu.migcontrol.MigControl`), raising
+    :class:`MigRefused`; ``rediscover`` describes a GPU again into the store."""
+
+    async def mig_mode(self, index: int) -> bool: ...
+    async def set_mig_mode(self, index: int, *, on: bool) -> None: ...
+    async def make(self, index: int, shape: MigShape, placement: Placement) -> int: ...
+    async def instances(self, index: int, shapes: tuple[MigShape, ...]) -> list[Instance]: ...
+    async def destroy(self, index: int, gpu_instance_id: int) -> bool: ...
+    async def rediscover(self, index: int) -> Gpu: ...
+
+
+class DynamicMig:
+    """Makes and removes the MIG devices of claims; ``switched``: the GPUs (UUIDs) whose MIG mode
+    the agent switched on, checkpointed with the claims by the caller."""
+
+    def __init__(self, driver: MigDriver, store: DeviceStore) -> None:
+        self._driver = driver
+        self._store = store
+        self.switched: frozenset[str] = frozenset()
+
+    def _gpu(self, uuid: str) -> Gpu:
+        gpu = next((g for g in self._store.snapshot.gpus if g.uuid == uuid), None)
+        if gpu is None:
+            raise ClaimError(f"GPU {uuid} is not on this node")
+        return gpu
+
+    async def make(self, device: DraDevice) -> tuple[MadeMig, str]:
+        """Make ``device``'s MIG device; the record and the MIG device's UUID."""
+        shape, placement = device.shape, device.placement
+        if shape is None or placement is None:
+            raise ClaimError(f"device {device.name} is not made on prepare")
+        gpu = self._gpu(device.gpu_uuid)
+        try:
+            await self._mig_mode_on(gpu)
+            gi = await self._driver.make(gpu.index, shape, placement)
+        except MigRefused as exc:
+            raise ClaimError(f"device {device.name}: {_explained(exc)}") from None
+        made = MadeMig(gpu.uuid, shape.profile_id, placement.start, gi)
+        for _ in range(LISTED_WITHIN):
+            described = await self._driver.rediscover(gpu.index)
+            listed = next((m for m in described.mig_devices if m.gpu_instance_id == gi), None)
+            if listed is not None:
+                log.info(
+                    "mig device made",
+                    device=device.name,
+                    gpu=gpu.index,
+                    gpu_instance=gi,
+                    uuid=listed.uuid,
+                )
+                return made, listed.uuid
+        await self.remove(made)
+        raise ClaimError(f"device {device.name}: made, but the driver does not list it")
+
+    async def whole(self, device: DraDevice) -> None:
+        """A partitionable GPU prepared whole: out of MIG mode if the agent switched it on and
+        it holds no instance (a switch back that failed before); else a GPU in MIG mode is
+        refused, it cannot run a container whole."""
+        gpu = self._gpu(device.gpu_uuid)
+        if not gpu.mig_enabled:
+            return
+        if gpu.uuid in self.switched and not gpu.mig_devices:
+            await self._mig_mode_back(gpu)
+            if gpu.uuid not in self.switched:
+                await self._rediscover(gpu.index)
+                return
+        raise ClaimError(f"device {device.name}: GPU {gpu.index} is in MIG mode")
+
+    async def _mig_mode_on(self, gpu: Gpu) -> None:
+        if await self._driver.mig_mode(gpu.index):
+            return
+        if gpu.mig_partitions is None or not gpu.mig_partitions.toggles:
+            raise MigRefused(f"GPU {gpu.index} is not in MIG mode and switching takes a GPU reset")
+        await self._driver.set_mig_mode(gpu.index, on=True)
+        self.switched = self.switched | {gpu.uuid}
+        log.info("mig mode switched on", gpu=gpu.index)
+
+    async def remove(self, made: MadeMig) -> None:
+        """Destroy the MIG device ``made`` (nothing if it is gone), then switch MIG mode off
+        where the agent switched it on and the GPU is empty; raises :class:`ClaimError`."""
+        gpu = self._gpu(made.gpu_uuid)
+        shapes = () if gpu.mig_partitions is None else gpu.mig_partitions.shapes
+        try:
+            found = await self._driver.instances(gpu.index, shapes)
+            mine = any(
+                i.gpu_instance_id == made.gpu_instance_id
+                and i.profile_id == made.profile_id
+                and i.placement.start == made.start
+                for i in found
+            )
+            if mine:
+                await self._driver.destroy(gpu.index, made.gpu_instance_id)
+                found = [i for i in found if i.gpu_instance_id != made.gpu_instance_id]
+                log.info("mig device destroyed", gpu=gpu.index, gpu_instance=made.gpu_instance_id)
+            if not found:
+                await self._mig_mode_back(gpu)
+        except MigRefused as exc:
+            raise ClaimError(
+                f"MIG device of GPU {gpu.index}, GPU instance {made.gpu_instance_id}: "
+                f"{_explained(exc)}"
+            ) from None
+        finally:
+            await self._rediscover(gpu.index)
+
+    async def _mig_mode_back(self, gpu: Gpu) -> None:
+        if gpu.uuid not in self.switched:
+            return
+        try:
+            await self._driver.set_mig_mode(gpu.index, on=False)
+        except MigRefused as exc:  # tried again when the GPU is next left empty
+            log.warning("mig mode not switched back off", gpu=gpu.index, error=str(exc))
+            return
+        self.switched = self.switched - {gpu.uuid}
+        log.info("mig mode switched back off", gpu=gpu.index)
+
+    async def _rediscover(self, index: int) -> None:
+        try:
+            await self._driver.rediscover(index)
+        except MigRefused as exc:
+            log.warning("gpu not described again after a mig change", gpu=index, error=str(exc))
+
+    async def sweep(self, devices: Iterable[DraDevice], kept: Collection[MadeMig]) -> int:
+        """Destroy every instance on the GPUs of ``devices`` (those published partitionable) that
+        is not ``kept``; switch MIG mode back where the agent switched it and the GPU is left
+        empty. The instances destroyed; an instance the driver refuses is logged and left."""
+        holding = {(m.gpu_uuid, m.gpu_instance_id) for m in kept}
+        gpus = {d.gpu_uuid for d in devices if d.made_on_prepare}
+        removed = 0
+        for uuid in sorted(gpus):
+            gpu = self._gpu(uuid)  # published: so in the snapshot
+            shapes = () if gpu.mig_partitions is None else gpu.mig_partitions.shapes
+            try:
+                found = await self._driver.instances(gpu.index, shapes)
+                for instance in found:
+                    if (uuid, instance.gpu_instance_id) in holding:
+                        continue
+                    await self._driver.destroy(gpu.index, instance.gpu_instance_id)
+                    removed += 1
+                    log.warning(
+                        "orphaned mig device destroyed: no prepared claim holds it",
+                        gpu=gpu.index,
+                        gpu_instance=instance.gpu_instance_id,
+                        profile_id=instance.profile_id,
+                        start=instance.placement.start,
+                    )
+                if not any((uuid, i.gpu_instance_id) in holding for i in found):
+                    await self._mig_mode_back(gpu)
+            except (MigRefused, ClaimError) as exc:
+                log.error("orphaned mig devices not removed", gpu=gpu.index, error=str(exc))
+            await self._rediscover(gpu.index)
+        return removed
+
+
+def _explained(exc: MigRefused) -> str:
+    """The driver's refusal, with what it means for the claim."""
+    text = str(exc)
+    if "INSUFFICIENT_RESOURCES" in text:
+        return f"{text}: the placement overlaps a MIG device already made (or the GPU is full)"
+    if "IN_USE" in text:
+        return f"{text}: processes still run on it; it is destroyed once they have exited"
+    if "NO_PERMISSION" in text:
+        return f"{text}: making MIG devices needs CAP_SYS_ADMIN"
+    return text

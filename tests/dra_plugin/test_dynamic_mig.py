@@ -1,0 +1,219 @@
+"""MIG made on demand through DRA (``--dra-mig dynamic``), end to end with no cluster: the
+kubelet's side on grpcio, the API server validating every write, one simulated H100 whose
+driver makes MIG devices as a real one does (its latencies recorded, not slept).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pynvml
+from e2e.agentrun import RunningAgent, running_agent
+from support.clock import Sleeps
+from support.fake_apiserver import FakeApiServer, claim
+from support.fake_plugin_watcher import FakePluginWatcher, Registration
+from support.simnvml import nvml_on
+from support.waiting import eventually
+
+from dra_plugin.test_dra_flow import DRIVER, FAST_DRA, NODE, Dirs, cdi_validator, registered
+from gpuagent.domain.migshapes import Placement
+from gpuagent.gpu.nvml import Nvml
+from gpuagent.gpu.sim import SimDriver, node_from_mapping
+from gpuagent.gpu.sim.spec import mig_minors_text
+
+H100_DEVICES = 26  # the whole GPU and 25 placements of its seven profiles
+SMALL, LARGE = "gpu-0-mig-1g10gb-19-6", "gpu-0-mig-3g40gb-9-0"
+
+
+def h100(sleeps: Sleeps) -> SimDriver:
+    node = node_from_mapping({"version": "v1", "gpus": [{"name": "H100"}], "cap_sys_admin": True})
+    return SimDriver(node, sleep=sleeps)
+
+
+@asynccontextmanager
+async def dynamic_agent(
+    sim: SimDriver, dirs: Dirs, device_plugin_dir: Path, apiserver: FakeApiServer
+) -> AsyncIterator[RunningAgent]:
+    minors = dirs.root / "mig-minors"
+    minors.write_text(mig_minors_text(sim.node))
+    args = (*dirs.args(apiserver, dra_gpus="all"), "--dra-mig", "dynamic")
+    options = {"node_name": NODE, "dra_options": FAST_DRA, "mig_minors": minors}
+    async with running_agent(device_plugin_dir, args, agent_options=options, simulator=sim) as run:
+        yield run
+
+
+async def published(watcher: FakePluginWatcher, apiserver: FakeApiServer) -> Registration:
+    reg = await registered(watcher)
+    await eventually(lambda: len(apiserver.devices()) == H100_DEVICES, what="26 devices")
+    return reg
+
+
+async def sim_instances(run: RunningAgent) -> list[tuple[int, int, int]]:
+    """``(profile ID, placement start, size)`` of each instance ``/sim/gpus`` shows."""
+    status, body = await run.get("/sim/gpus")
+    assert status == 200
+    (gpu,) = json.loads(body)
+    return sorted(
+        (m["profile_id"], m["placement"]["start"], m["placement"]["size"])
+        for m in gpu["mig_devices"]
+    )
+
+
+async def mig_mode(run: RunningAgent) -> str:
+    (gpu,) = json.loads((await run.get("/sim/gpus"))[1])
+    return str(gpu["mig_mode"])
+
+
+def spec_of(dirs: Dirs, uid: str) -> dict[str, Any]:
+    return dict(json.loads((dirs.cdi / f"k8s.{DRIVER}-claim_{uid}.json").read_text()))
+
+
+async def test_a_1g_and_a_3g_are_made_on_prepare_and_removed_on_unprepare(
+    device_plugin_dir: Path, apiserver: FakeApiServer, dirs: Dirs, watcher: FakePluginWatcher
+) -> None:
+    sleeps = Sleeps()
+    sim = h100(sleeps)
+    async with dynamic_agent(sim, dirs, device_plugin_dir, apiserver) as run:
+        reg = await published(watcher, apiserver)
+        assert {SMALL, LARGE} <= set(apiserver.devices())
+        assert await mig_mode(run) == "disabled"
+        apiserver.add_claim(claim("ns", "small", "u-small", [("mig", DRIVER, NODE, SMALL)]))
+        apiserver.add_claim(claim("ns", "large", "u-large", [("mig", DRIVER, NODE, LARGE)]))
+        response = await watcher.aprepare(
+            reg, [("ns", "small", "u-small"), ("ns", "large", "u-large")]
+        )
+        for uid, name in (("u-small", SMALL), ("u-large", LARGE)):
+            result = response.claims[uid]
+            assert result.error == ""
+            (device,) = result.devices
+            assert device.device_name == name
+            assert list(device.cdi_device_ids) == [f"k8s.{DRIVER}/claim={uid}-{name}"]
+
+        # The driver holds exactly those two, at the allocated placements.
+        assert await sim_instances(run) == [(9, 0, 4), (19, 6, 1)]
+        assert await mig_mode(run) == "enabled"
+        # Each creation spent the driver's latency (recorded, not slept).
+        assert sleeps.seconds.count(0.25) == 2
+
+        # The container specs name their MIG devices, with their nvidia-caps nodes.
+        gpu = run.agent.store.snapshot.gpu(0)
+        assert gpu is not None
+        by_profile = {m.profile: m for m in gpu.mig_devices}
+        assert set(by_profile) == {"1g.10gb", "3g.40gb"}
+        for uid, profile in (("u-small", "1g.10gb"), ("u-large", "3g.40gb")):
+            mig = by_profile[profile]
+            spec = spec_of(dirs, uid)
+            cdi_validator().validate(spec)
+            (entry,) = spec["devices"]
+            edits = entry["containerEdits"]
+            nodes = [n["path"] for n in edits["deviceNodes"]]
+            assert nodes[0] == f"/dev/nvidia{gpu.minor}"
+            assert len(nodes) == 3
+            assert all(n.startswith("/dev/nvidia-caps/") for n in nodes[1:])
+            assert nodes[1:] == list(mig.device_nodes)
+        checkpoint = json.loads((dirs.plugins / DRIVER / "checkpoint.json").read_text())
+        assert checkpoint["migSwitched"] == [gpu.uuid]
+        assert checkpoint["claims"]["u-small"]["devices"][0]["mig"]["start"] == 6
+
+        # An overlapping placement (the 3g at 0 holds slices 0-3): refused, per claim.
+        overlap = "gpu-0-mig-1g10gb-19-2"
+        apiserver.add_claim(claim("ns", "clash", "u-clash", [("mig", DRIVER, NODE, overlap)]))
+        refused = await watcher.aprepare(reg, [("ns", "clash", "u-clash")])
+        error = refused.claims["u-clash"].error
+        assert "INSUFFICIENT_RESOURCES" in error
+        assert overlap in error
+        assert "overlaps" in error
+        assert await sim_instances(run) == [(9, 0, 4), (19, 6, 1)]
+
+        # Unprepared: both destroyed, MIG mode back off, the store forgets them.
+        done = await watcher.aunprepare(
+            reg, [("ns", "small", "u-small"), ("ns", "large", "u-large")]
+        )
+        assert done.claims["u-small"].error == ""
+        assert done.claims["u-large"].error == ""
+        assert await sim_instances(run) == []
+        assert await mig_mode(run) == "disabled"
+        gpu = run.agent.store.snapshot.gpu(0)
+        assert gpu is not None
+        assert gpu.mig_devices == ()
+        assert not gpu.mig_enabled
+        again = await watcher.aunprepare(reg, [("ns", "small", "u-small")])
+        assert again.claims["u-small"].error == ""
+        assert apiserver.invalid == []
+
+
+async def test_unprepare_is_refused_while_a_process_runs_on_the_instance(
+    device_plugin_dir: Path, apiserver: FakeApiServer, dirs: Dirs, watcher: FakePluginWatcher
+) -> None:
+    sim = h100(Sleeps())
+    async with dynamic_agent(sim, dirs, device_plugin_dir, apiserver) as run:
+        reg = await published(watcher, apiserver)
+        apiserver.add_claim(claim("ns", "large", "u-large", [("mig", DRIVER, NODE, LARGE)]))
+        assert (await watcher.aprepare(reg, [("ns", "large", "u-large")])).claims[
+            "u-large"
+        ].error == ""
+        gpu = run.agent.store.snapshot.gpu(0)
+        assert gpu is not None
+        (mig,) = gpu.mig_devices
+        sim.add_process(0, 4242, 1024, 50, gpu_instance=mig.gpu_instance_id, compute_instance=0)
+        busy = await watcher.aunprepare(reg, [("ns", "large", "u-large")])
+        assert "IN_USE" in busy.claims["u-large"].error
+        assert await sim_instances(run) == [(9, 0, 4)]
+        assert (dirs.cdi / f"k8s.{DRIVER}-claim_u-large.json").exists()
+        # The whole GPU cannot be had while it is in MIG mode (the scheduler's counters keep
+        # it from being allocated beside an instance; the agent refuses it too).
+        apiserver.add_claim(claim("ns", "whole", "u-whole", [("gpu", DRIVER, NODE, "gpu-0")]))
+        whole = await watcher.aprepare(reg, [("ns", "whole", "u-whole")])
+        assert "is in MIG mode" in whole.claims["u-whole"].error
+        sim.remove_process(4242)
+        done = await watcher.aunprepare(reg, [("ns", "large", "u-large")])
+        assert done.claims["u-large"].error == ""
+        assert await sim_instances(run) == []
+        assert await mig_mode(run) == "disabled"
+        whole = await watcher.aprepare(reg, [("ns", "whole", "u-whole")])
+        assert whole.claims["u-whole"].error == ""
+        spec = spec_of(dirs, "u-whole")
+        assert [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]] == [
+            "/dev/nvidia0"
+        ]
+
+
+def make_orphan(sim: SimDriver) -> None:
+    """A 1g.10gb made at slice 5 behind the agent's back (as by a crash before its checkpoint)."""
+    with nvml_on(sim):
+        nvml = Nvml(mig_shapes=True)
+        gpu = nvml.describe(0)
+        assert gpu.mig_partitions is not None
+        shape = next(s for s in gpu.mig_partitions.shapes if s.profile_id == 19)
+        nvml.make_mig(0, shape, Placement(5, 1))
+        assert pynvml.nvmlDeviceGetMigMode(pynvml.nvmlDeviceGetHandleByIndex(0))[0] == 1
+
+
+async def test_a_restart_between_prepare_and_unprepare_leaves_no_orphan(
+    device_plugin_dir: Path, apiserver: FakeApiServer, dirs: Dirs, watcher: FakePluginWatcher
+) -> None:
+    sim = h100(Sleeps())
+    async with dynamic_agent(sim, dirs, device_plugin_dir, apiserver) as run:
+        reg = await published(watcher, apiserver)
+        apiserver.add_claim(claim("ns", "small", "u-small", [("mig", DRIVER, NODE, SMALL)]))
+        first = await watcher.aprepare(reg, [("ns", "small", "u-small")])
+        assert first.claims["u-small"].error == ""
+    make_orphan(sim)
+    async with dynamic_agent(sim, dirs, device_plugin_dir, apiserver) as run:
+        reg = await published(watcher, apiserver)
+        # The orphan is destroyed; the prepared claim's instance is kept.
+        await eventually(lambda: run.agent.dra is not None, what="dra side")
+        again = await watcher.aprepare(reg, [("ns", "small", "u-small")])
+        assert list(again.claims["u-small"].devices[0].cdi_device_ids) == list(
+            first.claims["u-small"].devices[0].cdi_device_ids
+        )
+        assert await sim_instances(run) == [(19, 6, 1)]
+        done = await watcher.aunprepare(reg, [("ns", "small", "u-small")])
+        assert done.claims["u-small"].error == ""
+        assert await sim_instances(run) == []
+        assert await mig_mode(run) == "disabled"
+        assert apiserver.invalid == []
