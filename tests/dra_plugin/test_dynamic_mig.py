@@ -217,3 +217,49 @@ async def test_a_restart_between_prepare_and_unprepare_leaves_no_orphan(
         assert await sim_instances(run) == []
         assert await mig_mode(run) == "disabled"
         assert apiserver.invalid == []
+
+
+def mig_series(text: str, uuid: str) -> list[str]:
+    return [line for line in text.splitlines() if f'mig_uuid="{uuid}"' in line]
+
+
+async def test_a_made_instance_is_in_metrics_and_health_at_once_and_leaves_them(
+    device_plugin_dir: Path, apiserver: FakeApiServer, dirs: Dirs, watcher: FakePluginWatcher
+) -> None:
+    sim = h100(Sleeps())
+    async with dynamic_agent(sim, dirs, device_plugin_dir, apiserver) as run:
+        reg = await published(watcher, apiserver)
+        apiserver.add_claim(claim("ns", "small", "u-small", [("mig", DRIVER, NODE, SMALL)]))
+        apiserver.add_claim(claim("ns", "large", "u-large", [("mig", DRIVER, NODE, LARGE)]))
+        prepared = await watcher.aprepare(
+            reg, [("ns", "small", "u-small"), ("ns", "large", "u-large")]
+        )
+        assert {r.error for r in prepared.claims.values()} == {""}
+        gpu = run.agent.store.snapshot.gpu(0)
+        assert gpu is not None
+        small = next(m for m in gpu.mig_devices if m.profile == "1g.10gb")
+        large = next(m for m in gpu.mig_devices if m.profile == "3g.40gb")
+        # /metrics has both, with their GPU-instance IDs, as soon as the prepare answered.
+        _, text = await run.get("/metrics")
+        (info,) = [
+            s for s in mig_series(text, small.uuid) if s.startswith("gpuagent_mig_device_info")
+        ]
+        assert f'gpu_instance="{small.gpu_instance_id}"' in info
+        assert mig_series(text, large.uuid)
+        # Its own telemetry follows with the next probe (dcgm-exporter's GPU_I_ID series).
+        await run.metrics_until(lambda t: f'GPU_I_ID="{small.gpu_instance_id}"' in t)
+        # An XID on the small instance taints its placement alone.
+        await run.fault(
+            {"gpu": 0, "fault": "xid", "xid": 46, "gpu_instance": small.gpu_instance_id,
+             "compute_instance": 0}
+        )  # fmt: skip
+        await eventually(lambda: "taints" in apiserver.devices()[SMALL], what="small tainted")
+        assert "taints" not in apiserver.devices()[LARGE]
+        assert "taints" not in apiserver.devices()["gpu-0"]
+        # Unprepared: gone from /metrics at once.
+        await watcher.aunprepare(reg, [("ns", "small", "u-small"), ("ns", "large", "u-large")])
+        _, text = await run.get("/metrics")
+        assert mig_series(text, small.uuid) == []
+        assert mig_series(text, large.uuid) == []
+        await run.metrics_until(lambda t: f'GPU_I_ID="{small.gpu_instance_id}"' not in t)
+        assert apiserver.invalid == []
