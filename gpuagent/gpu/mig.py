@@ -75,6 +75,7 @@ PROFILE_SUFFIXES: Mapping[int, str] = {
 }
 
 _logged_files: set[Path] = set()
+_parsed: dict[Path, tuple[tuple[int, int], dict[str, int]]] = {}
 _logged_files_lock = threading.Lock()
 
 
@@ -132,11 +133,14 @@ def read_mig_with_total(
     mig_minors: Path = DEFAULT_MIG_MINORS,
     total_memory_bytes: int | None = None,
     handles: dict[str, Any] | None = None,
+    profiles: dict[int, tuple[int, Any]] | None = None,
 ) -> MigReading:
     """:func:`read_mig`, with whether the GPU supports MIG and its memory as the names took it.
 
     ``handles``, when given, receives each MIG device's NVML handle by its UUID (for its own
-    telemetry).
+    telemetry). ``profiles``, when given, is the GPU's GPU-instance profile table (profile ID →
+    its index and info) as read before, and receives it once read (MIG devices made on demand
+    read the same GPU's devices again after each change).
     """
     # Any other answer (NO_PERMISSION too, which nvml.h does not list for this call) is raised:
     # a GPU whose MIG mode is unknown must not be advertised whole, so its discovery fails.
@@ -147,10 +151,14 @@ def read_mig_with_total(
     if int(current) != pynvml.NVML_DEVICE_MIG_ENABLE:
         return MigReading(True, False, (), None)
     reader = _Reader(index, handle, minor, mig_minors, calls)
+    if profiles:
+        reader.known_profiles(profiles)
     total = total_memory_bytes or reader.total_memory_bytes()
     devices = reader.devices(total)
     if handles is not None:
         handles.update(reader.handles)
+    if profiles is not None and not profiles:
+        profiles.update(reader.profile_table())
     return MigReading(True, True, devices, total)
 
 
@@ -234,8 +242,18 @@ def mig_device_nodes(
 
 
 def load_mig_minors(path: Path = DEFAULT_MIG_MINORS) -> dict[str, int] | None:
-    """The parsed ``mig-minors`` file, or None when it cannot be read (logged once per path)."""
+    """The parsed ``mig-minors`` file, or None when it cannot be read (logged once per path).
+
+    Parsed again only when the file changes (its size or modification time): the kernel module
+    writes it once, and MIG devices made on demand have it read after each change.
+    """
     try:
+        stat = path.stat()
+        key = (stat.st_mtime_ns, stat.st_size)
+        with _logged_files_lock:
+            cached = _parsed.get(path)
+        if cached is not None and cached[0] == key:
+            return dict(cached[1])
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError as exc:
         with _logged_files_lock:
@@ -248,7 +266,10 @@ def load_mig_minors(path: Path = DEFAULT_MIG_MINORS) -> dict[str, int] | None:
                 error=str(exc),
             )
         return None
-    return parse_mig_minors(text)
+    parsed = parse_mig_minors(text)
+    with _logged_files_lock:
+        _parsed[path] = (key, parsed)
+    return dict(parsed)
 
 
 class _Reader:
@@ -367,6 +388,14 @@ class _Reader:
         if found is None:
             return None, None, placement
         return (*found, placement)
+
+    def known_profiles(self, profiles: dict[int, tuple[int, Any]]) -> None:
+        """The profile table as read before (not read again)."""
+        self._profiles = dict(profiles)
+
+    def profile_table(self) -> dict[int, tuple[int, Any]]:
+        """The profile table, if it was read (empty if not)."""
+        return dict(self._profiles or {})
 
     def _profile_table(self) -> dict[int, tuple[int, Any]]:
         """``{profile ID: (NVML_GPU_INSTANCE_PROFILE_*, profile info)}`` of the GPU, read once."""

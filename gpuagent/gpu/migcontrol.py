@@ -1,10 +1,10 @@
 """MIG made and removed for the DRA side (``--dra-mig dynamic``), off the event loop.
 
 Every driver call runs on one thread of its own (``nvml-mig``): a creation takes hundreds of
-milliseconds, and the poller's threads go on probing meanwhile. After a change the GPU is
-described again on that thread and taken into the store at once (:meth:`GpuMonitor.rediscovered`),
-so ``/metrics``, health, accounting and the CDI spec know the new MIG device — or forget the
-removed one — before the claim's answer goes back.
+milliseconds, and the poller's threads go on probing meanwhile. After a change the GPU's MIG
+devices are read again on that thread (not the whole GPU) and the GPU is taken into the store at
+once (:meth:`GpuMonitor.rediscovered`), so ``/metrics``, health, accounting and the CDI spec know
+the new MIG device — or forget the removed one — before the claim's answer goes back.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class MigBackend(Protocol):
     """What MIG management needs of the driver (:class:`gpuagent.gpu.nvml.Nvml`); blocking,
     raising :class:`~gpuagent.domain.migshapes.MigRefused`."""
 
-    def describe(self, index: int) -> Gpu: ...
+    def describe_mig(self, index: int) -> Gpu: ...
     def mig_mode(self, index: int) -> bool: ...
     def set_mig_mode(self, index: int, *, on: bool) -> None: ...
     def make_mig(self, index: int, shape: MigShape, placement: Placement) -> int: ...
@@ -66,8 +66,8 @@ class MigControl:
         return await self._run(partial(self._backend.destroy_mig, index, gpu_instance_id))
 
     async def rediscover(self, index: int) -> Gpu:
-        """Describe GPU ``index`` again and take it into the store."""
-        gpu = await self._run(partial(self._backend.describe, index))
+        """Read GPU ``index``'s MIG devices again and take it into the store."""
+        gpu = await self._run(partial(self._backend.describe_mig, index))
         self._monitor.rediscovered(gpu)
         return gpu
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -42,12 +43,12 @@ from gpuagent.domain.health import (
     LivenessFailed,
     Responding,
 )
-from gpuagent.domain.migshapes import Instance, MigRefused, MigShape, Placement
+from gpuagent.domain.migshapes import Instance, MigPartitions, MigRefused, MigShape, Placement
 from gpuagent.gpu import migmake
 from gpuagent.gpu.backend import DriverEvent, DriverUnavailable, EventWaitError, Pair, Probe
 from gpuagent.gpu.calls import ABSENT, NO_GPU, NvmlCalls, describe
 from gpuagent.gpu.eventset import EventSet
-from gpuagent.gpu.mig import DEFAULT_MIG_MINORS, read_mig_with_total
+from gpuagent.gpu.mig import DEFAULT_MIG_MINORS, MigReading, read_mig_with_total
 from gpuagent.gpu.migmake import read_shapes
 from gpuagent.gpu.processes import ProcessReader
 from gpuagent.gpu.telemetry import TelemetryReader
@@ -87,6 +88,9 @@ class Nvml:
         self._handles: dict[int, Any] = {}
         self._uuids: dict[int, str] = {}
         self._gpus: dict[int, Gpu] = {}
+        self._shapes: dict[int, tuple[str, MigPartitions]] = {}  # by index: (UUID, shapes)
+        # With MIG made on demand: each GPU's GPU-instance profile table, read once.
+        self._profiles: dict[int, dict[int, tuple[int, Any]]] = {}
         # Each MIG-enabled GPU's devices: (UUID, GPU-instance ID, handle), for their telemetry.
         self._migs: dict[int, tuple[tuple[str, int, Any], ...]] = {}
         self._events = EventSet(self._calls, self._handle)
@@ -177,6 +181,8 @@ class Nvml:
             return _unnamed(index)
         with self._lock:
             self._handles[index] = handle
+            if self._uuids.get(index) != uuid:
+                self._profiles.pop(index, None)  # another GPU at this index
             self._uuids[index] = uuid
         self._events.name_gpu(index, handle, uuid)
         try:
@@ -198,22 +204,7 @@ class Nvml:
         minor = int(call(index, pynvml.nvmlDeviceGetMinorNumber, handle))
         name = str(call(index, pynvml.nvmlDeviceGetName, handle))
         total, refused = self._memory_total(index, handle)
-        mig_handles: dict[str, Any] = {}
-        mig = read_mig_with_total(
-            index,
-            handle,
-            minor,
-            calls=self._calls,
-            mig_minors=self._mig_minors,
-            total_memory_bytes=total,
-            handles=mig_handles,
-        )
-        with self._lock:
-            self._migs[index] = tuple(
-                (m.uuid, m.gpu_instance_id, mig_handles[m.uuid])
-                for m in mig.devices
-                if m.uuid in mig_handles
-            )
+        mig = self._read_mig(index, handle, minor, total)
         if total is None:
             if mig.total_memory_bytes is None and refused is not None:
                 raise refused
@@ -221,7 +212,7 @@ class Nvml:
         architecture = optional(index, pynvml.nvmlDeviceGetArchitecture, handle)
         shapes = None
         if self._mig_shapes and mig.capable:
-            shapes = read_shapes(index, handle, self._calls, total, architecture)
+            shapes = self._shapes_of(index, handle, uuid, total, architecture)
         return Gpu(
             index=index,
             uuid=uuid,
@@ -239,6 +230,62 @@ class Nvml:
             mig_devices=mig.devices,
             mig_partitions=shapes,
         )
+
+    def _read_mig(self, index: int, handle: Any, minor: int, total: int | None) -> MigReading:
+        """The GPU's MIG side, its MIG devices' handles kept for their telemetry."""
+        mig_handles: dict[str, Any] = {}
+        with self._lock:
+            profiles = self._profiles.setdefault(index, {})
+        mig = read_mig_with_total(
+            index,
+            handle,
+            minor,
+            calls=self._calls,
+            mig_minors=self._mig_minors,
+            total_memory_bytes=total,
+            handles=mig_handles,
+            profiles=profiles if self._mig_shapes else None,
+        )
+        with self._lock:
+            self._migs[index] = tuple(
+                (m.uuid, m.gpu_instance_id, mig_handles[m.uuid])
+                for m in mig.devices
+                if m.uuid in mig_handles
+            )
+        return mig
+
+    def describe_mig(self, index: int) -> Gpu:
+        """GPU ``index`` as last described, its MIG mode and MIG devices read again (after one
+        was made or destroyed); raises :class:`MigRefused` when they cannot be read."""
+        handle = self._described(index)
+        with self._lock:
+            known = self._gpus.get(index)
+        if known is None:
+            raise MigRefused(f"gpu {index} has not been described")
+        try:
+            mig = self._read_mig(index, handle, known.minor, known.memory_mib * MIB or None)
+        except pynvml.NVMLError as exc:
+            raise MigRefused(f"reading gpu {index}'s mig devices: {describe(exc)}") from None
+        gpu = replace(known, mig_enabled=mig.enabled, mig_devices=mig.devices)
+        with self._lock:
+            self._gpus[index] = gpu
+        self._events.name_migs(index, gpu.mig_devices)
+        return gpu
+
+    def _shapes_of(
+        self, index: int, handle: Any, uuid: str, total: int, architecture: int | None
+    ) -> MigPartitions | None:
+        """The GPU's MIG shapes, read once per GPU (UUID): a GPU described again after a MIG
+        device was made offers the same."""
+        with self._lock:
+            known = self._shapes.get(index)
+        if known is not None and known[0] == uuid:
+            return known[1]
+        shapes = read_shapes(index, handle, self._calls, total, architecture)
+        if shapes is not None:
+            with self._lock:
+                self._shapes[index] = (uuid, shapes)
+        return shapes
 
     def _memory_total(self, index: int, handle: Any) -> tuple[int | None, pynvml.NVMLError | None]:
         """The GPU's memory in bytes, or ``(None, error)`` when the read was refused (MIG)."""

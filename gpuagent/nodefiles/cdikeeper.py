@@ -40,7 +40,7 @@ from gpuagent.nodefiles.cdi import (
     toolkit_devices,
 )
 from gpuagent.nodefiles.described import DescribedDevices, described_devices
-from gpuagent.nodefiles.driverfiles import DriverRoot
+from gpuagent.nodefiles.driverfiles import DriverFiles, DriverRoot
 from gpuagent.state.store import DeviceStore, Keyed, Watch
 
 __all__ = [
@@ -176,19 +176,16 @@ def write_cdi(snapshot: Snapshot, containers: ContainerSettings, target: CdiTarg
     return sync_spec(node_spec(snapshot, containers, target), target.spec_dir)
 
 
-def node_spec(snapshot: Snapshot, containers: ContainerSettings, target: CdiTarget) -> Spec | None:
+def node_spec(
+    snapshot: Snapshot,
+    containers: ContainerSettings,
+    target: CdiTarget,
+    files: DriverFiles | None = None,
+) -> Spec | None:
     """The agent's own CDI spec for ``snapshot``: device nodes and the driver's files found under
-    the target's driver root (blocks: it reads the driver root)."""
-    root = DriverRoot(target.read_root, kernel_release=target.kernel_release)
-    version = snapshot.driver.version
-    files = root.find(version, [g.pci_bus_id for g in snapshot.gpus])
-    if snapshot.gpus and not files.libraries:
-        log.warning(
-            "driver libraries not found; CDI containers get device nodes only",
-            driver_root=target.driver_root,
-            read_at=str(target.read_root),
-            driver_version=version,
-        )
+    the target's driver root (blocks: it reads the driver root), or ``files`` as found before."""
+    if files is None:
+        files = driver_files(snapshot, target)
     return build_spec(
         snapshot,
         dev_root=containers.dev_root,
@@ -199,20 +196,43 @@ def node_spec(snapshot: Snapshot, containers: ContainerSettings, target: CdiTarg
     )
 
 
+def driver_files(snapshot: Snapshot, target: CdiTarget) -> DriverFiles:
+    """The driver's files for ``snapshot``'s driver and GPUs under the target's driver root."""
+    root = DriverRoot(target.read_root, kernel_release=target.kernel_release)
+    version = snapshot.driver.version
+    files = root.find(version, [g.pci_bus_id for g in snapshot.gpus])
+    if snapshot.gpus and not files.libraries:
+        log.warning(
+            "driver libraries not found; CDI containers get device nodes only",
+            driver_root=target.driver_root,
+            read_at=str(target.read_root),
+            driver_version=version,
+        )
+    return files
+
+
 class NodeSpecs:
     """:func:`node_spec`, built again only when the devices, the driver or the container settings
     change — DRA's per-claim specs take their edits from it, so a prepare does not read the
-    driver root each time. Blocking; one caller at a time."""
+    driver root each time — and the driver root read again only when the driver or the GPUs
+    change (a MIG device made on prepare changes the devices alone). Blocking; one caller at a
+    time."""
 
     def __init__(self, target: CdiTarget) -> None:
         self._target = target
         self._key: object = None
         self._spec: Spec | None = None
+        self._files_key: object = None
+        self._files: DriverFiles | None = None
 
     def get(self, snapshot: Snapshot, containers: ContainerSettings) -> Spec | None:
         key = _spec_key(snapshot, containers, described_devices)
         if key != self._key:
-            self._spec = node_spec(snapshot, containers, self._target)
+            files_key = (snapshot.driver.version, tuple(g.pci_bus_id for g in snapshot.gpus))
+            if files_key != self._files_key or self._files is None:
+                self._files = driver_files(snapshot, self._target)
+                self._files_key = files_key
+            self._spec = node_spec(snapshot, containers, self._target, self._files)
             self._key = key
         return self._spec
 

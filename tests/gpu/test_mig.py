@@ -13,6 +13,7 @@ from support.simnvml import Run
 
 from gpuagent.domain.devices import MigDevice
 from gpuagent.gpu.mig import (
+    load_mig_minors,
     mig_device_nodes,
     mig_memory_gb,
     mig_profile_name,
@@ -465,3 +466,15 @@ class TestWithoutCapSysAdmin:
         privileged = [read(i, minors) for i in range(4)]
         assert refused == privileged
         assert [e["gpu"] for e in logs if "CAP_SYS_ADMIN" in e["event"]] == [0, 1, 2]
+
+
+def test_minors_file_is_parsed_again_only_when_it_changes(tmp_path: Path) -> None:
+    path = tmp_path / "mig-minors"
+    path.write_text("config 1\ngpu0/gi1/access 9\n")
+    first = load_mig_minors(path)
+    assert first == {"config": 1, "gpu0/gi1/access": 9}
+    assert first is not None
+    first["config"] = 99  # a caller's copy: the cache is not touched
+    assert load_mig_minors(path) == {"config": 1, "gpu0/gi1/access": 9}
+    path.write_text("config 1\ngpu0/gi1/access 9\ngpu0/gi1/ci0/access 10\n")
+    assert load_mig_minors(path) == {"config": 1, "gpu0/gi1/access": 9, "gpu0/gi1/ci0/access": 10}

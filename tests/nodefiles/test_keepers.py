@@ -286,3 +286,32 @@ async def test_a_failed_write_is_tried_again_at_a_change_once_its_backoff_is_ove
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+def test_node_specs_read_the_driver_root_again_only_for_a_new_driver_or_gpus(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DRA's per-claim specs: a MIG device made on prepare changes the devices (the spec is
+    built again, naming it) but not the driver's files, which are not looked for again."""
+    make_driver_root(tmp_path / "mnt")
+    reads: list[str] = []
+    real = cdikeeper.driver_files
+
+    def counted(snapshot: Snapshot, target: CdiTarget) -> Any:
+        reads.append(snapshot.driver.version)
+        return real(snapshot, target)
+
+    monkeypatch.setattr(cdikeeper, "driver_files", counted)
+    specs = cdikeeper.NodeSpecs(CdiTarget(spec_dir=tmp_path / "cdi", read_root=tmp_path / "mnt"))
+    before = node(gpu(0, mig_enabled=True), driver=VERSION)
+    first = specs.get(before, ContainerSettings())
+    made = node(gpu(0, migs=[mig(0, 7)]), driver=VERSION)
+    second = specs.get(made, ContainerSettings())
+    assert first is not None
+    assert second is not None
+    assert mig_uuid(0, 7) in {d["name"] for d in second["devices"]}
+    assert mig_uuid(0, 7) not in {d["name"] for d in first["devices"]}
+    assert second["containerEdits"] == first["containerEdits"]
+    assert reads == [VERSION]
+    specs.get(node(gpu(0, migs=[mig(0, 7)]), driver="580.95.05"), ContainerSettings())
+    assert reads == [VERSION, "580.95.05"]
