@@ -10,12 +10,18 @@ the interpreter with the agent: the round trips are upper bounds.
 - The kubelet-side round trip, API read (from a local stand-in) included.
 - fault → ResourceSlice updated: an XID injected over /sim/faults until the API server holds the
   device's taint; then ``recover`` until the taint is gone.
+- ``--dra-mig dynamic``: on simulated H100s (cap_sys_admin, the driver's MIG latencies slept as
+  configured: 0.25 s to make a GPU instance, 0.1 s its compute instance), the kubelet-side round
+  trip of a claim whose 1g.10gb is made on prepare until its CDI ID comes back, against the
+  driver's creation latency (a 3g.40gb held meanwhile keeps MIG mode on, so no switch is timed);
+  and what 8 H100s publish (devices, slices, bytes of their JSON).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import shutil
 import statistics
 import tempfile
@@ -31,14 +37,27 @@ from support.grpcstubs import dra_stubs
 
 from gpuagent import logs
 from gpuagent.dra.endpoint import EndpointTiming
+from gpuagent.gpu.sim import node_from_mapping
+from gpuagent.gpu.sim.spec import DEFAULT_CALL_LATENCY_S, mig_minors_text
 from gpuagent.kube.slices import Backoff, Coalescing
 
 NODE = "bench-node"
 DRIVER = "gpu.nvidia.com"
 
 
+MIG_NODE_GPUS = 8
+#: What the simulated driver sleeps to make a 1g.10gb (gpu/sim/spec.py's defaults).
+CREATION_S = (
+    DEFAULT_CALL_LATENCY_S["nvmlDeviceCreateGpuInstanceWithPlacement"]
+    + DEFAULT_CALL_LATENCY_S["nvmlGpuInstanceCreateComputeInstance"]
+)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dra-claims", type=int, default=300, help="claims prepared (DRA rows)")
+    parser.add_argument(
+        "--dra-mig-claims", type=int, default=30, help="MIG devices made on prepare (DRA rows)"
+    )
     parser.add_argument("--dra-faults", type=int, default=20, help="faults injected (DRA rows)")
 
 
@@ -117,6 +136,60 @@ async def _measure(gpus: int, claims: int, faults: int, root: Path) -> dict[str,
     return out
 
 
+async def _measure_mig(claims: int, root: Path) -> dict[str, Any]:
+    """Round trips of prepares that make a 1g.10gb on GPU 0; what 8 H100s publish."""
+    api = FakeApiServer(node=NODE)
+    await api.start()
+    watcher = FakePluginWatcher(root / "registry", dra_stubs())
+    node = root / "node.yaml"
+    gpus = [{"name": "H100"}] * MIG_NODE_GPUS
+    config = {"version": "v1", "gpus": gpus, "cap_sys_admin": True}
+    node.write_text(json.dumps(config))
+    minors = root / "mig-minors"
+    minors.write_text(mig_minors_text(node_from_mapping(config)))
+    args = (
+        "--sim-config", str(node), "--dra-gpus", "all", "--dra-mig", "dynamic",
+        "--kubeconfig", str(api.kubeconfig(root / "kubeconfig")),
+        "--plugins-dir", str(root / "plugins"),
+        "--plugins-registry-dir", str(root / "registry"),
+        "--cdi-spec-dir", str(root / "cdi"),
+        "--poll-interval", "5",
+    )  # fmt: skip
+    options = {
+        "node_name": NODE,
+        "dra_options": {"endpoint_timing": EndpointTiming(watch_interval=0.05)},
+        "mig_minors": minors,
+    }
+    out: dict[str, Any] = {"round_trip": []}
+    try:
+        async with running_agent(root / "device-plugins", args, agent_options=options) as run:
+            reg = await watcher.aregister(await watcher.afind())
+            await _wait(lambda: len(api.devices()) == 26 * MIG_NODE_GPUS)
+            out["devices"] = len(api.devices())
+            out["slices"] = len(api.slices)
+            out["bytes"] = sum(
+                len(json.dumps(s, separators=(",", ":"))) for s in api.slices.values()
+            )
+            api.add_claim(claim("b", "hold", "hold", [("m", DRIVER, NODE, "gpu-0-mig-3g40gb-9-4")]))
+            held = await watcher.aprepare(reg, [("b", "hold", "hold")])
+            assert held.claims["hold"].error == "", held.claims["hold"].error
+            for i in range(claims):
+                uid, name = f"mig-{i}", f"gpu-0-mig-1g10gb-19-{i % 4}"
+                api.add_claim(claim("b", uid, uid, [("m", DRIVER, NODE, name)]))
+                started = time.perf_counter()
+                response = await watcher.aprepare(reg, [("b", uid, uid)])
+                out["round_trip"].append(time.perf_counter() - started)
+                assert response.claims[uid].error == "", response.claims[uid].error
+                assert list(response.claims[uid].devices[0].cdi_device_ids)
+                await watcher.aunprepare(reg, [("b", uid, uid)])
+            assert run.agent.dra is not None
+            out["prepare"] = list(run.agent.dra.stats.prepare_seconds[1:])  # not the held one
+            assert api.invalid == [], api.invalid
+    finally:
+        await api.stop()
+    return out
+
+
 def rows(args: argparse.Namespace, row: Any) -> list[Any]:
     logs.configure("console", "warning")  # the in-process agent's info lines would drown the table
     root = Path(tempfile.mkdtemp(prefix="gad-", dir="/tmp"))
@@ -124,11 +197,18 @@ def rows(args: argparse.Namespace, row: Any) -> list[Any]:
         m = uvloop.run(_measure(args.gpus, args.dra_claims, args.dra_faults, root))
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    root = Path(tempfile.mkdtemp(prefix="gad-", dir="/tmp"))
+    try:
+        mig = uvloop.run(_measure_mig(args.dra_mig_claims, root))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
     def ms(seconds: float) -> str:
         return f"{seconds * 1000:.2f} ms"
 
     prepare = _p(m["prepare"], 99)
+    made = mig["round_trip"]
+    made_p99 = _p(made, 99)
     taint = _p(m["to_taint"], 99)
     return [
         row(f"DRA NodePrepareResources p50, 1 claim ({len(m['prepare'])}), no API read",
@@ -144,4 +224,12 @@ def rows(args: argparse.Namespace, row: Any) -> list[Any]:
         row("DRA fault → ResourceSlice tainted p99", ms(taint), "< 1 s", taint < 1.0),
         row("DRA recover → ResourceSlice taint cleared p99", ms(_p(m["to_clear"], 99)), "",
             None),
+        row(f"DRA dynamic MIG prepare → CDI ID p50 ({len(made)}, 1g.10gb made)",
+            ms(statistics.median(made)), "", None),
+        row(f"DRA dynamic MIG prepare → CDI ID p99 (driver creation {ms(CREATION_S)})",
+            ms(made_p99), f"< {ms(CREATION_S + 0.050)}", made_p99 < CREATION_S + 0.050),
+        row("DRA dynamic MIG NodePrepareResources p99, no API read",
+            ms(_p(mig["prepare"], 99)), "", None),
+        row(f"DRA dynamic MIG: {MIG_NODE_GPUS} H100s publish",
+            f"{mig['devices']} devices, {mig['slices']} slices, {mig['bytes']} bytes", "", None),
     ]  # fmt: skip
