@@ -114,8 +114,16 @@ class DynamicMig:
 
     async def remove(self, made: MadeMig) -> None:
         """Destroy the MIG device ``made`` (nothing if it is gone), then switch MIG mode off
-        where the agent switched it on and the GPU is empty; raises :class:`ClaimError`."""
-        gpu = self._gpu(made.gpu_uuid)
+        where the agent switched it on and the GPU is empty; raises :class:`ClaimError`. A GPU
+        the node no longer has holds nothing to destroy."""
+        gpu = next((g for g in self._store.snapshot.gpus if g.uuid == made.gpu_uuid), None)
+        if gpu is None:
+            log.warning(
+                "mig device's gpu is gone; nothing to destroy",
+                gpu=made.gpu_uuid,
+                gpu_instance=made.gpu_instance_id,
+            )
+            return
         shapes = () if gpu.mig_partitions is None else gpu.mig_partitions.shapes
         try:
             found = await self._driver.instances(gpu.index, shapes)

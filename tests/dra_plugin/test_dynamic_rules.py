@@ -1,0 +1,135 @@
+"""The rules of MIG made on demand (dra/dynamic.py) over a driver stand-in: what is destroyed,
+what is kept, when MIG mode goes back off, and what a claim is told."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from support.nodes import gpu, mig, mig_shapes, node
+
+from gpuagent.domain.claims import ClaimError, MadeMig
+from gpuagent.domain.devices import Gpu
+from gpuagent.domain.dra import DraDevice, DraGpus, DraMig, dra_devices
+from gpuagent.domain.migshapes import Instance, MigRefused, MigShape, Placement
+from gpuagent.dra.dynamic import DynamicMig
+from gpuagent.state.store import DeviceStore
+
+SHAPES = mig_shapes()
+ONE_G = next(s for s in SHAPES.shapes if s.name == "1g.10gb")
+
+
+class Driver:
+    """A GPU's instances as a driver keeps them; ``refuse``: an operation's NVML error name."""
+
+    def __init__(self, store: DeviceStore, instances: list[Instance], *, mode: bool) -> None:
+        self.store = store
+        self.found = instances
+        self.mode = mode
+        self.refuse: dict[str, str] = {}
+        self.calls: list[str] = []
+
+    def _check(self, what: str) -> None:
+        self.calls.append(what)
+        if what in self.refuse:
+            raise MigRefused(f"{what}: {self.refuse[what]}")
+
+    async def mig_mode(self, index: int) -> bool:
+        return self.mode
+
+    async def set_mig_mode(self, index: int, *, on: bool) -> None:
+        self._check("mode on" if on else "mode off")
+        self.mode = on
+
+    async def make(self, index: int, shape: MigShape, placement: Placement) -> int:
+        self._check("make")
+        gi = 1 + max((i.gpu_instance_id for i in self.found), default=0)
+        self.found.append(Instance(gi, shape.profile_id, placement, computed=True))
+        return gi
+
+    async def instances(self, index: int, shapes: tuple[MigShape, ...]) -> list[Instance]:
+        return list(self.found)
+
+    async def destroy(self, index: int, gpu_instance_id: int) -> bool:
+        self._check(f"destroy {gpu_instance_id}")
+        self.found = [i for i in self.found if i.gpu_instance_id != gpu_instance_id]
+        return True
+
+    async def rediscover(self, index: int) -> Gpu:
+        migs = [mig(index, i.gpu_instance_id) for i in self.found]
+        described = replace(gpu(index, migs=migs, mig_enabled=self.mode), mig_partitions=SHAPES)
+        self.store.update(lambda s: replace(s, gpus=(described,)))
+        return described
+
+
+def setup(instances: list[Instance], *, mode: bool) -> tuple[DynamicMig, Driver, DeviceStore]:
+    store = DeviceStore(node(replace(gpu(0, mig_enabled=mode), mig_partitions=SHAPES)))
+    driver = Driver(store, instances, mode=mode)
+    return DynamicMig(driver, store), driver, store
+
+
+def partition(store: DeviceStore, name: str) -> DraDevice:
+    devices = dra_devices(store.snapshot, DraGpus(all=True), mig=DraMig.DYNAMIC)
+    return next(d for d in devices if d.name == name)
+
+
+async def test_made_then_removed_switches_mig_mode_back_only_if_the_agent_switched_it() -> None:
+    dynamic, driver, store = setup([], mode=False)
+    made, uuid = await dynamic.make(partition(store, "gpu-0-mig-1g10gb-19-3"))
+    assert made == MadeMig(store.snapshot.gpus[0].uuid, 19, 3, 1)
+    assert uuid == mig(0, 1).uuid
+    assert dynamic.switched == {store.snapshot.gpus[0].uuid}
+    await dynamic.remove(made)
+    assert driver.calls == ["mode on", "make", "destroy 1", "mode off"]
+    assert dynamic.switched == frozenset()
+    # Already on when the agent came: left on.
+    dynamic, driver, store = setup([], mode=True)
+    made, _ = await dynamic.make(partition(store, "gpu-0-mig-1g10gb-19-3"))
+    await dynamic.remove(made)
+    assert driver.calls == ["make", "destroy 1"]
+    assert driver.mode
+
+
+async def test_an_instance_not_the_one_made_is_not_destroyed() -> None:
+    other = Instance(1, 9, Placement(0, 4), computed=True)  # a 3g.40gb where ID 1 was a 1g
+    dynamic, driver, store = setup([other], mode=True)
+    await dynamic.remove(MadeMig(store.snapshot.gpus[0].uuid, 19, 3, 1))
+    assert driver.found == [other]
+    assert not [c for c in driver.calls if c.startswith("destroy")]
+
+
+async def test_refusals_reach_the_claim_named_and_a_failed_switch_back_is_kept_for_later() -> None:
+    dynamic, driver, store = setup([], mode=False)
+    made, _ = await dynamic.make(partition(store, "gpu-0-mig-1g10gb-19-3"))
+    driver.refuse["destroy 1"] = "IN_USE"
+    with pytest.raises(ClaimError, match="IN_USE: processes still run on it"):
+        await dynamic.remove(made)
+    del driver.refuse["destroy 1"]
+    driver.refuse["mode off"] = "IN_USE"
+    await dynamic.remove(made)  # destroyed; the switch back waits for the next empty GPU
+    assert driver.found == []
+    assert dynamic.switched == {store.snapshot.gpus[0].uuid}
+    driver.refuse["make"] = "INSUFFICIENT_RESOURCES"
+    with pytest.raises(ClaimError, match="gpu-0-mig-1g10gb-19-3: make: INSUFFICIENT_RESOURCES: "):
+        await dynamic.make(partition(store, "gpu-0-mig-1g10gb-19-3"))
+
+
+async def test_a_gone_gpu_holds_nothing_to_destroy() -> None:
+    dynamic, driver, _ = setup([], mode=True)
+    await dynamic.remove(MadeMig("GPU-not-here", 19, 3, 1))
+    assert driver.calls == []
+
+
+async def test_the_sweep_destroys_what_no_claim_holds() -> None:
+    kept = Instance(2, 19, Placement(3, 1), computed=True)
+    orphan = Instance(5, 19, Placement(5, 1), computed=False)
+    dynamic, driver, store = setup([kept, orphan], mode=True)
+    uuid = store.snapshot.gpus[0].uuid
+    dynamic.switched = frozenset({uuid})
+    devices = dra_devices(store.snapshot, DraGpus(all=True), mig=DraMig.DYNAMIC)
+    assert await dynamic.sweep(devices, [MadeMig(uuid, 19, 3, 2)]) == 1
+    assert driver.found == [kept]
+    assert driver.mode  # a claim still holds an instance
+    assert await dynamic.sweep(devices, []) == 1
+    assert driver.found == []
+    assert not driver.mode
