@@ -130,7 +130,10 @@ class ClaimPreparer:
                     break
             kept = [d.made for c in self.claims.values() for d in c.devices if d.made]
             removed = await self.mig.sweep(self._devices(self._store.snapshot), kept)
-            await asyncio.to_thread(self._files.save, self.claims, self.mig.switched)
+            try:
+                await asyncio.to_thread(self._files.save, self.claims, self.mig.switched)
+            except OSError as exc:  # the next prepare or unprepare writes it again
+                log.error("dra checkpoint not written after the mig sweep", error=str(exc))
         log.info("mig devices of prepared claims checked", kept=len(kept), orphans_removed=removed)
 
     @property
