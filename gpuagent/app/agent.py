@@ -24,14 +24,11 @@ from gpuagent.app.supervisor import Supervisor
 from gpuagent.app.tuning import collector_held
 from gpuagent.config import ConfigError, Settings
 from gpuagent.config.planning import check_socket_dirs, load_web_config, make_plan
-from gpuagent.domain.dra import DraMig
 from gpuagent.domain.plan import Plan
 from gpuagent.domain.readiness import readiness
 from gpuagent.domain.serving import ResourceView, cdi_gated
 from gpuagent.gpu.mig import DEFAULT_MIG_MINORS
-from gpuagent.gpu.migcontrol import MigControl
 from gpuagent.gpu.monitor import GpuMonitor
-from gpuagent.gpu.nvml import Nvml
 from gpuagent.kubehealth import NodeHealthWanted, wanted
 from gpuagent.kubelet.endpoints import PluginEndpoints
 from gpuagent.kubelet.registration import Timing
@@ -53,8 +50,7 @@ class Agent:
     and ``node_health_options`` go to the DRA side and the node-health writer (tests shorten
     their timings). ``settings_source`` reads the settings again for a reload (none: no reloads).
     ``own_process``: the process is the agent's alone (the command line), so start-up may set
-    process-wide knobs (see :mod:`gpuagent.app.tuning`). ``mig_minors``: the driver's MIG
-    capability minors (``/dev/nvidia-caps`` nodes of MIG devices).
+    process-wide knobs (see :mod:`gpuagent.app.tuning`); ``mig_minors``: the driver's MIG caps.
     """
 
     def __init__(
@@ -187,13 +183,7 @@ class Agent:
             from gpuagent.gpu import sim  # noqa: PLC0415
 
             sim.install(self.simulator)
-        dynamic = self.store.plan.dra.mig is DraMig.DYNAMIC
-        nvml = Nvml(
-            self._sysfs_root,
-            self._mig_minors,
-            processes=settings.container_accounting,
-            mig_shapes=dynamic,
-        )
+        nvml = policy.driver(settings, self.store, self.dra, self._sysfs_root, self._mig_minors)
         monitor = GpuMonitor(
             self.store,
             nvml,
@@ -201,9 +191,6 @@ class Agent:
             call_timeout=self._nvml_call_timeout,
             nvml_timeout=settings.nvml_timeout,
         )
-        mig = MigControl(nvml, monitor) if dynamic and self.dra is not None else None
-        if mig is not None and self.dra is not None:
-            self.dra.manage_mig(mig)
         startup = Startup(
             self.store,
             settings,
@@ -250,8 +237,6 @@ class Agent:
                 monitor=monitor,
                 simulator=self.simulator,
             )
-            if mig is not None:
-                mig.close()
 
     # ----- reload ------------------------------------------------------------------------------
     def request_reload(self) -> None:

@@ -1,6 +1,7 @@
 """What the agent decides from its settings and its node, apart from the wiring: which GPUs
 ``--dra-gpus`` names that the node lacks, which of the host's files simulated GPUs may reach,
-where the CDI spec goes, and what container accounting cannot see."""
+where the CDI spec goes, what container accounting cannot see, and the driver backend (with MIG
+made on demand, the DRA side's too)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,14 @@ import structlog
 from gpuagent.config import Settings
 from gpuagent.config.planning import driver_root_as_read
 from gpuagent.domain.containers import CDI_SPEC_DIR
+from gpuagent.domain.dra import DraMig
+from gpuagent.gpu.migcontrol import MigControl
+from gpuagent.gpu.nvml import Nvml
 
 if TYPE_CHECKING:  # the node files' modules are imported off the loop (see startup.py)
     from gpuagent.domain.dra import DraGpus
     from gpuagent.domain.snapshot import Snapshot
+    from gpuagent.dra.side import DraSide
     from gpuagent.nodefiles.cdikeeper import CdiTarget
     from gpuagent.nodefiles.labelkeeper import NodeFiles
     from gpuagent.state.store import DeviceStore
@@ -106,3 +111,20 @@ def dra_node_spec(settings: Settings) -> Callable[[Snapshot], Mapping[str, Any] 
 
     specs = NodeSpecs(cdi_target(settings))
     return lambda snapshot: specs.get(snapshot, snapshot.plan.serving.containers)
+
+
+def driver(
+    settings: Settings,
+    store: DeviceStore,
+    dra: DraSide | None,
+    sysfs_root: Path,
+    mig_minors: Path,
+) -> Nvml:
+    """The NVML backend; with MIG made on demand (``--dra-mig dynamic``), the DRA side makes and
+    destroys MIG devices through it, on a thread of its own (closed with the DRA side)."""
+    dynamic = store.plan.dra.mig is DraMig.DYNAMIC
+    processes = settings.container_accounting
+    nvml = Nvml(sysfs_root, mig_minors, processes=processes, mig_shapes=dynamic)
+    if dynamic and dra is not None:
+        dra.manage_mig(MigControl(nvml, store))
+    return nvml

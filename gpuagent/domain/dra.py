@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum, StrEnum
 from types import MappingProxyType
 
+from gpuagent.domain.apivalues import Version, dns_label, label_value, pci_bus_id, semver
 from gpuagent.domain.devices import Condition, Gpu, GpuHealth, MigDevice, NodeState
 from gpuagent.domain.dynmig import CounterSet, Partition, instance_at, partitions
 from gpuagent.domain.errors import SettingError
@@ -40,7 +41,6 @@ __all__ = [
     "Effect",
     "Taint",
     "dra_devices",
-    "semver",
     "unpublished_gpus",
 ]
 
@@ -51,9 +51,6 @@ MAX_TAINTS = 4
 MAX_STRING = 64  # an attribute's string or version value
 
 _INDEX = re.compile(r"\d+")
-_DNS_LABEL_CHARS = re.compile(r"[^a-z0-9-]+")
-_LABEL_VALUE_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
-_VERSION_PART = re.compile(r"\d+")
 # Recovery actions after which the GPU must be reset (or the node rebooted) before it is usable.
 _RESET_ACTIONS = frozenset(
     {"gpu_reset", "node_reboot", "drain_and_reset", "bus_reset", "system_reboot"}
@@ -203,54 +200,6 @@ class DraDevice:
 _NONE: Mapping[str, int] = MappingProxyType({})
 
 
-@dataclass(frozen=True, slots=True)
-class Version:
-    """A semantic-version attribute value (``9.0.0``)."""
-
-    text: str
-
-
-def semver(value: str) -> Version | None:
-    """``value`` (``"550.54.15"``, ``"9.0"``, ``"12.4"``) as a semver ``X.Y.Z``, or ``None``.
-
-    Leading zeros are dropped (``535.104.05`` → ``535.104.5``): semver forbids them.
-    """
-    parts = value.strip().split(".")
-    if not 1 <= len(parts) <= 3 or not all(_VERSION_PART.fullmatch(p) for p in parts):
-        return None
-    numbers = [str(int(p)) for p in parts] + ["0"] * (3 - len(parts))
-    return Version(".".join(numbers))
-
-
-def pci_bus_id(value: str) -> str | None:
-    """NVML's bus ID (``00000000:3B:00.0``) in the standard attribute's form
-    (``0000:3b:00.0``), or ``None`` when it cannot be read."""
-    parts = value.strip().lower().split(":")
-    if len(parts) == 2:
-        parts.insert(0, "0")
-    if len(parts) != 3 or "." not in parts[2]:
-        return None
-    device, _, function = parts[2].partition(".")
-    try:
-        domain, bus, dev, fn = (
-            int(parts[0], 16),
-            int(parts[1], 16),
-            int(device, 16),
-            int(function, 16),
-        )
-    except ValueError:
-        return None
-    if domain > 0xFFFF or bus > 0xFF or dev > 0x1F or fn > 0x7:
-        return None
-    return f"{domain:04x}:{bus:02x}:{dev:02x}.{fn:x}"
-
-
-def dns_label(text: str) -> str:
-    """``text`` as a DNS label: lower case, ``[a-z0-9-]``, at most 63 characters."""
-    label = _DNS_LABEL_CHARS.sub("-", text.lower()).strip("-")
-    return label[:63].rstrip("-") or "x"
-
-
 def taints(health: GpuHealth, driver: str) -> tuple[Taint, ...]:
     """The taints of a device on a GPU with ``health`` (none while healthy).
 
@@ -261,7 +210,7 @@ def taints(health: GpuHealth, driver: str) -> tuple[Taint, ...]:
     for condition in health.conditions[:MAX_TAINTS]:
         effect = Effect.NO_EXECUTE if _needs_reset(condition) else Effect.NO_SCHEDULE
         key = f"{driver}/{dns_label(condition.kind.replace('_', '-'))}"
-        out.append(Taint(key=key, value=_label_value(condition.detail), effect=effect))
+        out.append(Taint(key=key, value=label_value(condition.detail), effect=effect))
     return tuple(out)
 
 
@@ -269,11 +218,6 @@ def _needs_reset(condition: Condition) -> bool:
     if condition.kind in _RESET_CONDITIONS:
         return True
     return condition.kind == RECOVERY and condition.detail in _RESET_ACTIONS
-
-
-def _label_value(text: str) -> str:
-    value = _LABEL_VALUE_CHARS.sub("_", text)[:63]
-    return value.strip("_.-")
 
 
 def _architecture(gpu: Gpu) -> str:

@@ -12,7 +12,8 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpuagent.domain.dra import DraDevice, Version
+from gpuagent.domain.apivalues import Version
+from gpuagent.domain.dra import DraDevice
 from gpuagent.domain.dynmig import CounterSet
 
 __all__ = [

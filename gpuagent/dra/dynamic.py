@@ -21,7 +21,7 @@ from typing import Protocol
 
 import structlog
 
-from gpuagent.domain.claims import ClaimError, MadeMig
+from gpuagent.domain.claims import ClaimError, MadeMig, PreparedDevice
 from gpuagent.domain.devices import Gpu
 from gpuagent.domain.dra import DraDevice
 from gpuagent.domain.migshapes import Instance, MigRefused, MigShape, Placement
@@ -45,6 +45,7 @@ class MigDriver(Protocol):
     async def instances(self, index: int, shapes: tuple[MigShape, ...]) -> list[Instance]: ...
     async def destroy(self, index: int, gpu_instance_id: int) -> bool: ...
     async def rediscover(self, index: int) -> Gpu: ...
+    def close(self) -> None: ...
 
 
 class DynamicMig:
@@ -55,6 +56,10 @@ class DynamicMig:
         self._driver = driver
         self._store = store
         self.switched: frozenset[str] = frozenset()
+
+    def close(self) -> None:
+        """Let the driver's MIG thread end (the agent is stopping)."""
+        self._driver.close()
 
     def _gpu(self, uuid: str) -> Gpu:
         gpu = next((g for g in self._store.snapshot.gpus if g.uuid == uuid), None)
@@ -88,6 +93,29 @@ class DynamicMig:
                 return made, listed.uuid
         await self.remove(made)
         raise ClaimError(f"device {device.name}: made, but the driver does not list it")
+
+    async def ready(self, device: DraDevice) -> tuple[MadeMig | None, str]:
+        """``device`` ready for its claim: its MIG device made if it is made on prepare, a
+        partitionable GPU prepared whole out of MIG mode; ``(record of what was made, the UUID
+        its CDI device is named by)``."""
+        if device.made_on_prepare:
+            return await self.make(device)
+        if device.counter_set is not None:
+            await self.whole(device)
+        return None, device.uuid
+
+    async def remove_all(self, devices: Iterable[PreparedDevice], *, undo: bool = False) -> None:
+        """Destroy what was made for ``devices``; ``undo``: for a claim whose prepare failed
+        (its error stands, a refusal is logged)."""
+        for device in devices:
+            if device.made is None:
+                continue
+            try:
+                await self.remove(device.made)
+            except ClaimError as exc:
+                if not undo:
+                    raise
+                log.error("mig device of a failed prepare not destroyed", error=str(exc))
 
     async def whole(self, device: DraDevice) -> None:
         """A partitionable GPU prepared whole: out of MIG mode if the agent switched it on and

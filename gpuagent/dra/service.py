@@ -140,20 +140,13 @@ class ClaimPreparer:
     def _switched(self) -> frozenset[str]:
         return frozenset() if self.mig is None else self.mig.switched
 
-    async def _make(self, device: DraDevice) -> tuple[MadeMig | None, str]:
-        """A device's MIG device made if it is made on prepare; ``(record, UUID to name)``."""
-        if not device.made_on_prepare:
-            if device.counter_set is not None and self.mig is not None:
-                await self.mig.whole(device)
-            return None, device.uuid
-        if self.mig is None:
+    async def _ready(self, device: DraDevice) -> tuple[MadeMig | None, str]:
+        """``device`` ready for its claim (see :meth:`DynamicMig.ready`): ``(record, UUID)``."""
+        if self.mig is not None:
+            return await self.mig.ready(device)
+        if device.made_on_prepare:
             raise ClaimError(f"device {device.name}: MIG devices cannot be made yet")
-        return await self.mig.make(device)
-
-    async def _unmake(self, devices: Iterable[PreparedDevice]) -> None:
-        for device in devices:
-            if device.made is not None and self.mig is not None:
-                await self.mig.remove(device.made)
+        return None, device.uuid
 
     async def prepare(self, ref: ClaimRef) -> PreparedClaim:
         """The claim's devices, prepared; raises :class:`ClaimError`."""
@@ -176,7 +169,7 @@ class ClaimPreparer:
             made: list[PreparedDevice] = []
             try:
                 for name, requests in chosen:
-                    record, uuid = await self._make(devices[name])
+                    record, uuid = await self._ready(devices[name])
                     made.append(
                         PreparedDevice(
                             requests=requests,
@@ -195,7 +188,8 @@ class ClaimPreparer:
                 except OSError as exc:
                     raise ClaimError(f"writing the claim's CDI spec or checkpoint: {exc}") from None
             except ClaimError:
-                await self._undo(made)
+                if self.mig is not None:
+                    await self.mig.remove_all(made, undo=True)
                 raise
             self.claims = claims
             self.stats.record(self.stats.prepare_seconds, time.perf_counter() - started - read)
@@ -221,20 +215,13 @@ class ClaimPreparer:
         self._files.write_spec(prepared.ref.uid, spec)
         self._files.save(claims, self._switched)
 
-    async def _undo(self, made: list[PreparedDevice]) -> None:
-        """Destroy what a claim that failed to prepare made (its error stands)."""
-        try:
-            await self._unmake(made)
-        except ClaimError as exc:
-            log.error("mig device of a failed prepare not destroyed", error=str(exc))
-
     async def unprepare(self, ref: ClaimRef) -> None:
         """Destroy the claim's MIG devices made for it, forget the claim and remove its CDI
         spec; a claim never prepared is not an error."""
         async with self._lock:
             known = self.claims.get(ref.uid)
-            if known is not None:
-                await self._unmake(known.devices)
+            if known is not None and self.mig is not None:
+                await self.mig.remove_all(known.devices)
             claims = without_claim(self.claims, ref.uid)
             try:
                 await asyncio.to_thread(self._remove, ref.uid, claims)

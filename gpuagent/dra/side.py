@@ -165,6 +165,8 @@ class DraSide:
 
     async def close(self) -> None:
         await self.api.close()
+        if self.preparer.mig is not None:
+            self.preparer.mig.close()
 
 
 def _devices(snapshot: Snapshot) -> tuple[DraDevice, ...]:

@@ -191,13 +191,6 @@ class GpuMonitor:
         if described:
             self._spawn_refresh()
 
-    def rediscovered(self, gpu: Gpu) -> None:
-        """Take in GPU ``gpu.index`` described again out of turn (its MIG devices were made or
-        removed: :mod:`gpuagent.gpu.migcontrol`); a description that failed is left to the
-        probes."""
-        if gpu.uuid and is_described(gpu) and not self._closed:
-            self._store.update(lambda s: merge_description(s, gpu))
-
     # ----- running -----------------------------------------------------------------------------
     async def run(self) -> None:
         """Keep the store current until cancelled; retries driver initialisation until it works."""

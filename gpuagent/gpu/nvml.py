@@ -43,13 +43,12 @@ from gpuagent.domain.health import (
     LivenessFailed,
     Responding,
 )
-from gpuagent.domain.migshapes import Instance, MigPartitions, MigRefused, MigShape, Placement
-from gpuagent.gpu import migmake
+from gpuagent.domain.migshapes import MigRefused
 from gpuagent.gpu.backend import DriverEvent, DriverUnavailable, EventWaitError, Pair, Probe
 from gpuagent.gpu.calls import ABSENT, NO_GPU, NvmlCalls, describe
 from gpuagent.gpu.eventset import EventSet
-from gpuagent.gpu.mig import DEFAULT_MIG_MINORS, MigReading, read_mig_with_total
-from gpuagent.gpu.migmake import read_shapes
+from gpuagent.gpu.mig import DEFAULT_MIG_MINORS
+from gpuagent.gpu.migside import MigSide
 from gpuagent.gpu.processes import ProcessReader
 from gpuagent.gpu.telemetry import TelemetryReader
 from gpuagent.gpu.topology import GpuLinks, TopologyReader, read_topology
@@ -79,20 +78,14 @@ class Nvml:
         mig_shapes: bool = False,
     ) -> None:
         self._sysfs_root = sysfs_root
-        self._mig_shapes = mig_shapes
         self._read_processes = processes
-        self._mig_minors = mig_minors
         self._calls = NvmlCalls()
+        self._mig = MigSide(self._calls, mig_minors, shapes=mig_shapes)
         self.topology = Topology()
         self._lock = threading.Lock()
         self._handles: dict[int, Any] = {}
         self._uuids: dict[int, str] = {}
         self._gpus: dict[int, Gpu] = {}
-        self._shapes: dict[int, tuple[str, MigPartitions]] = {}  # by index: (UUID, shapes)
-        # With MIG made on demand: each GPU's GPU-instance profile table, read once.
-        self._profiles: dict[int, dict[int, tuple[int, Any]]] = {}
-        # Each MIG-enabled GPU's devices: (UUID, GPU-instance ID, handle), for their telemetry.
-        self._migs: dict[int, tuple[tuple[str, int, Any], ...]] = {}
         self._events = EventSet(self._calls, self._handle)
         self._topology: TopologyReader | None = None
         self._reader = TelemetryReader(self._calls, clock)
@@ -181,9 +174,8 @@ class Nvml:
             return _unnamed(index)
         with self._lock:
             self._handles[index] = handle
-            if self._uuids.get(index) != uuid:
-                self._profiles.pop(index, None)  # another GPU at this index
-            self._uuids[index] = uuid
+            before, self._uuids[index] = self._uuids.get(index), uuid
+        self._mig.named(index, uuid, before)
         self._events.name_gpu(index, handle, uuid)
         try:
             gpu = self._describe(index, handle, uuid)
@@ -204,15 +196,13 @@ class Nvml:
         minor = int(call(index, pynvml.nvmlDeviceGetMinorNumber, handle))
         name = str(call(index, pynvml.nvmlDeviceGetName, handle))
         total, refused = self._memory_total(index, handle)
-        mig = self._read_mig(index, handle, minor, total)
+        mig = self._mig.read(index, handle, minor, total)
         if total is None:
             if mig.total_memory_bytes is None and refused is not None:
                 raise refused
             total = mig.total_memory_bytes or 0
         architecture = optional(index, pynvml.nvmlDeviceGetArchitecture, handle)
-        shapes = None
-        if self._mig_shapes and mig.capable:
-            shapes = self._shapes_of(index, handle, uuid, total, architecture)
+        shapes = self._mig.shapes(index, handle, uuid, total, architecture) if mig.capable else None
         return Gpu(
             index=index,
             uuid=uuid,
@@ -231,39 +221,14 @@ class Nvml:
             mig_partitions=shapes,
         )
 
-    def _read_mig(self, index: int, handle: Any, minor: int, total: int | None) -> MigReading:
-        """The GPU's MIG side, its MIG devices' handles kept for their telemetry."""
-        mig_handles: dict[str, Any] = {}
-        with self._lock:
-            profiles = self._profiles.setdefault(index, {})
-        mig = read_mig_with_total(
-            index,
-            handle,
-            minor,
-            calls=self._calls,
-            mig_minors=self._mig_minors,
-            total_memory_bytes=total,
-            handles=mig_handles,
-            profiles=profiles if self._mig_shapes else None,
-        )
-        with self._lock:
-            self._migs[index] = tuple(
-                (m.uuid, m.gpu_instance_id, mig_handles[m.uuid])
-                for m in mig.devices
-                if m.uuid in mig_handles
-            )
-        return mig
-
     def describe_mig(self, index: int) -> Gpu:
         """GPU ``index`` as last described, its MIG mode and MIG devices read again (after one
         was made or destroyed); raises :class:`MigRefused` when they cannot be read."""
-        handle = self._described(index)
+        handle = self.mig_handle(index)
         with self._lock:
-            known = self._gpus.get(index)
-        if known is None:
-            raise MigRefused(f"gpu {index} has not been described")
+            known = self._gpus[index]
         try:
-            mig = self._read_mig(index, handle, known.minor, known.memory_mib * MIB or None)
+            mig = self._mig.read(index, handle, known.minor, known.memory_mib * MIB or None)
         except pynvml.NVMLError as exc:
             raise MigRefused(f"reading gpu {index}'s mig devices: {describe(exc)}") from None
         gpu = replace(known, mig_enabled=mig.enabled, mig_devices=mig.devices)
@@ -271,21 +236,6 @@ class Nvml:
             self._gpus[index] = gpu
         self._events.name_migs(index, gpu.mig_devices)
         return gpu
-
-    def _shapes_of(
-        self, index: int, handle: Any, uuid: str, total: int, architecture: int | None
-    ) -> MigPartitions | None:
-        """The GPU's MIG shapes, read once per GPU (UUID): a GPU described again after a MIG
-        device was made offers the same."""
-        with self._lock:
-            known = self._shapes.get(index)
-        if known is not None and known[0] == uuid:
-            return known[1]
-        shapes = read_shapes(index, handle, self._calls, total, architecture)
-        if shapes is not None:
-            with self._lock:
-                self._shapes[index] = (uuid, shapes)
-        return shapes
 
     def _memory_total(self, index: int, handle: Any) -> tuple[int | None, pynvml.NVMLError | None]:
         """The GPU's memory in bytes, or ``(None, error)`` when the read was refused (MIG)."""
@@ -397,27 +347,12 @@ class Nvml:
         with self._lock:
             return self._handles.get(index)
 
-    # ----- MIG made on demand (gpu/migmake.py) -------------------------------------------------
-    def _described(self, index: int) -> Any:
-        handle = self._handle(index)
-        if handle is None:
-            raise MigRefused(f"gpu {index} has not been described")
-        return handle
-
-    def mig_mode(self, index: int) -> bool:
-        return migmake.mig_mode(index, self._described(index), self._calls)
-
-    def set_mig_mode(self, index: int, *, on: bool) -> None:
-        migmake.set_mig_mode(index, self._described(index), self._calls, on=on)
-
-    def make_mig(self, index: int, shape: MigShape, placement: Placement) -> int:
-        return migmake.make_instance(index, self._described(index), self._calls, shape, placement)
-
-    def mig_instances(self, index: int, shapes: tuple[MigShape, ...]) -> list[Instance]:
-        return migmake.instances(index, self._described(index), self._calls, shapes)
-
-    def destroy_mig(self, index: int, gpu_instance_id: int) -> bool:
-        return migmake.destroy_instance(index, self._described(index), self._calls, gpu_instance_id)
+    def mig_handle(self, index: int) -> Any:
+        """GPU ``index``'s handle for MIG management (:mod:`gpuagent.gpu.migmake`)."""
+        with self._lock:
+            if index not in self._gpus:
+                raise MigRefused(f"gpu {index} has not been described")
+            return self._handles[index]
 
     # ----- liveness and telemetry --------------------------------------------------------------
     def probe(self, index: int) -> Probe:
@@ -429,7 +364,7 @@ class Nvml:
         """
         with self._lock:
             handle = self._handles[index]
-            migs = self._migs.get(index, ())
+        migs = self._mig.handles(index)
         try:
             alive = self._liveness(index, handle)
             reading = self._reader.read(index, handle)

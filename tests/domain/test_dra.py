@@ -9,6 +9,7 @@ import pytest
 from support.fake_apiserver import K8S_VERSIONS, claim, validate_slice
 from support.nodes import gpu, gpu_uuid, mig, mig_uuid, node
 
+from gpuagent.domain.apivalues import pci_bus_id, semver
 from gpuagent.domain.claims import (
     ClaimError,
     ClaimRef,
@@ -24,8 +25,6 @@ from gpuagent.domain.dra import (
     DraGpus,
     Effect,
     dra_devices,
-    pci_bus_id,
-    semver,
     taints,
     unpublished_gpus,
 )

@@ -21,6 +21,7 @@ from support.waiting import eventually
 
 from dra_plugin.test_dra_flow import DRIVER, FAST_DRA, NODE, Dirs, cdi_validator, registered
 from gpuagent.domain.migshapes import Placement
+from gpuagent.gpu import migmake
 from gpuagent.gpu.nvml import Nvml
 from gpuagent.gpu.sim import SimDriver, node_from_mapping
 from gpuagent.gpu.sim.spec import mig_minors_text
@@ -189,7 +190,7 @@ def make_orphan(sim: SimDriver) -> None:
         gpu = nvml.describe(0)
         assert gpu.mig_partitions is not None
         shape = next(s for s in gpu.mig_partitions.shapes if s.profile_id == 19)
-        nvml.make_mig(0, shape, Placement(5, 1))
+        migmake.make_instance(0, nvml.mig_handle(0), nvml.calls, shape, Placement(5, 1))
         assert pynvml.nvmlDeviceGetMigMode(pynvml.nvmlDeviceGetHandleByIndex(0))[0] == 1
 
 

@@ -55,6 +55,9 @@ class Driver:
         self.found = [i for i in self.found if i.gpu_instance_id != gpu_instance_id]
         return True
 
+    def close(self) -> None:
+        self.calls.append("close")
+
     async def rediscover(self, index: int) -> Gpu:
         migs = [mig(index, i.gpu_instance_id) for i in self.found]
         described = replace(gpu(index, migs=migs, mig_enabled=self.mode), mig_partitions=SHAPES)

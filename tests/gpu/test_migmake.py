@@ -4,8 +4,9 @@ refusals named, and a re-description keeping what events recorded on an instance
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from support.clock import Sleeps
@@ -14,9 +15,12 @@ from support.simnvml import Run
 from gpuagent.domain.devices import Condition, GpuHealth
 from gpuagent.domain.migshapes import Instance, MigRefused, MigShape, Placement
 from gpuagent.domain.snapshot import Snapshot
+from gpuagent.gpu import migmake
 from gpuagent.gpu.nvml import Nvml
 from gpuagent.gpu.readings import merge_description
 from gpuagent.gpu.sim import node_from_mapping
+
+T = TypeVar("T")
 
 
 def node(name: str = "H100", *, admin: bool = True) -> Any:
@@ -29,6 +33,11 @@ def backend() -> Nvml:
     nvml.init()
     nvml.describe(0)
     return nvml
+
+
+def on(nvml: Nvml, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
+    """``fn`` of gpu/migmake.py on GPU 0, as gpu/migcontrol.py calls it."""
+    return fn(0, nvml.mig_handle(0), nvml.calls, *args, **kw)
 
 
 def shape(nvml: Nvml, name: str) -> MigShape:
@@ -75,38 +84,40 @@ def test_an_instance_is_made_found_and_destroyed(run: Run) -> None:
     nvml = backend()
     small = shape(nvml, "1g.10gb")
     with pytest.raises(MigRefused, match="NOT_SUPPORTED"):
-        nvml.make_mig(0, small, Placement(3, 1))  # MIG mode is off
-    nvml.set_mig_mode(0, on=True)
-    gi = nvml.make_mig(0, small, Placement(3, 1))
-    assert nvml.mig_instances(0, (small,)) == [Instance(gi, 19, Placement(3, 1), computed=True)]
+        on(nvml, migmake.make_instance, small, Placement(3, 1))  # MIG mode is off
+    on(nvml, migmake.set_mig_mode, on=True)
+    gi = on(nvml, migmake.make_instance, small, Placement(3, 1))
+    assert on(nvml, migmake.instances, (small,)) == [
+        Instance(gi, 19, Placement(3, 1), computed=True)
+    ]
     (mig,) = nvml.describe(0).mig_devices
     assert (mig.gpu_instance_id, mig.profile_id, mig.placement) == (gi, 19, Placement(3, 1))
     with pytest.raises(MigRefused, match="INSUFFICIENT_RESOURCES") as caught:
-        nvml.make_mig(0, shape(nvml, "3g.40gb"), Placement(0, 4))
+        on(nvml, migmake.make_instance, shape(nvml, "3g.40gb"), Placement(0, 4))
     assert caught.value.code == 23
-    assert nvml.destroy_mig(0, gi)
-    assert not nvml.destroy_mig(0, gi)
+    assert on(nvml, migmake.destroy_instance, gi)
+    assert not on(nvml, migmake.destroy_instance, gi)
     assert nvml.describe(0).mig_devices == ()
-    nvml.set_mig_mode(0, on=False)
-    assert not nvml.mig_mode(0)
+    on(nvml, migmake.set_mig_mode, on=False)
+    assert not on(nvml, migmake.mig_mode)
 
 
 def test_mig_mode_on_an_ampere_gpu_needs_a_reset(run: Run) -> None:
     run(node("A100-80GB"), Sleeps())
     with pytest.raises(MigRefused, match="RESET_REQUIRED"):
-        backend().set_mig_mode(0, on=True)
+        on(backend(), migmake.set_mig_mode, on=True)
 
 
 def test_a_redescription_keeps_an_instances_own_conditions(run: Run) -> None:
     run(node(), Sleeps())
     nvml = backend()
-    nvml.set_mig_mode(0, on=True)
-    nvml.make_mig(0, shape(nvml, "1g.10gb"), Placement(0, 1))
+    on(nvml, migmake.set_mig_mode, on=True)
+    on(nvml, migmake.make_instance, shape(nvml, "1g.10gb"), Placement(0, 1))
     before = nvml.describe(0)
     (mig,) = before.mig_devices
     sick = GpuHealth((Condition("xid", "43"),))
     state = Snapshot(gpus=(replace(before, mig_devices=(replace(mig, health=sick),)),))
-    nvml.make_mig(0, shape(nvml, "1g.10gb"), Placement(1, 1))
+    on(nvml, migmake.make_instance, shape(nvml, "1g.10gb"), Placement(1, 1))
     merged = merge_description(state, nvml.describe(0)).gpu(0)
     assert merged is not None
     health = {m.uuid: m.health for m in merged.mig_devices}
@@ -120,4 +131,4 @@ def test_a_gpu_not_described_is_refused(run: Run) -> None:
     nvml = Nvml(mig_shapes=True)
     nvml.init()
     with pytest.raises(MigRefused, match="not been described"):
-        nvml.mig_mode(0)
+        nvml.mig_handle(0)

@@ -25,7 +25,7 @@ from gpuagent.gpu.sim._abi import BadArgument, Symbol, as_bytes, as_int
 from gpuagent.gpu.sim.callfaults import CALL_FAULTS, CallFaults
 from gpuagent.gpu.sim.processes import new_process
 from gpuagent.gpu.sim.spec import SimNode
-from gpuagent.gpu.sim.state import FAULTS, DriverState, GpuState
+from gpuagent.gpu.sim.state import FAULTS, RECOVERY_ACTION_NAMES, DriverState, GpuState, MigState
 from gpuagent.overrides import use_nvml_library
 
 # Every fault ``inject`` knows, for its error message and for /sim/faults'.
@@ -256,7 +256,8 @@ class SimDriver:
         return self._describe(gpu)
 
     def _describe(self, gpu: int) -> dict[str, object]:
-        described = self._state.describe()[gpu]
+        with self._state.cond:
+            described = _gpu_json(self._state.gpus[gpu])
         described.update(self._faults.describe(gpu))
         return described
 
@@ -353,3 +354,44 @@ def installed(driver: SimDriver) -> Iterator[SimDriver]:
         yield driver
     finally:
         uninstall()
+
+
+def _placed(mig: MigState) -> dict[str, object]:
+    """A GPU instance's profile, ID and placement, as /sim/gpus shows them."""
+    spec = mig.spec
+    return {
+        "profile": spec.name,
+        "gpu_instance": spec.gpu_instance_id,
+        "placement": {"start": spec.start, "size": spec.profile.memory_slices},
+    }
+
+
+def _gpu_json(gpu: GpuState) -> dict[str, object]:
+    """A simulated GPU's state (see :meth:`SimDriver.describe`); the caller holds the lock."""
+    spec = gpu.spec
+    return {
+        "index": spec.index,
+        "uuid": spec.uuid,
+        "name": spec.name,
+        "memory_mib": spec.memory_mib,
+        "pci_bus_id": spec.pci_bus_id,
+        "numa_node": spec.numa_node,
+        "mig": [m.spec.name for m in gpu.migs],
+        "mig_mode": "enabled" if gpu.mig_mode else "disabled",
+        "mig_mode_pending": "enabled" if gpu.mig_pending else "disabled",
+        "mig_devices": [
+            {
+                **_placed(m),
+                "uuid": m.spec.uuid,
+                "profile_id": m.spec.profile.profile_id,
+                "compute_instance": m.spec.compute_instance_id,
+            }
+            for m in gpu.migs
+        ],
+        "gpu_instances_without_compute_instance": [_placed(m) for m in gpu.bare],
+        "state": "lost" if gpu.lost else "ok",
+        "recovery_action": RECOVERY_ACTION_NAMES.get(gpu.recovery_action, str(gpu.recovery_action)),
+        "last_xid": gpu.last_xid,
+        "xid_count": gpu.xid_count,
+        "ecc_dbe_count": gpu.ecc_dbe_count,
+    }

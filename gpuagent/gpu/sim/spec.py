@@ -51,8 +51,7 @@ DEFAULT_CALL_LATENCY_S: Mapping[str, float] = MappingProxyType(
         "nvmlGpmSampleGet": 0.000_5,
         "nvmlGpmMigSampleGet": 0.000_5,
         "nvmlGpmMetricsGet": 0.000_1,
-        # MIG management: a real driver takes hundreds of milliseconds to make an instance.
-        "nvmlDeviceSetMigMode": 0.2,
+        "nvmlDeviceSetMigMode": 0.2,  # MIG management: hundreds of ms to make an instance
         "nvmlDeviceCreateGpuInstanceWithPlacement": 0.25,
         "nvmlGpuInstanceCreateComputeInstance": 0.1,
         "nvmlComputeInstanceDestroy": 0.05,
@@ -216,9 +215,8 @@ def mig_memory_mib(shape: MigProfile, profile: GpuProfile, memory_mib: int) -> i
 
 
 def mig_uuid(gpu_uuid: str, gpu_instance: int, compute_instance: int, made: int = 0) -> str:
-    """The ``MIG-`` UUID of a MIG device: fixed for a configured one (``made`` 0); the ``made``-th
-    instance the driver created carries its number too, so an instance made again at the same
-    place has a new UUID, as on a real driver."""
+    """A MIG device's UUID: fixed for a configured one (``made`` 0); one the driver made (its
+    ``made``-th) is new each time, as on a real driver."""
     key = f"{gpu_uuid}/{gpu_instance}/{compute_instance}" + (f"#{made}" if made else "")
     return f"MIG-{uuid.uuid5(_UUID_NAMESPACE, key)}"
 

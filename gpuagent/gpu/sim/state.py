@@ -397,8 +397,8 @@ class DriverState:
         gpu_instance: object = None,
         compute_instance: object = None,
         action: object = None,
-    ) -> dict[str, object]:
-        """Apply a fault (see ``SimDriver.inject``) and return the GPU's new description."""
+    ) -> None:
+        """Apply a fault (see ``SimDriver.inject``)."""
         if fault not in FAULTS:
             raise ValueError(f"unknown fault {fault!r} (known: {', '.join(FAULTS)})")
         code = 0
@@ -440,51 +440,3 @@ class DriverState:
                 self._activate_mig_mode(state)
                 state.ecc_dbe_count = 0
                 self._set_recovery(state, pynvml.NVML_GPU_RECOVERY_ACTION_NONE)
-            return self._describe(state)
-
-    # ----- control plane -----------------------------------------------------------------------
-    @staticmethod
-    def _describe(gpu: GpuState) -> dict[str, object]:
-        spec = gpu.spec
-        return {
-            "index": spec.index,
-            "uuid": spec.uuid,
-            "name": spec.name,
-            "memory_mib": spec.memory_mib,
-            "pci_bus_id": spec.pci_bus_id,
-            "numa_node": spec.numa_node,
-            "mig": [m.spec.name for m in gpu.migs],
-            "mig_mode": "enabled" if gpu.mig_mode else "disabled",
-            "mig_mode_pending": "enabled" if gpu.mig_pending else "disabled",
-            "mig_devices": [
-                {
-                    "uuid": m.spec.uuid,
-                    "profile": m.spec.name,
-                    "profile_id": m.spec.profile.profile_id,
-                    "gpu_instance": m.spec.gpu_instance_id,
-                    "compute_instance": m.spec.compute_instance_id,
-                    "placement": {"start": m.spec.start, "size": m.spec.profile.memory_slices},
-                }
-                for m in gpu.migs
-            ],
-            "gpu_instances_without_compute_instance": [
-                {
-                    "profile": m.spec.name,
-                    "gpu_instance": m.spec.gpu_instance_id,
-                    "placement": {"start": m.spec.start, "size": m.spec.profile.memory_slices},
-                }
-                for m in gpu.bare
-            ],
-            "state": "lost" if gpu.lost else "ok",
-            "recovery_action": RECOVERY_ACTION_NAMES.get(
-                gpu.recovery_action, str(gpu.recovery_action)
-            ),
-            "last_xid": gpu.last_xid,
-            "xid_count": gpu.xid_count,
-            "ecc_dbe_count": gpu.ecc_dbe_count,
-        }
-
-    def describe(self) -> list[dict[str, object]]:
-        """One JSON-ready dict per GPU, in index order."""
-        with self.cond:
-            return [self._describe(gpu) for gpu in self.gpus]
