@@ -8,10 +8,12 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pynvml
+import pytest
 from e2e.agentrun import RunningAgent, running_agent
 from support.clock import Sleeps
 from support.fake_apiserver import FakeApiServer, claim
@@ -47,10 +49,49 @@ async def dynamic_agent(
         yield run
 
 
-async def published(watcher: FakePluginWatcher, apiserver: FakeApiServer) -> Registration:
+async def published(watcher: FakePluginWatcher, apiserver: FakeApiServer) -> Kubelet:
+    """The plugin registered and the H100's 26 devices published: the kubelet's calls."""
     reg = await registered(watcher)
     await eventually(lambda: len(apiserver.devices()) == H100_DEVICES, what="26 devices")
-    return reg
+    return Kubelet(watcher, apiserver, reg)
+
+
+class Kubelet:
+    """The kubelet's DRA calls for claims ``ns/<name>`` (UID ``u-<name>``), each added to the
+    API server allocated one device of this node's pool."""
+
+    def __init__(self, watcher: FakePluginWatcher, apiserver: FakeApiServer, reg: Registration):
+        self.watcher, self.apiserver, self.reg = watcher, apiserver, reg
+
+    async def prepare(self, **devices: str) -> Any:
+        """Prepare claims by name: the device each is allocated."""
+        for name, device in devices.items():
+            kind = "gpu" if device == "gpu-0" else "mig"
+            self.apiserver.add_claim(claim("ns", name, f"u-{name}", [(kind, DRIVER, NODE, device)]))
+        return await self.watcher.aprepare(self.reg, [("ns", n, f"u-{n}") for n in devices])
+
+    async def unprepare(self, *names: str) -> Any:
+        return await self.watcher.aunprepare(self.reg, [("ns", n, f"u-{n}") for n in names])
+
+
+@dataclass
+class Node:
+    """One simulated H100 (its driver's sleeps recorded), the agent on it, the kubelet's calls."""
+
+    sim: SimDriver
+    sleeps: Sleeps
+    run: RunningAgent
+    kubelet: Kubelet
+
+
+@pytest.fixture
+async def h100_node(
+    device_plugin_dir: Path, apiserver: FakeApiServer, dirs: Dirs, watcher: FakePluginWatcher
+) -> AsyncIterator[Node]:
+    sleeps = Sleeps()
+    sim = h100(sleeps)
+    async with dynamic_agent(sim, dirs, device_plugin_dir, apiserver) as run:
+        yield Node(sim, sleeps, run, await published(watcher, apiserver))
 
 
 async def sim_instances(run: RunningAgent) -> list[tuple[int, int, int]]:
@@ -74,113 +115,98 @@ def spec_of(dirs: Dirs, uid: str) -> dict[str, Any]:
 
 
 async def test_a_1g_and_a_3g_are_made_on_prepare_and_removed_on_unprepare(
-    device_plugin_dir: Path, apiserver: FakeApiServer, dirs: Dirs, watcher: FakePluginWatcher
+    h100_node: Node, apiserver: FakeApiServer, dirs: Dirs
 ) -> None:
-    sleeps = Sleeps()
-    sim = h100(sleeps)
-    async with dynamic_agent(sim, dirs, device_plugin_dir, apiserver) as run:
-        reg = await published(watcher, apiserver)
-        assert {SMALL, LARGE} <= set(apiserver.devices())
-        assert await mig_mode(run) == "disabled"
-        apiserver.add_claim(claim("ns", "small", "u-small", [("mig", DRIVER, NODE, SMALL)]))
-        apiserver.add_claim(claim("ns", "large", "u-large", [("mig", DRIVER, NODE, LARGE)]))
-        response = await watcher.aprepare(
-            reg, [("ns", "small", "u-small"), ("ns", "large", "u-large")]
-        )
-        for uid, name in (("u-small", SMALL), ("u-large", LARGE)):
-            result = response.claims[uid]
-            assert result.error == ""
-            (device,) = result.devices
-            assert device.device_name == name
-            assert list(device.cdi_device_ids) == [f"k8s.{DRIVER}/claim={uid}-{name}"]
+    run, kubelet, sleeps = h100_node.run, h100_node.kubelet, h100_node.sleeps
+    assert {SMALL, LARGE} <= set(apiserver.devices())
+    assert await mig_mode(run) == "disabled"
+    response = await kubelet.prepare(small=SMALL, large=LARGE)
+    for uid, name in (("u-small", SMALL), ("u-large", LARGE)):
+        result = response.claims[uid]
+        assert result.error == ""
+        (device,) = result.devices
+        assert device.device_name == name
+        assert list(device.cdi_device_ids) == [f"k8s.{DRIVER}/claim={uid}-{name}"]
 
-        # The driver holds exactly those two, at the allocated placements.
-        assert await sim_instances(run) == [(9, 0, 4), (19, 6, 1)]
-        assert await mig_mode(run) == "enabled"
-        # Each creation spent the driver's latency (recorded, not slept).
-        assert sleeps.seconds.count(0.25) == 2
+    # The driver holds exactly those two, at the allocated placements.
+    assert await sim_instances(run) == [(9, 0, 4), (19, 6, 1)]
+    assert await mig_mode(run) == "enabled"
+    # Each creation spent the driver's latency (recorded, not slept).
+    assert sleeps.seconds.count(0.25) == 2
 
-        # The container specs name their MIG devices, with their nvidia-caps nodes.
-        gpu = run.agent.store.snapshot.gpu(0)
-        assert gpu is not None
-        by_profile = {m.profile: m for m in gpu.mig_devices}
-        assert set(by_profile) == {"1g.10gb", "3g.40gb"}
-        for uid, profile in (("u-small", "1g.10gb"), ("u-large", "3g.40gb")):
-            mig = by_profile[profile]
-            spec = spec_of(dirs, uid)
-            cdi_validator().validate(spec)
-            (entry,) = spec["devices"]
-            edits = entry["containerEdits"]
-            nodes = [n["path"] for n in edits["deviceNodes"]]
-            assert nodes[0] == f"/dev/nvidia{gpu.minor}"
-            assert len(nodes) == 3
-            assert all(n.startswith("/dev/nvidia-caps/") for n in nodes[1:])
-            assert nodes[1:] == list(mig.device_nodes)
-        checkpoint = json.loads((dirs.plugins / DRIVER / "checkpoint.json").read_text())
-        assert checkpoint["migSwitched"] == [gpu.uuid]
-        assert checkpoint["claims"]["u-small"]["devices"][0]["mig"]["start"] == 6
+    # The container specs name their MIG devices, with their nvidia-caps nodes.
+    gpu = run.agent.store.snapshot.gpu(0)
+    assert gpu is not None
+    by_profile = {m.profile: m for m in gpu.mig_devices}
+    assert set(by_profile) == {"1g.10gb", "3g.40gb"}
+    for uid, profile in (("u-small", "1g.10gb"), ("u-large", "3g.40gb")):
+        mig = by_profile[profile]
+        spec = spec_of(dirs, uid)
+        cdi_validator().validate(spec)
+        (entry,) = spec["devices"]
+        edits = entry["containerEdits"]
+        nodes = [n["path"] for n in edits["deviceNodes"]]
+        assert nodes[0] == f"/dev/nvidia{gpu.minor}"
+        assert len(nodes) == 3
+        assert all(n.startswith("/dev/nvidia-caps/") for n in nodes[1:])
+        assert nodes[1:] == list(mig.device_nodes)
+    checkpoint = json.loads((dirs.plugins / DRIVER / "checkpoint.json").read_text())
+    assert checkpoint["migSwitched"] == [gpu.uuid]
+    assert checkpoint["claims"]["u-small"]["devices"][0]["mig"]["start"] == 6
 
-        # An overlapping placement (the 3g at 0 holds slices 0-3): refused, per claim.
-        overlap = "gpu-0-mig-1g10gb-19-2"
-        apiserver.add_claim(claim("ns", "clash", "u-clash", [("mig", DRIVER, NODE, overlap)]))
-        refused = await watcher.aprepare(reg, [("ns", "clash", "u-clash")])
-        error = refused.claims["u-clash"].error
-        assert "INSUFFICIENT_RESOURCES" in error
-        assert overlap in error
-        assert "overlaps" in error
-        assert await sim_instances(run) == [(9, 0, 4), (19, 6, 1)]
+    # An overlapping placement (the 3g at 0 holds slices 0-3): refused, per claim.
+    overlap = "gpu-0-mig-1g10gb-19-2"
+    refused = await kubelet.prepare(clash=overlap)
+    error = refused.claims["u-clash"].error
+    assert "INSUFFICIENT_RESOURCES" in error
+    assert overlap in error
+    assert "overlaps" in error
+    assert await sim_instances(run) == [(9, 0, 4), (19, 6, 1)]
 
-        # Unprepared: both destroyed, MIG mode back off, the store forgets them.
-        done = await watcher.aunprepare(
-            reg, [("ns", "small", "u-small"), ("ns", "large", "u-large")]
-        )
-        assert done.claims["u-small"].error == ""
-        assert done.claims["u-large"].error == ""
-        assert await sim_instances(run) == []
-        assert await mig_mode(run) == "disabled"
-        gpu = run.agent.store.snapshot.gpu(0)
-        assert gpu is not None
-        assert gpu.mig_devices == ()
-        assert not gpu.mig_enabled
-        again = await watcher.aunprepare(reg, [("ns", "small", "u-small")])
-        assert again.claims["u-small"].error == ""
-        assert apiserver.invalid == []
+    # Unprepared: both destroyed, MIG mode back off, the store forgets them.
+    done = await kubelet.unprepare("small", "large")
+    assert done.claims["u-small"].error == ""
+    assert done.claims["u-large"].error == ""
+    assert await sim_instances(run) == []
+    assert await mig_mode(run) == "disabled"
+    gpu = run.agent.store.snapshot.gpu(0)
+    assert gpu is not None
+    assert gpu.mig_devices == ()
+    assert not gpu.mig_enabled
+    again = await kubelet.unprepare("small")
+    assert again.claims["u-small"].error == ""
+    assert apiserver.invalid == []
 
 
 async def test_unprepare_is_refused_while_a_process_runs_on_the_instance(
-    device_plugin_dir: Path, apiserver: FakeApiServer, dirs: Dirs, watcher: FakePluginWatcher
+    h100_node: Node, dirs: Dirs
 ) -> None:
-    sim = h100(Sleeps())
-    async with dynamic_agent(sim, dirs, device_plugin_dir, apiserver) as run:
-        reg = await published(watcher, apiserver)
-        apiserver.add_claim(claim("ns", "large", "u-large", [("mig", DRIVER, NODE, LARGE)]))
-        assert (await watcher.aprepare(reg, [("ns", "large", "u-large")])).claims[
-            "u-large"
-        ].error == ""
-        gpu = run.agent.store.snapshot.gpu(0)
-        assert gpu is not None
-        (mig,) = gpu.mig_devices
-        sim.add_process(0, 4242, 1024, 50, gpu_instance=mig.gpu_instance_id, compute_instance=0)
-        busy = await watcher.aunprepare(reg, [("ns", "large", "u-large")])
-        assert "IN_USE" in busy.claims["u-large"].error
-        assert await sim_instances(run) == [(9, 0, 4)]
-        assert (dirs.cdi / f"k8s.{DRIVER}-claim_u-large.json").exists()
-        # The whole GPU cannot be had while it is in MIG mode (the scheduler's counters keep
-        # it from being allocated beside an instance; the agent refuses it too).
-        apiserver.add_claim(claim("ns", "whole", "u-whole", [("gpu", DRIVER, NODE, "gpu-0")]))
-        whole = await watcher.aprepare(reg, [("ns", "whole", "u-whole")])
-        assert "is in MIG mode" in whole.claims["u-whole"].error
-        sim.remove_process(4242)
-        done = await watcher.aunprepare(reg, [("ns", "large", "u-large")])
-        assert done.claims["u-large"].error == ""
-        assert await sim_instances(run) == []
-        assert await mig_mode(run) == "disabled"
-        whole = await watcher.aprepare(reg, [("ns", "whole", "u-whole")])
-        assert whole.claims["u-whole"].error == ""
-        spec = spec_of(dirs, "u-whole")
-        assert [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]] == [
-            "/dev/nvidia0"
-        ]
+    sim, run, kubelet = h100_node.sim, h100_node.run, h100_node.kubelet
+    prepared = await kubelet.prepare(large=LARGE)
+    assert prepared.claims["u-large"].error == ""
+    gpu = run.agent.store.snapshot.gpu(0)
+    assert gpu is not None
+    (mig,) = gpu.mig_devices
+    sim.add_process(0, 4242, 1024, 50, gpu_instance=mig.gpu_instance_id, compute_instance=0)
+    busy = await kubelet.unprepare("large")
+    assert "IN_USE" in busy.claims["u-large"].error
+    assert await sim_instances(run) == [(9, 0, 4)]
+    assert (dirs.cdi / f"k8s.{DRIVER}-claim_u-large.json").exists()
+    # The whole GPU cannot be had while it is in MIG mode (the scheduler's counters keep
+    # it from being allocated beside an instance; the agent refuses it too).
+    whole = await kubelet.prepare(whole="gpu-0")
+    assert "is in MIG mode" in whole.claims["u-whole"].error
+    sim.remove_process(4242)
+    done = await kubelet.unprepare("large")
+    assert done.claims["u-large"].error == ""
+    assert await sim_instances(run) == []
+    assert await mig_mode(run) == "disabled"
+    whole = await kubelet.prepare(whole="gpu-0")
+    assert whole.claims["u-whole"].error == ""
+    spec = spec_of(dirs, "u-whole")
+    assert [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]] == [
+        "/dev/nvidia0"
+    ]
 
 
 def make_orphan(sim: SimDriver) -> None:
@@ -199,21 +225,20 @@ async def test_a_restart_between_prepare_and_unprepare_leaves_no_orphan(
 ) -> None:
     sim = h100(Sleeps())
     async with dynamic_agent(sim, dirs, device_plugin_dir, apiserver) as run:
-        reg = await published(watcher, apiserver)
-        apiserver.add_claim(claim("ns", "small", "u-small", [("mig", DRIVER, NODE, SMALL)]))
-        first = await watcher.aprepare(reg, [("ns", "small", "u-small")])
+        first = await (await published(watcher, apiserver)).prepare(small=SMALL)
         assert first.claims["u-small"].error == ""
     make_orphan(sim)
     async with dynamic_agent(sim, dirs, device_plugin_dir, apiserver) as run:
-        reg = await published(watcher, apiserver)
-        # The orphan is destroyed; the prepared claim's instance is kept.
-        await eventually(lambda: run.agent.dra is not None, what="dra side")
-        again = await watcher.aprepare(reg, [("ns", "small", "u-small")])
+        kubelet = await published(watcher, apiserver)
+        # The orphan is destroyed; the prepared claim's instance is kept (and the claim is
+        # answered from the checkpoint, the API server's copy being gone).
+        del apiserver.claims[("ns", "small")]
+        again = await kubelet.watcher.aprepare(kubelet.reg, [("ns", "small", "u-small")])
         assert list(again.claims["u-small"].devices[0].cdi_device_ids) == list(
             first.claims["u-small"].devices[0].cdi_device_ids
         )
         assert await sim_instances(run) == [(19, 6, 1)]
-        done = await watcher.aunprepare(reg, [("ns", "small", "u-small")])
+        done = await kubelet.unprepare("small")
         assert done.claims["u-small"].error == ""
         assert await sim_instances(run) == []
         assert await mig_mode(run) == "disabled"
@@ -225,42 +250,34 @@ def mig_series(text: str, uuid: str) -> list[str]:
 
 
 async def test_a_made_instance_is_in_metrics_and_health_at_once_and_leaves_them(
-    device_plugin_dir: Path, apiserver: FakeApiServer, dirs: Dirs, watcher: FakePluginWatcher
+    h100_node: Node, apiserver: FakeApiServer
 ) -> None:
-    sim = h100(Sleeps())
-    async with dynamic_agent(sim, dirs, device_plugin_dir, apiserver) as run:
-        reg = await published(watcher, apiserver)
-        apiserver.add_claim(claim("ns", "small", "u-small", [("mig", DRIVER, NODE, SMALL)]))
-        apiserver.add_claim(claim("ns", "large", "u-large", [("mig", DRIVER, NODE, LARGE)]))
-        prepared = await watcher.aprepare(
-            reg, [("ns", "small", "u-small"), ("ns", "large", "u-large")]
-        )
-        assert {r.error for r in prepared.claims.values()} == {""}
-        gpu = run.agent.store.snapshot.gpu(0)
-        assert gpu is not None
-        small = next(m for m in gpu.mig_devices if m.profile == "1g.10gb")
-        large = next(m for m in gpu.mig_devices if m.profile == "3g.40gb")
-        # /metrics has both, with their GPU-instance IDs, as soon as the prepare answered.
-        _, text = await run.get("/metrics")
-        (info,) = [
-            s for s in mig_series(text, small.uuid) if s.startswith("gpuagent_mig_device_info")
-        ]
-        assert f'gpu_instance="{small.gpu_instance_id}"' in info
-        assert mig_series(text, large.uuid)
-        # Its own telemetry follows with the next probe (dcgm-exporter's GPU_I_ID series).
-        await run.metrics_until(lambda t: f'GPU_I_ID="{small.gpu_instance_id}"' in t)
-        # An XID on the small instance taints its placement alone.
-        await run.fault(
-            {"gpu": 0, "fault": "xid", "xid": 46, "gpu_instance": small.gpu_instance_id,
-             "compute_instance": 0}
-        )  # fmt: skip
-        await eventually(lambda: "taints" in apiserver.devices()[SMALL], what="small tainted")
-        assert "taints" not in apiserver.devices()[LARGE]
-        assert "taints" not in apiserver.devices()["gpu-0"]
-        # Unprepared: gone from /metrics at once.
-        await watcher.aunprepare(reg, [("ns", "small", "u-small"), ("ns", "large", "u-large")])
-        _, text = await run.get("/metrics")
-        assert mig_series(text, small.uuid) == []
-        assert mig_series(text, large.uuid) == []
-        await run.metrics_until(lambda t: f'GPU_I_ID="{small.gpu_instance_id}"' not in t)
-        assert apiserver.invalid == []
+    run, kubelet = h100_node.run, h100_node.kubelet
+    prepared = await kubelet.prepare(small=SMALL, large=LARGE)
+    assert {r.error for r in prepared.claims.values()} == {""}
+    gpu = run.agent.store.snapshot.gpu(0)
+    assert gpu is not None
+    small = next(m for m in gpu.mig_devices if m.profile == "1g.10gb")
+    large = next(m for m in gpu.mig_devices if m.profile == "3g.40gb")
+    # /metrics has both, with their GPU-instance IDs, as soon as the prepare answered.
+    _, text = await run.get("/metrics")
+    (info,) = [s for s in mig_series(text, small.uuid) if s.startswith("gpuagent_mig_device_info")]
+    assert f'gpu_instance="{small.gpu_instance_id}"' in info
+    assert mig_series(text, large.uuid)
+    # Its own telemetry follows with the next probe (dcgm-exporter's GPU_I_ID series).
+    await run.metrics_until(lambda t: f'GPU_I_ID="{small.gpu_instance_id}"' in t)
+    # An XID on the small instance taints its placement alone.
+    await run.fault(
+        {"gpu": 0, "fault": "xid", "xid": 46, "gpu_instance": small.gpu_instance_id,
+         "compute_instance": 0}
+    )  # fmt: skip
+    await eventually(lambda: "taints" in apiserver.devices()[SMALL], what="small tainted")
+    assert "taints" not in apiserver.devices()[LARGE]
+    assert "taints" not in apiserver.devices()["gpu-0"]
+    # Unprepared: gone from /metrics at once.
+    await kubelet.unprepare("small", "large")
+    _, text = await run.get("/metrics")
+    assert mig_series(text, small.uuid) == []
+    assert mig_series(text, large.uuid) == []
+    await run.metrics_until(lambda t: f'GPU_I_ID="{small.gpu_instance_id}"' not in t)
+    assert apiserver.invalid == []

@@ -114,11 +114,8 @@ def _occupied(gpu: GpuState) -> set[int]:
     }
 
 
-def _create_gpu_instance(
-    st: DriverState, gpu: GpuState, profile_id: object, placement_ref: object, ref: object
-) -> int:
-    placement = out(placement_ref)
-    handle = out(ref)
+def _in_mig_mode(st: DriverState, gpu: GpuState, profile_id: object) -> MigProfile | int:
+    """The profile ``profile_id`` of a full GPU in MIG mode, or the error the driver answers."""
     if gpu.mig is not None:
         return NOT_SUPPORTED
     shape = _shape(gpu, profile_id)
@@ -126,8 +123,17 @@ def _create_gpu_instance(
         return INVALID_ARGUMENT
     if not st.node.cap_sys_admin:
         return NO_PERMISSION
-    if not gpu.mig_enabled:
-        return NOT_SUPPORTED
+    return shape if gpu.mig_enabled else NOT_SUPPORTED
+
+
+def _create_gpu_instance(
+    st: DriverState, gpu: GpuState, profile_id: object, placement_ref: object, ref: object
+) -> int:
+    placement = out(placement_ref)
+    handle = out(ref)
+    shape = _in_mig_mode(st, gpu, profile_id)
+    if isinstance(shape, int):
+        return shape
     start, size = int(placement.start), int(placement.size)
     if start not in shape.placements or size != shape.memory_slices:
         return INVALID_ARGUMENT
@@ -157,15 +163,9 @@ def _gpu_instances(
     st: DriverState, gpu: GpuState, profile_id: object, buffer: object, count_ref: object
 ) -> int:
     count = out(count_ref)
-    if gpu.mig is not None:
-        return NOT_SUPPORTED
-    shape = _shape(gpu, profile_id)
-    if shape is None:
-        return INVALID_ARGUMENT
-    if not st.node.cap_sys_admin:
-        return NO_PERMISSION
-    if not gpu.mig_enabled:
-        return NOT_SUPPORTED
+    shape = _in_mig_mode(st, gpu, profile_id)
+    if isinstance(shape, int):
+        return shape
     found = sorted(
         (m for m in gpu.gpu_instances if m.spec.profile is shape),
         key=lambda m: m.spec.gpu_instance_id,
