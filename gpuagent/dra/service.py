@@ -124,10 +124,13 @@ class ClaimPreparer:
         described; a no-op unless MIG is made on demand."""
         if self.mig is None:
             return
+        # Waited for outside the lock: while the driver is not up, a claim prepared before the
+        # restart is answered from the checkpoint (no new MIG device can be made before then:
+        # its GPU is not described, so not published).
+        async for discovered in self._store.watch(lambda s: s.discovered):
+            if discovered:
+                break
         async with self._lock:
-            async for discovered in self._store.watch(lambda s: s.discovered):
-                if discovered:
-                    break
             kept = [d.made for c in self.claims.values() for d in c.devices if d.made]
             removed = await self.mig.sweep(self._devices(self._store.snapshot), kept)
             try:

@@ -122,8 +122,8 @@ class DraSide:
     async def _serve(self) -> None:
         await self.preparer.load()
         async with asyncio.TaskGroup() as tasks:
-            # First: the sweep holds the claims until the GPUs are described and the orphans
-            # destroyed, so no prepare races it; the kubelet is served meanwhile.
+            # The sweep waits for the GPUs to be described, then holds the claims while the
+            # orphans are destroyed, so no prepare races it; the kubelet is served meanwhile.
             tasks.create_task(self.preparer.sweep())
             tasks.create_task(self.endpoint.run())
 

@@ -3,16 +3,21 @@ what is kept, when MIG mode goes back off, and what a claim is told."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 import pytest
 from support.nodes import gpu, mig, mig_shapes, node
 
-from gpuagent.domain.claims import ClaimError, MadeMig
+from gpuagent.domain.claims import ClaimError, ClaimRef, MadeMig, PreparedClaim, PreparedDevice
 from gpuagent.domain.devices import Gpu
 from gpuagent.domain.dra import DraDevice, DraGpus, DraMig, dra_devices
 from gpuagent.domain.migshapes import Instance, MigRefused, MigShape, Placement
+from gpuagent.dra.claims import ClaimFiles
 from gpuagent.dra.dynamic import DynamicMig
+from gpuagent.dra.service import ClaimPreparer, DraConfig
 from gpuagent.state.store import DeviceStore
 
 SHAPES = mig_shapes()
@@ -136,3 +141,36 @@ async def test_the_sweep_destroys_what_no_claim_holds() -> None:
     assert await dynamic.sweep(devices, []) == 1
     assert driver.found == []
     assert not driver.mode
+
+
+async def test_a_restored_claim_is_answered_while_the_driver_is_not_up(tmp_path: Path) -> None:
+    """The start-up sweep waits for the GPUs to be described without holding the claims: a
+    claim prepared before the restart is answered from the checkpoint meanwhile."""
+    store = DeviceStore()  # the driver never comes up: no snapshot is ever discovered
+    driver = "gpu.nvidia.com"
+    files = ClaimFiles(tmp_path / "state", tmp_path / "cdi", driver)
+    ref = ClaimRef("default", "claim", "uid-1")
+    claim = PreparedClaim(ref, (PreparedDevice(("gpu",), "node-1", "gpu-0", ("x",), "GPU-0"),))
+    files.checkpoint.parent.mkdir()
+    files.save({ref.uid: claim})
+
+    async def unreadable(namespace: str, name: str) -> dict[str, Any]:
+        raise AssertionError("a restored claim is not read again")
+
+    preparer = ClaimPreparer(
+        store,
+        lambda s: (),
+        unreadable,
+        files,
+        DraConfig(driver=driver, pool="node-1"),
+        node_spec=lambda s: None,
+    )
+    await preparer.load()
+    preparer.mig = DynamicMig(Driver(store, [], mode=False), store)
+    sweeping = asyncio.create_task(preparer.sweep())
+    try:
+        assert await asyncio.wait_for(preparer.prepare(ref), timeout=30) == claim
+        assert not sweeping.done()  # still waiting for the GPUs
+    finally:
+        sweeping.cancel()
+        await asyncio.gather(sweeping, return_exceptions=True)
