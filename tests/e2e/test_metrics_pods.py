@@ -37,6 +37,11 @@ def pods_on(text: str, gpu: str) -> set[str]:
     return {s["pod"] for s in series(text, "DCGM_FI_DEV_GPU_TEMP") if s["gpu"] == gpu}
 
 
+def read_gpus(text: str) -> set[str]:
+    """The GPUs with DCGM series: read at least once."""
+    return {s["gpu"] for s in series(text, "DCGM_FI_DEV_GPU_TEMP")}
+
+
 def holders(text: str, gpu: str) -> set[str]:
     """The pods holding ``gpu`` (a time-sliced GPU's DCGM series name none of them)."""
     return {s["pod"] for s in series(text, "gpuagent_device_allocated") if s["gpu"] == gpu}
@@ -111,7 +116,10 @@ async def test_replicas_and_index_ids_are_attributed(
             "--pod-resources-socket", str(pod_resources.socket_path),
             f"--dcgm-series-per-container={str(per_container).lower()}")  # fmt: skip
     async with running_agent(device_plugin_dir, args) as run:
-        text = await run.metrics_until(lambda t: holders(t, "1") == {"p0", "p1"})
+        # Both GPUs read once (their DCGM series follow their first poll) and the pods known.
+        text = await run.metrics_until(
+            lambda t: holders(t, "1") == {"p0", "p1"} and read_gpus(t) == {"0", "1"}
+        )
         assert pods_on(text, "0") == {"p2"}
         wanted = [("a", "p0"), ("b", "p1")] if per_container else [("", "")]
         for name in ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_XID_ERRORS"):
@@ -196,6 +204,8 @@ async def test_renamed_time_slicing_replicas_are_attributed(
             Held("ml", "one", "c", "nvidia.com/gpu.shared", (replicas[0],)),
             Held("ml", "two", "c", "nvidia.com/gpu.shared", (replicas[1],)),
         ])  # fmt: skip
-        text = await run.metrics_until(lambda t: holders(t, "0") == {"one", "two"})
+        text = await run.metrics_until(
+            lambda t: holders(t, "0") == {"one", "two"} and read_gpus(t) == {"0", "1"}
+        )
         assert pods_on(text, "0") == {""}  # shared: once, no one pod's
         assert pods_on(text, "1") == {""}
