@@ -6,7 +6,7 @@ import asyncio
 import gzip
 import math
 import re
-import threading
+from collections.abc import Generator
 from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
@@ -32,6 +32,7 @@ from gpuagent.state.counters import (
 )
 from gpuagent.web import layout, metrics
 from gpuagent.web.dcgm import DCGM_METRICS, xid_message
+from gpuagent.web.devicepart import hand_back
 from gpuagent.web.exposition import escape_label, format_value
 from gpuagent.web.metrics import MetricsRenderer
 
@@ -434,24 +435,37 @@ async def test_a_scrapes_render_hands_the_loop_back(monkeypatch: pytest.MonkeyPa
     assert await r.devices_async(snapshot) is parts[0]  # cached
 
 
-async def test_a_new_layout_is_built_off_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The label layout (rebuilt when pods come or go: ~7 ms at 50 containers a GPU) is built on
-    a worker thread; a version whose pods did not change reuses it."""
-    built_on: list[int] = []
-    build = layout.build_layout
+async def test_a_new_layout_is_built_in_steps_handing_the_loop_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The label layout (rebuilt when pods come or go: ~6 ms at 50 containers a GPU) is built on
+    the loop in steps, other tasks running between every two; a version whose pods did not
+    change reuses it."""
+    ticker = Ticker()
+    turns_at_step: list[int] = []
+    steps = layout.layout_steps
 
-    def recording(*args: Any, **kwargs: Any) -> Any:
-        built_on.append(threading.get_ident())
-        return build(*args, **kwargs)
+    def recording(*args: Any, **kwargs: Any) -> Generator[None, None, layout.Layout]:
+        inner = steps(*args, **kwargs)
+        while True:
+            turns_at_step.append(ticker.turns)
+            try:
+                next(inner)
+            except StopIteration as done:
+                built: layout.Layout = done.value
+                return built
+            yield
 
-    monkeypatch.setattr(metrics, "build_layout", recording)
+    monkeypatch.setattr(metrics, "layout_steps", recording)
     snapshot = synthetic_snapshot(2, replicas=2)
     r = renderer()
-    await r.devices_async(snapshot)
+    part = await r.devices_async(snapshot)
     await r.devices_async(replace(snapshot, version=snapshot.version + 1))
-    assert len(built_on) == 1
-    assert built_on[0] != threading.get_ident()
+    ticker.stop()
+    assert len(turns_at_step) == 4  # three hand-backs, one build
+    assert turns_at_step == sorted(set(turns_at_step))  # the loop ran between every two steps
     assert r.layouts == 1
+    assert part.text == renderer().devices(snapshot).text
 
 
 async def test_a_scrape_that_goes_away_leaves_the_render_to_the_others() -> None:
@@ -474,6 +488,16 @@ async def test_an_older_render_finishing_late_does_not_replace_a_newer_one() -> 
     part = r.devices(newer)
     await late
     assert r.devices(newer) is part
+
+
+async def test_a_slice_hands_the_loop_back_behind_the_timers_due() -> None:
+    """Between two slices of a render, what fell due during the first (a timer: the kubelet's
+    gRPC deadline, a probe) runs before the second ("sleep(0)" resumed the task first)."""
+    loop = asyncio.get_running_loop()
+    fired: list[str] = []
+    loop.call_at(loop.time(), fired.append, "due")  # fell due during the slice
+    await hand_back()
+    assert fired == ["due"]
 
 
 async def test_gzip_is_compressed_in_pieces_once() -> None:
