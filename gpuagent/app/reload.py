@@ -123,27 +123,30 @@ class Reloads:
                 self._refuse(ConfigError("dra-gpus", absent))
                 return None
         served = reloaded_plan(self._store.plan, live_settings(self.settings, settings))
+        web_changed = False
         if web is not None and self._web is not None:
             try:
-                use_web_config(self._web, web)
+                web_changed = use_web_config(self._web, web)
             except SettingError as exc:
                 self._refuse(exc)
                 return None
         if node.cdi is not None and served.writes_cdi_spec and snapshot.discovered:
             # The spec first, then the plan: an Allocate answered with CDI names finds them.
             await node.cdi.sync(snapshot, served.serving.containers)
-        return self.apply(settings, served)
+        return self.apply(settings, served, web_changed=web_changed)
 
-    def apply(self, settings: Settings, plan: Plan) -> list[str]:
+    def apply(self, settings: Settings, plan: Plan, *, web_changed: bool = False) -> list[str]:
         """Serve under ``plan`` (the live part of ``settings``) from now on; returns the keys of
         ``settings`` that need a restart to change. A plan equal to the running one changes
-        nothing."""
+        nothing; the reload counts as changed when it or the web config (``web_changed``, already
+        served) did."""
         restart = restart_keys(self.settings, settings)
         published = self._store.publish(plan)
         self.settings = live_settings(self.settings, settings)
-        self._store.counters.reloaded("changed" if published is not None else "unchanged")
+        changed = published is not None or web_changed
+        self._store.counters.reloaded("changed" if changed else "unchanged")
         generation = self._store.plan.generation
-        if published is not None:
+        if changed:
             log.info("configuration reloaded", generation=generation, needs_restart=restart)
         else:
             log.info("configuration unchanged", generation=generation, needs_restart=restart)
