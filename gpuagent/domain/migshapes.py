@@ -75,10 +75,10 @@ class Instance:
 
 
 class MigRefused(Exception):
-    """The driver refused to make, destroy or switch MIG; ``code`` is NVML's error (0: none).
+    """The driver refused to make, destroy or switch MIG; ``reason`` is NVML's error as nvml.h
+    names it without its prefix (``INSUFFICIENT_RESOURCES``, ``IN_USE``, …; empty when the
+    refusal is not the driver's)."""
 
-    The message names the error as nvml.h does (``INSUFFICIENT_RESOURCES``, ``IN_USE``, …)."""
-
-    def __init__(self, message: str, code: int = 0) -> None:
+    def __init__(self, message: str, reason: str = "") -> None:
         super().__init__(message)
-        self.code = code
+        self.reason = reason

@@ -226,11 +226,15 @@ class DynamicMig:
 
 def _explained(exc: MigRefused) -> str:
     """The driver's refusal, with what it means for the claim."""
-    text = str(exc)
-    if "INSUFFICIENT_RESOURCES" in text:
-        return f"{text}: the placement overlaps a MIG device already made (or the GPU is full)"
-    if "IN_USE" in text:
-        return f"{text}: processes still run on it; it is destroyed once they have exited"
-    if "NO_PERMISSION" in text:
-        return f"{text}: making MIG devices needs CAP_SYS_ADMIN"
-    return text
+    meaning = _MEANINGS.get(exc.reason)
+    return str(exc) if meaning is None else f"{exc}: {meaning}"
+
+
+#: What a refusal of the driver's (nvml.h's error name) means for a claim.
+_MEANINGS = {
+    "INSUFFICIENT_RESOURCES": (
+        "the placement overlaps a MIG device already made (or the GPU is full)"
+    ),
+    "IN_USE": "processes still run on it; it is destroyed once they have exited",
+    "NO_PERMISSION": "making MIG devices needs CAP_SYS_ADMIN",
+}

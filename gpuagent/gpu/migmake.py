@@ -43,7 +43,8 @@ _NOT_OFFERED = (*ABSENT, pynvml.NVML_ERROR_INVALID_ARGUMENT, pynvml.NVML_ERROR_N
 
 
 def _refused(what: str, exc: pynvml.NVMLError) -> MigRefused:
-    return MigRefused(f"{what}: {_name(int(exc.value))} ({describe(exc)})", int(exc.value))
+    reason = _name(int(exc.value))
+    return MigRefused(f"{what}: {reason} ({describe(exc)})", reason)
 
 
 def _name(code: int) -> str:
@@ -137,7 +138,8 @@ def set_mig_mode(index: int, handle: Any, calls: NvmlCalls, *, on: bool) -> None
     except pynvml.NVMLError as exc:
         raise _refused(what, exc) from None
     if status != pynvml.NVML_SUCCESS:
-        raise MigRefused(f"{what}: not activated: {_name(status)}", status)
+        reason = _name(status)
+        raise MigRefused(f"{what}: not activated: {reason}", reason)
 
 
 def make_instance(

@@ -37,7 +37,7 @@ class Driver:
     def _check(self, what: str) -> None:
         self.calls.append(what)
         if what in self.refuse:
-            raise MigRefused(f"{what}: {self.refuse[what]}")
+            raise MigRefused(f"{what}: {self.refuse[what]}", self.refuse[what])
 
     async def mig_mode(self, index: int) -> bool:
         return self.mode

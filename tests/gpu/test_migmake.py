@@ -94,7 +94,7 @@ def test_an_instance_is_made_found_and_destroyed(run: Run) -> None:
     assert (mig.gpu_instance_id, mig.profile_id, mig.placement) == (gi, 19, Placement(3, 1))
     with pytest.raises(MigRefused, match="INSUFFICIENT_RESOURCES") as caught:
         on(nvml, migmake.make_instance, shape(nvml, "3g.40gb"), Placement(0, 4))
-    assert caught.value.code == 23
+    assert caught.value.reason == "INSUFFICIENT_RESOURCES"
     assert on(nvml, migmake.destroy_instance, gi)
     assert not on(nvml, migmake.destroy_instance, gi)
     assert nvml.describe(0).mig_devices == ()
