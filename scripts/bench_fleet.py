@@ -21,7 +21,6 @@ the backoff's ceiling (60 s, full jitter spreads it).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import random
 import shutil
 import tempfile
@@ -36,7 +35,7 @@ import uvloop
 from support.clock import ManualClock
 from support.fake_apiserver import FakeApiServer
 from support.kubehealth import settle
-from support.noderig import NODE, last_xid, with_health
+from support.noderig import NODE, last_xid, with_health, writing
 from support.synthetic import synthetic_snapshot
 
 from gpuagent import logs
@@ -94,19 +93,13 @@ async def _with_dra(
         store, lambda s: dra_devices(s, DraGpus(all=True)), api, node=NODE,
         driver="gpu.nvidia.com", clock=clock, draw=random.Random(7).random,
     )  # fmt: skip
-    task = asyncio.create_task(publisher.run())
     rig = _Dra(server, store, clock, publisher)
-    try:
+    async with writing(server, api, publisher.run()):
         await rig.settle(0.2)
         await rig.settle(600.0)  # a quiet spell after the first publication
         out = await body(rig)
         assert server.invalid == [], server.invalid
         return out
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await api.close()
-        await server.stop()
 
 
 async def _dra_at_rest(rig: _Dra) -> dict[str, float]:

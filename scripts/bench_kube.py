@@ -32,7 +32,7 @@ from typing import Any
 import uvloop
 from support.clock import ManualClock
 from support.fake_apiserver import FakeApiServer
-from support.noderig import NODE, Rig, last_xid, new_writer, storm_xid
+from support.noderig import NODE, Rig, last_xid, new_writer, storm_xid, writing
 from support.synthetic import synthetic_snapshot
 from support.waiting import eventually
 
@@ -58,20 +58,14 @@ async def _with_rig(
     rng = random.Random(7)
     store = DeviceStore(synthetic_snapshot(gpus, replicas=1))
     writer, api = new_writer(server, store, clock, rng.random, root / "kubeconfig")
-    task = asyncio.create_task(writer.run())
     rig = Rig(server, store, clock, writer, iter(()))
-    try:
+    async with writing(server, api, writer.run()):
         await rig.settle(0.2)
         await rig.clock.advance(100.0)
         await rig.settle()
         out = await body(rig)
         assert server.invalid == [], server.invalid
         return out
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await api.close()
-        await server.stop()
 
 
 async def _at_rest(rig: Rig) -> dict[str, float]:
@@ -146,8 +140,7 @@ async def _xid_latency(root: Path) -> float:
     api = KubeApi(load_config(server.kubeconfig(root / "kubeconfig-rt")), timeout=2.0)
     store = DeviceStore(synthetic_snapshot(8, replicas=1))
     writer = NodeHealthWriter(store, api, node=NODE)
-    task = asyncio.create_task(writer.run())
-    try:
+    async with writing(server, api, writer.run()):
         await eventually(lambda: server.condition() is not None, what="the first write")
         await asyncio.sleep(31.0)  # a quiet spell (the window after the first write)
         started = time.perf_counter()
@@ -156,11 +149,6 @@ async def _xid_latency(root: Path) -> float:
         took = time.perf_counter() - started
         await eventually(lambda: len(server.events) == 2, what="the events written too")
         return took
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await api.close()
-        await server.stop()
 
 
 async def _measure(gpus: int, root: Path) -> dict[str, dict[str, float]]:

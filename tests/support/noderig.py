@@ -3,7 +3,9 @@ test moves: the rig of tests/kube, and how a test changes the node's GPUs."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,7 @@ from support.fake_apiserver import FakeApiServer
 from support.kubehealth import settle
 
 __all__ = [
-    "NODE", "WALL0", "Rig", "last_xid", "new_writer", "storm_xid", "with_health", "xid",
+    "NODE", "WALL0", "Rig", "last_xid", "new_writer", "storm_xid", "with_health", "writing", "xid",
 ]  # fmt: skip
 
 NODE = "gpu-node-7"
@@ -97,3 +99,19 @@ def new_writer(
         wall=lambda: WALL0 + clock.now(), draw=draw, **options,
     )  # fmt: skip
     return writer, api
+
+
+@contextlib.asynccontextmanager
+async def writing(
+    server: FakeApiServer, api: KubeApi, run: Coroutine[Any, Any, None]
+) -> AsyncIterator[None]:
+    """``run`` (an API writer's loop) as a task while inside; on leaving, the task cancelled,
+    ``api`` closed and ``server`` stopped (the benches' rigs: each makes its own server)."""
+    task = asyncio.create_task(run)
+    try:
+        yield
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await api.close()
+        await server.stop()
