@@ -299,6 +299,9 @@ def main() -> int:
         stubs = kubelet_stubs()
         if not args.no_bytecode_cache:
             bench_plugin.bytecode_cache(Path(stubs_dir) / "pycache")
+            bench_plugin.warm_bytecode(sys.executable)
+            if args.agent_python != sys.executable:
+                bench_plugin.warm_bytecode(args.agent_python)
         if args.only_accounting:
             print(table(bench_accounting.rows(stubs, args, agent, tempdir, Row)))
             return 0

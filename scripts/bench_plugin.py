@@ -172,6 +172,23 @@ def bytecode_cache(directory: Path) -> None:
     os.environ["PYTHONPYCACHEPREFIX"] = str(directory)
 
 
+#: Imports every gpuagent module (and with them the libraries they import), compiling them.
+_IMPORT_ALL = (
+    "import importlib, pkgutil, gpuagent\n"
+    "for m in pkgutil.walk_packages(gpuagent.__path__, 'gpuagent.'):\n"
+    "    if not m.name.endswith('__main__'):\n"
+    "        importlib.import_module(m.name)\n"
+)
+
+
+def warm_bytecode(python: str) -> None:
+    """Compile gpuagent's modules, and the libraries they import, into the bytecode cache
+    (:func:`bytecode_cache`) before any agent is measured, as the image has them: an agent that
+    compiles its own at start holds ~15 MiB more afterwards (measured at 8 x 50: 76.4 MiB with
+    a cold cache, 61.3 MiB with a warm one), which is the compiler's, not the agent's."""
+    subprocess.run([python, "-c", _IMPORT_ALL], check=True, stdout=subprocess.DEVNULL)
+
+
 def measure(
     plugin: Plugin,
     stubs: Any,
