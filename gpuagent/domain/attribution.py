@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
+from operator import attrgetter
 from types import MappingProxyType
 
 from gpuagent.domain.devices import Allocated, Gpu, NodeState, PodRef
@@ -57,6 +58,8 @@ def attributable(resource: str, served: Collection[str]) -> bool:
 
 def base_id(device_id: str) -> str:
     """The device ID without a replica suffix (``GPU-x::3`` → ``GPU-x``) or GKE ``/vgpuN``."""
+    if "::" not in device_id and "/vgpu" not in device_id:
+        return device_id  # neither pattern can match: most IDs, at no regex's cost
     match = _REPLICA_RE.match(device_id)
     if match is not None:
         device_id = match.group(1)
@@ -74,10 +77,15 @@ def by_device(
     The result is deterministic: containers are sorted and duplicates dropped.
     """
     found: dict[str, set[PodRef]] = {}
+    ours: dict[str, bool] = {}  # per resource name: a node has a handful, listed ~400 times
     for item in allocations:
-        if not attributable(item.resource, served):
+        resource = item.resource
+        mine = ours.get(resource)
+        if mine is None:
+            mine = ours[resource] = attributable(resource, served)
+        if not mine:
             continue
-        ref = PodRef(namespace=item.namespace, pod=item.pod, container=item.container)
+        ref = PodRef(item.namespace, item.pod, item.container)
         for device_id in item.device_ids:
             if device_id:
                 found.setdefault(device_id, set()).add(ref)
@@ -129,5 +137,11 @@ def attributions(
     return {target: _sorted(refs) for target, refs in found.items()}
 
 
-def _sorted(refs: Iterable[PodRef]) -> tuple[PodRef, ...]:
-    return tuple(sorted(set(refs), key=lambda r: (r.namespace, r.pod, r.container)))
+_POD_ORDER = attrgetter("namespace", "pod", "container")
+
+
+def _sorted(refs: Collection[PodRef]) -> tuple[PodRef, ...]:
+    """``refs`` without duplicates, by namespace, pod and container."""
+    if len(refs) == 1:
+        return tuple(refs)
+    return tuple(sorted(set(refs), key=_POD_ORDER))

@@ -32,15 +32,18 @@ def escape_help(text: str) -> str:
 
 def format_value(value: float) -> str:
     """A sample value as Prometheus writes it: integers without a fraction, ±Inf and NaN spelled."""
-    if isinstance(value, int):
+    if type(value) is int:
         return str(value)
+    if isinstance(value, int):
+        return "1" if value else "0"  # a bool
+    value = float(value)
+    if value.is_integer():  # never NaN or ±Inf
+        return str(int(value)) if abs(value) < 1e15 else repr(value)
     if math.isnan(value):
         return "NaN"
     if math.isinf(value):
         return "+Inf" if value > 0 else "-Inf"
-    if value == int(value) and abs(value) < 1e15:
-        return str(int(value))
-    return repr(float(value))
+    return repr(value)
 
 
 def label_pairs(labels: Labels) -> str:

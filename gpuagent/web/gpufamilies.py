@@ -11,7 +11,7 @@ from gpuagent.domain.attribution import Target
 from gpuagent.domain.devices import PodRef
 from gpuagent.domain.snapshot import Snapshot
 from gpuagent.web.dcgm import xid_action, xid_label
-from gpuagent.web.exposition import Family, render
+from gpuagent.web.exposition import Family, escape_label, label_pairs, render
 
 __all__ = ["health_families", "identity_families"]
 
@@ -113,16 +113,13 @@ def identity_families(snapshot: Snapshot, pods: dict[Target, tuple[PodRef, ...]]
         if parent is None:
             continue
         instance = "" if target.gpu_instance is None else str(target.gpu_instance)
-        for ref in refs:
+        device = label_pairs(
+            (("gpu", str(target.gpu)), ("uuid", parent.uuid), ("gpu_instance", instance))
+        )
+        for ref in refs:  # up to hundreds a node: the device's labels are rendered once
             allocated.add(
-                (
-                    ("gpu", str(target.gpu)),
-                    ("uuid", parent.uuid),
-                    ("gpu_instance", instance),
-                    ("namespace", ref.namespace),
-                    ("pod", ref.pod),
-                    ("container", ref.container),
-                ),
+                f'{{{device},namespace="{escape_label(ref.namespace)}"'
+                f',pod="{escape_label(ref.pod)}",container="{escape_label(ref.container)}"}}',
                 1,
             )
     return render([info, mig, allocated])

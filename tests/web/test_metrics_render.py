@@ -347,6 +347,10 @@ def test_hostile_label_values_round_trip(value: str) -> None:
         (float("inf"), "+Inf"),
         (float("-inf"), "-Inf"),
         (123456789012.5, "123456789012.5"),
+        (-0.0, "0"),
+        (1e15, "1000000000000000.0"),
+        (True, "1"),  # a flag handed over as a bool reads as Prometheus' 1, not "True"
+        (False, "0"),
     ],
 )
 def test_format_value(value: float, text: str) -> None:
