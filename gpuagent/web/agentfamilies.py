@@ -38,6 +38,13 @@ PROBE = "probe"
 
 
 def config_families(generation: int, reloads: ReloadStats, *, detailed: bool) -> list[Family]:
+    """Whether the last reload was applied (what an operator acts on: a refused configuration);
+    ``detailed``: the generation and the reloads by result too."""
+    last = single("gpuagent_config_last_reload_successful", "gauge",
+                  "Whether the last configuration reload was applied (1; also before any) or "
+                  "refused as invalid (0).", (), 1 if reloads.last_successful else 0)  # fmt: skip
+    if not detailed:
+        return [last]
     total = Family(
         "gpuagent_config_reloads_total",
         "counter",
@@ -46,17 +53,10 @@ def config_families(generation: int, reloads: ReloadStats, *, detailed: bool) ->
     )
     for result in ("changed", "unchanged", "invalid"):
         total.add((("result", result),), getattr(reloads, result))
-    out = [
-        single("gpuagent_config_last_reload_successful", "gauge",
-               "Whether the last configuration reload was applied (1; also before any) or "
-               "refused as invalid (0).", (), 1 if reloads.last_successful else 0),
-        total,
-    ]  # fmt: skip
-    if detailed:
-        out.insert(0, single("gpuagent_config_generation", "gauge",
-                             "Reloads that changed the running configuration since the agent "
-                             "started.", (), generation))  # fmt: skip
-    return out
+    current = single("gpuagent_config_generation", "gauge",
+                     "Reloads that changed the running configuration since the agent started.",
+                     (), generation)  # fmt: skip
+    return [current, last, total]
 
 
 def dra_families(dra: DraCounters | None, *, detailed: bool) -> list[Family]:
@@ -86,7 +86,7 @@ def kube_families(kube: KubeCounters | None, *, detailed: bool) -> list[Family]:
         for result, count in sorted(by_result.items()):
             requests.add((("result", result),), count)
     out = [requests, *singles(_KUBE + (_KUBE_DETAILED if detailed else ()), kube)]
-    if kube.condition_written_at is not None:
+    if detailed and kube.condition_written_at is not None:
         out.append(
             single("gpuagent_node_condition_last_write_timestamp_seconds", "gauge",
                    "Unix time the GPUHealthy node condition was last written.", (),

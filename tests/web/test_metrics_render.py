@@ -25,7 +25,10 @@ from gpuagent.domain.devices import (
 )
 from gpuagent.state.counters import (
     AgentCounters,
+    CriStats,
+    DraCounters,
     KubeCounters,
+    LogLinkStats,
     NvmlCallStats,
     PodResourcesStats,
     ReloadStats,
@@ -379,9 +382,10 @@ def test_device_part_cached_per_snapshot_version() -> None:
 def test_agent_part_is_fresh_on_every_scrape() -> None:
     r = renderer()
     snapshot = synthetic_snapshot(1)
-    for reloads in (1, 2):
-        counters = AgentCounters(reloads=ReloadStats(changed=reloads))
-        assert b'{result="changed"} %d\n' % reloads in r.agent(snapshot, counters)
+    for ok in (False, True, False):
+        counters = AgentCounters(reloads=ReloadStats(last_successful=ok))
+        expected = b"gpuagent_config_last_reload_successful %d\n" % ok
+        assert expected in r.agent(snapshot, counters)
 
 
 @pytest.mark.parametrize("tail", [b"", b"x\n", b"gpuagent_gpus 8\n" * 500])
@@ -557,10 +561,7 @@ def test_scrape_histogram_is_cumulative() -> None:
         r.scrapes.observe(seconds)
     text = r.render(synthetic_snapshot(1), AgentCounters())
     buckets = {s[0]["le"]: s[1] for s in samples(text, "gpuagent_scrape_duration_seconds_bucket")}
-    assert buckets["0.001"] == 1
-    assert buckets["0.005"] == 3
-    assert buckets["0.25"] == 3
-    assert buckets["+Inf"] == 4
+    assert buckets == {"0.01": 3, "0.25": 3, "+Inf": 4}
     assert samples(text, "gpuagent_scrape_duration_seconds_count")[0][1] == 4
 
 
@@ -604,9 +605,9 @@ def test_kube_requests_by_result_unless_detailed() -> None:
 
 
 def test_the_agents_own_series_fit_a_fleet() -> None:
-    """A node's own series by default, every source reporting (the node condition and events
-    on, per-container accounting and DRA off, as the DaemonSet runs): what an operator acts on,
-    in at most 30 series, whatever the number of NVML functions or API objects."""
+    """A node's own series by default, every source reporting — the node condition and events,
+    per-container accounting named by log links and the CRI, DRA — what an operator acts on, in
+    at most 30 series, whatever the number of NVML functions or API objects."""
     snapshot = synthetic_snapshot(8)
     r = renderer()
     r.scrapes.observe(0.001)
@@ -618,8 +619,16 @@ def test_the_agents_own_series_fit_a_fleet() -> None:
         kube=KubeCounters(
             requests=tuple((obj, "ok", 1) for obj in objects), condition_written_at=1e9
         ),
+        dra=DraCounters(api_up=True, registered=True, devices=8),
+        cri=CriStats(),
+        log_links=LogLinkStats(),
     )
-    own = r.agent(snapshot, counters).decode()
+    refreshed = replace(snapshot, pods=replace(snapshot.pods, refreshed_at=120.0))
+    own = r.agent(refreshed, counters).decode()
+    for family in ("gpuagent_dra_api_up", "gpuagent_cri_errors_total",
+                   "gpuagent_container_log_links_errors_total", "gpuagent_kube_backing_off",
+                   "gpuagent_pod_resources_age_seconds"):  # fmt: skip
+        assert f"\n{family} " in own  # every source is there
     series = [line for line in own.splitlines() if line and not line.startswith("#")]
     assert len(series) <= 30, "\n".join(series)
     detailed = renderer(detailed=True).agent(snapshot, counters).decode()
