@@ -111,13 +111,18 @@ async def _dra_at_rest(rig: _Dra) -> dict[str, float]:
     return {"per_hour": rig.requests() - start}
 
 
+def _health(gpu: int, health: GpuHealth) -> Callable[[Snapshot], Snapshot]:
+    """A change of the store: GPU ``gpu``'s health becomes ``health``."""
+    return lambda snapshot: with_health(snapshot, gpu, health)
+
+
 async def _dra_storm(rig: _Dra) -> dict[str, float]:
     """1,000 XIDs over 60 s over every GPU, each a fault or a recovery (a device's taints)."""
     gpus = len(rig.store.snapshot.gpus)
     start = rig.requests()
     for n in range(1000):
         state = XID_79 if n % (2 * gpus) < gpus else GpuHealth()
-        await rig.change(lambda s, g=n % gpus, h=state: with_health(s, g, h))
+        await rig.change(_health(n % gpus, state))
         await rig.settle(0.06)
     minute = rig.requests() - start
     lists = sum(1 for verb, _ in rig.server.requests[start:] if verb == "LIST")
@@ -131,10 +136,10 @@ async def _dra_outage(rig: _Dra) -> dict[str, float]:
     gpus = len(rig.store.snapshot.gpus)
     await rig.server.stop()
     for index in range(gpus):
-        await rig.change(lambda s, i=index: with_health(s, i, XID_79))
+        await rig.change(_health(index, XID_79))
         await rig.settle(20.0)
     for index in range(gpus // 2):
-        await rig.change(lambda s, i=index: with_health(s, i, GpuHealth()))
+        await rig.change(_health(index, GpuHealth()))
         await rig.settle(20.0)
     while rig.clock.now() < 600.2 + 600.0:
         await rig.settle(10.0)

@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from cloudcoil.models.prometheus_operator import v1
+from cloudcoil.models.prometheus_operator import v1  # type: ignore[import-not-found]
 
 KINDS = ("ServiceMonitor", "PodMonitor", "PrometheusRule")
 OUT = Path(__file__).resolve().parent.parent / "tests" / "schemas" / "monitoring.coreos.com-v1.json"
