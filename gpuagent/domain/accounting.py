@@ -132,7 +132,11 @@ def account(
                     ref in allowed.get(Target(gpu.index, instance), nobody),
                 )
             )
-    usage = Usage(containers=tuple(usages), judged=snapshot.pods.refreshed_at is not None)
+    usage = Usage(
+        containers=tuple(usages),
+        judged=snapshot.pods.refreshed_at is not None,
+        pod_uids=_pod_uids(snapshot, owners, names),
+    )
     return usage, Ledger(energy_mj=MappingProxyType(energy), joules=MappingProxyType(joules))
 
 
@@ -160,6 +164,24 @@ def _groups(
             if group.processes == 0 and group.memory is None:
                 group.memory = 0
     return groups
+
+
+def _pod_uids(
+    snapshot: NodeState, owners: Mapping[int, CgroupOwner | None], names: Mapping[str, PodRef]
+) -> tuple[tuple[str, str, str], ...]:
+    """(namespace, pod, UID) of each named pod whose GPU processes' cgroups carry its UID."""
+    found: set[tuple[str, str, str]] = set()
+    for gpu in snapshot.gpus:
+        if gpu.processes is None:
+            continue
+        for process in gpu.processes.processes:
+            owner = owners.get(process.pid)
+            if owner is None or not owner.pod_uid:
+                continue
+            ref = names.get(owner.container_id)
+            if ref is not None and ref.pod:
+                found.add((ref.namespace, ref.pod, owner.pod_uid))
+    return tuple(sorted(found))
 
 
 def _mean_samples(samples: tuple[ProcessSample, ...]) -> dict[int, ProcessSample]:

@@ -98,8 +98,18 @@ class Usage:
     """Per-container usage of every GPU, sorted by GPU, instance, namespace, pod, container.
 
     ``judged``: the kubelet's allocations are known (pod-resources answered), so unallocated use
-    can be told; without them nothing is reported as unallocated.
+    can be told; without them nothing is reported as unallocated. ``pod_uids``: (namespace, pod,
+    UID) of the pods whose GPU processes' cgroups name their UID, sorted (pod-resources gives no
+    UIDs; an event about a pod carries it where known, see :mod:`gpuagent.domain.nodehealth`).
     """
 
     containers: tuple[ContainerUsage, ...] = ()
     judged: bool = False
+    pod_uids: tuple[tuple[str, str, str], ...] = ()
+
+    def pod_uid(self, namespace: str, pod: str) -> str:
+        """The UID of pod ``namespace/pod`` where its processes named it, else ``""``."""
+        for ns, name, uid in self.pod_uids:
+            if ns == namespace and name == pod:
+                return uid
+        return ""

@@ -281,3 +281,24 @@ def test_energy_never_exceeds_the_gpus_and_never_decreases(
         if previous is not None and energy >= previous:
             gained += (energy - previous) / 1000
         assert sum(totals.values()) <= gained + 1e-6
+
+
+def test_pod_uids_come_from_the_processes_cgroups() -> None:
+    """The pods whose GPU processes' cgroups name their UID, once each; a container the runtime
+    does not name, a host process or a cgroup without a pod UID gives none."""
+    owners = {**OWNERS, 601: CgroupOwner(cid(2), "")}
+    reading = ProcessReading(
+        processes=(
+            GpuProcess(101, GIB),
+            GpuProcess(102, GIB),
+            GpuProcess(301, GIB),
+            GpuProcess(401, GIB),
+            GpuProcess(501, GIB),
+            GpuProcess(601, GIB),
+        ),
+        samples=(),
+    )
+    usage, _ = account(node(reading), owners, NAMES)
+    assert usage.pod_uids == (("team-a", "trainer-0", "uid-a"), ("team-c", "sneaky", "uid-c"))
+    assert usage.pod_uid("team-a", "trainer-0") == "uid-a"
+    assert usage.pod_uid("team-b", "notebook") == ""  # holds the GPU, its process names no UID

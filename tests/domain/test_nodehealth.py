@@ -168,6 +168,32 @@ def test_a_whole_gpu_failing_reaches_every_pod_on_its_mig_devices() -> None:
     assert model.taint_wanted()
 
 
+def test_pod_events_name_the_pod_uid_where_its_processes_gave_it() -> None:
+    """``kubectl describe pod`` lists only events whose object names the pod's UID: where the
+    accounting learnt it from a process's cgroup the event carries it; elsewhere it cannot."""
+    snapshot = failing(synthetic_snapshot(1, replicas=2), 0, Condition("ecc_dbe"))
+    holders = sorted({(a.namespace, a.pod) for a in snapshot.pods.allocated})
+    (known_ns, known_pod), (other_ns, other_pod) = holders
+    uids = ((known_ns, known_pod, "4f1c1a4e-0000-4000-8000-000000000001"), ("x", "y", "z"))
+    snapshot = replace(snapshot, usage=replace(snapshot.usage, pod_uids=uids))
+    view = view_of(snapshot)
+    assert view.pod_uids == uids[:1]  # only the holders' UIDs: other pods do not move the view
+    model = NodeHealthModel("node-a")
+    model.observe(view, T0)
+    refs = {
+        r.key.regarding.name: r.key.regarding.reference()
+        for r in model.pending_events()
+        if r.key.regarding.kind == "Pod"
+    }
+    assert refs[known_pod] == {
+        "apiVersion": "v1", "kind": "Pod", "name": known_pod, "namespace": known_ns,
+        "uid": "4f1c1a4e-0000-4000-8000-000000000001",
+    }  # fmt: skip
+    assert refs[other_pod] == {
+        "apiVersion": "v1", "kind": "Pod", "name": other_pod, "namespace": other_ns,
+    }  # fmt: skip
+
+
 def test_the_message_is_bounded() -> None:
     snapshot = synthetic_snapshot(16)
     for index in range(16):

@@ -6,6 +6,7 @@ and "one window later" are exact, and no test waits on wall time for them."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,10 +14,13 @@ from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
+from support.cgroups import Layout, cgroup_file, write_proc
 from support.clock import ManualClock
 from support.fake_apiserver import KUBELET_CONDITIONS, FakeApiServer
+from support.fake_cri import FakeCri, RuntimeContainer
 from support.fake_kubelet import FakeKubelet
 from support.fake_podresources import FakePodResources, Held
+from support.grpcstubs import CriStubs
 from support.kubehealth import settle
 from support.waiting import eventually
 
@@ -51,22 +55,21 @@ class Health:
         return condition
 
 
-@pytest.fixture
-async def health(
-    fake_kubelet: FakeKubelet,
+@contextlib.asynccontextmanager
+async def health_agent(
     device_plugin_dir: Path,
     pod_resources: FakePodResources,
-    apiserver: FakeApiServer,
-    short_tmp_path: Path,
+    server: FakeApiServer,
+    root: Path,
+    *extra: str,
 ) -> AsyncIterator[Health]:
-    """The agent on four simulated GPUs, registered with the kubelet stand-in, writing to the
-    API-server stand-in by a clock the test moves."""
-    server, root = apiserver, short_tmp_path
+    """The agent on four simulated GPUs (and ``extra`` options), registered with the kubelet
+    stand-in, writing to the API-server stand-in by a clock the test moves."""
     clock = ManualClock()
     draws = itertools.cycle([0.5, 0.2, 0.8])
     args = ("--simulate", "4", "--kubeconfig", str(server.kubeconfig(root / "kubeconfig")),
             "--pod-resources-socket", str(pod_resources.socket_path),
-            "--pod-resources-interval", "1")  # fmt: skip
+            "--pod-resources-interval", "1", *extra)  # fmt: skip
     options = {"clock": clock, "wall": lambda: WALL0 + clock.now(), "draw": lambda: next(draws),
                "api_timeout": 2.0}  # fmt: skip
     async with running_agent(
@@ -75,6 +78,18 @@ async def health(
         health = Health(run, clock, server)
         await health.settle(0.2)  # the first batch: the condition, True
         yield health
+
+
+@pytest.fixture
+async def health(
+    fake_kubelet: FakeKubelet,
+    device_plugin_dir: Path,
+    pod_resources: FakePodResources,
+    apiserver: FakeApiServer,
+    short_tmp_path: Path,
+) -> AsyncIterator[Health]:
+    async with health_agent(device_plugin_dir, pod_resources, apiserver, short_tmp_path) as h:
+        yield h
 
 
 async def holding_gpu_3(health: Health, pod_resources: FakePodResources) -> str:
@@ -128,6 +143,51 @@ async def test_xid_79_on_gpu_3_is_a_false_condition_a_node_event_and_a_pod_event
     assert len(apiserver.events) == 3
     assert apiserver.kubelet_conditions() == [dict(c) for c in KUBELET_CONDITIONS]
     assert apiserver.invalid == []
+
+
+async def test_a_pod_event_names_the_pod_uid_its_gpu_process_gave(
+    fake_kubelet: FakeKubelet,
+    device_plugin_dir: Path,
+    pod_resources: FakePodResources,
+    apiserver: FakeApiServer,
+    short_tmp_path: Path,
+    tmp_path: Path,
+    cri_stubs: CriStubs,
+) -> None:
+    """With per-container accounting on, the pod's UID comes from its GPU process's cgroup, and
+    the pod's event names it: ``kubectl describe pod`` lists only events that do."""
+    uid, pid = "0c0ffee0-0000-4000-8000-000000000003", 3003
+    container_id = f"{pid:064x}"
+    layout = Layout("containerd", "systemd", 2, "guaranteed")
+    proc = write_proc(tmp_path / "proc", {pid: cgroup_file(layout, uid, container_id)})
+    with FakeCri(short_tmp_path / "cri" / "containerd.sock", cri_stubs) as cri:
+        cri.set([RuntimeContainer(container_id, "ml", "train-3", "worker", pod_uid=uid)])
+        accounting = ("--container-accounting=true", "--cri-socket", str(cri.socket_path),
+                      "--proc-root", str(proc),
+                      "--container-logs-dir", str(proc / "none"))  # fmt: skip
+        async with health_agent(
+            device_plugin_dir, pod_resources, apiserver, short_tmp_path, *accounting
+        ) as health:
+            await holding_gpu_3(health, pod_resources)
+            run = health.run
+            body = {"gpu": 3, "pid": pid, "memory_mib": 100, "sm_util": 10}
+            async with run.http.post(run.base_url + "/sim/processes", json=body) as response:
+                assert response.status == 200, await response.text()
+            store = run.agent.store
+            await eventually(
+                lambda: store.snapshot.usage.pod_uid("ml", "train-3") == uid, what="pod UID"
+            )
+            await health.clock.advance(100.0)  # a quiet spell: the fault goes out at once
+            await health.settle()
+            await run.fault({"gpu": 3, "fault": "xid", "xid": 79})
+            await eventually(lambda: not health.gpu(3).health.healthy, what="GPU 3 unhealthy")
+            await health.settle(2.0)
+            (pod_event,) = apiserver.pod_events("ml", "train-3")
+            assert pod_event["regarding"] == {
+                "apiVersion": "v1", "kind": "Pod", "name": "train-3", "namespace": "ml",
+                "uid": uid,
+            }  # fmt: skip
+            assert apiserver.invalid == []
 
 
 async def test_a_storm_of_1000_xids_makes_at_most_20_requests(

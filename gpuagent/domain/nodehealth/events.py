@@ -92,10 +92,16 @@ class EventRecord:
         return self.count > self.written
 
 
-def by_pod(refs: Iterable[PodRef]) -> list[tuple[Regarding, tuple[str, ...]]]:
+def by_pod(
+    refs: Iterable[PodRef], uids: Iterable[tuple[str, str, str]] = ()
+) -> list[tuple[Regarding, tuple[str, ...]]]:
+    """The pods of ``refs`` with their containers' names; ``uids``: (namespace, pod, UID) of
+    those whose UID is known (``kubectl describe pod`` lists only events naming the pod's UID)."""
+    known = {(namespace, pod): uid for namespace, pod, uid in uids}
     pods: dict[Regarding, list[str]] = {}
     for ref in refs:
-        pods.setdefault(Regarding("Pod", ref.pod, ref.namespace), []).append(ref.container)
+        uid = known.get((ref.namespace, ref.pod), "")
+        pods.setdefault(Regarding("Pod", ref.pod, ref.namespace, uid), []).append(ref.container)
     return [(pod, tuple(sorted(set(names)))) for pod, names in sorted(pods.items(), key=_pod_key)]
 
 

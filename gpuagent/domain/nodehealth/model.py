@@ -54,7 +54,7 @@ class NodeHealthModel:
             self.since[device] = now
             detail = evidence_of(fault.conditions)
             self._occurred(node, UNHEALTHY, f"{device} is unhealthy: {detail}", now)
-            for pod, containers in by_pod(view.holders_of(device)):
+            for pod, containers in by_pod(view.holders_of(device), view.pod_uids):
                 names = ", ".join(containers)
                 plural = "s" if len(containers) > 1 else ""
                 note = f"{device} allocated to this pod (container{plural} {names}) failed: "

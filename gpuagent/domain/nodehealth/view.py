@@ -53,6 +53,8 @@ class NodeHealthView:
     holders: tuple[tuple[DeviceRef, tuple[PodRef, ...]], ...] = ()
     # Every GPU of the node (there is at least one) has no healthy device left.
     all_unhealthy: bool = False
+    # (namespace, pod, UID) of the holders whose UID is known (from their processes' cgroups).
+    pod_uids: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def healthy(self) -> bool:
@@ -92,6 +94,7 @@ def project(snapshot: NodeState, served: Collection[str]) -> NodeHealthView | No
         holders = tuple(
             (fault.device, pods) for fault in faults if (pods := _held(fault.device, held))
         )
+    holding = {(ref.namespace, ref.pod) for _, refs in holders for ref in refs}
     gpus = snapshot.gpus
     return NodeHealthView(
         gpus=len(gpus),
@@ -99,6 +102,7 @@ def project(snapshot: NodeState, served: Collection[str]) -> NodeHealthView | No
         faults=tuple(faults),
         holders=holders,
         all_unhealthy=bool(gpus) and all(_unusable(g) for g in gpus),
+        pod_uids=tuple(u for u in snapshot.usage.pod_uids if (u[0], u[1]) in holding),
     )
 
 
