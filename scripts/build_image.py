@@ -199,10 +199,31 @@ def image_exists(podman: str, ref: str) -> bool:
     return result.returncode == 0
 
 
+def image_id(podman: str, ref: str) -> str | None:
+    """The ID of the image ``ref`` names, or ``None`` when there is none."""
+    result = subprocess.run(
+        [podman, "image", "inspect", "--format", "{{.Id}}", ref],
+        capture_output=True, check=False, text=True,
+    )  # fmt: skip
+    return (result.stdout.strip() or None) if result.returncode == 0 else None
+
+
+def retire(podman: str, image: str) -> None:
+    """Remove a base that a refreshed one replaced, unless something still uses it (an image
+    built on it, another tag): then it stays, and the log says why."""
+    result = subprocess.run([podman, "rmi", image], capture_output=True, check=False, text=True)
+    if result.returncode == 0:
+        log(f"removed the base it replaced ({image[:12]})")
+        return
+    why = (result.stderr.strip().splitlines() or ["podman rmi failed"])[-1]
+    log(f"kept the base it replaced ({image[:12]}): {why}")
+
+
 def debian_base(podman: str, target: Target, refresh: bool) -> str:
     tag = base_tag(target)
     with locked("debian-base"):
-        if image_exists(podman, tag) and not refresh:
+        previous = image_id(podman, tag)
+        if previous is not None and not refresh:
             log(f"base {tag} (cached)")
             return tag
         need("mmdebstrap", "mmdebstrap")
@@ -242,6 +263,8 @@ def debian_base(podman: str, target: Target, refresh: bool) -> str:
             raise BuildError(f"podman import failed: {imported.stderr.strip()}")
         run([podman, "tag", image, tag], what="tagging the base")
         log(f"base {tag} made in {time.monotonic() - started:.0f} s")
+        if previous is not None and previous != image_id(podman, tag):
+            retire(podman, previous)  # --refresh-base: the tag moved; the old one is untagged
         return tag
 
 
