@@ -28,9 +28,11 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from gpuagent.domain.attribution import Target, attributions, by_device
+from gpuagent.domain.attribution import Target, attributions, by_device, merged
 from gpuagent.domain.cgroups import CgroupOwner
 from gpuagent.domain.devices import Gpu, NodeState, PodRef
+from gpuagent.domain.dra import DraPlan
+from gpuagent.domain.drapods import dra_holders
 from gpuagent.domain.plan import Plan
 from gpuagent.domain.usage import ContainerUsage, ProcessReading, ProcessSample, Usage
 
@@ -80,15 +82,20 @@ def account(
     names: Mapping[str, PodRef],
     ledger: Ledger = Ledger(),
     served: Collection[str] = Plan().served_resources,
+    *,
+    dra: DraPlan | None = None,
 ) -> tuple[Usage, Ledger]:
     """Usage of every GPU of ``snapshot`` that has a :class:`ProcessReading`, and the next ledger.
 
     ``owners``: the container of each process (``None`` for a process outside any container; a
     pid missing from it, e.g. one that exited, is unknown too). ``names``: pod and container names
     by container ID, as the container runtime lists them. ``served``: the plan's resource names
-    (whose devices' holders the pods are).
+    (whose devices' holders the pods are); ``dra``: the DRA side's plan (whose claims hold
+    devices too).
     """
     holders = attributions(snapshot, by_device(snapshot.pods.allocated, served))
+    if dra is not None:
+        holders = merged(holders, dra_holders(snapshot, dra))
     allowed = {target: frozenset(refs) for target, refs in holders.items()}
     usages: list[ContainerUsage] = []
     energy = dict(ledger.energy_mj)

@@ -31,6 +31,7 @@ __all__ = [
     "attributions",
     "base_id",
     "by_device",
+    "merged",
 ]
 
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
@@ -138,6 +139,18 @@ def attributions(
 
 
 _POD_ORDER = attrgetter("namespace", "pod", "container")
+
+
+def merged(
+    *maps: Mapping[Target, tuple[PodRef, ...]],
+) -> dict[Target, tuple[PodRef, ...]]:
+    """The containers per device of every map (one map's devices through the device plugin,
+    another's through DRA claims), each device's sorted and without duplicates."""
+    found: dict[Target, set[PodRef]] = {}
+    for holders in maps:
+        for target, refs in holders.items():
+            found.setdefault(target, set()).update(refs)
+    return {target: _sorted(refs) for target, refs in found.items()}
 
 
 def _sorted(refs: Collection[PodRef]) -> tuple[PodRef, ...]:

@@ -27,6 +27,7 @@ from typing import Any
 import structlog
 
 from gpuagent.clock import Clock, LoopClock
+from gpuagent.domain.drapods import dra_holders
 from gpuagent.domain.nodehealth import (
     CONDITION_TYPE,
     TAINT_KEY,
@@ -124,7 +125,8 @@ class NodeHealthWriter:
             await self._wait(views, IDLE_WAIT if due is None else due - now)
 
     def _project(self, snapshot: Snapshot) -> NodeHealthView | None:
-        return project(snapshot, snapshot.plan.served_resources)
+        plan = snapshot.plan
+        return project(snapshot, plan.served_resources, dra_holders(snapshot, plan.dra))
 
     def _observe(self, view: NodeHealthView | None) -> None:
         if view is not None:

@@ -34,6 +34,7 @@ from grpclib.encoding.proto import ProtoCodec
 from gpuagent._proto import v1 as pb
 from gpuagent.clock import Clock, LoopClock
 from gpuagent.domain.devices import Allocated, Attribution
+from gpuagent.domain.drapods import claimed_resource
 from gpuagent.domain.snapshot import Snapshot
 from gpuagent.logs import ProblemLog
 from gpuagent.state.store import DeviceStore
@@ -209,6 +210,8 @@ def _order(item: Allocated) -> tuple[str, str, str, str, tuple[str, ...]]:
 
 
 def _allocations(response: pb.ListPodResourcesResponse) -> Iterator[Allocated]:
+    """Each container's device-plugin devices by resource, and each device of its
+    ResourceClaims under its driver's :func:`claimed_resource` (see domain/drapods.py)."""
     for pod in response.pod_resources:
         for container in pod.containers:
             for devices in container.devices:
@@ -219,3 +222,13 @@ def _allocations(response: pb.ListPodResourcesResponse) -> Iterator[Allocated]:
                     resource=devices.resource_name,
                     device_ids=tuple(devices.device_ids),
                 )
+            for dynamic in container.dynamic_resources:
+                for claimed in dynamic.claim_resources:
+                    if claimed.driver_name and claimed.device_name:
+                        yield Allocated(
+                            namespace=pod.namespace,
+                            pod=pod.name,
+                            container=container.name,
+                            resource=claimed_resource(claimed.driver_name),
+                            device_ids=(claimed.device_name,),
+                        )

@@ -69,7 +69,9 @@ class Accountant:
         names = await self._names(ids)
         # Newer readings stored meanwhile are accounted for on the next round.
         served = snapshot.plan.served_resources
-        usage, self._ledger = account(snapshot, owners, names, self._ledger, served)
+        usage, self._ledger = account(
+            snapshot, owners, names, self._ledger, served, dra=snapshot.plan.dra
+        )
         self._store.update(lambda s: replace(s, usage=usage))
         self.updates += 1
         return usage

@@ -17,8 +17,10 @@ from __future__ import annotations
 from collections.abc import Collection, Generator
 from dataclasses import dataclass
 
-from gpuagent.domain.attribution import Target, attributions, by_device
+from gpuagent.domain.attribution import Target, attributions, by_device, merged
 from gpuagent.domain.devices import Allocated, Gpu, MigDevice, PodRef
+from gpuagent.domain.dra import DraPlan
+from gpuagent.domain.drapods import dra_holders
 from gpuagent.domain.snapshot import Snapshot
 from gpuagent.web.exposition import escape_label, label_pairs
 from gpuagent.web.gpufamilies import identity_families
@@ -49,6 +51,7 @@ class Layout:
     driver: str
     allocated: tuple[Allocated, ...]
     served: frozenset[str]
+    dra: DraPlan  # whose claims hold devices too
     per_container: bool
     device_ids: int  # device IDs of served resources the kubelet lists as held
     series: tuple[Series, ...]
@@ -89,7 +92,8 @@ def layout_steps(
     allocated = snapshot.pods.allocated
     mapping = by_device(allocated, served)
     yield
-    pods = attributions(snapshot, mapping)
+    # The containers holding each device through the device plugin, and through DRA claims.
+    pods = merged(attributions(snapshot, mapping), dra_holders(snapshot, snapshot.plan.dra))
     yield
     tail = f'{host},DCGM_FI_DRIVER_VERSION="{escape_label(driver)}"'
     series = []
@@ -123,6 +127,7 @@ def layout_steps(
         driver=driver,
         allocated=allocated,
         served=frozenset(served),
+        dra=snapshot.plan.dra,
         per_container=per_container,
         device_ids=len(mapping),
         series=tuple(series),

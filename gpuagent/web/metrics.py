@@ -193,6 +193,7 @@ class MetricsRenderer:
             and cached.driver == snapshot.driver.version
             and (cached.allocated is allocated or cached.allocated == allocated)
             and cached.served == served
+            and cached.dra == snapshot.plan.dra
         ):
             return cached
         return None

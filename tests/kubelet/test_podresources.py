@@ -10,7 +10,7 @@ from pathlib import Path
 import grpc
 import pytest
 from support.clock import ManualClock
-from support.fake_podresources import FakePodResources, Held
+from support.fake_podresources import Claimed, FakePodResources, Held
 from support.grpcstubs import StubModules
 from support.synthetic import gpu_uuid, mig_uuid, synthetic_snapshot
 from support.tasks import running
@@ -89,6 +89,28 @@ async def test_list_maps_served_devices(kubelet: FakePodResources, socket_path: 
         assert await client.refresh() is False  # nothing changed
         assert counts(store)[:2] == (2, 0)
         assert kubelet.calls == 2
+
+
+async def test_list_keeps_claimed_devices_apart(
+    kubelet: FakePodResources, socket_path: Path
+) -> None:
+    """A container's ResourceClaim devices (``dynamic_resources``) are kept under their driver's
+    ``dra:`` name: never taken for a device-plugin resource's devices."""
+    kubelet.set([
+        held("a", gpu_uuid(0)),
+        Claimed("ns", "b", "main", "gpus", "gpu.nvidia.com", "node-1", "gpu-1"),
+        Claimed("ns", "b", "main", "nics", "net.example.com", "node-1", "nic-0"),
+    ])  # fmt: skip
+    async with connected(socket_path, 2) as (store, client):
+        assert await client.refresh() is True
+        claimed = [a for a in store.snapshot.pods.allocated if a.pod == "b"]
+        assert [(a.resource, a.device_ids) for a in claimed] == [
+            ("dra:gpu.nvidia.com", ("gpu-1",)),
+            ("dra:net.example.com", ("nic-0",)),
+        ]
+        assert mapping(store.snapshot) == {gpu_uuid(0): (PodRef("ns", "a", "main"),)}
+        kubelet.set([held("a", gpu_uuid(0))])  # the claim released: a change
+        assert await client.refresh() is True
 
 
 async def test_socket_absent_keeps_mapping_and_logs_once(

@@ -18,7 +18,7 @@ import grpc
 from .grpcserver import StandInServer
 from .grpcstubs import StubModules
 
-__all__ = ["FakePodResources", "Held"]
+__all__ = ["Claimed", "FakePodResources", "Held"]
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,19 @@ class Held:
     container: str
     resource: str
     device_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A container holding one device of a ResourceClaim (``dynamic_resources``, 1.34+)."""
+
+    namespace: str
+    pod: str
+    container: str
+    claim: str
+    driver: str
+    pool: str
+    device: str
 
 
 class _Servicer:
@@ -59,12 +72,12 @@ class FakePodResources(StandInServer):
             options=[("grpc.max_send_message_length", -1)],
         )
         self._stubs = stubs
-        self._held: tuple[Held, ...] = ()
+        self._held: tuple[Held | Claimed, ...] = ()
         self.padding = 0
         """Extra bytes of filler pods added to each response (to exceed 4 MiB)."""
 
     # -- table -------------------------------------------------------------------------------
-    def set(self, held: Iterable[Held]) -> None:
+    def set(self, held: Iterable[Held | Claimed]) -> None:
         with self._lock:
             self._held = tuple(held)
 
@@ -82,6 +95,15 @@ class FakePodResources(StandInServer):
             container = next((c for c in pod.containers if c.name == item.container), None)
             if container is None:
                 container = pod.containers.add(name=item.container)
+            if isinstance(item, Claimed):
+                dynamic = container.dynamic_resources.add(
+                    claim_name=item.claim, claim_namespace=item.namespace
+                )
+                dynamic.claim_resources.add(
+                    driver_name=item.driver, pool_name=item.pool, device_name=item.device,
+                    cdi_devices=[{"name": f"k8s.{item.driver}/claim={item.claim}"}],
+                )  # fmt: skip
+                continue
             container.devices.add(resource_name=item.resource, device_ids=list(item.device_ids))
         response = pb.ListPodResourcesResponse(pod_resources=list(pods.values()))
         # Filler: pods holding devices of another vendor's resource, as on a busy node.

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from gpuagent.domain.attribution import Target, attributions, by_device
+from gpuagent.domain.attribution import Target, attributions, by_device, merged
 from gpuagent.domain.devices import Condition, Gpu, NodeState, PodRef
 
 __all__ = ["DeviceRef", "Fault", "NodeHealthView", "project"]
@@ -67,9 +67,14 @@ class NodeHealthView:
         return ()
 
 
-def project(snapshot: NodeState, served: Collection[str]) -> NodeHealthView | None:
+def project(
+    snapshot: NodeState,
+    served: Collection[str],
+    claimed: Mapping[Target, tuple[PodRef, ...]] | None = None,
+) -> NodeHealthView | None:
     """The view of ``snapshot`` (``served``: the resources this agent serves, whose pods are
-    attributed); ``None`` until the GPUs are discovered (nothing true can be said before)."""
+    attributed; ``claimed``: the containers holding devices through DRA claims); ``None`` until
+    the GPUs are discovered (nothing true can be said before)."""
     if not snapshot.discovered:
         return None
     faults: list[Fault] = []
@@ -90,7 +95,9 @@ def project(snapshot: NodeState, served: Collection[str]) -> NodeHealthView | No
                 faults.append(Fault(ref, mig.health.conditions))
     holders: tuple[tuple[DeviceRef, tuple[PodRef, ...]], ...] = ()
     if faults and snapshot.pods.allocated:
-        held = attributions(snapshot, by_device(snapshot.pods.allocated, served))
+        held = merged(
+            attributions(snapshot, by_device(snapshot.pods.allocated, served)), claimed or {}
+        )
         holders = tuple(
             (fault.device, pods) for fault in faults if (pods := _held(fault.device, held))
         )
