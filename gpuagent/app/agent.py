@@ -164,6 +164,7 @@ class Agent:
                 kubeconfig=settings.kubeconfig,
                 stopping=self.stopping,
                 node_spec=policy.dra_node_spec(settings),
+                on_prepared=self._allocated,  # its pods' claims: pod-resources looks again soon
                 **options,
             )
         except KubeConfigError as exc:

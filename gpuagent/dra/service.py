@@ -93,9 +93,12 @@ class ClaimPreparer:
         *,
         node_spec: NodeSpecSource,
         stats: DraStats | None = None,
+        on_prepared: Callable[[], None] = lambda: None,
     ) -> None:
         self._store = store
         self._node_spec = node_spec
+        # Told after each claim newly prepared (the pod-resources client looks again soon).
+        self._on_prepared = on_prepared
         self._devices = devices
         self._read_claim = read_claim
         self._files = files
@@ -195,6 +198,7 @@ class ClaimPreparer:
                     await self.mig.remove_all(made, undo=True)
                 raise
             self.claims = claims
+            self._on_prepared()
             self.stats.record(self.stats.prepare_seconds, time.perf_counter() - started - read)
             log.info(
                 "claim prepared",

@@ -61,6 +61,7 @@ class DraSide:
         coalescing: Coalescing = Coalescing(),
         api_timeout: float = 10.0,
         health_resend_s: float = 20.0,
+        on_prepared: Callable[[], None] = lambda: None,
     ) -> None:
         self._store = store
         # Once per snapshot, shared by the publisher, the health streams and the preparer (a new
@@ -80,6 +81,7 @@ class DraSide:
             config,
             node_spec=node_spec,
             stats=self.stats,
+            on_prepared=on_prepared,
         )
         streams = DeviceHealthStreams(
             store, self._devices, config, stopping, resend_s=health_resend_s

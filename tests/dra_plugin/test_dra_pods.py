@@ -12,13 +12,14 @@ import pytest
 from e2e.agentrun import running_agent
 from prometheus_client.parser import text_string_to_metric_families
 from support.cgroups import Layout, cgroup_file, write_proc
-from support.fake_apiserver import FakeApiServer
+from support.fake_apiserver import FakeApiServer, claim
 from support.fake_cri import FakeCri, RuntimeContainer
+from support.fake_plugin_watcher import FakePluginWatcher
 from support.fake_podresources import Claimed, FakePodResources, Held
 from support.grpcstubs import CriStubs, StubModules
 from support.waiting import eventually
 
-from dra_plugin.test_dra_flow import DRIVER, FAST_DRA, NODE, Dirs
+from dra_plugin.test_dra_flow import DRIVER, FAST_DRA, NODE, Dirs, registered
 
 PID, OTHER_PID = 4002, 4003
 UID = "5eed0000-0000-4000-8000-000000004002"
@@ -109,3 +110,34 @@ async def test_a_claim_holder_is_attributed_and_not_unallocated(
         assert unallocated[("3", "stowaway")] == 1
         assert ("2", "trainer") not in unallocated
         await eventually(lambda: apiserver.invalid == [], what="valid writes")
+
+
+async def test_a_prepared_claim_has_pod_resources_asked_again_at_once(
+    dirs: Dirs,
+    device_plugin_dir: Path,
+    apiserver: FakeApiServer,
+    pod_resources: FakePodResources,
+    watcher: FakePluginWatcher,
+) -> None:
+    """As after a device plugin's Allocate: a claim just prepared is a container about to hold
+    a GPU, so the kubelet's pod-resources is asked again soon, not at the next hourly timer."""
+    args = dirs.args(apiserver, extra=(
+        "--pod-resources-socket", str(pod_resources.socket_path),
+        "--pod-resources-interval", "3600",
+    ))  # fmt: skip
+    options = {"node_name": NODE, "dra_options": FAST_DRA}
+    async with running_agent(device_plugin_dir, args, agent_options=options) as run:
+        store = run.agent.store
+        await eventually(lambda: store.snapshot.pods.refreshed_at is not None, what="listed")
+        calls = pod_resources.calls
+        reg = await registered(watcher)
+        await eventually(lambda: "gpu-2" in apiserver.devices(), what="gpu-2 published")
+        pod_resources.set([Claimed("ml", "trainer", "main", "gpus", DRIVER, NODE, "gpu-2")])
+        apiserver.add_claim(claim("ml", "gpus", "u-gpus", [("gpu", DRIVER, NODE, "gpu-2")]))
+        prepared = await watcher.aprepare(reg, [("ml", "gpus", "u-gpus")])
+        assert prepared.claims["u-gpus"].error == ""
+        await eventually(
+            lambda: any(a.pod == "trainer" for a in store.snapshot.pods.allocated),
+            what="the claim holder listed",
+        )
+        assert pod_resources.calls > calls
