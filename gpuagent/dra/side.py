@@ -19,16 +19,14 @@ from gpuagent.domain.snapshot import Snapshot
 from gpuagent.dra.claims import ClaimFiles
 from gpuagent.dra.dynamic import DynamicMig, MigDriver
 from gpuagent.dra.endpoint import DraEndpoint, EndpointTiming
+from gpuagent.dra.health import DeviceHealthStreams, HealthV1, HealthV1Alpha1
 from gpuagent.dra.service import (
     SUPPORTED_SERVICES,
     ClaimPreparer,
-    DeviceHealthStreams,
     DraConfig,
     DraPluginV1,
     DraPluginV1Beta1,
     DraStats,
-    HealthV1,
-    HealthV1Alpha1,
     NodeSpecSource,
 )
 from gpuagent.kube.client import ApiError, ApiUnreachable, KubeApi, KubeConfigError, load_config
