@@ -15,6 +15,7 @@ from support import grpcstubs
 from support.clock import FakeClock
 from support.fake_apiserver import FakeApiServer
 from support.fake_kubelet import FakeKubelet
+from support.fake_podresources import FakePodResources
 from support.grpcstubs import CriStubs, DraStubs, StubModules
 
 
@@ -110,6 +111,13 @@ def fake_kubelet(device_plugin_dir: Path, grpc_stubs: StubModules) -> Iterator[F
     """A started kubelet stand-in on ``device_plugin_dir/kubelet.sock``; stopped afterwards."""
     with FakeKubelet(device_plugin_dir, grpc_stubs) as kubelet:
         yield kubelet
+
+
+@pytest.fixture
+def pod_resources(short_tmp_path: Path, grpc_stubs: StubModules) -> Iterator[FakePodResources]:
+    """The kubelet's pod-resources stand-in, listing nothing until a test says what is held."""
+    with FakePodResources(short_tmp_path / "pod-resources" / "kubelet.sock", grpc_stubs) as fake:
+        yield fake
 
 
 @pytest.fixture

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 from e2e.agentrun import running_agent
-from prometheus_client.parser import text_string_to_metric_families
+from e2e.test_container_accounting import samples
 from support.cgroups import Layout, cgroup_file, write_proc
 from support.fake_apiserver import FakeApiServer, claim
 from support.fake_cri import FakeCri, RuntimeContainer
 from support.fake_plugin_watcher import FakePluginWatcher
 from support.fake_podresources import Claimed, FakePodResources, Held
-from support.grpcstubs import CriStubs, StubModules
+from support.grpcstubs import CriStubs
 from support.waiting import eventually
 
 from dra_plugin.test_dra_flow import DRIVER, FAST_DRA, NODE, Dirs, registered
@@ -30,12 +30,6 @@ def container_id(pid: int) -> str:
 
 
 @pytest.fixture
-def pod_resources(short_tmp_path: Path, grpc_stubs: StubModules) -> Iterator[FakePodResources]:
-    with FakePodResources(short_tmp_path / "pr" / "kubelet.sock", grpc_stubs) as fake:
-        yield fake
-
-
-@pytest.fixture
 def runtime(short_tmp_path: Path, cri_stubs: CriStubs) -> Iterator[FakeCri]:
     with FakeCri(short_tmp_path / "cri" / "containerd.sock", cri_stubs) as fake:
         fake.set([
@@ -43,15 +37,6 @@ def runtime(short_tmp_path: Path, cri_stubs: CriStubs) -> Iterator[FakeCri]:
             RuntimeContainer(container_id(OTHER_PID), "ml", "stowaway", "main", pod_uid=UID),
         ])  # fmt: skip
         yield fake
-
-
-def samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
-    return [
-        (dict(s.labels), float(s.value))
-        for f in text_string_to_metric_families(text)
-        for s in f.samples
-        if s.name == name
-    ]
 
 
 async def test_a_claim_holder_is_attributed_and_not_unallocated(
