@@ -42,7 +42,8 @@ from gpuagent.domain.dra import DraGpus, dra_devices  # noqa: E402
 from gpuagent.domain.plan import Plan  # noqa: E402
 from gpuagent.domain.serving import ResourceView, ServingPolicy  # noqa: E402
 from gpuagent.domain.snapshot import Snapshot  # noqa: E402
-from gpuagent.dra.service import DeviceHealthStreams, DraConfig  # noqa: E402
+from gpuagent.dra.health import DeviceHealthStreams  # noqa: E402
+from gpuagent.dra.service import DraConfig  # noqa: E402
 from gpuagent.kube.slices import SlicePublisher  # noqa: E402
 from gpuagent.kubelet.plugin import DevicePluginService  # noqa: E402
 from gpuagent.nodefiles.cdikeeper import CdiSpecKeeper, CdiTarget  # noqa: E402
