@@ -126,7 +126,7 @@ class NodeHealthWriter:
 
     def _project(self, snapshot: Snapshot) -> NodeHealthView | None:
         plan = snapshot.plan
-        return project(snapshot, plan.served_resources, dra_holders(snapshot, plan.dra))
+        return project(snapshot, plan.served_resources, lambda: dra_holders(snapshot, plan.dra))
 
     def _observe(self, view: NodeHealthView | None) -> None:
         if view is not None:

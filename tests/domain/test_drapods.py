@@ -93,7 +93,7 @@ def test_the_node_health_view_names_claim_holders_of_a_failing_gpu() -> None:
         snapshot,
         gpus=(snapshot.gpus[0], replace(snapshot.gpus[1], health=GpuHealth((Condition("lost"),)))),
     )
-    view = project(failing, ("nvidia.com/gpu",), dra_holders(failing, ALL))
+    view = project(failing, ("nvidia.com/gpu",), lambda: dra_holders(failing, ALL))
     assert view is not None
     (fault,) = view.faults
     assert view.holders_of(fault.device) == (PodRef("ns", "a", "main"),)

@@ -4,7 +4,7 @@ holding them), comparable, so a writer acts only when it changes."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 from gpuagent.domain.attribution import Target, attributions, by_device, merged
@@ -70,11 +70,12 @@ class NodeHealthView:
 def project(
     snapshot: NodeState,
     served: Collection[str],
-    claimed: Mapping[Target, tuple[PodRef, ...]] | None = None,
+    claimed: Callable[[], Mapping[Target, tuple[PodRef, ...]]] | None = None,
 ) -> NodeHealthView | None:
     """The view of ``snapshot`` (``served``: the resources this agent serves, whose pods are
-    attributed; ``claimed``: the containers holding devices through DRA claims); ``None`` until
-    the GPUs are discovered (nothing true can be said before)."""
+    attributed; ``claimed``: the containers holding devices through DRA claims, asked only while
+    a device is unhealthy); ``None`` until the GPUs are discovered (nothing true can be said
+    before)."""
     if not snapshot.discovered:
         return None
     faults: list[Fault] = []
@@ -95,9 +96,9 @@ def project(
                 faults.append(Fault(ref, mig.health.conditions))
     holders: tuple[tuple[DeviceRef, tuple[PodRef, ...]], ...] = ()
     if faults and snapshot.pods.allocated:
-        held = merged(
-            attributions(snapshot, by_device(snapshot.pods.allocated, served)), claimed or {}
-        )
+        held = attributions(snapshot, by_device(snapshot.pods.allocated, served))
+        if claimed is not None:
+            held = merged(held, claimed())
         holders = tuple(
             (fault.device, pods) for fault in faults if (pods := _held(fault.device, held))
         )
