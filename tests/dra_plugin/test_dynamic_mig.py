@@ -15,9 +15,14 @@ from typing import Any
 import pynvml
 import pytest
 from e2e.agentrun import RunningAgent, running_agent
+from e2e.test_container_accounting import samples
+from support.cgroups import Layout, cgroup_file, write_proc
 from support.clock import Sleeps
 from support.fake_apiserver import FakeApiServer, claim
+from support.fake_cri import FakeCri, RuntimeContainer
 from support.fake_plugin_watcher import FakePluginWatcher, Registration
+from support.fake_podresources import Claimed, FakePodResources
+from support.grpcstubs import CriStubs
 from support.simnvml import nvml_on
 from support.waiting import eventually
 
@@ -39,11 +44,11 @@ def h100(sleeps: Sleeps) -> SimDriver:
 
 @asynccontextmanager
 async def dynamic_agent(
-    sim: SimDriver, dirs: Dirs, device_plugin_dir: Path, apiserver: FakeApiServer
+    sim: SimDriver, dirs: Dirs, device_plugin_dir: Path, apiserver: FakeApiServer, *extra: str
 ) -> AsyncIterator[RunningAgent]:
     minors = dirs.root / "mig-minors"
     minors.write_text(mig_minors_text(sim.node))
-    args = (*dirs.args(apiserver, dra_gpus="all"), "--dra-mig", "dynamic")
+    args = (*dirs.args(apiserver, dra_gpus="all", extra=extra), "--dra-mig", "dynamic")
     options = {"node_name": NODE, "dra_options": FAST_DRA, "mig_minors": minors}
     async with running_agent(device_plugin_dir, args, agent_options=options, simulator=sim) as run:
         yield run
@@ -281,3 +286,60 @@ async def test_a_made_instance_is_in_metrics_and_health_at_once_and_leaves_them(
     assert mig_series(text, large.uuid) == []
     await run.metrics_until(lambda t: f'GPU_I_ID="{small.gpu_instance_id}"' not in t)
     assert apiserver.invalid == []
+
+
+async def test_a_made_instance_is_attributed_to_the_pod_claiming_it(
+    device_plugin_dir: Path,
+    apiserver: FakeApiServer,
+    dirs: Dirs,
+    watcher: FakePluginWatcher,
+    pod_resources: FakePodResources,
+    cri_stubs: CriStubs,
+    tmp_path: Path,
+) -> None:
+    """A 1g.10gb made for a claim, a process of the claiming pod on it: pod-resources names the
+    claim's device (its placement's name), and /metrics attributes the made GPU instance to the
+    pod — never as work on a device nobody was allocated."""
+    uid, pid = "5a11c1a1-0000-4000-8000-000000005005", 5005
+    cid = f"{pid:064x}"
+    layout = Layout("containerd", "systemd", 2, "guaranteed")
+    proc = write_proc(tmp_path / "proc", {pid: cgroup_file(layout, uid, cid)})
+    sim = h100(Sleeps())
+    with FakeCri(dirs.root / "cri" / "containerd.sock", cri_stubs) as cri:
+        cri.set([RuntimeContainer(cid, "ns", "trainer", "main", pod_uid=uid)])
+        extra = ("--pod-resources-socket", str(pod_resources.socket_path),
+                 "--cri-socket", str(cri.socket_path), "--proc-root", str(proc),
+                 "--container-logs-dir", str(proc / "none"), "--container-accounting=true",
+                 "--poll-interval", "0.3")  # fmt: skip
+        async with dynamic_agent(sim, dirs, device_plugin_dir, apiserver, *extra) as run:
+            kubelet = await published(watcher, apiserver)
+            pod_resources.set([Claimed("ns", "trainer", "main", "small", DRIVER, NODE, SMALL)])
+            prepared = await kubelet.prepare(small=SMALL)
+            assert prepared.claims["u-small"].error == ""
+            gpu = run.agent.store.snapshot.gpu(0)
+            assert gpu is not None
+            (made,) = gpu.mig_devices
+            gi = str(made.gpu_instance_id)
+            sim.add_process(0, pid, 1024, 50, gpu_instance=made.gpu_instance_id, compute_instance=0)
+
+            def seen(text: str) -> bool:
+                rows = samples(text, "gpuagent_container_gpu_processes")
+                return any(lbl["pod"] == "trainer" and v == 1 for lbl, v in rows)
+
+            text = await run.metrics_until(seen)
+            allocated = [lbl for lbl, _ in samples(text, "gpuagent_device_allocated")]
+            assert [(a["gpu_instance"], a["pod"]) for a in allocated] == [(gi, "trainer")]
+            usage = [
+                lbl for lbl, _ in samples(text, "gpuagent_container_gpu_processes")
+                if lbl["pod"] == "trainer"
+            ]  # fmt: skip
+            assert [u["GPU_I_ID"] for u in usage] == [gi]
+            unallocated = samples(text, "gpuagent_gpu_unallocated_use")
+            assert {(lbl["GPU_I_ID"], lbl["pod"], v) for lbl, v in unallocated} == {(gi, "", 0)}
+            await run.metrics_until(
+                lambda t: any(
+                    lbl.get("GPU_I_ID") == gi and lbl["pod"] == "trainer"
+                    for lbl, _ in samples(t, "DCGM_FI_DEV_FB_USED")
+                )
+            )
+            assert apiserver.invalid == []
