@@ -67,7 +67,9 @@ async def test_a_claim_holder_is_attributed_and_not_unallocated(
     ))  # fmt: skip
     options = {"node_name": NODE, "dra_options": FAST_DRA}
     async with running_agent(device_plugin_dir, args, agent_options=options) as run:
-        gpu2 = run.agent.store.snapshot.gpu(2)
+        store = run.agent.store
+        await eventually(lambda: store.snapshot.pods.allocated, what="the claims listed")
+        gpu2 = store.snapshot.gpu(2)
         assert gpu2 is not None
         assert gpu2.minor == 2  # its DRA device is gpu-2
         for pid, gpu in ((PID, 2), (OTHER_PID, 3)):

@@ -316,7 +316,13 @@ async def test_a_made_instance_is_attributed_to_the_pod_claiming_it(
             pod_resources.set([Claimed("ns", "trainer", "main", "small", DRIVER, NODE, SMALL)])
             prepared = await kubelet.prepare(small=SMALL)
             assert prepared.claims["u-small"].error == ""
-            gpu = run.agent.store.snapshot.gpu(0)
+            store = run.agent.store
+            # The prepare has pod-resources asked again (its answer lists the claim's device).
+            await eventually(
+                lambda: any(a.pod == "trainer" for a in store.snapshot.pods.allocated),
+                what="the claim listed",
+            )
+            gpu = store.snapshot.gpu(0)
             assert gpu is not None
             (made,) = gpu.mig_devices
             gi = str(made.gpu_instance_id)
