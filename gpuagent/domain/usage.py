@@ -106,10 +106,3 @@ class Usage:
     containers: tuple[ContainerUsage, ...] = ()
     judged: bool = False
     pod_uids: tuple[tuple[str, str, str], ...] = ()
-
-    def pod_uid(self, namespace: str, pod: str) -> str:
-        """The UID of pod ``namespace/pod`` where its processes named it, else ``""``."""
-        for ns, name, uid in self.pod_uids:
-            if ns == namespace and name == pod:
-                return uid
-        return ""

@@ -175,7 +175,7 @@ async def test_a_pod_event_names_the_pod_uid_its_gpu_process_gave(
                 assert response.status == 200, await response.text()
             store = run.agent.store
             await eventually(
-                lambda: store.snapshot.usage.pod_uid("ml", "train-3") == uid, what="pod UID"
+                lambda: ("ml", "train-3", uid) in store.snapshot.usage.pod_uids, what="pod UID"
             )
             await health.clock.advance(100.0)  # a quiet spell: the fault goes out at once
             await health.settle()
