@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
+import hashlib
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -40,8 +40,8 @@ __all__ = ["Node", "Reloads"]
 
 log = structlog.get_logger("gpuagent")
 
-#: A file's identity and contents as ``stat`` tells them; None while it cannot be read.
-Stamp = tuple[int, ...] | None
+#: A digest of a file's content; None while it cannot be read.
+Stamp = bytes | None
 
 
 class Node(Protocol):
@@ -60,7 +60,9 @@ class Reloads:
 
     ``source`` reads the settings again (flags, environment, config file); without it the agent
     does not reload. ``poll_interval``: how often the config file and the web config's files are
-    looked at (size, times or inode: a ConfigMap update swaps a symlink).
+    read to see whether their content changed (an edit, a ConfigMap's symlink swapped).
+    A refused reload is logged once per reason: the same refusal again (the next change of
+    another file, a SIGHUP) is counted, not logged.
     """
 
     def __init__(
@@ -78,6 +80,7 @@ class Reloads:
         self._poll_interval = poll_interval
         self._web = web_config
         self._requested = asyncio.Event()
+        self._refused: str | None = None  # the refusal last logged, until a reload succeeds
 
     @property
     def enabled(self) -> bool:
@@ -89,8 +92,8 @@ class Reloads:
         self._requested.set()
 
     async def run(self, node: Node) -> None:
-        """Reload on :meth:`request`, and when a watched file changes (a ConfigMap update, an
-        edit: its size, times or inode move)."""
+        """Reload on :meth:`request`, and when a watched file's content changes (a ConfigMap
+        update, an edit), or it becomes readable or unreadable."""
         interval = self._poll_interval if self._watched() else None
         stamps = await asyncio.to_thread(_stamps, self._watched())
         while True:
@@ -141,6 +144,7 @@ class Reloads:
         nothing; the reload counts as changed when it or the web config (``web_changed``, already
         served) did."""
         restart = restart_keys(self.settings, settings)
+        self._refused = None
         published = self._store.publish(plan)
         self.settings = live_settings(self.settings, settings)
         changed = published is not None or web_changed
@@ -156,7 +160,11 @@ class Reloads:
 
     def _refuse(self, error: SettingError) -> None:
         self._store.counters.reloaded("invalid")
-        log.error("reloaded configuration is invalid; keeping the running one", error=str(error))
+        if str(error) != self._refused:
+            self._refused = str(error)
+            log.error(
+                "reloaded configuration is invalid; keeping the running one", error=str(error)
+            )
 
     def _read(self) -> tuple[Settings, Plan, WebConfig | None]:
         """The settings, their plan (checked as at start) and the web config, read again."""
@@ -176,10 +184,10 @@ def _stamps(paths: Iterable[Path]) -> dict[Path, Stamp]:
 
 
 def _file_stamp(path: Path) -> Stamp:
-    """What changes when the file does (a ConfigMap swaps a symlink: a new inode), or None
-    while it cannot be read."""
+    """A digest of the file's content, or None while it cannot be read. The content, not
+    ``stat``: a file rewritten within one tick of the file system's clock (milliseconds) at the
+    same size has the same times and size, and its change would never be seen."""
     try:
-        st = os.stat(path)
+        return hashlib.sha256(path.read_bytes()).digest()
     except OSError:
         return None
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)

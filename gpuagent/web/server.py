@@ -23,12 +23,13 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from gpuagent.state.store import DeviceStore
+from gpuagent.web.basicauth import AuthResult
 from gpuagent.web.connections import FirstBytes, ProbesOnly, evict_quietest
 from gpuagent.web.exposition import CONTENT_TYPE
 from gpuagent.web.listener import Listener
 from gpuagent.web.metrics import SLICE_S, MetricsRenderer
 from gpuagent.web.simulation import SimulatorControl, add_simulation_routes
-from gpuagent.web.webconfig import AuthResult, WebConfigFile
+from gpuagent.web.webconfig import WebConfigFile
 
 log = structlog.get_logger("gpuagent.http")
 

@@ -7,11 +7,12 @@ the CA, with EC keys (fast to make). Valid for a day.
 from __future__ import annotations
 
 import shutil
+import ssl
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Pki", "make_pki"]
+__all__ = ["Pki", "make_pki", "served_certificate"]
 
 
 @dataclass(frozen=True)
@@ -61,3 +62,26 @@ def make_pki(directory: Path) -> Pki:
         client_cert=directory / "client.crt",
         client_key=directory / "client.key",
     )
+
+
+def served_certificate(server: ssl.SSLContext, ca: Path) -> bytes:
+    """The certificate (DER) a new connection to a server with context ``server`` is served,
+    verified against ``ca``: a handshake in memory, no socket. Raises ``ssl.SSLError`` when the
+    handshake fails (a context with a certificate and no key)."""
+    client_context = ssl.create_default_context(cafile=ca)
+    pipes = [ssl.MemoryBIO(), ssl.MemoryBIO()]
+    client = client_context.wrap_bio(pipes[0], pipes[1], server_hostname="localhost")
+    peer = server.wrap_bio(pipes[1], pipes[0], server_side=True)
+    for _ in range(10):
+        finished = 0
+        for end in (client, peer):
+            try:
+                end.do_handshake()
+                finished += 1
+            except ssl.SSLWantReadError:
+                pass
+        if finished == 2:
+            der = client.getpeercert(binary_form=True)
+            assert der is not None
+            return der
+    raise AssertionError("the handshake did not finish")

@@ -11,9 +11,8 @@ import bcrypt
 import pytest
 from support.tls import Pki, make_pki
 
+from gpuagent.web.basicauth import AuthResult, BasicAuth
 from gpuagent.web.webconfig import (
-    AuthResult,
-    BasicAuth,
     WebConfigError,
     WebConfigFile,
     load_web_config,
@@ -64,11 +63,25 @@ def test_full_config(pki: Pki) -> None:
     assert dict(config.users) == {"prometheus": HASH.encode()}
 
 
-@pytest.mark.parametrize("document", [None, {}])
-def test_empty_config_is_plain_http(document: object) -> None:
-    config = parse_web_config(document, Path("."))
+def test_empty_mapping_is_plain_http() -> None:
+    config = parse_web_config({}, Path("."))
     assert config.tls is None
     assert not config.users
+
+
+@pytest.mark.parametrize("text", ["", "\n", "# auth comes later\n", "---\n"])
+def test_a_file_without_a_document_is_refused(tmp_path: Path, text: str) -> None:
+    """An empty file is what a writer leaves between truncating and writing: never "no
+    authentication" (that is written `{}`)."""
+    path = tmp_path / "web.yml"
+    path.write_text(text)
+    with pytest.raises(WebConfigError) as info:
+        load_web_config(path)
+    assert info.value.key == "file"
+    assert info.value.reason == (
+        f"{path} holds no YAML document (empty, or comments only: written halfway?); "
+        "a web config without TLS or authentication is written `{}`"
+    )
 
 
 @pytest.mark.parametrize(
@@ -153,6 +166,15 @@ def test_empty_config_is_plain_http(document: object) -> None:
             {"basic_auth_users": {"u": "plaintext"}}, "basic_auth_users.u", id="not-bcrypt"
         ),
         pytest.param({"basic_auth_users": {"a:b": HASH}}, "basic_auth_users.a:b", id="colon-user"),
+        pytest.param(
+            {"basic_auth_users": {"u": HASH[:40]}}, "basic_auth_users.u", id="hash-cut-short"
+        ),
+        pytest.param(
+            {"basic_auth_users": {"u": HASH + "x"}}, "basic_auth_users.u", id="hash-too-long"
+        ),
+        pytest.param({"basic_auth_users": None}, "basic_auth_users", id="users-without-value"),
+        pytest.param({"tls_server_config": None}, "tls_server_config", id="tls-without-value"),
+        pytest.param({"http_server_config": None}, "http_server_config", id="http-without-value"),
         pytest.param({"basic_auth_users": ["u"]}, "basic_auth_users", id="users-not-mapping"),
         pytest.param(["x"], "web config", id="not-a-mapping"),
     ],
@@ -274,7 +296,7 @@ def test_reread_and_used_on_reload(tmp_path: Path) -> None:
 def test_turning_tls_on_or_off_is_refused(tmp_path: Path, pki: Pki) -> None:
     path = tmp_path / "web.yml"
     tls = f"tls_server_config:\n  cert_file: {pki.server_cert}\n  key_file: {pki.server_key}\n"
-    for before, after in [("", tls), (tls, "")]:
+    for before, after in [("{}", tls), (tls, "{}")]:
         path.write_text(before)
         loaded = WebConfigFile(path)
         path.write_text(after)
@@ -301,4 +323,4 @@ def test_new_certificates_are_loaded_into_the_running_context(tmp_path: Path, pk
     key.unlink()
     with pytest.raises(WebConfigError) as info:
         loaded.reread()
-    assert info.value.key == "tls_server_config.cert_file"
+    assert info.value.key == "tls_server_config.key_file"

@@ -1,0 +1,126 @@
+"""The web config's TLS: its settings, its files as read once, and the server's context.
+
+A reload must never leave the running server with half a certificate. OpenSSL loads a chain and
+its key in two steps, and a key that fails after its certificate loaded leaves the context with a
+certificate and no key: every handshake fails from then on. So a reload reads the files once
+(:meth:`TlsConfig.read`), checks those bytes by loading them into a context of their own, and
+loads the same bytes (never the files again, which may have changed meanwhile) into the running
+context. Python's ``ssl`` loads certificates only from paths: the bytes are handed to it through
+an in-memory file (``memfd_create``), so the private key is never written anywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpuagent.domain.errors import SettingError
+
+__all__ = ["CLIENT_AUTH", "TLS_VERSIONS", "Pem", "TlsConfig", "WebConfigError"]
+
+TLS_VERSIONS = {
+    "TLS10": ssl.TLSVersion.TLSv1,
+    "TLS11": ssl.TLSVersion.TLSv1_1,
+    "TLS12": ssl.TLSVersion.TLSv1_2,
+    "TLS13": ssl.TLSVersion.TLSv1_3,
+}
+#: exporter-toolkit's client-auth types this implementation honours, weakest first.
+CLIENT_AUTH = {
+    "NoClientCert": ssl.CERT_NONE,
+    "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
+    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
+}
+
+
+class WebConfigError(SettingError):
+    """The web config is invalid; ``key`` is the offending key path, e.g. ``tls_server_config``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Pem:
+    """The TLS files' content, as read for one load (never in a repr: it holds the key)."""
+
+    cert: bytes = field(repr=False)
+    key: bytes = field(repr=False)
+    client_ca: bytes | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class TlsConfig:
+    cert_file: Path
+    key_file: Path
+    client_ca_file: Path | None = None
+    client_auth_type: str = "NoClientCert"
+    min_version: str = "TLS12"
+    max_version: str = "TLS13"
+
+    def files(self) -> tuple[Path, ...]:
+        return tuple(p for p in (self.cert_file, self.key_file, self.client_ca_file) if p)
+
+    def read(self) -> Pem:
+        """The files' content (blocking); raises :class:`WebConfigError` naming the key of a
+        file that cannot be read."""
+        ca = None if self.client_ca_file is None else _read("client_ca_file", self.client_ca_file)
+        return Pem(_read("cert_file", self.cert_file), _read("key_file", self.key_file), ca)
+
+    def context(self, pem: Pem) -> ssl.SSLContext:
+        """A server context serving ``pem``; raises :class:`WebConfigError` if it does not load
+        (a file written halfway, a key that is not the certificate's)."""
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
+        self.load_into(ctx, pem)
+        return ctx
+
+    def load_into(self, ctx: ssl.SSLContext, pem: Pem) -> None:
+        """Serve ``pem`` and these settings from ``ctx`` (new connections use them)."""
+        ctx.minimum_version = TLS_VERSIONS[self.min_version]
+        ctx.maximum_version = TLS_VERSIONS[self.max_version]
+        try:
+            with _in_memory(pem.cert) as cert, _in_memory(pem.key) as key:
+                ctx.load_cert_chain(cert or self.cert_file, key or self.key_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise WebConfigError(
+                "tls_server_config.cert_file",
+                f"cannot load {self.cert_file} with {self.key_file}: {exc}",
+            ) from None
+        ctx.verify_mode = CLIENT_AUTH[self.client_auth_type]
+        if pem.client_ca is not None:
+            try:
+                ctx.load_verify_locations(cadata=pem.client_ca.decode("ascii"))
+            except (UnicodeDecodeError, ssl.SSLError) as exc:
+                raise WebConfigError(
+                    "tls_server_config.client_ca_file",
+                    f"cannot load {self.client_ca_file}: {exc}",
+                ) from None
+
+
+def _read(key: str, path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise WebConfigError(
+            f"tls_server_config.{key}", f"cannot read {path}: {exc.strerror or exc}"
+        ) from None
+
+
+@contextmanager
+def _in_memory(data: bytes) -> Iterator[str | None]:
+    """A path OpenSSL can read ``data`` from, backed by memory; ``None`` where the kernel (or a
+    seccomp filter) offers no in-memory file: the caller then loads from the files themselves."""
+    try:
+        fd = os.memfd_create("gpuagent-tls", os.MFD_CLOEXEC)
+    except OSError:
+        yield None
+        return
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        path = f"/proc/self/fd/{fd}"
+        yield path if os.path.exists(path) else None  # (no /proc mounted)
+    finally:
+        os.close(fd)
