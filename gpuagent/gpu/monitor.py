@@ -26,17 +26,12 @@ from typing import Any
 import structlog
 
 from gpuagent.domain.devices import Gpu, Topology
-from gpuagent.domain.health import (
-    DISCOVERY,
-    LOST,
-    GpuLost,
-    HealthEvent,
-    LivenessFailed,
-    Responding,
-)
+from gpuagent.domain.health import DISCOVERY, LOST, GpuLost, HealthEvent, LivenessFailed, Responding
+from gpuagent.domain.readiness import freshness_limit
 from gpuagent.gpu.backend import Backend, DriverEvent, DriverUnavailable, Probe
 from gpuagent.gpu.calls import CallStats
 from gpuagent.gpu.eventthread import EVENT_BACKOFF_MAX_S, EVENT_WAIT_MS, EventThread
+from gpuagent.gpu.freshness import Freshness
 from gpuagent.gpu.lanes import Lanes, Outcome, timed
 from gpuagent.gpu.readings import (
     Previous,
@@ -89,6 +84,7 @@ class GpuMonitor:
         self._clock = clock
         self._lanes = Lanes(backend.calls, clock)
         self._startup = Startup(store, backend, self._lanes, call_timeout=call_timeout, clock=clock)
+        self._freshness = Freshness(store, freshness_limit(poll_interval, call_timeout), clock)
         self._indexes: tuple[int, ...] = ()
         # GPUs that still need describing (a description failed, stalled or never finished).
         self._undescribed: set[int] = set()
@@ -172,6 +168,7 @@ class GpuMonitor:
             seconds=round(self._clock() - started, 3),
         )
         self._started = True
+        self._freshness.polled()
 
     def _late_description(self, index: int, future: asyncio.Future[Any]) -> None:
         """A stalled discovery finished after all: take the GPU in (or keep it unresponsive)."""
@@ -212,6 +209,7 @@ class GpuMonitor:
         try:
             while True:
                 await self.poll_once()
+                self._freshness.polled()
                 # (Not asyncio.wait_for: before Python 3.12 it swallows a cancellation that
                 # arrives as the event is set, and this loop would then never end.)
                 with contextlib.suppress(TimeoutError):
@@ -438,6 +436,7 @@ class GpuMonitor:
             self._store.update(
                 lambda s: map_gpu(s, index, lambda g: with_readings(g, probe, telemetry))
             )
+            self._freshness.read(index)
 
     # ----- bookkeeping -------------------------------------------------------------------------
     def call_totals(self) -> list[tuple[str, CallStats]]:

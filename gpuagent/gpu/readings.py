@@ -4,8 +4,8 @@ A probe's readings become health events against what the GPU's earlier readings 
 (:class:`Previous`): a recovery action only when it changed between two readings, a drop of the
 volatile double-bit ECC count as evidence of a reset, the row-remapping state as read, and the
 NVLink data counter as DCGM's bandwidth rate. A probe that a driver event overtook is stale: its
-readings are kept, its health is not (the next probe decides). An event recorded on a GPU found
-lost drops its readings; a GPU described again keeps what events recorded meanwhile. Each
+readings are kept, its health is not (the next probe decides). A GPU found lost or judged
+unresponsive drops its readings; a GPU described again keeps what events recorded meanwhile. Each
 change of a GPU's set of conditions is one log line, an XID that changes nothing one of its own.
 
 :class:`~gpuagent.gpu.monitor.GpuMonitor` runs the calls and applies what this module decides.
@@ -49,6 +49,7 @@ __all__ = [
     "nvlink_rate",
     "recorded",
     "with_readings",
+    "without_readings",
     "work_failed",
     "xid_evidence",
 ]
@@ -156,13 +157,24 @@ def with_readings(gpu: Gpu, probe: Probe, telemetry: Telemetry) -> Gpu:
 
 
 def recorded(gpu: Gpu, event: HealthEvent, policy: HealthPolicy) -> Gpu:
-    """``gpu`` with ``event`` recorded by ``policy``; a GPU found lost keeps no readings (they
-    are from before it fell off the bus)."""
+    """``gpu`` with ``event`` recorded by ``policy``; a GPU found lost or judged unresponsive
+    keeps no readings (they are from before it stopped answering: served, they would read as
+    current) until it answers a probe again."""
     after = record_event(gpu, event, policy)
-    if has(after, LOST) and (after.telemetry != Telemetry() or after.processes):
-        migs = tuple(replace(m, telemetry=Telemetry()) for m in after.mig_devices)
-        return replace(after, telemetry=Telemetry(), processes=None, mig_devices=migs)
-    return after
+    return without_readings(after) if has(after, LOST) or has(after, UNRESPONSIVE) else after
+
+
+def without_readings(gpu: Gpu) -> Gpu:
+    """``gpu`` without readings: no telemetry (its MIG devices' neither), no processes."""
+    blank = Telemetry()
+    if (
+        gpu.processes is None
+        and gpu.telemetry == blank
+        and all(m.telemetry == blank for m in gpu.mig_devices)
+    ):
+        return gpu
+    migs = tuple(replace(m, telemetry=blank) for m in gpu.mig_devices)
+    return replace(gpu, telemetry=blank, processes=None, mig_devices=migs)
 
 
 @dataclass(frozen=True, slots=True)

@@ -135,6 +135,7 @@ class Counters:
         self._cri: Callable[[], CriStats] | None = None
         self._log_links: Callable[[], LogLinkStats] | None = None
         self._kube: Callable[[], KubeCounters] | None = None
+        self._polled_at: float | None = None
 
     def follow_dra(self, read: Callable[[], DraCounters]) -> None:
         """The DRA side's counters are read from its parts by ``read`` (on the loop's thread)."""
@@ -180,6 +181,18 @@ class Counters:
             self._nvml[call] = NvmlCallStats(
                 call, stats.count + 1, stats.seconds + seconds, stats.errors + failed
             )
+
+    def polled(self, at: float) -> None:
+        """The NVML poller made progress at ``at`` (its clock, monotonic seconds): the GPUs
+        discovered, or a poll of every GPU completed."""
+        with self._lock:
+            self._polled_at = at
+
+    @property
+    def polled_at(self) -> float | None:
+        """When the NVML poller last made progress; ``None`` before it has."""
+        with self._lock:
+            return self._polled_at
 
     def reloaded(self, result: ReloadResult) -> None:
         """A configuration reload ended with ``result``."""

@@ -1,14 +1,16 @@
-"""Readiness: one short, current line saying what the node waits for."""
+"""Readiness and freshness: one short, current line saying what the node waits for, and whether
+the readings are current (``/health``)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 from types import MappingProxyType
 
+import pytest
 from support.nodes import gpu, node
 
 from gpuagent.domain.devices import DriverState, Registration
-from gpuagent.domain.readiness import MAX_REASON, readiness
+from gpuagent.domain.readiness import MAX_REASON, freshness, freshness_limit, readiness
 from gpuagent.domain.snapshot import Snapshot
 
 GPU = "nvidia.com/gpu"
@@ -57,3 +59,42 @@ def test_reasons_are_bounded_however_long_the_kubelets_error() -> None:
     driver = readiness(Snapshot(driver=DriverState(error="y" * 5000)))
     assert driver is not None
     assert len(driver) == MAX_REASON
+
+
+# ----- freshness (/health) ----------------------------------------------------------------------
+UP = DriverState(up=True, version="580.95.05")
+DOWN = DriverState(error="NVML Shared Library Not Found (NVML 12)")
+
+
+def test_the_freshness_limit_is_three_polls_and_the_call_limit() -> None:
+    assert freshness_limit(5.0, 10.0) == 25.0  # the defaults
+    assert freshness_limit(1.0, 0.5) == 3.5
+
+
+@pytest.mark.parametrize(
+    ("polled_at", "now", "driver", "reason"),
+    [
+        pytest.param(None, 5.0, DOWN, None, id="starting"),
+        pytest.param(None, 500.0, UP, None, id="discovering"),  # bounded by --nvml-timeout
+        pytest.param(None, 25.0, DOWN, None, id="driver-down-within-the-limit"),
+        pytest.param(None, 25.5, DOWN,
+                     "no readings: driver unavailable: NVML Shared Library Not Found (NVML 12)",
+                     id="driver-down"),
+        pytest.param(None, 26.0, DriverState(), "no readings: driver unavailable: not "
+                     "initialised yet", id="driver-not-initialised"),
+        pytest.param(100.0, 125.0, UP, None, id="polled-at-the-limit"),
+        pytest.param(100.0, 140.4, UP,
+                     "collection stalled: no poll completed for 40s (limit 25s)", id="stalled"),
+    ],
+)  # fmt: skip
+def test_freshness(
+    polled_at: float | None, now: float, driver: DriverState, reason: str | None
+) -> None:
+    assert freshness(polled_at, now, 25.0, since=0.0, driver=driver) == reason
+
+
+def test_a_long_driver_error_is_bounded() -> None:
+    down = DriverState(error="x" * 1000)
+    reason = freshness(None, 100.0, 25.0, since=0.0, driver=down)
+    assert reason is not None
+    assert len(reason) == MAX_REASON

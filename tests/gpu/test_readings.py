@@ -190,6 +190,29 @@ def test_a_gpu_found_lost_keeps_no_readings() -> None:
     assert (dbe.telemetry, dbe.processes) == (READ, ProcessReading())
 
 
+def test_a_gpu_judged_unresponsive_keeps_no_readings_until_it_answers() -> None:
+    """Failed liveness checks keep the readings until the verdict (one is not a verdict); the
+    verdict drops them, with the MIG devices' and the processes; an answer clears it, and the
+    probe's readings are the GPU's again."""
+    device = with_readings(gpu(0, migs=[mig(0, 1)]), probe(), READ)
+    device = replace(
+        device,
+        processes=ProcessReading(),
+        mig_devices=tuple(replace(m, telemetry=READ) for m in device.mig_devices),
+    )
+    seen = []
+    for _ in range(POLICY.liveness_strikes):
+        device = recorded(device, LivenessFailed("no answer within 10s"), POLICY)
+        seen.append((device.health.healthy, device.telemetry == READ))
+    assert seen == [(True, True), (True, True), (False, False)]
+    assert device.processes is None
+    assert [m.telemetry for m in device.mig_devices] == [Telemetry()]
+    again = recorded(device, LivenessFailed("an earlier nvml call has not returned"), POLICY)
+    assert again.telemetry == Telemetry()
+    answered = with_readings(recorded(again, Responding(), POLICY), probe(), READ)
+    assert (answered.health.healthy, answered.telemetry) == (True, READ)
+
+
 # ----- log lines --------------------------------------------------------------------------------
 def test_health_log_lines_follow_the_set_of_conditions() -> None:
     """A line per change of the set of conditions, none when only their order changes; an XID's
