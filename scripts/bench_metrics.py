@@ -84,6 +84,9 @@ def serve_synthetic(shape: str, port: int, poll: float, out: Path) -> None:
         def readiness(self) -> str | None:
             return None
 
+        def freshness(self) -> str | None:
+            return None
+
     async def main() -> None:
         store = DeviceStore(synthetic_snapshot(**SHAPES[shape]))
         renderer = MetricsRenderer("bench-node", "bench")

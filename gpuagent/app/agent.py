@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuagent.app import policy
+from gpuagent.app.probes import AgentProbes
 from gpuagent.app.reload import Reloads
 from gpuagent.app.rest import Rest, build_rest
 from gpuagent.app.startup import Startup, listen
@@ -25,8 +26,8 @@ from gpuagent.app.tuning import collector_held
 from gpuagent.config import ConfigError, Settings
 from gpuagent.config.planning import check_socket_dirs, load_web_config, make_plan
 from gpuagent.domain.plan import Plan
-from gpuagent.domain.readiness import readiness
-from gpuagent.domain.serving import ResourceView, cdi_gated
+from gpuagent.domain.readiness import freshness_limit
+from gpuagent.domain.serving import ResourceView
 from gpuagent.gpu.mig import DEFAULT_MIG_MINORS
 from gpuagent.gpu.monitor import GpuMonitor
 from gpuagent.kubehealth import NodeHealthWanted, wanted
@@ -98,6 +99,15 @@ class Agent:
                 on_allocate=self._allocated,
             )
         self.dra = self._dra_side(dra_options or {}) if self.store.plan.dra.gpus.enabled else None
+        limit = freshness_limit(settings.poll_interval, nvml_call_timeout)
+        self.probes = AgentProbes(
+            self.store,
+            self.supervisor.liveness,
+            self.view,
+            self.dra,
+            kubernetes=settings.kubernetes,
+            freshness_limit=limit,
+        )
         # What of the node's GPU health is written, or why nothing is (ConfigError: exit 2).
         self.node_health_wanted: NodeHealthWanted | str | None = wanted(settings)
         self._node_health_options = node_health_options
@@ -130,24 +140,10 @@ class Agent:
 
     # ----- probes ------------------------------------------------------------------------------
     def liveness(self) -> str | None:
-        return self.supervisor.liveness()
+        return self.probes.liveness()
 
     def readiness(self) -> str | None:
-        snapshot = self.store.snapshot
-        serving = snapshot.plan.serving
-        self.view.resources(snapshot, serving)  # builds (or finds cached) them, or the error
-        reason = readiness(snapshot, self.view.error, kubernetes=self.settings.kubernetes)
-        cdi = snapshot.cdi
-        if (
-            reason is None
-            and cdi is not None
-            and cdi.error
-            and cdi_gated(snapshot, serving.containers)
-        ):
-            return f"CDI spec not written (devices it lacks are not offered): {cdi.error}"
-        if reason is None and self.dra is not None:
-            return self.dra.readiness()
-        return reason
+        return self.probes.readiness()
 
     def _dra_side(self, options: Mapping[str, Any]) -> DraSide:
         """The DRA side (imported only when DRA is on: its API client costs memory)."""
@@ -208,7 +204,7 @@ class Agent:
                 settings,
                 node_name=self.node_name,
                 monitor=monitor,
-                probes=self,
+                probes=self.probes,
                 listener=self.listener,
                 web_config=self.web_config,
                 simulator=self.simulator,

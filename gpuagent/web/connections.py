@@ -5,9 +5,9 @@
   client last sent anything, so that at the limit the quietest connection can make room
   (:func:`evict_quietest`);
 * :class:`ProbesOnly` — a connection over the server's limit is not refused outright: a probe
-  (``GET /healthz`` or ``GET /readyz``) on it is answered from the probes, anything else gets
-  ``503``, and the connection is closed. However many connections others hold, the DaemonSet's
-  probes get their answer.
+  (``GET /health``, ``/healthz`` or ``/readyz``) on it is answered from the probes, anything
+  else gets ``503``, and the connection is closed. However many connections others hold, the
+  DaemonSet's probes get their answer.
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ from typing import cast
 __all__ = ["MAX_REQUEST_LINE", "FirstBytes", "ProbesOnly", "evict_quietest"]
 
 MAX_REQUEST_LINE = 8192
-_OK = {"/healthz": "ok\n", "/readyz": "ready\n"}  # what the app itself answers
+# What the app itself answers: when OK, and before the reason when not.
+_OK = {"/health": "OK", "/healthz": "ok\n", "/readyz": "ready\n"}
+_NOT_OK = {"/health": "KO: "}
 _PATHS = {path.encode() for path in _OK}
 
 Probe = Callable[[], str | None]
@@ -126,11 +128,12 @@ class ProbesOnly(asyncio.Protocol):
         if probe is None:
             self._answer(503, "too many connections\n")
             return
-        problem, ok = probe(), _OK[parts[1].decode("latin-1")]
+        path = parts[1].decode("latin-1")
+        problem = probe()
         if problem is None:
-            self._answer(200, ok)
+            self._answer(200, _OK[path])
         else:
-            self._answer(503, f"{problem}\n")
+            self._answer(503, f"{_NOT_OK.get(path, '')}{problem}\n")
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._timer is not None:

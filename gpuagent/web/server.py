@@ -1,4 +1,5 @@
-"""The aiohttp application: /metrics, /healthz, /readyz, a landing page, /sim/* in simulation.
+"""The aiohttp application: /metrics, /health, /healthz, /readyz, a landing page, /sim/* in
+simulation.
 
 Limits against slow or hostile clients (see :class:`HttpLimits`, documented in docs/metrics.md):
 request line and header sizes and count, request bodies, idle and header-read time (aiohttp's
@@ -35,7 +36,7 @@ log = structlog.get_logger("gpuagent.http")
 
 MAX_BODY = 64 * 1024
 # Paths the kubelet probes: its HTTP probes cannot send credentials, so auth never applies.
-UNAUTHENTICATED = frozenset({"/healthz", "/readyz"})
+UNAUTHENTICATED = frozenset({"/health", "/healthz", "/readyz"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,11 +58,14 @@ class HttpLimits:
 
 
 class Probes(Protocol):
-    """Liveness and readiness as the composition root sees them: ``None`` means OK, else why not."""
+    """Liveness, readiness and the readings' freshness as the composition root sees them:
+    ``None`` means OK, else why not."""
 
     def liveness(self) -> str | None: ...
 
     def readiness(self) -> str | None: ...
+
+    def freshness(self) -> str | None: ...
 
 
 def build_app(
@@ -96,8 +100,16 @@ def build_app(
             return web.Response(text="ready\n")
         return web.Response(status=503, text=f"{problem}\n")
 
+    async def health(request: web.Request) -> web.Response:
+        # dcgm-exporter's answer: "OK" (200) while readings are current; "KO" (503), with why.
+        problem = probes.freshness()
+        if problem is None:
+            return web.Response(text="OK")
+        return web.Response(status=503, text=f"KO: {problem}\n")
+
     async def index(request: web.Request) -> web.Response:
-        links = "".join(f'<li><a href="{p}">{p}</a></li>' for p in ("metrics", "healthz", "readyz"))
+        paths = ("metrics", "health", "healthz", "readyz")
+        links = "".join(f'<li><a href="{p}">{p}</a></li>' for p in paths)
         return web.Response(
             text=f"<html><head><title>gpuagent</title></head><body><h1>gpuagent</h1>"
             f"<ul>{links}</ul></body></html>",
@@ -106,6 +118,7 @@ def build_app(
 
     app.router.add_get("/", index)
     app.router.add_get("/metrics", scrapes.handle)
+    app.router.add_get("/health", health)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     if simulator is not None:
@@ -239,7 +252,9 @@ class HttpServer:
         )  # fmt: skip
         self._limits = limits
         self._probes: dict[str, Callable[[], str | None]] = (
-            {"/healthz": probes.liveness, "/readyz": probes.readiness} if probes else {}
+            {"/health": probes.freshness, "/healthz": probes.liveness, "/readyz": probes.readiness}
+            if probes
+            else {}
         )
         self._started = False
         self._live: set[FirstBytes] = set()

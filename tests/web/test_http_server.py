@@ -33,11 +33,16 @@ AUTH = {"Authorization": "Basic " + base64.b64encode(b"prometheus:" + PASSWORD).
 
 
 class _Probes:
+    stale: str | None = None  # what freshness() says: None while readings are current
+
     def liveness(self) -> str | None:
         return None
 
     def readiness(self) -> str | None:
         return "not registered with the kubelet"
+
+    def freshness(self) -> str | None:
+        return self.stale
 
 
 @dataclass
@@ -46,6 +51,7 @@ class Served:
     renderer: MetricsRenderer
     server: HttpServer
     url: str
+    probes: _Probes
 
 
 @asynccontextmanager
@@ -60,19 +66,20 @@ async def serving(
     limits = limits or HttpLimits()
     store = DeviceStore(synthetic_snapshot(gpus, replicas=replicas))
     renderer = MetricsRenderer("node-1", "1.0", series_per_container=per_container)
-    app = build_app(store, renderer, _Probes(), web_config=web_config, limits=limits)
+    probes = _Probes()
+    app = build_app(store, renderer, probes, web_config=web_config, limits=limits)
     server = HttpServer(
         app,
         "127.0.0.1",
         0,
         ssl_context=web_config.ssl_context if web_config else None,
         limits=limits,
-        probes=_Probes(),
+        probes=probes,
     )
     await server.start()
     scheme = "https" if web_config is not None and web_config.ssl_context else "http"
     try:
-        yield Served(store, renderer, server, f"{scheme}://127.0.0.1:{server.port}")
+        yield Served(store, renderer, server, f"{scheme}://127.0.0.1:{server.port}", probes)
     finally:
         await server.close()
 
@@ -255,7 +262,14 @@ async def test_connections_over_the_limit_get_503_but_probes_are_answered() -> N
         readyz = await _ask(s.server.port, b"GET /readyz HTTP/1.1\r\n\r\n")
         assert readyz.startswith(b"HTTP/1.1 503")
         assert readyz.endswith(b"not registered with the kubelet\n")
-        assert s.server.refused == 3
+        health = await _ask(s.server.port, b"GET /health HTTP/1.1\r\n\r\n")
+        assert health.startswith(b"HTTP/1.1 200 OK")
+        assert health.endswith(b"\r\n\r\nOK")
+        s.probes.stale = "collection stalled"
+        health = await _ask(s.server.port, b"GET /health HTTP/1.1\r\n\r\n")
+        assert health.startswith(b"HTTP/1.1 503")
+        assert health.endswith(b"\r\n\r\nKO: collection stalled\n")
+        assert s.server.refused == 5
         for writer in held:
             writer.close()
 
@@ -339,6 +353,24 @@ async def test_basic_auth_protects_all_but_probes(tmp_path: Path) -> None:
             assert response.status == 200
         async with http.get(s.url + "/readyz") as response:
             assert response.status == 503  # answered (not 401): the kubelet can probe
+        async with http.get(s.url + "/health") as response:
+            assert response.status == 200  # dcgm-exporter's chart probes it, without credentials
+
+
+async def test_health_answers_as_dcgm_exporter_does() -> None:
+    """``OK`` while the readings are current, ``KO`` and why (503) once they are not."""
+    async with serving() as s, aiohttp.ClientSession() as http:
+        async with http.get(s.url + "/health") as response:
+            assert (response.status, await response.text()) == (200, "OK")
+            assert response.headers["X-Content-Type-Options"] == "nosniff"
+        s.probes.stale = "collection stalled: no poll completed for 40s (limit 25s)"
+        async with http.get(s.url + "/health") as response:
+            assert response.status == 503
+            assert await response.text() == (
+                "KO: collection stalled: no poll completed for 40s (limit 25s)\n"
+            )
+        async with http.get(s.url + "/") as response:
+            assert 'href="health"' in await response.text()
 
 
 async def test_tls_scrape(tmp_path: Path, pki: Pki) -> None:
