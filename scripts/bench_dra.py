@@ -37,8 +37,7 @@ from support.grpcstubs import dra_stubs
 
 from gpuagent import logs
 from gpuagent.dra.endpoint import EndpointTiming
-from gpuagent.gpu.sim import node_from_mapping
-from gpuagent.gpu.sim.spec import DEFAULT_CALL_LATENCY_S, mig_minors_text
+from gpuagent.gpu.sim.spec import DEFAULT_CALL_LATENCY_S
 from gpuagent.kube.slices import Backoff, Coalescing
 
 NODE = "bench-node"
@@ -145,8 +144,6 @@ async def _measure_mig(claims: int, root: Path) -> dict[str, Any]:
     gpus = [{"name": "H100"}] * MIG_NODE_GPUS
     config = {"version": "v1", "gpus": gpus, "cap_sys_admin": True}
     node.write_text(json.dumps(config))
-    minors = root / "mig-minors"
-    minors.write_text(mig_minors_text(node_from_mapping(config)))
     args = (
         "--sim-config", str(node), "--dra-gpus", "all", "--dra-mig", "dynamic",
         "--kubeconfig", str(api.kubeconfig(root / "kubeconfig")),
@@ -158,7 +155,6 @@ async def _measure_mig(claims: int, root: Path) -> dict[str, Any]:
     options = {
         "node_name": NODE,
         "dra_options": {"endpoint_timing": EndpointTiming(watch_interval=0.05)},
-        "mig_minors": minors,
     }
     out: dict[str, Any] = {"round_trip": []}
     try:

@@ -28,7 +28,7 @@ from gpuagent.config.planning import check_socket_dirs, load_web_config, make_pl
 from gpuagent.domain.plan import Plan
 from gpuagent.domain.readiness import freshness_limit
 from gpuagent.domain.serving import ResourceView
-from gpuagent.gpu.mig import DEFAULT_MIG_MINORS
+from gpuagent.gpu.mig import MIG_MINORS_FILE
 from gpuagent.gpu.monitor import GpuMonitor
 from gpuagent.kubehealth import NodeHealthWanted, wanted
 from gpuagent.kubelet.endpoints import PluginEndpoints
@@ -51,7 +51,7 @@ class Agent:
     and ``node_health_options`` go to the DRA side and the node-health writer (tests shorten
     their timings). ``settings_source`` reads the settings again for a reload (none: no reloads).
     ``own_process``: the process is the agent's alone (the command line), so start-up may set
-    process-wide knobs (see :mod:`gpuagent.app.tuning`); ``mig_minors``: the driver's MIG caps.
+    process-wide knobs (see :mod:`gpuagent.app.tuning`). A simulated node has its own ``/proc``.
     """
 
     def __init__(
@@ -69,7 +69,6 @@ class Agent:
         dra_options: Mapping[str, Any] | None = None,
         node_health_options: Mapping[str, Any] | None = None,
         own_process: bool = False,
-        mig_minors: Path = DEFAULT_MIG_MINORS,
     ) -> None:
         self.node_name = node_name or settings.node_name
         self.store = DeviceStore(plan=plan or make_plan(settings))
@@ -117,7 +116,7 @@ class Agent:
             ssl_context=self.web_config.ssl_context if self.web_config is not None else None,
         )
         self._sysfs_root = sysfs_root
-        self._mig_minors = mig_minors
+        self._mig_minors = policy.proc_root(simulator) / MIG_MINORS_FILE
         self._nvml_call_timeout = nvml_call_timeout
         self._own_process = own_process
         self._rest: Rest | None = None  # once started

@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # the node files' modules are imported off the loop (see star
     from gpuagent.domain.dra import DraGpus
     from gpuagent.domain.snapshot import Snapshot
     from gpuagent.dra.side import DraSide
+    from gpuagent.gpu import sim
     from gpuagent.nodefiles.cdikeeper import CdiTarget
     from gpuagent.nodefiles.labelkeeper import NodeFiles
     from gpuagent.state.store import DeviceStore
@@ -111,6 +112,13 @@ def dra_node_spec(settings: Settings) -> Callable[[Snapshot], Mapping[str, Any] 
 
     specs = NodeSpecs(cdi_target(settings))
     return lambda snapshot: specs.get(snapshot, snapshot.plan.serving.containers)
+
+
+def proc_root(simulator: sim.SimDriver | None) -> Path:
+    """The node's ``/proc``, where the kernel and the driver's kernel module write what the agent
+    reads (the MIG capabilities' minors, the boot ID): the host's, or the simulated node's own
+    (the real backend is handed the path, never the simulator)."""
+    return Path("/proc") if simulator is None else simulator.proc_root
 
 
 def driver(

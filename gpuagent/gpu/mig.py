@@ -50,7 +50,8 @@ from gpuagent.gpu.calls import ABSENT, NvmlCalls, describe
 
 log = structlog.get_logger("gpuagent.mig")
 
-DEFAULT_MIG_MINORS = Path("/proc/driver/nvidia-caps/mig-minors")
+MIG_MINORS_FILE = "driver/nvidia-caps/mig-minors"  # under a proc root (/proc)
+DEFAULT_MIG_MINORS = Path("/proc") / MIG_MINORS_FILE
 CAPS_DEVICE_DIR = "/dev/nvidia-caps"
 MIB = 1024 * 1024
 GIB = 1024 * MIB

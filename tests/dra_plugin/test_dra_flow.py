@@ -30,6 +30,7 @@ from support.waiting import eventually
 from gpuagent.domain.devices import Gpu
 from gpuagent.dra.endpoint import EndpointTiming
 from gpuagent.dra.service import DraConfig
+from gpuagent.gpu.mig import parse_mig_minors
 from gpuagent.kube.slices import Backoff, Coalescing
 
 T = 10.0
@@ -452,13 +453,33 @@ async def test_mig_devices_are_published_and_prepared_with_their_caps(
         assert small["attributes"]["parentUUID"] == {"string": gpu.uuid}
         (mig,) = [m for m in gpu.mig_devices if m.profile == "1g.10gb"]
         assert small["attributes"]["uuid"] == {"string": mig.uuid}
-        apiserver.add_claim(claim("ns", "m", "u-mig", [("mig", DRIVER, NODE, small["name"])]))
-        response = await watcher.aprepare(reg, [("ns", "m", "u-mig")])
-        assert response.claims["u-mig"].error == ""
-        spec = json.loads((dirs.cdi / f"k8s.{DRIVER}-claim_u-mig.json").read_text())
-        nodes = [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
-        assert nodes == [f"/dev/nvidia{gpu.minor}", *mig.device_nodes]
-        cdi_validator().validate(spec)
+        # Each MIG device's claim names the GPU's node and the device's own GPU-instance and
+        # compute-instance capability nodes, from the simulated node's own mig-minors (the
+        # host's is not read), so two claims on one GPU differ.
+        sim = run.agent.simulator
+        assert sim is not None
+        minors = parse_mig_minors((sim.proc_root / "driver/nvidia-caps/mig-minors").read_text())
+        specs = []
+        for profile, uid in (("1g.10gb", "u-small"), ("3g.40gb", "u-large")):
+            device = profiles[profile]
+            apiserver.add_claim(claim("ns", uid, uid, [("mig", DRIVER, NODE, device["name"])]))
+            response = await watcher.aprepare(reg, [("ns", uid, uid)])
+            assert response.claims[uid].error == ""
+            spec = json.loads((dirs.cdi / f"k8s.{DRIVER}-claim_{uid}.json").read_text())
+            cdi_validator().validate(spec)
+            (mig,) = [m for m in gpu.mig_devices if m.profile == profile]
+            where = f"gpu{gpu.minor}/gi{mig.gpu_instance_id}"
+            caps = (
+                minors[f"{where}/access"],
+                minors[f"{where}/ci{mig.compute_instance_id}/access"],
+            )
+            nodes = [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
+            assert nodes == [
+                f"/dev/nvidia{gpu.minor}",
+                *(f"/dev/nvidia-caps/nvidia-cap{c}" for c in caps),
+            ]
+            specs.append(spec["devices"][0]["containerEdits"])
+        assert specs[0] != specs[1]
 
 
 def cdi_validator() -> Any:

@@ -31,7 +31,6 @@ from gpuagent.domain.migshapes import Placement
 from gpuagent.gpu import migmake
 from gpuagent.gpu.nvml import Nvml
 from gpuagent.gpu.sim import SimDriver, node_from_mapping
-from gpuagent.gpu.sim.spec import mig_minors_text
 
 H100_DEVICES = 26  # the whole GPU and 25 placements of its seven profiles
 SMALL, LARGE = "gpu-0-mig-1g10gb-19-6", "gpu-0-mig-3g40gb-9-0"
@@ -46,10 +45,8 @@ def h100(sleeps: Sleeps) -> SimDriver:
 async def dynamic_agent(
     sim: SimDriver, dirs: Dirs, device_plugin_dir: Path, apiserver: FakeApiServer, *extra: str
 ) -> AsyncIterator[RunningAgent]:
-    minors = dirs.root / "mig-minors"
-    minors.write_text(mig_minors_text(sim.node))
     args = (*dirs.args(apiserver, dra_gpus="all", extra=extra), "--dra-mig", "dynamic")
-    options = {"node_name": NODE, "dra_options": FAST_DRA, "mig_minors": minors}
+    options = {"node_name": NODE, "dra_options": FAST_DRA}
     async with running_agent(device_plugin_dir, args, agent_options=options, simulator=sim) as run:
         yield run
 

@@ -11,6 +11,7 @@ from support.fake_kubelet import FakeKubelet
 from support.waiting import eventually
 
 from e2e.agentrun import registered_agent, running_agent
+from gpuagent.nodefiles.cdi import SPEC_FILE_NAME
 
 T = 10.0
 NODE = """\
@@ -29,8 +30,9 @@ async def test_mig_mixed_registers_one_resource_per_profile_and_survives_restart
 ) -> None:
     node = short_tmp_path / "node.yaml"
     node.write_text(NODE)
+    cdi_dir = short_tmp_path / "cdi"
     args = ("--sim-config", str(node), "--mig-strategy", "mixed",
-            "--device-list-strategy", "cdi-cri")  # fmt: skip
+            "--device-list-strategy", "cdi-cri", "--cdi-spec-dir", str(cdi_dir))  # fmt: skip
     async with running_agent(device_plugin_dir, args) as run:
         regs = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 3, T)
         by_name = {r.resource_name: r for r in regs}
@@ -55,6 +57,14 @@ async def test_mig_mixed_registers_one_resource_per_profile_and_survives_restart
             f"k8s.device-plugin.nvidia.com/gpu={chosen}"
         ]
         assert dict(container.envs) == {}
+        # The node's CDI spec gives each MIG device the GPU's node and its own two capability
+        # nodes (the simulated node's mig-minors): the three 1g.10gb of GPU 1 differ.
+        spec = json.loads((cdi_dir / SPEC_FILE_NAME).read_text())
+        edits = {d["name"]: d["containerEdits"]["deviceNodes"] for d in spec["devices"]}
+        nodes = [[n["path"] for n in edits[d.ID]] for d in small.devices]
+        assert all(len(n) == 3 and n[0] == "/dev/nvidia1" for n in nodes), nodes
+        assert all(p.startswith("/dev/nvidia-caps/nvidia-cap") for n in nodes for p in n[1:])
+        assert len({tuple(n) for n in nodes}) == 3
         # A MIG ID is unknown to the full-GPU resource.
         code, _ = await asyncio.to_thread(
             fake_kubelet.allocate_error, [chosen], resource="nvidia.com/gpu"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
@@ -13,6 +14,7 @@ from support.simnvml import Run
 
 from gpuagent.domain.devices import MigDevice
 from gpuagent.gpu.mig import (
+    MIG_MINORS_FILE,
     load_mig_minors,
     mig_device_nodes,
     mig_memory_gb,
@@ -478,3 +480,20 @@ def test_minors_file_is_parsed_again_only_when_it_changes(tmp_path: Path) -> Non
     assert load_mig_minors(path) == {"config": 1, "gpu0/gi1/access": 9}
     path.write_text("config 1\ngpu0/gi1/access 9\ngpu0/gi1/ci0/access 10\n")
     assert load_mig_minors(path) == {"config": 1, "gpu0/gi1/access": 9, "gpu0/gi1/ci0/access": 10}
+
+
+def test_a_simulated_node_has_its_own_proc_files() -> None:
+    """Its mig-minors where the kernel module writes it (the agent reads the simulated node's,
+    never the host's), and a boot of its own per driver; the folder goes with the driver."""
+    node = node_from_mapping({"version": "v1", "gpus": [{"name": "H100", "mig": ["1g.10gb"]}]})
+    driver = SimDriver(node)
+    root = driver.proc_root
+    assert (root / MIG_MINORS_FILE).read_text() == mig_minors_text(node)
+    assert load_mig_minors(root / MIG_MINORS_FILE) == parse_mig_minors(mig_minors_text(node))
+    boot = (root / "sys/kernel/random/boot_id").read_text()
+    assert boot == f"{driver.boot_id}\n"
+    assert SimDriver(node).boot_id != driver.boot_id
+    assert SimDriver(node, boot_id="b-1").boot_id == "b-1"
+    del driver
+    gc.collect()
+    assert not root.exists()

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
+from pathlib import Path
 
 import pynvml
 
@@ -24,6 +26,7 @@ from gpuagent.gpu.sim import (
 from gpuagent.gpu.sim._abi import BadArgument, Symbol, as_bytes, as_int
 from gpuagent.gpu.sim.callfaults import CALL_FAULTS, CallFaults
 from gpuagent.gpu.sim.processes import new_process
+from gpuagent.gpu.sim.procfiles import SimProcFiles
 from gpuagent.gpu.sim.spec import SimNode
 from gpuagent.gpu.sim.state import FAULTS, RECOVERY_ACTION_NAMES, DriverState, GpuState, MigState
 from gpuagent.overrides import use_nvml_library
@@ -77,7 +80,9 @@ class SimDriver:
     with UNINITIALIZED. Wait timeouts are wall-clock; ``clock`` only drives telemetry.
     ``sleep`` spends the node's latencies (per call, and a cold GPU's bring-up): ``time.sleep``
     unless a test records what was asked instead. A hang is a wait that ``recover`` ends, not a
-    sleep.
+    sleep. ``boot_id``: the boot the simulated node runs in (a new one by default: a driver's MIG
+    devices do not outlive it, as a real node's do not outlive a reboot); its files under
+    ``/proc`` are under :attr:`proc_root`.
     """
 
     calls: Counter[str]
@@ -87,8 +92,10 @@ class SimDriver:
         node: SimNode,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        boot_id: str | None = None,
     ) -> None:
         self._state = DriverState(node, clock)
+        self._proc = SimProcFiles(node, boot_id or str(uuid.uuid4()))
         self._sleep = sleep
         self.calls = Counter()
         self._faults = CallFaults(self._state.cond, len(self._state.gpus), SYMBOLS, self.remove)
@@ -103,6 +110,15 @@ class SimDriver:
     def node(self) -> SimNode:
         """The simulated node this driver was built from."""
         return self._state.node
+
+    @property
+    def proc_root(self) -> Path:
+        """The simulated node's ``/proc``: its MIG capability minors and its boot ID."""
+        return self._proc.root
+
+    @property
+    def boot_id(self) -> str:
+        return self._proc.boot_id
 
     def interrupt_waits(self) -> None:
         """End every blocked ``nvmlEventSetWait_v2`` now with ``NVML_ERROR_TIMEOUT``, as nvml.h
