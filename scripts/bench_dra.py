@@ -15,6 +15,11 @@ the interpreter with the agent: the round trips are upper bounds.
   trip of a claim whose 1g.10gb is made on prepare until its CDI ID comes back, against the
   driver's creation latency (a 3g.40gb held meanwhile keeps MIG mode on, so no switch is timed);
   and what 8 H100s publish (devices, slices, bytes of their JSON).
+- A reboot under ``--dra-mig dynamic``: claims prepared on 8 simulated H100s (a 3g.40gb and four
+  1g.10gb each), the agent stopped and started on a fresh simulated driver (a new boot: its MIG
+  devices gone, MIG mode off), the kubelet's prepares of the same claims again: the round trip
+  of each 1g.10gb's, whose MIG device is checked against the driver and made again (its GPU's
+  3g.40gb asked again first, untimed, switches MIG mode back on), against the creation latency.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from support.grpcstubs import dra_stubs
 
 from gpuagent import logs
 from gpuagent.dra.endpoint import EndpointTiming
+from gpuagent.gpu.sim import SimDriver, node_from_mapping
 from gpuagent.gpu.sim.spec import DEFAULT_CALL_LATENCY_S
 from gpuagent.kube.slices import Backoff, Coalescing
 
@@ -135,15 +141,11 @@ async def _measure(gpus: int, claims: int, faults: int, root: Path) -> dict[str,
     return out
 
 
-async def _measure_mig(claims: int, root: Path) -> dict[str, Any]:
-    """Round trips of prepares that make a 1g.10gb on GPU 0; what 8 H100s publish."""
-    api = FakeApiServer(node=NODE)
-    await api.start()
-    watcher = FakePluginWatcher(root / "registry", dra_stubs())
+def _mig_node(api: FakeApiServer, root: Path) -> tuple[tuple[str, ...], dict[str, Any]]:
+    """The agent's arguments and options on 8 simulated H100s, MIG made on demand."""
     node = root / "node.yaml"
     gpus = [{"name": "H100"}] * MIG_NODE_GPUS
-    config = {"version": "v1", "gpus": gpus, "cap_sys_admin": True}
-    node.write_text(json.dumps(config))
+    node.write_text(json.dumps({"version": "v1", "gpus": gpus, "cap_sys_admin": True}))
     args = (
         "--sim-config", str(node), "--dra-gpus", "all", "--dra-mig", "dynamic",
         "--kubeconfig", str(api.kubeconfig(root / "kubeconfig")),
@@ -156,6 +158,15 @@ async def _measure_mig(claims: int, root: Path) -> dict[str, Any]:
         "node_name": NODE,
         "dra_options": {"endpoint_timing": EndpointTiming(watch_interval=0.05)},
     }
+    return args, options
+
+
+async def _measure_mig(claims: int, root: Path) -> dict[str, Any]:
+    """Round trips of prepares that make a 1g.10gb on GPU 0; what 8 H100s publish."""
+    api = FakeApiServer(node=NODE)
+    await api.start()
+    watcher = FakePluginWatcher(root / "registry", dra_stubs())
+    args, options = _mig_node(api, root)
     out: dict[str, Any] = {"round_trip": []}
     try:
         async with running_agent(root / "device-plugins", args, agent_options=options) as run:
@@ -186,6 +197,53 @@ async def _measure_mig(claims: int, root: Path) -> dict[str, Any]:
     return out
 
 
+async def _prepare(watcher: FakePluginWatcher, reg: Any, uid: str) -> float:
+    """One claim (``b/<uid>``) prepared by the kubelet: its round trip."""
+    started = time.perf_counter()
+    response = await watcher.aprepare(reg, [("b", uid, uid)])
+    seconds = time.perf_counter() - started
+    assert response.claims[uid].error == "", response.claims[uid].error
+    assert list(response.claims[uid].devices[0].cdi_device_ids)
+    return seconds
+
+
+async def _measure_reboot(root: Path) -> dict[str, Any]:
+    """Round trips of 1g.10gb claims prepared again after a reboot (see the module's doc)."""
+    api = FakeApiServer(node=NODE)
+    await api.start()
+    watcher = FakePluginWatcher(root / "registry", dra_stubs())
+    args, options = _mig_node(api, root)
+    config = json.loads((root / "node.yaml").read_text())
+    holds = [f"hold-{g}" for g in range(MIG_NODE_GPUS)]
+    smalls = [f"small-{g}-{s}" for g in range(MIG_NODE_GPUS) for s in range(4)]
+    for g in range(MIG_NODE_GPUS):
+        api.add_claim(
+            claim("b", holds[g], holds[g], [("m", DRIVER, NODE, f"gpu-{g}-mig-3g40gb-9-4")])
+        )
+        for s in range(4):
+            uid = f"small-{g}-{s}"
+            api.add_claim(claim("b", uid, uid, [("m", DRIVER, NODE, f"gpu-{g}-mig-1g10gb-19-{s}")]))
+    out: dict[str, Any] = {"first": [], "again": []}
+    try:
+        for key in ("first", "again"):
+            sim = SimDriver(node_from_mapping(config))  # a boot of its own
+            async with running_agent(
+                root / "device-plugins", args, agent_options=options, simulator=sim
+            ) as run:
+                reg = await watcher.aregister(await watcher.afind())
+                await _wait(lambda: len(api.devices()) == 26 * MIG_NODE_GPUS)
+                for g in range(MIG_NODE_GPUS):
+                    await _prepare(watcher, reg, holds[g])  # MIG mode on: not timed
+                    for uid in smalls[4 * g : 4 * g + 4]:
+                        out[key].append(await _prepare(watcher, reg, uid))
+                assert run.agent.dra is not None
+                out[f"{key}_counted"] = run.agent.dra.stats.gone_prepared_again
+            assert api.invalid == [], api.invalid
+    finally:
+        await api.stop()
+    return out
+
+
 def rows(args: argparse.Namespace, row: Any) -> list[Any]:
     logs.configure("console", "warning")  # the in-process agent's info lines would drown the table
     root = Path(tempfile.mkdtemp(prefix="gad-", dir="/tmp"))
@@ -198,6 +256,14 @@ def rows(args: argparse.Namespace, row: Any) -> list[Any]:
         mig = uvloop.run(_measure_mig(args.dra_mig_claims, root))
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    root = Path(tempfile.mkdtemp(prefix="gad-", dir="/tmp"))
+    try:
+        reboot = uvloop.run(_measure_reboot(root))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    again = reboot["again"]
+    again_p99 = _p(again, 99)
+    assert reboot["again_counted"] == len(again) + MIG_NODE_GPUS, reboot  # every one made again
 
     def ms(seconds: float) -> str:
         return f"{seconds * 1000:.2f} ms"
@@ -226,6 +292,12 @@ def rows(args: argparse.Namespace, row: Any) -> list[Any]:
             ms(made_p99), f"< {ms(CREATION_S + 0.050)}", made_p99 < CREATION_S + 0.050),
         row("DRA dynamic MIG NodePrepareResources p99, no API read",
             ms(_p(mig["prepare"], 99)), "", None),
+        row(f"DRA dynamic MIG after a reboot: claim prepared again p50 ({len(again)}, made again)",
+            ms(statistics.median(again)), "", None),
+        row(f"DRA dynamic MIG after a reboot: again p99 (driver creation {ms(CREATION_S)})",
+            ms(again_p99), f"< {ms(CREATION_S + 0.100)}", again_p99 < CREATION_S + 0.100),
+        row("DRA dynamic MIG before the reboot: the same claims' first prepare p99",
+            ms(_p(reboot["first"], 99)), "", None),
         row(f"DRA dynamic MIG: {MIG_NODE_GPUS} H100s publish",
             f"{mig['devices']} devices, {mig['slices']} slices, {mig['bytes']} bytes", "", None),
     ]  # fmt: skip

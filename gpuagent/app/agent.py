@@ -160,6 +160,7 @@ class Agent:
                 stopping=self.stopping,
                 node_spec=policy.dra_node_spec(settings),
                 on_prepared=self._allocated,  # its pods' claims: pod-resources looks again soon
+                proc_root=policy.proc_root(self.simulator),  # the checkpoint's boot
                 **options,
             )
         except KubeConfigError as exc:

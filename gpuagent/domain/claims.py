@@ -6,14 +6,17 @@ allocation comes from the API server. :func:`allocated_devices` reads that alloc
 serve with a :class:`ClaimError` whose message goes back to the kubelet and into the pod's events.
 
 A prepared claim is remembered (:class:`PreparedClaim`, serialised by :func:`checkpoint_json`)
-so a second ``NodePrepareResources`` is answered from memory, and ``NodeUnprepareResources``
-needs nothing from the API server — the claim may be gone by then.
+so a second ``NodePrepareResources`` needs nothing from the API server, and
+``NodeUnprepareResources`` neither — the claim may be gone by then. The checkpoint records the
+boot it was written in (the kernel's boot ID) and the boot each MIG device made for a claim was
+made in: a MIG device does not outlive a reboot. A repeated prepare checks the claim's devices
+again (:func:`restated` here, MIG made on demand: :func:`gpuagent.domain.dynmig.made_standing`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 __all__ = [
@@ -28,8 +31,10 @@ __all__ = [
     "cdi_id",
     "cdi_kind",
     "cdi_name",
+    "boot_from_checkpoint",
     "checkpoint_json",
     "claims_from_checkpoint",
+    "restated",
     "switched_from_checkpoint",
 ]
 
@@ -57,12 +62,14 @@ class ClaimRef:
 class MadeMig:
     """A MIG device made when its claim was prepared (``--dra-mig dynamic``): its GPU, its GPU
     instance's profile ID, placement start and ID — what unpreparing destroys, and what a
-    restarted agent keeps."""
+    restarted agent keeps; ``boot``: the kernel's boot ID when it was made (empty: unknown, a
+    checkpoint written before boots were recorded, or the boot ID was unreadable)."""
 
     gpu_uuid: str
     profile_id: int
     start: int
     gpu_instance_id: int
+    boot: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,33 +177,44 @@ def allocated_devices(
 def _made_json(made: MadeMig | None) -> dict[str, Any]:
     if made is None:
         return {}
-    return {
-        "mig": {
-            "gpu": made.gpu_uuid,
-            "profileId": made.profile_id,
-            "start": made.start,
-            "gpuInstance": made.gpu_instance_id,
-        }
+    mig: dict[str, Any] = {
+        "gpu": made.gpu_uuid,
+        "profileId": made.profile_id,
+        "start": made.start,
+        "gpuInstance": made.gpu_instance_id,
     }
+    if made.boot:
+        mig["boot"] = made.boot
+    return {"mig": mig}
 
 
-def _made(entry: Mapping[str, Any]) -> MadeMig | None:
+def _made(entry: Mapping[str, Any], boot: str) -> MadeMig | None:
+    """The MIG device made for a checkpointed device; ``boot``: the checkpoint's, for an entry
+    that does not name its own."""
     mig = entry.get("mig")
     if mig is None:
         return None
     values = (mig["gpu"], mig["profileId"], mig["start"], mig["gpuInstance"])
     if not isinstance(values[0], str) or not all(type(v) is int for v in values[1:]):
         raise TypeError(f"mig {mig!r} is not a GPU UUID and three integers")
-    return MadeMig(*values)
+    made_in = mig.get("boot", boot)
+    if not isinstance(made_in, str):
+        raise TypeError(f"mig boot {made_in!r} is not a string")
+    return MadeMig(*values, boot=made_in)
 
 
 def checkpoint_json(
-    claims: Mapping[str, PreparedClaim], switched: Collection[str] = ()
+    claims: Mapping[str, PreparedClaim], switched: Collection[str] = (), boot: str = ""
 ) -> dict[str, Any]:
     """The checkpoint document for the prepared claims (keyed by UID) and the GPUs (UUIDs)
-    whose MIG mode the agent switched on."""
+    whose MIG mode the agent switched on, written in ``boot`` (omitted when unknown).
+
+    Version 1 throughout: ``bootId`` and a MIG device's ``boot`` are optional, so an agent
+    without them reads this document, and this one reads theirs (their MIG devices' boot is
+    unknown: see :func:`gpuagent.domain.dynmig.made_standing`)."""
     return {
         "version": CHECKPOINT_VERSION,
+        **({"bootId": boot} if boot else {}),
         "migSwitched": sorted(switched),
         "claims": {
             uid: {
@@ -226,6 +244,7 @@ def claims_from_checkpoint(document: object) -> dict[str, PreparedClaim]:
     claims = document.get("claims")
     if not isinstance(claims, Mapping):
         raise ValueError("checkpoint has no claims mapping")  # noqa: TRY004 - one error kind
+    boot = boot_from_checkpoint(document)
     out: dict[str, PreparedClaim] = {}
     for uid, entry in claims.items():
         try:
@@ -237,7 +256,7 @@ def claims_from_checkpoint(document: object) -> dict[str, PreparedClaim]:
                     device=d["device"],
                     cdi_ids=tuple(d["cdi"]),
                     uuid=d.get("uuid", ""),
-                    made=_made(d),
+                    made=_made(d, boot),
                 )
                 for d in entry["devices"]
             )
@@ -253,3 +272,36 @@ def switched_from_checkpoint(document: object) -> frozenset[str]:
     if not isinstance(switched, list) or not all(isinstance(u, str) for u in switched):
         raise ValueError("checkpoint's migSwitched is not a list of GPU UUIDs")
     return frozenset(switched)
+
+
+def boot_from_checkpoint(document: object) -> str:
+    """The boot ID a checkpoint was written in; empty for one written before boots were
+    recorded."""
+    boot = document.get("bootId", "") if isinstance(document, Mapping) else ""
+    if not isinstance(boot, str):
+        raise ValueError(f"checkpoint's bootId {boot!r} is not a string")  # noqa: TRY004
+    return boot
+
+
+def restated(
+    device: PreparedDevice, present: Collection[str], published: str = ""
+) -> PreparedDevice:
+    """A prepared device that is not made on prepare, as it stands at a repeated prepare.
+
+    ``present``: the UUIDs of the GPUs and MIG devices on the node now; ``published``: the UUID
+    of the device now published under ``device``'s name (empty: none). The device itself while
+    its GPU or MIG device is there (or it names none: a checkpoint from before UUIDs were
+    kept); under the UUID now published by its name when its own is gone (a MIG device made
+    again with the same profile, GPU and compute instance, as by MIG manager after a reboot);
+    else :class:`ClaimError`: what it was prepared for is gone.
+    """
+    if not device.uuid or device.uuid in present:
+        return device
+    if published:
+        return replace(device, uuid=published)
+    what = "MIG device" if device.uuid.startswith("MIG-") else "GPU"
+    raise ClaimError(
+        f"device {device.device}: its {what} {device.uuid} is gone from this node since the "
+        "claim was prepared (a reboot, a driver reload or a MIG change) and no device of that "
+        "name is offered now"
+    )

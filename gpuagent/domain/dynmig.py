@@ -18,24 +18,33 @@ Per GPU whose driver offers MIG shapes (:class:`~gpuagent.domain.migshapes.MigPa
 
 A GPU whose shapes are unknown (not read: no privilege, no MIG support) is offered as without
 ``dynamic``.
+
+A claim prepared again (after a restart of the agent or the kubelet) has its MIG device checked
+against the driver's GPU instances (:func:`made_standing`): a MIG device does not outlive a
+reboot or a driver reload, and may be destroyed behind the agent's back.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 
+from gpuagent.domain.claims import MadeMig
 from gpuagent.domain.devices import Gpu, MigDevice
-from gpuagent.domain.migshapes import MigShape, Placement
+from gpuagent.domain.migshapes import Instance, MigShape, Placement
 
 __all__ = [
     "CounterSet",
     "Partition",
+    "Standing",
     "counter_set_name",
     "instance_at",
+    "made_standing",
     "partition_name",
     "partitions",
+    "same_boot",
 ]
 
 MIB = 1024 * 1024
@@ -145,3 +154,45 @@ def instance_at(gpu: Gpu, shape: MigShape, placement: Placement) -> MigDevice | 
         ),
         None,
     )
+
+
+class Standing(Enum):
+    """Where the MIG device made for a prepared claim stands."""
+
+    HELD = "held"  # its GPU instance is there, with its compute instance
+    GONE = "gone"  # gone, its placement free: made again there
+    TAKEN = "taken"  # gone, and another GPU instance holds (part of) its placement
+
+
+def same_boot(made: MadeMig, boot: str) -> bool:
+    """Whether ``made`` may still exist in ``boot`` (the kernel's boot ID now): made in it, or
+    either boot is unknown (a checkpoint from before boots were recorded, an unreadable boot
+    ID) — then only the driver can tell."""
+    return not made.boot or not boot or made.boot == boot
+
+
+def made_standing(
+    made: MadeMig, found: Iterable[Instance], *, boot: str, placement: Placement | None
+) -> tuple[Standing, Instance | None]:
+    """Where ``made`` stands among the GPU instances ``found`` on its GPU now, and the instance
+    in its place when that is taken.
+
+    Held: an instance of its ID, profile and placement start holding a compute instance, in the
+    boot it was made in (in another boot such an instance is someone else's: the checkpoint's
+    IDs are reused after a reboot). Otherwise taken when an instance occupies a memory slice of
+    its ``placement`` (``None``: unknown, nothing is taken), else gone.
+    """
+    found = tuple(found)
+    if same_boot(made, boot) and any(
+        i.gpu_instance_id == made.gpu_instance_id
+        and i.profile_id == made.profile_id
+        and i.placement.start == made.start
+        and i.computed
+        for i in found
+    ):
+        return Standing.HELD, None
+    wanted = set(placement.slices) if placement is not None else set()
+    blocker = next((i for i in found if wanted & set(i.placement.slices)), None)
+    if blocker is not None:
+        return Standing.TAKEN, blocker
+    return Standing.GONE, None

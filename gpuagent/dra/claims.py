@@ -6,6 +6,10 @@ either remembers the claim (and answers a repeated prepare from the checkpoint) 
 it on disk that an unprepare would not remove: the spec's path is derived from the claim's UID
 alone, and an unprepare of an unknown UID still removes it.
 
+The checkpoint records the boot it was written in (``/proc/sys/kernel/random/boot_id``, read once
+a process): a MIG device made for a claim does not outlive a reboot (see
+:func:`gpuagent.domain.dynmig.made_standing`).
+
 The spec reuses the node's CDI spec (:func:`gpuagent.nodefiles.cdikeeper.node_spec`) — its device
 edits and common edits: device nodes, control nodes, the driver's libraries, binaries, sockets,
 firmware and hooks — for the claim's devices only, renamed ``<claim UID>-<device>`` under kind
@@ -17,10 +21,11 @@ from __future__ import annotations
 import json
 from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpuagent.domain.claims import (
     PreparedClaim,
+    boot_from_checkpoint,
     cdi_kind,
     cdi_name,
     checkpoint_json,
@@ -30,9 +35,28 @@ from gpuagent.domain.claims import (
 from gpuagent.nodefiles.atomicfile import remove_if_present, write_if_changed
 from gpuagent.nodefiles.cdi import render_spec
 
-__all__ = ["CHECKPOINT_FILE", "ClaimFiles", "claim_spec", "with_claim", "without_claim"]
+__all__ = [
+    "BOOT_ID_FILE",
+    "CHECKPOINT_FILE",
+    "Checkpoint",
+    "ClaimFiles",
+    "claim_spec",
+    "with_claim",
+    "without_claim",
+]
 
 CHECKPOINT_FILE = "checkpoint.json"
+#: The kernel's boot ID under a proc root (``/proc``; the simulated node has its own).
+BOOT_ID_FILE = "sys/kernel/random/boot_id"
+
+
+class Checkpoint(NamedTuple):
+    """What the checkpoint holds: the prepared claims, the GPUs whose MIG mode the agent
+    switched on, and the boot it was written in (empty: unknown)."""
+
+    claims: dict[str, PreparedClaim]
+    switched: frozenset[str]
+    boot: str
 
 
 def claim_spec(
@@ -64,38 +88,64 @@ def claim_spec(
 
 
 class ClaimFiles:
-    """The checkpoint under ``state_dir`` and the claims' CDI specs under ``cdi_dir``.
+    """The checkpoint under ``state_dir`` and the claims' CDI specs under ``cdi_dir``;
+    ``proc_root``: where the kernel's boot ID is read.
 
     Every method blocks (files are fsynced); the caller runs them off the event loop.
     """
 
-    def __init__(self, state_dir: Path, cdi_dir: Path, driver: str) -> None:
+    def __init__(
+        self, state_dir: Path, cdi_dir: Path, driver: str, proc_root: Path = Path("/proc")
+    ) -> None:
         self.checkpoint = state_dir / CHECKPOINT_FILE
         self._cdi_dir = cdi_dir
         self._driver = driver
+        self._boot_file = proc_root / BOOT_ID_FILE
+        self._boot: str | None = None
+
+    def boot(self) -> str:
+        """The boot this process runs in (read once); raises :class:`OSError` when it cannot
+        be read (then the checkpoint records no boot)."""
+        if self._boot is None:
+            try:
+                self._boot = self._boot_file.read_text(encoding="ascii").strip()
+            except (OSError, UnicodeDecodeError) as exc:
+                self._boot = ""
+                raise OSError(f"{self._boot_file}: {exc}") from None
+        return self._boot
 
     def spec_path(self, claim_uid: str) -> Path:
         # CDI's transient spec name: "<vendor>-<class>_<uid>".
         vendor, _, cls = cdi_kind(self._driver).partition("/")
         return self._cdi_dir / f"{vendor}-{cls}_{claim_uid}.json"
 
-    def load(self) -> tuple[dict[str, PreparedClaim], frozenset[str]]:
-        """The checkpointed claims and the GPUs whose MIG mode the agent switched on; empty
-        when there is no checkpoint. Raises :class:`ValueError` for a checkpoint that cannot be
-        read back (kept for a person to look at)."""
+    def load(self) -> Checkpoint:
+        """The checkpoint; empty when there is none. Raises :class:`ValueError` for a
+        checkpoint that cannot be read back (kept for a person to look at)."""
         try:
             text = self.checkpoint.read_text(encoding="utf-8")
         except FileNotFoundError:
-            return {}, frozenset()
+            return Checkpoint({}, frozenset(), "")
         try:
             document = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{self.checkpoint}: {exc}") from None
-        return claims_from_checkpoint(document), switched_from_checkpoint(document)
+        return Checkpoint(
+            claims_from_checkpoint(document),
+            switched_from_checkpoint(document),
+            boot_from_checkpoint(document),
+        )
 
     def save(self, claims: Mapping[str, PreparedClaim], switched: Collection[str] = ()) -> None:
-        data = (json.dumps(checkpoint_json(claims, switched), indent=1) + "\n").encode()
-        write_if_changed(self.checkpoint, data, mode=0o600)
+        """Write the checkpoint, in this process's boot (none where it cannot be read)."""
+        try:
+            boot = self.boot()
+        except OSError:
+            boot = ""
+        document = checkpoint_json(claims, switched, boot)
+        write_if_changed(
+            self.checkpoint, (json.dumps(document, indent=1) + "\n").encode(), mode=0o600
+        )
 
     def write_spec(self, claim_uid: str, spec: Mapping[str, Any]) -> None:
         write_if_changed(self.spec_path(claim_uid), render_spec(spec))

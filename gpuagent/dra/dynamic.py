@@ -9,7 +9,11 @@
   placement); while processes run on it the driver answers IN_USE and the claim stays prepared.
   Once the GPU holds no instance and the agent switched its MIG mode on, it is switched off.
 * After a restart: every instance on a GPU published partitionable that no prepared claim holds
-  is destroyed (:meth:`DynamicMig.sweep`).
+  is destroyed (:meth:`DynamicMig.sweep`); an instance recorded in another boot holds nothing
+  (a MIG device does not outlive a reboot: whatever is there now is someone else's).
+* A claim prepared again (:meth:`DynamicMig.again`): its instance is checked against the
+  driver; one gone (a reboot, a driver reload, destroyed behind the agent's back) is made again
+  at its placement, or the claim is refused when another instance holds the placement.
 
 Errors reach the claim as :class:`~gpuagent.domain.claims.ClaimError`, naming the driver's.
 """
@@ -17,6 +21,7 @@ Errors reach the claim as :class:`~gpuagent.domain.claims.ClaimError`, naming th
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable
+from dataclasses import replace
 from typing import Protocol
 
 import structlog
@@ -24,6 +29,7 @@ import structlog
 from gpuagent.domain.claims import ClaimError, MadeMig, PreparedDevice
 from gpuagent.domain.devices import Gpu
 from gpuagent.domain.dra import DraDevice
+from gpuagent.domain.dynmig import Standing, made_standing, same_boot
 from gpuagent.domain.migshapes import Instance, MigRefused, MigShape, Placement
 from gpuagent.state.store import DeviceStore
 
@@ -50,12 +56,14 @@ class MigDriver(Protocol):
 
 class DynamicMig:
     """Makes and removes the MIG devices of claims; ``switched``: the GPUs (UUIDs) whose MIG mode
-    the agent switched on, checkpointed with the claims by the caller."""
+    the agent switched on, checkpointed with the claims by the caller; ``boot``: the kernel's
+    boot ID (empty: unknown), recorded with each MIG device made."""
 
     def __init__(self, driver: MigDriver, store: DeviceStore) -> None:
         self._driver = driver
         self._store = store
         self.switched: frozenset[str] = frozenset()
+        self.boot = ""
 
     def close(self) -> None:
         """Let the driver's MIG thread end (the agent is stopping)."""
@@ -78,7 +86,7 @@ class DynamicMig:
             gi = await self._driver.make(gpu.index, shape, placement)
         except MigRefused as exc:
             raise ClaimError(f"device {device.name}: {_explained(exc)}") from None
-        made = MadeMig(gpu.uuid, shape.profile_id, placement.start, gi)
+        made = MadeMig(gpu.uuid, shape.profile_id, placement.start, gi, self.boot)
         for _ in range(LISTED_WITHIN):
             described = await self._driver.rediscover(gpu.index)
             listed = next((m for m in described.mig_devices if m.gpu_instance_id == gi), None)
@@ -155,7 +163,8 @@ class DynamicMig:
         shapes = () if gpu.mig_partitions is None else gpu.mig_partitions.shapes
         try:
             found = await self._driver.instances(gpu.index, shapes)
-            mine = any(
+            # One made in another boot is gone: an instance of its ID now is someone else's.
+            mine = same_boot(made, self.boot) and any(
                 i.gpu_instance_id == made.gpu_instance_id
                 and i.profile_id == made.profile_id
                 and i.placement.start == made.start
@@ -194,9 +203,12 @@ class DynamicMig:
 
     async def sweep(self, devices: Iterable[DraDevice], kept: Collection[MadeMig]) -> int:
         """Destroy every instance on the GPUs of ``devices`` (those published partitionable) that
-        is not ``kept``; switch MIG mode back where the agent switched it and the GPU is left
-        empty. The instances destroyed; an instance the driver refuses is logged and left."""
-        holding = {(m.gpu_uuid, m.gpu_instance_id) for m in kept}
+        is not ``kept`` (one recorded in another boot keeps nothing); switch MIG mode back where
+        the agent switched it and no prepared claim has a MIG device on the GPU (one to be made
+        again keeps it). The instances destroyed; an instance the driver refuses is logged and
+        left."""
+        holding = {(m.gpu_uuid, m.gpu_instance_id) for m in kept if same_boot(m, self.boot)}
+        claimed = {m.gpu_uuid for m in kept}
         gpus = {d.gpu_uuid for d in devices if d.made_on_prepare}
         removed = 0
         for uuid in sorted(gpus):
@@ -216,12 +228,53 @@ class DynamicMig:
                         profile_id=instance.profile_id,
                         start=instance.placement.start,
                     )
-                if not any((uuid, i.gpu_instance_id) in holding for i in found):
+                if uuid not in claimed:
                     await self._mig_mode_back(gpu)
             except (MigRefused, ClaimError) as exc:
                 log.error("orphaned mig devices not removed", gpu=gpu.index, error=str(exc))
             await self._rediscover(gpu.index)
         return removed
+
+    async def again(self, device: PreparedDevice, current: DraDevice | None) -> PreparedDevice:
+        """``device`` (made on prepare) of a claim prepared again: itself while its MIG device is
+        there; else made again at its placement (``current``: the device published under its
+        name now), its record and UUID the new ones. Raises :class:`ClaimError` when it cannot
+        be: another instance holds the placement, the device is no longer offered, the driver
+        refuses."""
+        made = device.made
+        if made is None:
+            return device
+        gpu = self._gpu(made.gpu_uuid)
+        shapes = () if gpu.mig_partitions is None else gpu.mig_partitions.shapes
+        try:
+            found = await self._driver.instances(gpu.index, shapes)
+        except MigRefused as exc:
+            raise ClaimError(f"device {device.device}: {_explained(exc)}") from None
+        placement = current.placement if current is not None else None
+        standing, blocker = made_standing(made, found, boot=self.boot, placement=placement)
+        if standing is Standing.HELD:
+            return device
+        if blocker is not None:
+            raise ClaimError(
+                f"device {device.device}: its MIG device (GPU instance {made.gpu_instance_id}) "
+                f"is gone and its placement is taken by GPU instance {blocker.gpu_instance_id} "
+                f"(profile {blocker.profile_id} at memory slice {blocker.placement.start}); "
+                "it is not made again — allocate the claim anew (delete its pod)"
+            )
+        if current is None or not current.made_on_prepare:
+            raise ClaimError(
+                f"device {device.device}: its MIG device is gone, and this node no longer "
+                "offers the device to make it again"
+            )
+        log.warning(
+            "mig device of a prepared claim gone; making it again",
+            device=device.device,
+            gpu=gpu.index,
+            gpu_instance=made.gpu_instance_id,
+            made_in_this_boot=bool(made.boot) and made.boot == self.boot,
+        )
+        record, uuid = await self.make(current)
+        return replace(device, made=record, uuid=uuid)
 
 
 def _explained(exc: MigRefused) -> str:

@@ -9,6 +9,7 @@ the other claims of the same request are prepared regardless.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from gpuagent.domain.dra import DraDevice
 from gpuagent.domain.snapshot import Snapshot
 from gpuagent.dra.claims import ClaimFiles, claim_spec, with_claim, without_claim
 from gpuagent.dra.dynamic import DynamicMig
+from gpuagent.dra.recheck import changed_devices, checked_again
 from gpuagent.state.store import DeviceStore
 
 log = structlog.get_logger("gpuagent.dra")
@@ -44,6 +46,9 @@ SUPPORTED_SERVICES = (
     "v1alpha1.DRAResourceHealth",
 )
 MAX_ERROR = 1024
+#: How long a claim prepared before the agent started waits for the GPUs to be described (and
+#: the MIG devices of prepared claims checked) before its devices are checked again.
+SETTLE_S = 10.0
 
 ClaimReader = Callable[[str, str], Awaitable[Mapping[str, Any]]]
 DeviceSource = Callable[[Snapshot], tuple[DraDevice, ...]]
@@ -58,6 +63,10 @@ class DraStats:
     prepares: int = 0
     prepare_errors: int = 0
     unprepares: int = 0
+    # Devices of claims prepared again whose device was gone: prepared again (a MIG device made
+    # again, a MIG device found under a new UUID), or the claim refused.
+    gone_prepared_again: int = 0
+    gone_refused: int = 0
     # Time spent in NodePrepareResources per claim, without the API server read.
     prepare_seconds: list[float] = field(default_factory=list)
     api_read_seconds: list[float] = field(default_factory=list)
@@ -90,6 +99,7 @@ class ClaimPreparer:
         node_spec: NodeSpecSource,
         stats: DraStats | None = None,
         on_prepared: Callable[[], None] = lambda: None,
+        settle_s: float = SETTLE_S,
     ) -> None:
         self._store = store
         self._node_spec = node_spec
@@ -104,36 +114,58 @@ class ClaimPreparer:
         self.claims: dict[str, PreparedClaim] = {}
         # MIG made on demand (--dra-mig dynamic), once the driver is there: see manage_mig.
         self.mig: DynamicMig | None = None
+        # Set once the GPUs are described and the MIG devices of prepared claims checked.
+        self.settled = asyncio.Event()
+        self._settle_s = settle_s
 
     async def load(self) -> None:
-        """Read the checkpoint (a restart keeps every prepared claim). A checkpoint that cannot
-        be read is logged and set aside: claims are then prepared again from the API server."""
+        """Read the checkpoint (a restart keeps every prepared claim) and the boot this process
+        runs in. A checkpoint that cannot be read is logged and set aside: claims are then
+        prepared again from the API server."""
         switched: frozenset[str] = frozenset()
+        written_in = ""
         try:
-            self.claims, switched = await asyncio.to_thread(self._files.load)
+            self.claims, switched, written_in = await asyncio.to_thread(self._files.load)
         except (ValueError, OSError) as exc:
             log.error("dra checkpoint unreadable; starting empty", error=str(exc))
             self.claims = {}
+        try:
+            boot = await asyncio.to_thread(self._files.boot)
+        except OSError as exc:
+            boot = ""
+            log.warning(
+                "boot id unreadable; mig devices of prepared claims are checked against the "
+                "driver alone",
+                error=str(exc),
+            )
         if self.mig is not None:
             self.mig.switched = switched
-        log.info("dra claims restored", claims=len(self.claims))
+            self.mig.boot = boot
+        log.info(
+            "dra claims restored",
+            claims=len(self.claims),
+            same_boot=None if not written_in or not boot else written_in == boot,
+        )
 
     async def sweep(self) -> None:
-        """Destroy the MIG devices no prepared claim holds (after a restart), once every GPU is
-        described; a no-op unless MIG is made on demand."""
-        if self.mig is None:
-            return
-        # Waited for outside the lock: while the driver is not up, a claim prepared before the
-        # restart is answered from the checkpoint (no new MIG device can be made before then:
-        # its GPU is not described, so not published).
+        """Once every GPU is described: destroy the MIG devices no prepared claim holds (after
+        a restart; only where MIG is made on demand), then let claims prepared before be
+        checked again (:attr:`settled`)."""
+        # Waited for outside the lock: a claim prepared before the restart waits for it, within
+        # settle_s; a new claim's devices are published only once their GPU is described.
         async for discovered in self._store.watch(lambda s: s.discovered):
             if discovered:
                 break
+        if self.mig is not None:
+            await self._sweep_mig(self.mig)
+        self.settled.set()
+
+    async def _sweep_mig(self, mig: DynamicMig) -> None:
         async with self._lock:
             kept = [d.made for c in self.claims.values() for d in c.devices if d.made]
-            removed = await self.mig.sweep(self._devices(self._store.snapshot), kept)
+            removed = await mig.sweep(self._devices(self._store.snapshot), kept)
             try:
-                await asyncio.to_thread(self._files.save, self.claims, self.mig.switched)
+                await asyncio.to_thread(self._files.save, self.claims, mig.switched)
             except OSError as exc:  # the next prepare or unprepare writes it again
                 log.error("dra checkpoint not written after the mig sweep", error=str(exc))
         log.info("mig devices of prepared claims checked", kept=len(kept), orphans_removed=removed)
@@ -151,11 +183,16 @@ class ClaimPreparer:
         return None, device.uuid
 
     async def prepare(self, ref: ClaimRef) -> PreparedClaim:
-        """The claim's devices, prepared; raises :class:`ClaimError`."""
+        """The claim's devices, prepared (a claim prepared before: checked again); raises
+        :class:`ClaimError`."""
+        if ref.uid in self.claims and not self.settled.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._settle_s):
+                    await self.settled.wait()
         async with self._lock:
             known = self.claims.get(ref.uid)
             if known is not None:
-                return known
+                return await self._again(known)
             started = time.perf_counter()
             try:
                 claim = await self._read_claim(ref.namespace, ref.name)
@@ -203,6 +240,44 @@ class ClaimPreparer:
                 devices=[d.device for d in prepared.devices],
             )
             return prepared
+
+    async def _again(self, known: PreparedClaim) -> PreparedClaim:
+        """A claim prepared before, checked again (:func:`checked_again`): its CDI spec and the
+        checkpoint rewritten when a device was prepared again. Before the GPUs are described
+        (within settle_s) it is answered as checkpointed, unless it has MIG devices made for it
+        (they may be gone: refused, the kubelet asks again)."""
+        if not self.settled.is_set():
+            if any(d.made for d in known.devices):
+                raise ClaimError(
+                    "the GPUs are not described yet, so the MIG devices made for this claim "
+                    "cannot be checked; the kubelet tries again"
+                )
+            return known
+        try:
+            devices = {d.name: d for d in self._devices(self._store.snapshot)}
+            again = await checked_again(known, self._store.snapshot, devices, self.mig)
+        except ClaimError:
+            self.stats.gone_refused += 1
+            raise
+        changed = changed_devices(known.devices, again.devices)
+        if not changed:
+            return known
+        claims = with_claim(self.claims, again)
+        try:
+            await asyncio.to_thread(self._write, self._store.snapshot, again, claims)
+        except OSError as exc:
+            if self.mig is not None:
+                await self.mig.remove_all(changed, undo=True)
+            raise ClaimError(f"writing the claim's CDI spec or checkpoint: {exc}") from None
+        self.claims = claims
+        self.stats.gone_prepared_again += len(changed)
+        log.info(
+            "claim prepared again: its devices were gone",
+            claim=f"{known.ref.namespace}/{known.ref.name}",
+            uid=known.ref.uid,
+            devices=[d.device for d in changed],
+        )
+        return again
 
     def _write(
         self, snapshot: Snapshot, prepared: PreparedClaim, claims: Mapping[str, PreparedClaim]

@@ -31,6 +31,7 @@ from gpuagent.dra.service import (
 )
 from gpuagent.kube.client import ApiError, ApiUnreachable, KubeApi, KubeConfigError, load_config
 from gpuagent.kube.slices import Backoff, Coalescing, SlicePublisher
+from gpuagent.overrides import IServable
 from gpuagent.state.counters import DraCounters
 from gpuagent.state.store import DeviceStore, per_snapshot
 
@@ -60,6 +61,7 @@ class DraSide:
         api_timeout: float = 10.0,
         health_resend_s: float = 20.0,
         on_prepared: Callable[[], None] = lambda: None,
+        proc_root: Path = Path("/proc"),  # where the kernel's boot ID is read
     ) -> None:
         self._store = store
         # Once per snapshot, shared by the publisher, the health streams and the preparer (a new
@@ -75,7 +77,7 @@ class DraSide:
             store,
             self._devices,
             self._read_claim,
-            ClaimFiles(plugins_dir / plan.driver, cdi_dir, plan.driver),
+            ClaimFiles(plugins_dir / plan.driver, cdi_dir, plan.driver, proc_root),
             config,
             node_spec=node_spec,
             stats=self.stats,
@@ -84,9 +86,8 @@ class DraSide:
         streams = DeviceHealthStreams(
             store, self._devices, config, stopping, resend_s=health_resend_s
         )
-        v1 = DraPluginV1(self.preparer)
         self.endpoint = DraEndpoint(
-            [v1, DraPluginV1Beta1(v1), HealthV1(streams), HealthV1Alpha1(streams)],
+            _services(self.preparer, streams),
             driver=plan.driver,
             supported=SUPPORTED_SERVICES,
             plugins_dir=plugins_dir,
@@ -161,12 +162,21 @@ class DraSide:
             prepares=stats.prepares,
             prepare_errors=stats.prepare_errors,
             unprepares=stats.unprepares,
+            gone_prepared_again=stats.gone_prepared_again,
+            gone_refused=stats.gone_refused,
         )
 
     async def close(self) -> None:
         await self.api.close()
         if self.preparer.mig is not None:
             self.preparer.mig.close()
+
+
+def _services(preparer: ClaimPreparer, streams: DeviceHealthStreams) -> list[IServable]:
+    """The kubelet plugin's services: DRAPlugin v1 and v1beta1, DRAResourceHealth v1 and
+    v1alpha1."""
+    v1 = DraPluginV1(preparer)
+    return [v1, DraPluginV1Beta1(v1), HealthV1(streams), HealthV1Alpha1(streams)]
 
 
 def _devices(snapshot: Snapshot) -> tuple[DraDevice, ...]:

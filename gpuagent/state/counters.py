@@ -65,6 +65,10 @@ class DraCounters:
     prepares: int = 0
     prepare_errors: int = 0
     unprepares: int = 0
+    # Devices of claims prepared again that were gone (a reboot, a driver reload): prepared
+    # again, or their claim refused.
+    gone_prepared_again: int = 0
+    gone_refused: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -62,7 +62,21 @@ def config_families(generation: int, reloads: ReloadStats, *, detailed: bool) ->
 def dra_families(dra: DraCounters | None, *, detailed: bool) -> list[Family]:
     if dra is None:
         return []
-    return singles(_DRA + (_DRA_DETAILED if detailed else ()), dra)
+    out = singles(_DRA + (_DRA_DETAILED if detailed else ()), dra)
+    if detailed:
+        gone = Family(
+            "gpuagent_dra_gone_devices_total",
+            "counter",
+            "Devices of claims prepared before that were gone when the kubelet asked again (a "
+            "reboot, a driver reload, a MIG device destroyed behind the agent's back), by "
+            "result: prepared_again (a MIG device made again at its placement, or found under a "
+            "new UUID), refused (the claim refused: its placement taken, its device no longer "
+            "offered).",
+        )
+        gone.add((("result", "prepared_again"),), dra.gone_prepared_again)
+        gone.add((("result", "refused"),), dra.gone_refused)
+        out.append(gone)
+    return out
 
 
 def kube_families(kube: KubeCounters | None, *, detailed: bool) -> list[Family]:

@@ -13,12 +13,15 @@ from gpuagent.domain.apivalues import pci_bus_id, semver
 from gpuagent.domain.claims import (
     ClaimError,
     ClaimRef,
+    MadeMig,
     PreparedClaim,
     PreparedDevice,
     allocated_devices,
+    boot_from_checkpoint,
     cdi_id,
     checkpoint_json,
     claims_from_checkpoint,
+    restated,
 )
 from gpuagent.domain.devices import Condition, DriverState, GpuHealth
 from gpuagent.domain.dra import (
@@ -271,3 +274,56 @@ def test_the_checkpoint_round_trips_and_rejects_garbage() -> None:
     for bad in ({}, {"version": 2, "claims": {}}, {"version": 1, "claims": {"u": {"name": 1}}}):
         with pytest.raises(ValueError, match=r"checkpoint|malformed"):
             claims_from_checkpoint(bad)
+
+
+def test_the_checkpoint_records_its_boot_and_each_made_mig_devices() -> None:
+    made = MadeMig("GPU-a", 19, 6, 13, boot="boot-1")
+    device = PreparedDevice(("m",), "n1", "gpu-0-mig-1g10gb-19-6", ("x",), "MIG-a", made)
+    document = checkpoint_json({"uid-1": PreparedClaim(REF, (device,))}, (), "boot-2")
+    assert document["bootId"] == "boot-2"
+    assert document["claims"]["uid-1"]["devices"][0]["mig"]["boot"] == "boot-1"
+    assert boot_from_checkpoint(document) == "boot-2"
+    assert claims_from_checkpoint(document)["uid-1"].devices[0].made == made
+    # A MIG device without its own boot was made in the checkpoint's.
+    del document["claims"]["uid-1"]["devices"][0]["mig"]["boot"]
+    (again,) = claims_from_checkpoint(document)["uid-1"].devices
+    assert again.made == replace(made, boot="boot-2")
+    with pytest.raises(ValueError, match="bootId"):
+        boot_from_checkpoint({**document, "bootId": 7})
+
+
+def test_a_checkpoint_from_before_boots_were_recorded_is_read_with_boots_unknown() -> None:
+    """Version 1 as written before: no ``bootId``, no MIG device's ``boot``."""
+    legacy = {
+        "version": 1,
+        "migSwitched": ["GPU-a"],
+        "claims": {"uid-1": {"namespace": "ns", "name": "c", "devices": [{
+            "requests": ["m"], "pool": "n1", "device": "gpu-0-mig-1g10gb-19-6", "cdi": ["x"],
+            "uuid": "MIG-a", "mig": {"gpu": "GPU-a", "profileId": 19, "start": 6,
+                                     "gpuInstance": 13}}]}},
+    }  # fmt: skip
+    assert boot_from_checkpoint(legacy) == ""
+    (device,) = claims_from_checkpoint(legacy)["uid-1"].devices
+    assert device.made == MadeMig("GPU-a", 19, 6, 13, boot="")
+    # Written back unchanged but for what this agent adds: still version 1.
+    written = checkpoint_json(claims_from_checkpoint(legacy), ["GPU-a"])
+    assert written["version"] == 1
+    assert "bootId" not in written
+    assert "boot" not in written["claims"]["uid-1"]["devices"][0]["mig"]
+
+
+def test_a_device_prepared_before_is_restated_against_the_node_now() -> None:
+    whole = PreparedDevice(("gpu",), "n1", "gpu-0", ("x",), "GPU-a")
+    static = PreparedDevice(("m",), "n1", "gpu-0-mig-1g10gb-13-0", ("y",), "MIG-old")
+    # There: unchanged.
+    assert restated(whole, {"GPU-a"}) is whole
+    assert restated(static, {"GPU-a", "MIG-old"}, "MIG-old") is static
+    # A MIG device made again under its name (MIG manager after a reboot): its new UUID.
+    assert restated(static, {"GPU-a", "MIG-new"}, "MIG-new") == replace(static, uuid="MIG-new")
+    # Gone, and nothing of its name: refused, naming it.
+    with pytest.raises(ClaimError, match=r"gpu-0-mig-1g10gb-13-0: its MIG device MIG-old is gone"):
+        restated(static, {"GPU-a"})
+    with pytest.raises(ClaimError, match=r"device gpu-0: its GPU GPU-a is gone"):
+        restated(whole, set())
+    # A checkpoint entry without a UUID (written before they were kept) is taken as it is.
+    assert restated(replace(whole, uuid=""), set()) == replace(whole, uuid="")

@@ -12,10 +12,11 @@ import pytest
 from support.fake_apiserver import K8S_VERSIONS, validate_slice
 from support.nodes import gpu, mig, mig_shapes, node
 
+from gpuagent.domain.claims import MadeMig
 from gpuagent.domain.devices import Condition, Gpu, GpuHealth
 from gpuagent.domain.dra import DraDevice, DraGpus, DraMig, dra_devices
-from gpuagent.domain.dynmig import partition_name
-from gpuagent.domain.migshapes import Placement
+from gpuagent.domain.dynmig import Standing, made_standing, partition_name, same_boot
+from gpuagent.domain.migshapes import Instance, Placement
 from gpuagent.domain.slices import MAX_COUNTER_SETS_PER_SLICE, slice_manifests
 from gpuagent.gpu.sim.profiles import A100_80GB
 
@@ -134,3 +135,48 @@ def test_slices_hold_counters_apart_from_devices_within_the_limits(count: int) -
     assert use["counterSet"] == "gpu-0-counter-set"
     assert use["counters"]["memory"] == {"value": "40448Mi"}
     assert device["capacity"]["multiprocessors"] == {"value": "60"}
+
+
+MADE = MadeMig("GPU-a", 19, 6, 13, boot="boot-1")  # a 1g.10gb at memory slice 6
+AT_6 = Placement(6, 1)
+
+
+def instance(gi: int, profile: int, start: int, size: int, *, computed: bool = True) -> Instance:
+    return Instance(gi, profile, Placement(start, size), computed)
+
+
+@pytest.mark.parametrize(
+    ("found", "boot", "placement", "standing", "blocker"),
+    [
+        # Its instance, in its boot (or a boot unknown: the driver alone tells).
+        ([instance(13, 19, 6, 1)], "boot-1", AT_6, Standing.HELD, None),
+        ([instance(13, 19, 6, 1)], "", AT_6, Standing.HELD, None),
+        # Nothing there: made again.
+        ([], "boot-2", AT_6, Standing.GONE, None),
+        ([instance(7, 19, 0, 1)], "boot-1", AT_6, Standing.GONE, None),
+        # Another boot: an instance of its ID, profile and placement is someone else's.
+        ([instance(13, 19, 6, 1)], "boot-2", AT_6, Standing.TAKEN, instance(13, 19, 6, 1)),
+        # Its placement overlapped by another instance (a 2g.20gb over slices 6-7).
+        ([instance(6, 14, 6, 2)], "boot-1", AT_6, Standing.TAKEN, instance(6, 14, 6, 2)),
+        # Its GPU instance without its compute instance: not a MIG device.
+        ([instance(13, 19, 6, 1, computed=False)], "boot-1", AT_6, Standing.TAKEN,
+         instance(13, 19, 6, 1, computed=False)),
+        # Its placement unknown (no longer offered): nothing can be found taking it.
+        ([instance(6, 14, 6, 2)], "boot-1", None, Standing.GONE, None),
+    ],
+)  # fmt: skip
+def test_where_a_made_mig_device_stands_when_its_claim_is_prepared_again(
+    found: list[Instance],
+    boot: str,
+    placement: Placement | None,
+    standing: Standing,
+    blocker: Instance | None,
+) -> None:
+    assert made_standing(MADE, found, boot=boot, placement=placement) == (standing, blocker)
+
+
+def test_a_made_mig_device_of_unknown_boot_may_be_of_any() -> None:
+    assert same_boot(MADE, "boot-1")
+    assert not same_boot(MADE, "boot-2")
+    assert same_boot(MADE, "")
+    assert same_boot(replace(MADE, boot=""), "boot-2")

@@ -145,14 +145,17 @@ async def test_the_sweep_destroys_what_no_claim_holds() -> None:
 
 async def test_a_restored_claim_is_answered_while_the_driver_is_not_up(tmp_path: Path) -> None:
     """The start-up sweep waits for the GPUs to be described without holding the claims: a
-    claim prepared before the restart is answered from the checkpoint meanwhile."""
+    claim prepared before the restart (with no MIG device made for it) is answered from the
+    checkpoint once it has waited ``settle_s`` for them (here none at all)."""
     store = DeviceStore()  # the driver never comes up: no snapshot is ever discovered
     driver = "gpu.nvidia.com"
     files = ClaimFiles(tmp_path / "state", tmp_path / "cdi", driver)
     ref = ClaimRef("default", "claim", "uid-1")
     claim = PreparedClaim(ref, (PreparedDevice(("gpu",), "node-1", "gpu-0", ("x",), "GPU-0"),))
+    made_ref = ClaimRef("default", "made", "uid-2")
+    made = PreparedClaim(made_ref, (prepared_at(MadeMig("GPU-0", 19, 3, 1)),))
     files.checkpoint.parent.mkdir()
-    files.save({ref.uid: claim})
+    files.save({ref.uid: claim, made_ref.uid: made})
 
     async def unreadable(namespace: str, name: str) -> dict[str, Any]:
         raise AssertionError("a restored claim is not read again")
@@ -164,13 +167,68 @@ async def test_a_restored_claim_is_answered_while_the_driver_is_not_up(tmp_path:
         files,
         DraConfig(driver=driver, pool="node-1"),
         node_spec=lambda s: None,
+        settle_s=0.0,
     )
     await preparer.load()
     preparer.mig = DynamicMig(Driver(store, [], mode=False), store)
     sweeping = asyncio.create_task(preparer.sweep())
     try:
         assert await asyncio.wait_for(preparer.prepare(ref), timeout=30) == claim
+        # A MIG device made for a claim may be gone: refused until it can be checked.
+        with pytest.raises(ClaimError, match="GPUs are not described yet"):
+            await asyncio.wait_for(preparer.prepare(made_ref), timeout=30)
         assert not sweeping.done()  # still waiting for the GPUs
     finally:
         sweeping.cancel()
         await asyncio.gather(sweeping, return_exceptions=True)
+
+
+def prepared_at(made: MadeMig, name: str = "gpu-0-mig-1g10gb-19-3") -> PreparedDevice:
+    return PreparedDevice(("m",), "node-1", name, ("x",), mig(0, made.gpu_instance_id).uuid, made)
+
+
+async def test_a_mig_device_of_a_claim_prepared_again_is_kept_made_again_or_refused() -> None:
+    dynamic, driver, store = setup([], mode=False)
+    dynamic.boot = "boot-2"
+    uuid = store.snapshot.gpus[0].uuid
+    small = partition(store, "gpu-0-mig-1g10gb-19-3")
+    # Made in boot 1, gone in boot 2: made again at its placement, in this boot.
+    before = prepared_at(MadeMig(uuid, 19, 3, 4, boot="boot-1"))
+    again = await dynamic.again(before, small)
+    assert driver.calls == ["mode on", "make"]
+    assert again.made == MadeMig(uuid, 19, 3, 1, boot="boot-2")
+    assert again.uuid == mig(0, 1).uuid
+    assert (again.requests, again.device, again.cdi_ids) == (
+        before.requests,
+        before.device,
+        before.cdi_ids,
+    )
+    # There now: kept, nothing made.
+    assert await dynamic.again(again, small) is again
+    assert driver.calls == ["mode on", "make"]
+    # Its placement taken by a 2g.20gb (slices 2-3): refused, naming what holds it.
+    driver.found = [Instance(3, 14, Placement(2, 2), computed=True)]
+    with pytest.raises(ClaimError, match=r"placement is taken by GPU instance 3 \(profile 14"):
+        await dynamic.again(again, small)
+    # No longer offered (the GPU's shapes unreadable): refused.
+    driver.found = []
+    with pytest.raises(ClaimError, match="no longer offers the device"):
+        await dynamic.again(again, None)
+    assert driver.calls == ["mode on", "make"]
+
+
+async def test_an_instance_recorded_in_another_boot_is_neither_destroyed_nor_kept() -> None:
+    stranger = Instance(1, 19, Placement(3, 1), computed=True)  # made since, by someone else
+    dynamic, driver, store = setup([stranger], mode=True)
+    dynamic.boot = "boot-2"
+    uuid = store.snapshot.gpus[0].uuid
+    stale = MadeMig(uuid, 19, 3, 1, boot="boot-1")
+    await dynamic.remove(stale)
+    assert driver.found == [stranger]
+    dynamic.switched = frozenset({uuid})
+    devices = dra_devices(store.snapshot, DraGpus(all=True), mig=DraMig.DYNAMIC)
+    assert await dynamic.sweep(devices, [stale]) == 1
+    assert driver.found == []
+    # MIG mode stays on: the claim's device is made again at its next prepare.
+    assert driver.mode
+    assert dynamic.switched == {uuid}
