@@ -5,6 +5,8 @@
   and the command line's own flags (``--version``, ``--help``) from its parser.
 - ``manifests/overlays/prometheus-operator/prometheusrule.yaml``: the Prometheus rule groups of
   ``manifests/monitoring/alerts.yaml`` wrapped in a Prometheus Operator ``PrometheusRule``.
+- ``deploy/helm/gpuagent/files/alerts.yaml``: a copy of ``manifests/monitoring/alerts.yaml`` (Helm
+  reads no file outside the chart), with a first line that says so.
 
 With ``--check`` nothing is written; the exit status is 1 if a committed file differs from what
 would be generated (the test suite runs this).
@@ -29,6 +31,7 @@ from gpuagent.config.cli import build_parser  # noqa: E402
 CONFIGURATION_MD = ROOT / "docs" / "configuration.md"
 ALERTS = ROOT / "manifests" / "monitoring" / "alerts.yaml"
 PROMETHEUS_RULE = ROOT / "manifests" / "overlays" / "prometheus-operator" / "prometheusrule.yaml"
+CHART_ALERTS = ROOT / "deploy" / "helm" / "gpuagent" / "files" / "alerts.yaml"
 
 BEGIN = "<!-- BEGIN GENERATED: options (scripts/gen-files) -->"
 END = "<!-- END GENERATED: options -->"
@@ -171,7 +174,18 @@ def prometheus_rule() -> str:
 def targets() -> dict[Path, str]:
     """Each generated file and the content it should have."""
     current = CONFIGURATION_MD.read_text(encoding="utf-8")
-    return {CONFIGURATION_MD: configuration_md(current), PROMETHEUS_RULE: prometheus_rule()}
+    return {
+        CONFIGURATION_MD: configuration_md(current),
+        PROMETHEUS_RULE: prometheus_rule(),
+        CHART_ALERTS: chart_alerts(),
+    }
+
+
+def chart_alerts() -> str:
+    """The alert rules file for the Helm chart's PrometheusRule: the source, as it is."""
+    source = ALERTS.relative_to(ROOT)
+    header = f"# Copied by scripts/gen-files from {source}; edit that, not this.\n"
+    return header + ALERTS.read_text(encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,75 @@
+{{/*
+What one DaemonSet runs, as JSON: the agent's config file, and the facts the pod is built from.
+(dict "root" $ "instance" INSTANCE)  →  {"config": {...}, "cdi": bool, "mig": bool,
+"dynamicMig": bool, "driverRoot": PATH, "dra": bool}
+
+Precedence is the agent's (flag > environment > config file): NVIDIA's values (migStrategy, …)
+become NVIDIA's environment variables; the config file is the base's, then the NVIDIA file's
+translation, then the chart's own features, then agentConfig.
+*/}}
+{{- define "gpuagent.plan" -}}
+{{- $root := .root -}}
+{{- $v := $root.Values -}}
+{{- $config := dict
+  "version" "v1"
+  "socket-dir" "/var/lib/kubelet/device-plugins"
+  "pod-resources-socket" "/var/lib/kubelet/pod-resources/kubelet.sock"
+  "metrics-address" (toString $v.service.address)
+  "resource-name" "nvidia.com/gpu"
+  "device-list-strategy" "envvar"
+  "device-id-strategy" "uuid"
+  "mig-strategy" "none"
+  "fail-on-init-error" false
+  "log-format" "json"
+  "log-level" "info" -}}
+{{- with .instance.file -}}
+{{- $files := include "gpuagent.nvidiaFiles" $root | fromJson -}}
+{{- $where := ternary (printf "config.name %s: %s" $v.config.name .) (printf "config.map.%s" .) (not (empty $v.config.name)) -}}
+{{- $config = mergeOverwrite $config (include "gpuagent.translate" (dict "where" $where "text" (get $files .)) | fromJson) -}}
+{{- end -}}
+{{- $dra := ne (toString $v.dra.gpus) "none" -}}
+{{- if $dra -}}
+{{- $_ := set $config "dra-gpus" (toString $v.dra.gpus) -}}
+{{- $_ := set $config "dra-driver-name" $v.dra.driverName -}}
+{{- $_ := set $config "plugins-registry-dir" "/var/lib/kubelet/plugins_registry" -}}
+{{- $_ := set $config "plugins-dir" "/var/lib/kubelet/plugins" -}}
+{{- if eq $v.dra.mig "dynamic" -}}
+{{- $_ := set $config "dra-mig" "dynamic" -}}
+{{- end -}}
+{{- end -}}
+{{- if not $v.gfd.enabled -}}
+{{- $_ := set $config "node-labels" false -}}
+{{- end -}}
+{{- if eq (include "gpuagent.webEnabled" $root) "true" -}}
+{{- $_ := set $config "web-config-file" "/etc/gpuagent-web/web-config.yml" -}}
+{{- end -}}
+{{- $config = mergeOverwrite $config (deepCopy $v.agentConfig) -}}
+{{- /* What the environment (NVIDIA's values) and the file make of the strategies. */ -}}
+{{- $strategies := get $config "device-list-strategy" -}}
+{{- if kindIs "string" $v.deviceListStrategy -}}
+{{- $strategies = $v.deviceListStrategy -}}
+{{- end -}}
+{{- if kindIs "string" $strategies -}}
+{{- $strategies = splitList "," $strategies -}}
+{{- end -}}
+{{- $cdi := false -}}
+{{- range $strategies -}}
+{{- if hasPrefix "cdi-" (trim (toString .)) -}}
+{{- $cdi = true -}}
+{{- end -}}
+{{- end -}}
+{{- $mig := toString (get $config "mig-strategy") -}}
+{{- if kindIs "string" $v.migStrategy -}}
+{{- $mig = $v.migStrategy -}}
+{{- end -}}
+{{- $driverRoot := toString (get $config "nvidia-driver-root" | default "/") -}}
+{{- if kindIs "string" $v.nvidiaDriverRoot -}}
+{{- $driverRoot = $v.nvidiaDriverRoot -}}
+{{- end -}}
+{{- /* CDI: the agent reads the driver's files through the host's driver root, mounted read-only
+at /driver-root (as NVIDIA's chart mounts it). */ -}}
+{{- if and $cdi (not (hasKey $config "driver-root-ctr-path")) -}}
+{{- $_ := set $config "driver-root-ctr-path" "/driver-root" -}}
+{{- end -}}
+{{- toJson (dict "config" $config "cdi" $cdi "mig" (ne $mig "none") "dynamicMig" (and $dra (eq $v.dra.mig "dynamic")) "driverRoot" $driverRoot "dra" $dra) -}}
+{{- end -}}
