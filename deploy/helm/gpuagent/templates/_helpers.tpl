@@ -73,9 +73,17 @@ What of the API server the agent uses, as JSON: the node condition, events, the 
 
 {{/* Whether the metrics port speaks TLS (the kubelet's probes then use HTTPS). */}}
 {{- define "gpuagent.webTLS" -}}
-{{- or .Values.web.tlsSecret (hasKey .Values.web.config "tls_server_config") | toString -}}
+{{- if or .Values.web.tlsSecret (hasKey .Values.web.config "tls_server_config") -}}
+true
+{{- else -}}
+false
+{{- end -}}
 {{- end -}}
 
 {{- define "gpuagent.webEnabled" -}}
-{{- or .Values.web.config .Values.web.existingSecret | empty | not | toString -}}
+{{- if or .Values.web.config .Values.web.existingSecret -}}
+true
+{{- else -}}
+false
+{{- end -}}
 {{- end -}}
