@@ -17,8 +17,9 @@ from test_manifests import ROOT, run, tool
 
 WORKFLOWS = ROOT / ".github" / "workflows"
 RELEASE = WORKFLOWS / "release.yml"
-# What each release job may do: read the tree; push the image and attest it; publish the release
-# and attest the Python artefacts. Nothing else, and nothing at the workflow's level.
+# What each release job may do: read the tree; push the image and attest it; push the Helm chart;
+# publish the release and attest the Python artefacts. Nothing else, and nothing at the
+# workflow's level.
 RELEASE_PERMISSIONS = {
     "ci": {"contents": "read"},
     "dist": {"contents": "read"},
@@ -28,6 +29,7 @@ RELEASE_PERMISSIONS = {
         "id-token": "write",
         "attestations": "write",
     },
+    "chart": {"contents": "read", "packages": "write"},
     "release": {"contents": "write", "id-token": "write", "attestations": "write"},
 }
 
@@ -134,3 +136,26 @@ def test_the_release_publishes_what_the_docs_say(tmp_path: Path) -> None:
         if not passes:
             assert f"::error::tag {tag} is not v{version}" in result.stdout
     assert f"version={version}\n" in output.read_text(encoding="utf-8")
+
+
+def test_the_release_pushes_the_chart_beside_the_image() -> None:
+    """The chart job packages deploy/helm/gpuagent with the released version and image (the
+    script's own test: tests/helm/test_chart.py) and pushes it to <the image's owner>/charts,
+    with the helm-python-sdk the tests use; the release notes name it."""
+    jobs = load(RELEASE)["jobs"]
+    chart = jobs["chart"]
+    assert set(chart["needs"]) == {"dist", "image"}
+    (step,) = [s for s in chart["steps"] if s.get("id") == "push"]
+    assert step["env"]["VERSION"] == "${{ needs.dist.outputs.version }}"
+    assert step["env"]["IMAGE"] == "${{ needs.image.outputs.image }}"
+    script = step["run"]
+    assert 'scripts/helm-chart package --version "$VERSION" --image "$IMAGE"' in script
+    assert 'charts="oci://${IMAGE%/*}/charts"' in script
+    assert "scripts/helm-chart push" in script
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    (pin,) = [r for r in extra["project"]["optional-dependencies"]["test"]
+              if r.startswith("helm-python-sdk")]  # fmt: skip
+    assert f"pip install --disable-pip-version-check {pin}\n" in script
+    assert "chart" in jobs["release"]["needs"]
+    (publish,) = [s for s in jobs["release"]["steps"] if s.get("name") == "Publish the release"]
+    assert "helm install gpuagent $CHART --version $VERSION" in publish["run"]
