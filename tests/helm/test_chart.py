@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -18,7 +19,16 @@ import pytest
 import yaml
 from test_manifests import ROOT
 
-from helm.rendering import CHART, agent_container, helm, named, render, render_error
+from helm.rendering import (
+    CHART,
+    agent_container,
+    check_config,
+    data,
+    helm,
+    named,
+    render,
+    render_error,
+)
 
 PROJECT_VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"][
     "version"
@@ -152,3 +162,44 @@ def test_the_release_script_refuses_what_it_cannot_publish(
     )  # fmt: skip
     assert result.returncode != 0
     assert message in result.stderr, result.stderr
+
+
+# ----- the docs -----------------------------------------------------------------------------------
+
+DOCS = ROOT / "docs"
+
+
+def _helm_section() -> str:
+    text = (DOCS / "migration.md").read_text(encoding="utf-8")
+    start = text.index("## With Helm")
+    return text[start : text.index("\n## ", start + 1)]
+
+
+def test_the_migration_table_names_every_key_of_nvidias_chart() -> None:
+    """Each key of NVIDIA's chart (tests/helm/data/nvidia-chart-defaults.yaml, and image) is in
+    the key-by-key table, said to be taken, ignored or refused: none is dropped unsaid."""
+    section = _helm_section()
+    defaults = data("nvidia-chart-defaults.yaml")
+    keys = {"image.*"}
+    whole = ("affinity", "nfd", "updateStrategy")  # named as a whole
+    for key, value in defaults.items():
+        nested = isinstance(value, dict) and value and key not in whole
+        keys |= {f"{key}.{sub}" for sub in value} if nested else {key}
+    keys = {"nfd.*" if k == "nfd" else k for k in keys}
+    missing = sorted(k for k in keys if f"`{k}`" not in section)
+    assert not missing, f"docs/migration.md (With Helm) does not name {missing}"
+
+
+def test_the_values_examples_in_the_docs_render_and_the_agent_takes_them(tmp_path: Path) -> None:
+    """Every ``yaml`` block of the docs that starts with ``# values.yaml``."""
+    blocks = [
+        block
+        for doc in sorted(DOCS.glob("*.md"))
+        for block in re.findall(r"```yaml\n(# values\.yaml.*?)```", doc.read_text(), re.DOTALL)
+    ]
+    assert blocks, "install.md shows a values file"
+    for n, block in enumerate(blocks):
+        docs = render(yaml.safe_load(block))
+        for ds in (d for d in docs if d["kind"] == "DaemonSet"):
+            name = ds["metadata"]["name"]
+            check_config(docs, tmp_path / f"{n}-{name}", daemonset=name)
