@@ -22,6 +22,7 @@ from typing import Any
 import pynvml
 
 from gpuagent.gpu.sim.driver import SYMBOLS
+from gpuagent.gpu.sim.layout import driver_version_from, gpus_from
 from gpuagent.gpu.sim.spec import (
     CUDA_DRIVER_VERSION,
     DEFAULT_CALL_LATENCY_S,
@@ -29,8 +30,6 @@ from gpuagent.gpu.sim.spec import (
     SimConfigError,
     SimLatency,
     SimNode,
-    driver_version_from,
-    gpus_from,
 )
 
 FORMAT = "gpuagent-nvml-capture/1"

@@ -14,15 +14,13 @@ from types import MappingProxyType
 
 from gpuagent.gpu.sim.capture import load_capture
 from gpuagent.gpu.sim.driver import SYMBOLS
+from gpuagent.gpu.sim.layout import driver_version_from, gpus_from, nvlinks_from
 from gpuagent.gpu.sim.spec import (
     CUDA_DRIVER_VERSION,
     DRIVER_VERSION,
     SimConfigError,
     SimLatency,
     SimNode,
-    driver_version_from,
-    gpus_from,
-    nvlinks_from,
 )
 from gpuagent.yamlfile import YamlFileError, read_yaml
 

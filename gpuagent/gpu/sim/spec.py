@@ -1,29 +1,24 @@
-"""What a simulated node is made of: ``--simulate N``, and the parts of a ``--sim-config`` document
-(its GPUs, NVLinks and driver version; the document itself: :mod:`~gpuagent.gpu.sim.config`)."""
+"""What a simulated node is made of, and ``--simulate N`` (the parts of a ``--sim-config`` document
+are validated by :mod:`~gpuagent.gpu.sim.layout`, the document itself by
+:mod:`~gpuagent.gpu.sim.config`)."""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from gpuagent.domain.errors import SettingError
 from gpuagent.gpu.sim.profiles import (
     DEFAULT_PROFILE,
-    MIG_COMPUTE_SLICES,
     GpuProfile,
     MigProfile,
-    find_profile,
     gpu_instance_id,
     place_mig,
 )
 
 MAX_GPUS = 64
-MAX_NUMA_NODE = 1023
-MAX_MEMORY_MIB = 16 * 1024 * 1024
-MAX_LINKS_PER_PAIR = 18
-MIG_SLICES = MIG_COMPUTE_SLICES
 MAX_NVSWITCHES = 16
 #: The NVSwitches' PCI buses (``00000000:E0:00.0`` onwards), clear of the GPUs' buses.
 NVSWITCH_FIRST_BUS = 0xE0
@@ -60,7 +55,6 @@ DEFAULT_CALL_LATENCY_S: Mapping[str, float] = MappingProxyType(
 )
 
 _UUID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://gpuagent.invalid/sim")
-_GPU_KEYS = frozenset({"name", "memory_mib", "numa_node", "mig"})
 
 
 class SimConfigError(SettingError):
@@ -245,7 +239,7 @@ def _mig_devices(
     return tuple(sorted(devices, key=lambda d: d.gpu_instance_id))
 
 
-def _gpu(
+def gpu_spec(
     index: int,
     count: int,
     profile: GpuProfile,
@@ -283,7 +277,7 @@ def node_from_count(n: int) -> SimNode:
             "simulate", f"must be a number of GPUs from 1 to {MAX_GPUS}, got {n!r}"
         )
     profile = DEFAULT_PROFILE
-    gpus = tuple(_gpu(i, n, profile) for i in range(n))
+    gpus = tuple(gpu_spec(i, n, profile) for i in range(n))
     per_pair = max(1, profile.nvlink_count // (n - 1)) if n > 1 else 0
     links = tuple((a, b, per_pair) for a in range(n) for b in range(a + 1, n))
     return SimNode(gpus=gpus, nvlinks=links)
@@ -310,7 +304,7 @@ def node_with_nvswitches(n: int, switches: int = 4) -> SimNode:
     links = tuple(
         (gpu, k, count) for gpu in range(n) for k, count in enumerate(per_switch) if count > 0
     )
-    gpus = tuple(_gpu(i, n, profile) for i in range(n))
+    gpus = tuple(gpu_spec(i, n, profile) for i in range(n))
     return SimNode(gpus=gpus, nvswitch_links=links)
 
 
@@ -333,118 +327,3 @@ def mig_minors_text(node: SimNode) -> str:
                 lines.append(f"gpu{gpu}/gi{gi}/ci{ci}/access {minor}")
                 minor += 1
     return "\n".join(lines) + "\n"
-
-
-def _int(value: object, key: str, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise SimConfigError(key, f"must be an integer, got {value!r}")
-    if not low <= value <= high:
-        raise SimConfigError(key, f"must be from {low} to {high}, got {value}")
-    return value
-
-
-def _mig(value: object, key: str, profile: GpuProfile) -> tuple[str, ...]:
-    """Validate a MIG layout: known names, per-profile instance limits, slices and placements."""
-    if not isinstance(value, list | tuple):
-        raise SimConfigError(key, "must be a list of MIG profile names")
-    shapes: list[MigProfile] = []
-    for j, item in enumerate(value):
-        shape = profile.mig_profile(item) if isinstance(item, str) else None
-        if shape is None:
-            known = ", ".join(profile.mig_profile_names)
-            raise SimConfigError(
-                f"{key}[{j}]", f"unknown MIG profile {item!r} for {profile.key} (known: {known})"
-            )
-        if sum(1 for s in shapes if s is shape) >= shape.max_instances:
-            raise SimConfigError(
-                f"{key}[{j}]",
-                f"at most {shape.max_instances} {shape.name} instance(s) fit on one GPU",
-            )
-        shapes.append(shape)
-    if sum(s.slices for s in shapes) > MIG_SLICES:
-        raise SimConfigError(key, f"the profiles need more than the GPU's {MIG_SLICES} slices")
-    if place_mig(shapes) is None:
-        names = ", ".join(s.name for s in shapes)
-        raise SimConfigError(key, f"no valid placement holds {names} (memory slices overlap)")
-    return tuple(s.name for s in shapes)
-
-
-def _gpu_from(item: object, index: int, count: int) -> SimGpuSpec:
-    key = f"gpus[{index}]"
-    if item is None:
-        item = {}
-    if not isinstance(item, Mapping):
-        raise SimConfigError(key, "must be a mapping of name, memory_mib, numa_node, mig")
-    for given in item:
-        if given not in _GPU_KEYS:
-            raise SimConfigError(
-                f"{key}.{given}", "unknown key (known: memory_mib, mig, name, numa_node)"
-            )
-    name: str | None = None
-    profile = DEFAULT_PROFILE
-    if "name" in item:
-        raw = item["name"]
-        if not isinstance(raw, str) or not raw.strip():
-            raise SimConfigError(f"{key}.name", f"must be a non-empty string, got {raw!r}")
-        found = find_profile(raw)
-        if found is None:
-            name = raw.strip()
-        else:
-            profile = found
-    memory = item.get("memory_mib")
-    numa = item.get("numa_node")
-    return _gpu(
-        index,
-        count,
-        profile,
-        name=name,
-        memory_mib=None if memory is None else _int(memory, f"{key}.memory_mib", 1, MAX_MEMORY_MIB),
-        numa_node=None if numa is None else _int(numa, f"{key}.numa_node", 0, MAX_NUMA_NODE),
-        mig=_mig(item.get("mig", []), f"{key}.mig", profile),
-    )
-
-
-def nvlinks_from(value: object, gpus: Sequence[SimGpuSpec]) -> tuple[tuple[int, int, int], ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list | tuple):
-        raise SimConfigError("nvlinks", "must be a list of [gpu_a, gpu_b, link_count]")
-    links: list[tuple[int, int, int]] = []
-    seen: set[frozenset[int]] = set()
-    used = [0] * len(gpus)
-    for k, item in enumerate(value):
-        key = f"nvlinks[{k}]"
-        if not isinstance(item, list | tuple) or len(item) != 3:
-            raise SimConfigError(key, f"must be [gpu_a, gpu_b, link_count], got {item!r}")
-        last = len(gpus) - 1
-        a = _int(item[0], f"{key}[0]", 0, last)
-        b = _int(item[1], f"{key}[1]", 0, last)
-        count = _int(item[2], f"{key}[2]", 1, MAX_LINKS_PER_PAIR)
-        if a == b:
-            raise SimConfigError(key, f"joins GPU {a} to itself")
-        if frozenset((a, b)) in seen:
-            raise SimConfigError(key, f"GPUs {a} and {b} are already joined")
-        seen.add(frozenset((a, b)))
-        for gpu in (a, b):
-            used[gpu] += count
-            available = gpus[gpu].profile.nvlink_count
-            if used[gpu] > available:
-                raise SimConfigError(key, f"GPU {gpu} would need more than its {available} links")
-        links.append((a, b, count))
-    return tuple(links)
-
-
-def gpus_from(items: object) -> tuple[SimGpuSpec, ...]:
-    """The GPUs a node description lists (``gpus:``); :class:`SimConfigError` naming the key."""
-    if not isinstance(items, list | tuple) or not items:
-        raise SimConfigError("gpus", "must be a non-empty list of GPUs")
-    if len(items) > MAX_GPUS:
-        raise SimConfigError("gpus", f"at most {MAX_GPUS} GPUs, got {len(items)}")
-    return tuple(_gpu_from(item, i, len(items)) for i, item in enumerate(items))
-
-
-def driver_version_from(value: object) -> str:
-    """A driver version (``driver_version:``), such as ``580.95.05``."""
-    if not isinstance(value, str) or not value.split(".", 1)[0].isdigit():
-        raise SimConfigError("driver_version", f"must be a version such as 580.95.05: {value!r}")
-    return value
