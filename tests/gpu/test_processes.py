@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,15 +18,18 @@ from gpuagent.domain.usage import GpuProcess, ProcessSample
 from gpuagent.gpu.calls import NvmlCalls
 from gpuagent.gpu.nvml import Nvml
 from gpuagent.gpu.processes import ProcessReader
-from gpuagent.gpu.sim import SimDriver, install, node_from_mapping, uninstall
+from gpuagent.gpu.sim import SimDriver, install, installed, node_from_mapping, uninstall
+from gpuagent.gpu.sim._api_process import PROCESS_MODE_ALL_CUDA
 from gpuagent.gpu.sim.processes import SAMPLE_PERIOD_US
+from gpuagent.gpu.sim.spec import CUDA_DRIVER_VERSION, SimNode
 
 MIB = 1024 * 1024
 H100, H100_MIG, A100 = 0, 1, 2
 
 
-@pytest.fixture
-def driver(clock: FakeClock, tmp_path: Path) -> Iterator[tuple[SimDriver, ProcessReader]]:
+def three_gpus(cuda_driver_version: int = PROCESS_MODE_ALL_CUDA) -> SimNode:
+    """An H100, an H100 in MIG mode and an A100; by default on a driver that offers everything
+    (the detail list's mode ALL is CUDA 13.3's: an R580 driver refuses it)."""
     node = node_from_mapping(
         {
             "version": "v1",
@@ -36,7 +40,12 @@ def driver(clock: FakeClock, tmp_path: Path) -> Iterator[tuple[SimDriver, Proces
             ],
         }
     )
-    drv = SimDriver(node, clock=clock)
+    return replace(node, cuda_driver_version=cuda_driver_version)
+
+
+@pytest.fixture
+def driver(clock: FakeClock, tmp_path: Path) -> Iterator[tuple[SimDriver, ProcessReader]]:
+    drv = SimDriver(three_gpus(), clock=clock)
     install(drv)
     nvml = Nvml(sysfs_root=tmp_path)
     try:
@@ -173,6 +182,29 @@ def test_older_gpus_read_the_three_lists_merging_a_process_in_two(
     assert calls["nvmlDeviceGetRunningProcessDetailList"] == 0
     assert calls["nvmlDeviceGetComputeRunningProcesses_v3"] >= 1
     assert calls["nvmlDeviceGetMPSComputeRunningProcesses_v3"] >= 1
+
+
+def test_an_r580_driver_refuses_mode_all_and_the_lists_are_read(
+    clock: FakeClock, tmp_path: Path
+) -> None:
+    """The built-in driver is R580 (CUDA 13.0), like the real H200 node: mode ALL answers
+    INVALID_ARGUMENT there, and the reader reads the three lists from then on (an MPS client,
+    in the compute and MPS lists both, is one process)."""
+    with installed(SimDriver(three_gpus(CUDA_DRIVER_VERSION), clock=clock)) as sim:
+        nvml = Nvml(sysfs_root=tmp_path)
+        nvml.init()
+        try:
+            nvml.discover()
+            reader = ProcessReader(nvml.calls)
+            sim.add_process(H100, 40, 300, 10)
+            sim.add_process(H100, 41, 100, 10, kind="mps")
+            for _ in range(2):
+                reading = reader.read(H100, handle(H100))
+                assert reading is not None
+                assert [p.pid for p in reading.processes] == [40, 41]
+        finally:
+            nvml.shutdown()
+    assert sim.calls["nvmlDeviceGetRunningProcessDetailList"] == 1
 
 
 def test_duplicate_pid_in_two_lists_is_one_process() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pynvml
@@ -18,6 +19,7 @@ from support.clock import FakeClock
 from support.simnvml import nvml_on
 
 from gpuagent.gpu.sim import SimDriver, node_from_mapping
+from gpuagent.gpu.sim._api_process import PROCESS_MODE_ALL_CUDA
 from gpuagent.gpu.sim.processes import SAMPLE_PERIOD_US
 from gpuagent.overrides import nvml_function
 
@@ -81,7 +83,11 @@ class TestRunningProcesses:
         driver.add_process(0, 4444, 256, 5, kind="mps")
         driver.add_process(1, 4242, 100, 1)  # the same process on a second GPU
         compute = pynvml.nvmlDeviceGetComputeRunningProcesses_v3(handle(0))
-        assert [(p.pid, p.usedGpuMemory) for p in compute] == [(4242, 1024 * MIB)]
+        # An MPS client is a compute context too: listed in both, as on a real R580 driver.
+        assert [(p.pid, p.usedGpuMemory) for p in compute] == [
+            (4242, 1024 * MIB),
+            (4444, 256 * MIB),
+        ]
         assert (compute[0].gpuInstanceId, compute[0].computeInstanceId) == (NO_INSTANCE,) * 2
         graphics = pynvml.nvmlDeviceGetGraphicsRunningProcesses_v3(handle(0))
         assert [(p.pid, p.usedGpuMemory) for p in graphics] == [(4343, round(512.5 * MIB))]
@@ -145,18 +151,37 @@ class TestDetailList:
             )
         )
 
-    def test_mode_all_lists_every_kind(self, driver: SimDriver) -> None:
+    def test_modes_list_as_a_real_r580_driver_does(self, driver: SimDriver) -> None:
+        """What a real 580.159 driver answered with an MPS server's clients on the GPU: mode
+        compute lists every compute context (MPS clients too), MPS the clients, graphics none."""
         driver.add_process(0, 1, 10, 1)
         driver.add_process(0, 2, 20, 1, kind="graphics")
         driver.add_process(0, 3, 30, 1, kind="mps")
-        every = self.detail(0, pynvml.NVML_PROCESS_MODE_ALL)
-        assert [(p.pid, p.usedGpuMemory) for p in every] == [
-            (1, 10 * MIB),
-            (2, 20 * MIB),
-            (3, 30 * MIB),
-        ]
+        compute = self.detail(0, pynvml.NVML_PROCESS_MODE_COMPUTE)
+        assert [(p.pid, p.usedGpuMemory) for p in compute] == [(1, 10 * MIB), (3, 30 * MIB)]
         assert [p.pid for p in self.detail(0, pynvml.NVML_PROCESS_MODE_GRAPHICS)] == [2]
-        assert self.detail(1, pynvml.NVML_PROCESS_MODE_ALL) == []
+        assert [p.pid for p in self.detail(0, pynvml.NVML_PROCESS_MODE_MPS)] == [3]
+        assert self.detail(1, pynvml.NVML_PROCESS_MODE_COMPUTE) == []
+
+    def test_mode_all_is_refused_before_its_header(self, driver: SimDriver) -> None:
+        """nvml.h names mode ALL from CUDA 13.3 on; the R580 driver (CUDA 13.0) refuses it."""
+        assert driver.node.cuda_driver_version < PROCESS_MODE_ALL_CUDA
+        refused = code(self.detail, 0, pynvml.NVML_PROCESS_MODE_ALL)
+        assert refused == pynvml.NVML_ERROR_INVALID_ARGUMENT
+
+    def test_mode_all_lists_every_kind_on_a_newer_driver(self, clock: FakeClock) -> None:
+        node = node_from_mapping({"version": "v1", "gpus": [{"name": "H100"}]})
+        newer = replace(node, cuda_driver_version=PROCESS_MODE_ALL_CUDA)
+        with nvml_on(SimDriver(newer, clock=clock)) as driver:
+            driver.add_process(0, 1, 10, 1)
+            driver.add_process(0, 2, 20, 1, kind="graphics")
+            driver.add_process(0, 3, 30, 1, kind="mps")
+            every = self.detail(0, pynvml.NVML_PROCESS_MODE_ALL)
+            assert [(p.pid, p.usedGpuMemory) for p in every] == [
+                (1, 10 * MIB),
+                (2, 20 * MIB),
+                (3, 30 * MIB),
+            ]
 
     def test_bad_version_or_mode_and_older_gpus(self, driver: SimDriver) -> None:
         bad_version = code(pynvml.nvmlDeviceGetRunningProcessDetailList, handle(0), 0x2000018, 3)
@@ -168,7 +193,7 @@ class TestDetailList:
             7,
         )
         assert bad_mode == pynvml.NVML_ERROR_INVALID_ARGUMENT
-        ampere = code(self.detail, 3, pynvml.NVML_PROCESS_MODE_ALL)
+        ampere = code(self.detail, 3, pynvml.NVML_PROCESS_MODE_COMPUTE)
         assert ampere == pynvml.NVML_ERROR_NOT_SUPPORTED
 
 

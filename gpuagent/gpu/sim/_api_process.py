@@ -7,11 +7,17 @@ As ``nvml.h`` documents them:
   that number (``infos`` may then be NULL); SUCCESS with ``*infoCount`` 0 when there are none.
   ``usedGpuMemory`` in bytes; ``gpuInstanceId``/``computeInstanceId`` 0xFFFFFFFF unless MIG is on.
   On a MIG-enabled GPU's handle every MIG device's processes are listed (the agent is privileged),
-  on a MIG device handle only that device's. The compute list holds ``compute`` processes, the
-  graphics list ``graphics`` ones, the MPS list the clients of an MPS server (``mps``).
+  on a MIG device handle only that device's. The compute list holds every compute context: the
+  ``compute`` processes and the clients of an MPS server (``mps``), as a real R580 driver lists
+  them (nvidia-smi's ``M+C``); the graphics list the ``graphics`` ones; the MPS list the MPS
+  clients only.
 * ``nvmlDeviceGetRunningProcessDetailList(device, plist)``: the same processes for ``plist->mode``
-  (compute, graphics, MPS, or all), same sizing protocol on ``numProcArrayEntries``/``procArray``;
-  INVALID_ARGUMENT for a bad version or mode; Hopper and newer only (NOT_SUPPORTED before).
+  (compute — MPS clients included — graphics, MPS), same sizing protocol on
+  ``numProcArrayEntries``/``procArray``; INVALID_ARGUMENT for a bad version or mode; Hopper and
+  newer only (NOT_SUPPORTED before). Mode ALL (3) is a mode only for a driver whose nvml.h has
+  it: the headers of CUDA 13.0 to 13.2 name three modes, CUDA 13.3's a fourth, and a real
+  580.159 driver (CUDA 13.0) answers mode ALL with INVALID_ARGUMENT. So the simulated driver
+  accepts it from :data:`PROCESS_MODE_ALL_CUDA` on (``cuda_driver_version`` of the node).
 * ``nvmlDeviceGetProcessUtilization(device, utilization, processSamplesCount, lastSeenTimeStamp)``
   and ``nvmlDeviceGetProcessesUtilizationInfo(device, procesesUtilInfo)``: one sample per process
   with non-zero utilisation, newer than ``lastSeenTimeStamp``; NOT_FOUND when there is none;
@@ -43,14 +49,19 @@ VERSION_MISMATCH = int(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
 NO_INSTANCE = 0xFFFF_FFFF
 PROCESS_DETAIL_LIST_V1 = int(pynvml.nvmlProcessDetailList_v1)
 PROCESSES_UTILIZATION_INFO_V1 = int(pynvml.ProcessesUtilizationInfo_v1)
+#: The kinds of process in each list: a compute context is a plain one or an MPS client's.
+COMPUTE_KINDS = frozenset({"compute", "mps"})
+ALL_KINDS = frozenset({"compute", "graphics", "mps"})
+MODE_ALL = int(pynvml.NVML_PROCESS_MODE_ALL)
 #: nvmlProcessMode_t -> the kinds of process it lists.
 MODES: dict[int, frozenset[str]] = {
-    int(pynvml.NVML_PROCESS_MODE_COMPUTE): frozenset({"compute"}),
+    int(pynvml.NVML_PROCESS_MODE_COMPUTE): COMPUTE_KINDS,
     int(pynvml.NVML_PROCESS_MODE_GRAPHICS): frozenset({"graphics"}),
     int(pynvml.NVML_PROCESS_MODE_MPS): frozenset({"mps"}),
-    int(pynvml.NVML_PROCESS_MODE_ALL): frozenset({"compute", "graphics", "mps"}),
+    MODE_ALL: ALL_KINDS,
 }
-ALL_KINDS = MODES[int(pynvml.NVML_PROCESS_MODE_ALL)]
+#: The first CUDA driver version (``nvmlSystemGetCudaDriverVersion``) whose nvml.h has mode ALL.
+PROCESS_MODE_ALL_CUDA = 13030
 
 
 def _listed(st: DriverState, gpu: GpuState, kinds: frozenset[str]) -> list[SimProcess]:
@@ -65,9 +76,7 @@ def _fill_info(info: Any, process: SimProcess) -> None:
     info.computeInstanceId = process.compute_instance if on_mig else NO_INSTANCE
 
 
-def _running(kind: str) -> Any:
-    kinds = frozenset({kind})
-
+def _running(kinds: frozenset[str]) -> Any:
     def running(st: DriverState, gpu: GpuState, count_ref: object, infos: object) -> int:
         count = out(count_ref)
         processes = _listed(st, gpu, kinds)
@@ -88,11 +97,14 @@ def _running(kind: str) -> Any:
 
 def _detail_list(st: DriverState, gpu: GpuState, ref: object) -> int:
     plist = out(ref)
-    if int(plist.version) != PROCESS_DETAIL_LIST_V1 or int(plist.mode) not in MODES:
+    mode = int(plist.mode)
+    if int(plist.version) != PROCESS_DETAIL_LIST_V1 or mode not in MODES:
         return INVALID_ARGUMENT
+    if mode == MODE_ALL and st.node.cuda_driver_version < PROCESS_MODE_ALL_CUDA:
+        return INVALID_ARGUMENT  # not a mode this driver knows
     if gpu.spec.architecture < NVML_DEVICE_ARCH_HOPPER:
         return NOT_SUPPORTED
-    processes = _listed(st, gpu, MODES[int(plist.mode)])
+    processes = _listed(st, gpu, MODES[mode])
     if not processes:
         plist.numProcArrayEntries = 0
         return SUCCESS
@@ -176,9 +188,13 @@ def _array(buffer: object, needed: int) -> ctypes.Array[Any]:
 
 
 SYMBOLS: dict[str, Symbol] = {
-    "nvmlDeviceGetComputeRunningProcesses_v3": device(_running("compute")),
-    "nvmlDeviceGetGraphicsRunningProcesses_v3": device(_running("graphics")),
-    "nvmlDeviceGetMPSComputeRunningProcesses_v3": device(_running("mps")),
+    "nvmlDeviceGetComputeRunningProcesses_v3": device(_running(COMPUTE_KINDS)),
+    "nvmlDeviceGetGraphicsRunningProcesses_v3": device(
+        _running(MODES[int(pynvml.NVML_PROCESS_MODE_GRAPHICS)])
+    ),
+    "nvmlDeviceGetMPSComputeRunningProcesses_v3": device(
+        _running(MODES[int(pynvml.NVML_PROCESS_MODE_MPS)])
+    ),
     "nvmlDeviceGetRunningProcessDetailList": device(_detail_list),
     "nvmlDeviceGetProcessUtilization": device(_process_utilization),
     "nvmlDeviceGetProcessesUtilizationInfo": device(_processes_utilization_info),
