@@ -13,7 +13,7 @@ import pynvml
 import pytest
 from support.clock import WAIT_S, blocked_in
 
-from gpuagent.gpu.sim import SimDriver, installed, node_from_count
+from gpuagent.gpu.sim import SimDriver, installed, node_from_count, node_from_mapping
 from gpuagent.gpu.sim.state import RESET_XIDS
 
 XID = pynvml.nvmlEventTypeXidCriticalError
@@ -223,11 +223,26 @@ class TestEventSets:
             HEALTH | pynvml.nvmlEventTypeSingleBitEccError
         )
 
-    def test_unsupported_types(self, driver: SimDriver) -> None:
-        """Registering for a type the GPU lacks is NOT_SUPPORTED, as in NVML."""
+    def test_every_type_is_supported_as_on_the_real_h200(self, driver: SimDriver) -> None:
+        """An R580 Hopper reports every event type as supported (the real H200 did)."""
+        assert pynvml.nvmlDeviceGetSupportedEventTypes(handle(0)) == pynvml.nvmlEventTypeAll
         event_set = pynvml.nvmlEventSetCreate()
-        with pytest.raises(pynvml.NVMLError_NotSupported):
-            pynvml.nvmlDeviceRegisterEvents(handle(0), pynvml.nvmlEventTypeAll, event_set)
+        pynvml.nvmlDeviceRegisterEvents(handle(0), pynvml.nvmlEventTypeAll, event_set)
+
+    def test_unsupported_types(self) -> None:
+        """Registering for a type the GPU lacks is NOT_SUPPORTED, as in NVML: before R565 there
+        is no recovery-action event."""
+        older = node_from_mapping(
+            {"version": "v1", "gpus": [{"name": "H100"}], "driver_version": "560.35.03"}
+        )
+        with installed(SimDriver(older)):
+            pynvml.nvmlInit()
+            try:
+                event_set = pynvml.nvmlEventSetCreate()
+                with pytest.raises(pynvml.NVMLError_NotSupported):
+                    pynvml.nvmlDeviceRegisterEvents(handle(0), pynvml.nvmlEventTypeAll, event_set)
+            finally:
+                pynvml.nvmlShutdown()
 
     def test_only_registered_gpus_and_bits(self, driver: SimDriver) -> None:
         """Events go to each set registered for that GPU and bit, and nowhere else."""

@@ -214,6 +214,32 @@ class TestLatency:
         pynvml.nvmlDeviceGetTemperature(handle(0), pynvml.NVML_TEMPERATURE_GPU)
         assert sleeps.seconds == [0.001, 0.001]  # the handle lookup, then the call
 
+    def test_a_field_adds_its_cost_to_a_field_values_call(self, run: Run) -> None:
+        """The energy counter costs as much through a field as through its own call (3.2 ms on
+        the real H200): a field-values call asking for it takes that much longer, once."""
+        node = node_from_count(1)
+        sleeps = Sleeps()
+        energy = pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION
+        latency = SimLatency(
+            default_s=0.0, calls={"nvmlDeviceGetFieldValues": 0.001}, fields={energy: 0.003}
+        )
+        run(replace(node, latency=latency), sleep=sleeps)
+        h = handle(0)
+        pynvml.nvmlDeviceGetFieldValues(h, [pynvml.NVML_FI_DEV_MEMORY_TEMP])
+        pynvml.nvmlDeviceGetFieldValues(h, [energy, pynvml.NVML_FI_DEV_MEMORY_TEMP, energy])
+        assert sleeps.seconds == [0.001, pytest.approx(0.004)]
+
+    def test_the_builtin_latencies_are_the_real_h200s(self) -> None:
+        """Measured on the real H200 (../shared/reference/real-h200/README.md): per-process
+        utilisation costs milliseconds even when it answers NOT_FOUND, and so does energy."""
+        latency = node_from_count(1).latency
+        assert latency.of("nvmlDeviceGetProcessesUtilizationInfo") == pytest.approx(0.0025)
+        assert latency.of("nvmlDeviceGetProcessUtilization") == pytest.approx(0.00241)
+        assert latency.of("nvmlDeviceGetTotalEnergyConsumption") == pytest.approx(0.00319)
+        energy = pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION
+        assert latency.of_fields([energy]) == pytest.approx(0.0032)
+        assert latency.of("nvmlDeviceGetPowerUsage") <= 0.00001
+
     def test_a_cold_gpu_is_brought_up_by_its_first_call(self, run: Run) -> None:
         """The first call on each GPU pays the bring-up; other calls on it wait for it."""
         node = node_from_count(2)
@@ -275,7 +301,7 @@ class TestSimConfig:
                 tmp_path,
                 "version: v1\ngpus: [{}]\ndriver_version: 560.35.03\ncap_sys_admin: true\n"
                 "latency: {default_ms: 0.5, calls: {nvmlDeviceGetFieldValues: 2},"
-                " cold_start_ms: 1500}\n",
+                " cold_start_ms: 1500, fields: {83: 4}}\n",
             )
         )
         assert node.driver_version == "560.35.03"
@@ -284,6 +310,7 @@ class TestSimConfig:
         assert node.latency.of("nvmlDeviceGetPowerUsage") == pytest.approx(0.0005)
         assert node.latency.of("nvmlDeviceGetFieldValues") == pytest.approx(0.002)
         assert node.latency.cold_start_s == pytest.approx(1.5)
+        assert node.latency.of_fields([83]) == pytest.approx(0.004)
 
     @pytest.mark.parametrize(
         ("text", "key"),
@@ -296,6 +323,10 @@ class TestSimConfig:
             ("latency: {default_ms: .nan}", "latency.default_ms"),
             ("latency: {calls: {nvmlMadeUp: 1}}", "latency.calls.nvmlMadeUp"),
             ("latency: {cold_start_ms: true}", "latency.cold_start_ms"),
+            ("latency: {fields: [83]}", "latency.fields"),
+            ("latency: {fields: {energy: 1}}", "latency.fields.energy"),
+            ("latency: {fields: {0: 1}}", "latency.fields.0"),
+            ("latency: {fields: {83: -1}}", "latency.fields.83"),
             ("capture: 7", "capture"),
             ("capture: missing.json", "capture"),
         ],

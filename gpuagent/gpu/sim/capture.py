@@ -26,6 +26,7 @@ from gpuagent.gpu.sim.layout import driver_version_from, gpus_from
 from gpuagent.gpu.sim.spec import (
     CUDA_DRIVER_VERSION,
     DEFAULT_CALL_LATENCY_S,
+    DEFAULT_FIELD_LATENCY_S,
     DEFAULT_LATENCY_S,
     SimConfigError,
     SimLatency,
@@ -65,7 +66,7 @@ def node_from_capture(data: object) -> SimNode:
         cuda_driver_version=int(cuda)
         if isinstance(cuda, int) and cuda > 0
         else CUDA_DRIVER_VERSION,
-        latency=_latency(calls, symbols),
+        latency=_latency([*calls, *_gpm_records(gpus)], symbols, _field_costs(gpus)),
         absent_calls=frozenset(
             symbol
             for name in _always_absent(calls)
@@ -129,7 +130,36 @@ def _symbol(name: str, symbols: frozenset[str]) -> str | None:
     return None
 
 
-def _latency(calls: Sequence[Mapping[str, Any]], symbols: frozenset[str]) -> SimLatency:
+def _gpm_records(gpus: Sequence[object]) -> list[Mapping[str, Any]]:
+    """``nvmlGpmMetricsGet``'s latency from the GPM pairs (samples taken apart, not at once)."""
+    found: list[Mapping[str, Any]] = []
+    for gpu in gpus:
+        gpm = gpu.get("gpm") if isinstance(gpu, Mapping) else None
+        pairs = gpm.get("pairs") if isinstance(gpm, Mapping) else None
+        for pair in pairs if isinstance(pairs, list) else []:
+            if isinstance(pair, Mapping) and pair.get("apart_ms") and pair.get("return") == 0:
+                found.append({"call": "nvmlGpmMetricsGet", "warm_ms": pair.get("ms")})
+    return found
+
+
+def _field_costs(gpus: Sequence[object]) -> dict[int, float]:
+    """What asking for a field adds to a field-values call (``field_costs``, newer captures):
+    the warm latency of a call for that field alone."""
+    costs: dict[int, list[float]] = {}
+    for gpu in gpus:
+        entries = gpu.get("field_costs") if isinstance(gpu, Mapping) else None
+        for entry in entries if isinstance(entries, list) else []:
+            if not isinstance(entry, Mapping):
+                continue
+            field, ms = entry.get("field"), entry.get("warm_ms")
+            if isinstance(field, int) and isinstance(ms, int | float) and ms >= 0:
+                costs.setdefault(field, []).append(float(ms) / 1000.0)
+    return {field: statistics.median(values) for field, values in costs.items()}
+
+
+def _latency(
+    calls: Sequence[Mapping[str, Any]], symbols: frozenset[str], fields: Mapping[int, float]
+) -> SimLatency:
     warm: dict[str, list[float]] = {}
     cold_extra = 0.0
     for record in calls:
@@ -145,7 +175,10 @@ def _latency(calls: Sequence[Mapping[str, Any]], symbols: frozenset[str]) -> Sim
     per_call.update({symbol: statistics.median(values) for symbol, values in warm.items()})
     default = statistics.median(per_call.values()) if warm else DEFAULT_LATENCY_S
     return SimLatency(
-        default_s=default, calls=MappingProxyType(per_call), cold_start_s=max(0.0, cold_extra)
+        default_s=default,
+        calls=MappingProxyType(per_call),
+        cold_start_s=max(0.0, cold_extra),
+        fields=MappingProxyType({**DEFAULT_FIELD_LATENCY_S, **fields}),
     )
 
 

@@ -31,7 +31,9 @@ MAX_COLD_START_MS = 600_000.0
 _TOP_KEYS = frozenset(
     {"version", "gpus", "nvlinks", "driver_version", "cap_sys_admin", "latency", "capture"}
 )
-_LATENCY_KEYS = frozenset({"default_ms", "calls", "cold_start_ms"})
+_LATENCY_KEYS = frozenset({"default_ms", "calls", "cold_start_ms", "fields"})
+#: NVML's field IDs are small numbers (nvml.h's NVML_FI_MAX is under 1,000).
+MAX_FIELD_ID = 10_000
 
 
 def node_from_mapping(data: object, *, base: Path | None = None) -> SimNode:
@@ -39,9 +41,9 @@ def node_from_mapping(data: object, *, base: Path | None = None) -> SimNode:
 
     Keys: ``version: v1``, ``gpus:``, ``nvlinks:``, and for the driver ``driver_version:``
     (a version before 565 has no recovery-action field or event), ``cap_sys_admin:`` (default
-    false), ``latency: {default_ms, calls: {symbol: ms}, cold_start_ms}`` and ``capture: FILE``
-    (a capture by ``scripts/nvml-capture``, relative to ``base``, whose driver, GPUs and latencies
-    are the defaults of the other keys). Raises :class:`SimConfigError` naming the dotted key of
+    false), ``latency: {default_ms, calls: {symbol: ms}, cold_start_ms, fields: {id: ms}}`` and
+    ``capture: FILE`` (a capture by ``scripts/nvml-capture``, relative to ``base``, whose driver,
+    GPUs and latencies are the defaults of the other keys). Raises :class:`SimConfigError` naming the dotted key of
     the first invalid value.
     """
     if not isinstance(data, Mapping):
@@ -91,9 +93,12 @@ def _milliseconds(value: object, key: str, high: float) -> float:
 
 
 def _latency(value: object, base: SimLatency) -> SimLatency:
-    """``latency: {default_ms, calls: {symbol: ms}, cold_start_ms}`` over ``base``."""
+    """``latency: {default_ms, calls: {symbol: ms}, cold_start_ms, fields: {id: ms}}`` over
+    ``base``."""
     if not isinstance(value, Mapping):
-        raise SimConfigError("latency", "must be a mapping of default_ms, calls, cold_start_ms")
+        raise SimConfigError(
+            "latency", "must be a mapping of default_ms, calls, cold_start_ms, fields"
+        )
     for key in value:
         if key not in _LATENCY_KEYS:
             known = ", ".join(sorted(_LATENCY_KEYS))
@@ -113,7 +118,27 @@ def _latency(value: object, base: SimLatency) -> SimLatency:
     cold = base.cold_start_s
     if "cold_start_ms" in value:
         cold = _milliseconds(value["cold_start_ms"], "latency.cold_start_ms", MAX_COLD_START_MS)
-    return SimLatency(default_s=default, calls=MappingProxyType(calls), cold_start_s=cold)
+    return SimLatency(
+        default_s=default,
+        calls=MappingProxyType(calls),
+        cold_start_s=cold,
+        fields=_field_latency(value.get("fields", {}), base.fields),
+    )
+
+
+def _field_latency(value: object, base: Mapping[int, float]) -> Mapping[int, float]:
+    """``latency.fields: {field_id: ms}``: what asking for a field adds to a field-values call."""
+    if not isinstance(value, Mapping):
+        raise SimConfigError("latency.fields", "must map NVML field IDs to milliseconds")
+    fields = dict(base)
+    for field_id, ms in value.items():
+        key = f"latency.fields.{field_id}"
+        if isinstance(field_id, bool) or not isinstance(field_id, int):
+            raise SimConfigError(key, "not a field ID (a number, such as 83)")
+        if not 0 < field_id < MAX_FIELD_ID:
+            raise SimConfigError(key, f"field IDs are from 1 to {MAX_FIELD_ID - 1}")
+        fields[field_id] = _milliseconds(ms, key, MAX_LATENCY_MS)
+    return MappingProxyType(fields)
 
 
 def load_sim_config(path: Path) -> SimNode:

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pynvml
 
@@ -23,7 +24,7 @@ from gpuagent.gpu.sim import (
     _api_system,
     _api_topology,
 )
-from gpuagent.gpu.sim._abi import BadArgument, Symbol, as_bytes, as_int
+from gpuagent.gpu.sim._abi import BadArgument, Symbol, as_bytes, as_int, out
 from gpuagent.gpu.sim.callfaults import CALL_FAULTS, CallFaults
 from gpuagent.gpu.sim.processes import new_process
 from gpuagent.gpu.sim.procfiles import SimProcFiles
@@ -173,6 +174,8 @@ class SimDriver:
             if target is not None and target not in self._state.warm:
                 self._bring_up(target, latency.cold_start_s)
         seconds = latency.of(name)
+        if name == "nvmlDeviceGetFieldValues" and latency.fields:
+            seconds += latency.of_fields(_field_ids(args))
         if seconds > 0:
             self._sleep(seconds)
 
@@ -350,6 +353,15 @@ class SimDriver:
         """Undo every :meth:`fail` and :meth:`remove`."""
         for name in self._faults.clear():
             setattr(self, name, self._entries[name])
+
+
+def _field_ids(args: tuple[object, ...]) -> list[int]:
+    """The field IDs an ``nvmlDeviceGetFieldValues(device, count, values)`` asks for."""
+    try:
+        values: Any = out(args[2])
+        return [int(values[i].fieldId) for i in range(as_int(args[1]))]
+    except (AttributeError, BadArgument, IndexError, TypeError, ValueError):
+        return []  # a malformed call: its answer says so
 
 
 def install(driver: SimDriver) -> None:

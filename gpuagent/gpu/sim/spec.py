@@ -5,9 +5,11 @@ are validated by :mod:`~gpuagent.gpu.sim.layout`, the document itself by
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+
+import pynvml
 
 from gpuagent.domain.errors import SettingError
 from gpuagent.gpu.sim.profiles import (
@@ -32,26 +34,38 @@ CUDA_DRIVER_VERSION = 13000
 #: The first driver branch with the recovery-action field (230) and its event (0x8000).
 RECOVERY_ACTION_BRANCH = 565
 
-#: How long a call takes in the simulated driver when nothing else is configured: plausible
-#: figures for a warm driver (persistence mode on), not measurements. A capture of a real node
-#: (``capture:`` in ``--sim-config``) replaces them with what that node answered.
-DEFAULT_LATENCY_S = 0.000_05
+#: How long a call takes in the simulated driver when nothing else is configured: what one real
+#: H200 took (driver 580.159.04, persistence mode on, idle; medians of warm calls, from
+#: ../shared/reference/real-h200/ — its README's table and its capture). Calls it answered within
+#: microseconds take :data:`DEFAULT_LATENCY_S`. A capture of a real node (``capture:`` in
+#: ``--sim-config``) replaces them with what that node answered.
+DEFAULT_LATENCY_S = 0.000_005
 DEFAULT_CALL_LATENCY_S: Mapping[str, float] = MappingProxyType(
     {
-        "nvmlInitWithFlags": 0.002,
+        "nvmlInitWithFlags": 0.013,
         "nvmlShutdown": 0.001,
         "nvmlErrorString": 0.0,
         "nvmlEventSetWait_v2": 0.0,  # the wait has a timeout of its own
-        "nvmlDeviceGetFieldValues": 0.000_2,
-        "nvmlGpmSampleGet": 0.000_5,
-        "nvmlGpmMigSampleGet": 0.000_5,
-        "nvmlGpmMetricsGet": 0.000_1,
+        "nvmlDeviceGetTotalEnergyConsumption": 0.003_19,  # the counter moves more slowly
+        "nvmlDeviceGetProcessUtilization": 0.002_41,  # even when it answers NOT_FOUND
+        "nvmlDeviceGetProcessesUtilizationInfo": 0.002_5,  # (2.3-2.9 ms with no process)
+        "nvmlDeviceGetViolationStatus": 0.000_61,
+        "nvmlDeviceGetPcieReplayCounter": 0.000_17,
+        "nvmlDeviceGetFieldValues": 0.000_46,  # the agent's 30 slots; see DEFAULT_FIELD_LATENCY_S
+        "nvmlGpmSampleGet": 0.000_04,
+        "nvmlGpmMigSampleGet": 0.000_04,
+        "nvmlGpmMetricsGet": 0.001_9,  # seven metrics between two samples
         "nvmlDeviceSetMigMode": 0.2,  # MIG management: hundreds of ms to make an instance
         "nvmlDeviceCreateGpuInstanceWithPlacement": 0.25,
         "nvmlGpuInstanceCreateComputeInstance": 0.1,
         "nvmlComputeInstanceDestroy": 0.05,
         "nvmlGpuInstanceDestroy": 0.1,
     }
+)
+#: What asking ``nvmlDeviceGetFieldValues`` for a field adds to the call, by field ID: the energy
+#: counter costs as much through a field as through its own call (3.2 ms on the H200).
+DEFAULT_FIELD_LATENCY_S: Mapping[int, float] = MappingProxyType(
+    {int(pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION): 0.003_2}
 )
 
 _UUID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://gpuagent.invalid/sim")
@@ -123,17 +137,23 @@ class SimLatency:
 
     ``cold_start_s`` is spent by the first call that touches a GPU after ``nvmlInit``, as a GPU
     without persistence mode is brought up (seconds on a Hopper board); other calls on that GPU
-    wait for it. Latencies are wall-clock sleeps outside the driver's lock, so calls on different
-    GPUs overlap, as they do on a real driver.
+    wait for it. ``fields``: what asking for some field IDs adds to an
+    ``nvmlDeviceGetFieldValues``. Latencies are wall-clock sleeps outside the driver's lock, so
+    calls on different GPUs overlap, as they do on a real driver.
     """
 
     default_s: float = DEFAULT_LATENCY_S
     calls: Mapping[str, float] = field(default_factory=lambda: DEFAULT_CALL_LATENCY_S)
     cold_start_s: float = 0.0
+    fields: Mapping[int, float] = field(default_factory=lambda: DEFAULT_FIELD_LATENCY_S)
 
     def of(self, symbol: str) -> float:
         """Seconds one call of C symbol ``symbol`` takes."""
         return self.calls.get(symbol, self.default_s)
+
+    def of_fields(self, field_ids: Iterable[int]) -> float:
+        """Seconds that asking for ``field_ids`` adds to an ``nvmlDeviceGetFieldValues`` call."""
+        return sum(self.fields.get(f, 0.0) for f in set(field_ids))
 
 
 @dataclass(frozen=True)

@@ -43,15 +43,9 @@ MAX_QUEUED_EVENTS = 4096
 MAX_XID = 2**64 - 1
 NO_INSTANCE = 0xFFFF_FFFF
 
-SUPPORTED_EVENTS = (
-    pynvml.nvmlEventTypeSingleBitEccError
-    | pynvml.nvmlEventTypeDoubleBitEccError
-    | pynvml.nvmlEventTypePState
-    | pynvml.nvmlEventTypeXidCriticalError
-    | pynvml.nvmlEventTypeClock
-    | pynvml.nvmlEventMigConfigChange
-    | pynvml.nvmlEventTypeGpuRecoveryAction
-)
+#: The event types the GPUs report as supported: every type, as the real H200 on R580 did (the
+#: simulator delivers XID, ECC and recovery-action events; it never raises the others).
+SUPPORTED_EVENTS = int(pynvml.nvmlEventTypeAll)
 #: What a driver before R565 offers: no recovery-action event.
 SUPPORTED_EVENTS_BEFORE_R565 = SUPPORTED_EVENTS & ~pynvml.nvmlEventTypeGpuRecoveryAction
 
