@@ -51,7 +51,8 @@ class Agent:
     and ``node_health_options`` go to the DRA side and the node-health writer (tests shorten
     their timings). ``settings_source`` reads the settings again for a reload (none: no reloads).
     ``own_process``: the process is the agent's alone (the command line), so start-up may set
-    process-wide knobs (see :mod:`gpuagent.app.tuning`). A simulated node has its own ``/proc``.
+    process-wide knobs (see :mod:`gpuagent.app.tuning`). A simulated node has its own ``/proc``
+    and ``/sys``; ``sysfs_root``: the host's /sys (by default /sys, or a simulated node's).
     """
 
     def __init__(
@@ -60,7 +61,7 @@ class Agent:
         *,
         plan: Plan | None = None,
         simulator: sim.SimDriver | None = None,
-        sysfs_root: Path = Path("/sys"),
+        sysfs_root: Path | None = None,
         node_name: str | None = None,
         registration_timing: Timing = Timing(),
         nvml_call_timeout: float = 10.0,
@@ -115,7 +116,7 @@ class Agent:
             settings.metrics_port,
             ssl_context=self.web_config.ssl_context if self.web_config is not None else None,
         )
-        self._sysfs_root = sysfs_root
+        self._sysfs_root = policy.sysfs_root(sysfs_root, simulator)
         self._mig_minors = policy.proc_root(simulator) / MIG_MINORS_FILE
         self._nvml_call_timeout = nvml_call_timeout
         self._own_process = own_process

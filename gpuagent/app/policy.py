@@ -67,18 +67,29 @@ def cdi_target(settings: Settings) -> CdiTarget:
     )
 
 
+def sysfs_root(given: Path | None, simulator: sim.SimDriver | None) -> Path:
+    """Where the host's /sys is read: ``given``, else a simulated node's own host (its GPUs' PCI
+    classes and NUMA nodes, its DMI product name: read as a real node's are), else /sys."""
+    if given is not None:
+        return given
+    return simulator.host_root() if simulator is not None else Path("/sys")
+
+
 def node_files(
     store: DeviceStore, settings: Settings, *, sysfs_root: Path, simulated: bool
 ) -> NodeFiles:
     """The node's files this agent may write besides the CDI spec: simulated GPUs must not reach
-    the host's real node-feature-discovery directory by default."""
+    the host's real node-feature-discovery directory by default, and a simulated node's machine
+    type is its host's (under ``sysfs_root``) unless ``--machine-type-file`` names another."""
+    from gpuagent.nodefiles.hostfacts import DEFAULT_MACHINE_TYPE_FILE  # noqa: PLC0415
     from gpuagent.nodefiles.labelkeeper import LabelTarget, NodeFiles  # noqa: PLC0415
     from gpuagent.nodefiles.labels import DEFAULT_FEATURES_FILE  # noqa: PLC0415
 
+    machine = settings.machine_type_file
+    if simulated and machine == DEFAULT_MACHINE_TYPE_FILE:
+        machine = sysfs_root / DEFAULT_MACHINE_TYPE_FILE.relative_to("/sys")
     labels: LabelTarget | None = LabelTarget(
-        path=settings.node_labels_file,
-        machine_type_file=settings.machine_type_file,
-        sysfs_root=sysfs_root,
+        path=settings.node_labels_file, machine_type_file=machine, sysfs_root=sysfs_root
     )
     if not settings.node_labels or (
         simulated and settings.node_labels_file == DEFAULT_FEATURES_FILE

@@ -109,7 +109,8 @@ async def running_agent(
     ``env`` is the agent's environment (by default only ``NODE_NAME=test-node``). The agent
     re-reads the same arguments and environment (and its ``--config`` file) when it reloads.
     ``simulator``: a simulated driver the test has prepared (faults set before the start), in
-    place of the one ``args`` describe.
+    place of the one ``args`` describe. ``sysfs_root``: the host's /sys as the agent reads it;
+    by default the simulated node's own host (its GPUs' NUMA nodes and PCI classes).
     """
     environ = {"NODE_NAME": "test-node", **(env or {})}
     argv = [
@@ -123,7 +124,7 @@ async def running_agent(
     agent = Agent(
         settings,
         simulator=simulator or load_simulator(settings),
-        sysfs_root=sysfs_root or Path("/nonexistent-sysfs"),
+        sysfs_root=sysfs_root,
         registration_timing=FAST,
         nvml_call_timeout=nvml_call_timeout,
         **(agent_options or {}),

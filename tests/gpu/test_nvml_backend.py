@@ -75,8 +75,11 @@ def discover_on(driver: SimDriver, sysfs_root: Path) -> list[Gpu]:
 
 @pytest.fixture
 def driver(clock: FakeClock) -> Iterator[SimDriver]:
-    """A 4-GPU simulated node installed below pynvml (not initialised); uninstalled afterwards."""
-    drv = SimDriver(node_from_count(GPUS), clock=clock)
+    """A 4-GPU simulated node installed below pynvml (not initialised); uninstalled afterwards.
+
+    Its driver answers ``nvmlDeviceGetNumaNodeId`` (as where the GPUs are NUMA nodes), so the
+    backend's choice between NVML and sysfs can be tested; the built-in node's does not."""
+    drv = SimDriver(dataclasses.replace(node_from_count(GPUS), numa_from_nvml=True), clock=clock)
     install(drv)
     try:
         yield drv
@@ -217,7 +220,7 @@ class TestDiscover:
             }
         )
         drv = SimDriver(node)
-        gpus = discover_on(drv, tmp_path)
+        gpus = discover_on(drv, drv.host_root())  # NVML has no NUMA node here: the host has
         described = drv.describe()
         assert [(g.name, g.memory_mib, g.numa_node) for g in gpus] == [
             (d["name"], d["memory_mib"], d["numa_node"]) for d in described

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
 import pynvml
 import pytest
 from support.clock import FakeClock
+from support.simnvml import nvml_on
 
 from gpuagent.gpu.sim import SimDriver, installed, node_from_count, node_from_mapping
 from gpuagent.gpu.sim.profiles import H100_80GB
@@ -45,12 +47,35 @@ class TestDiscovery:
             assert pynvml.nvmlDeviceGetName(h) == "NVIDIA H100 80GB HBM3"
             assert pynvml.nvmlDeviceGetIndex(h) == spec.index
             assert pynvml.nvmlDeviceGetMinorNumber(h) == spec.index
-            assert pynvml.nvmlDeviceGetNumaNodeId(h) == spec.numa_node
+            # An x86 HGX board's GPUs are not NUMA nodes: nvml.h's NOT_SUPPORTED, as on the
+            # real H200; the host's sysfs says where they are (test_numa_is_the_hosts).
+            with pytest.raises(pynvml.NVMLError_NotSupported):
+                pynvml.nvmlDeviceGetNumaNodeId(h)
             assert pynvml.nvmlDeviceGetArchitecture(h) == pynvml.NVML_DEVICE_ARCH_HOPPER
             assert pynvml.nvmlDeviceGetCudaComputeCapability(h) == (9, 0)
             assert pynvml.nvmlDeviceGetEnforcedPowerLimit(h) == 700_000
             assert pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM) == 1980
             assert pynvml.nvmlDeviceGetMigMode(h) == [0, 0]
+
+    def test_numa_is_the_hosts(self, driver: SimDriver) -> None:
+        """The simulated host's sysfs holds each GPU's NUMA node, PCI class and IDs."""
+        root = driver.host_root()
+        for spec in driver.node.gpus:
+            device = root / "bus/pci/devices" / spec.pci_bus_id[4:].lower()
+            assert (device / "numa_node").read_text() == f"{spec.numa_node}\n"
+            assert (device / "class").read_text() == "0x030200\n"
+            assert (device / "vendor").read_text() == "0x10de\n"
+            assert (device / "device").read_text() == "0x2330\n"
+            assert len((device / "config").read_bytes()) == 256
+        assert [s.numa_node for s in driver.node.gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
+        assert not (root / "class/dmi/id/product_name").exists()  # no machine type given
+
+    def test_numa_from_nvml_where_gpus_are_numa_nodes(self) -> None:
+        node = node_from_mapping(
+            {"version": "v1", "gpus": [{"numa_node": 4}], "numa_from_nvml": True}
+        )
+        with nvml_on(SimDriver(node)):
+            assert pynvml.nvmlDeviceGetNumaNodeId(handle(0)) == 4
 
     def test_handles_are_stable(self, driver: SimDriver) -> None:
         """Index, UUID and bus-ID lookups yield the same opaque handle for a GPU."""
@@ -80,8 +105,19 @@ class TestDiscovery:
         info = pynvml.nvmlDeviceGetPciInfo(handle(2))
         assert info.busId == spec.pci_bus_id
         assert info.busIdLegacy == spec.pci_bus_id[4:]
-        assert (info.domain, info.bus, info.device) == (0, spec.pci_bus, 0)
+        assert (info.domain, info.bus, info.device) == (0, 0x16, 0)
         assert info.pciDeviceId == 0x233010DE
+
+    def test_pci_info_of_a_device_other_than_zero(self) -> None:
+        """A replayed GPU keeps its captured address: the real H200 sat at 00000000:00:06.0."""
+        node = node_from_mapping({"version": "v1", "gpus": [{"name": "H200"}]})
+        gpu = dataclasses.replace(node.gpus[0], pci_bus_id="00000000:00:06.0")
+        with nvml_on(SimDriver(dataclasses.replace(node, gpus=(gpu,)))):
+            info = pynvml.nvmlDeviceGetPciInfo(handle(0))
+            assert (info.busId, info.busIdLegacy) == ("00000000:00:06.0", "0000:00:06.0")
+            assert (info.domain, info.bus, info.device) == (0, 0, 6)
+            by_bus = pynvml.nvmlDeviceGetHandleByPciBusId("0000:00:06.0")
+            assert pynvml.nvmlDeviceGetIndex(by_bus) == 0
 
     def test_memory_v1_and_v2(self, driver: SimDriver) -> None:
         """v1 counts reserved memory as used; v2 reports it apart; both add up to the total."""

@@ -329,12 +329,87 @@ class TestSimConfig:
             ("latency: {fields: {83: -1}}", "latency.fields.83"),
             ("capture: 7", "capture"),
             ("capture: missing.json", "capture"),
+            ("numa_from_nvml: 1", "numa_from_nvml"),
+            ("host: vm", "host"),
+            ("host: {bios: x}", "host.bios"),
+            ("host: {product_name: 7}", "host.product_name"),
+            ('host: {product_name: "a\\nb"}', "host.product_name"),
+            ("host: {numa: maybe}", "host.numa"),
         ],
     )
     def test_errors_name_the_key(self, tmp_path: Path, text: str, key: str) -> None:
         with pytest.raises(SimConfigError) as caught:
             load_sim_config(self.write(tmp_path, f"version: v1\ngpus: [{{}}]\n{text}\n"))
         assert caught.value.key == key
+
+    @pytest.mark.parametrize(
+        ("gpu", "key"),
+        [
+            ("{nvlink: no-thanks}", "gpus[0].nvlink"),
+            ("{pci_class: 3D}", "gpus[0].pci_class"),
+            ('{pci_class: "0x0302"}', "gpus[0].pci_class"),
+            ("{pci_class: 0x1000000}", "gpus[0].pci_class"),
+            ("{colour: green}", "gpus[0].colour"),
+        ],
+    )
+    def test_gpu_errors_name_the_key(self, tmp_path: Path, gpu: str, key: str) -> None:
+        with pytest.raises(SimConfigError) as caught:
+            load_sim_config(self.write(tmp_path, f"version: v1\ngpus: [{gpu}]\n"))
+        assert caught.value.key == key
+
+    def test_host_and_gpu_facts(self, tmp_path: Path) -> None:
+        node = load_sim_config(
+            self.write(
+                tmp_path,
+                "version: v1\ngpus: [{pci_class: 0x030000}, {nvlink: false}]\n"
+                "host: {product_name: DGX H100, numa: false}\nnuma_from_nvml: true\n",
+            )
+        )
+        assert [g.pci_class for g in node.gpus] == ["0x030000", "0x030200"]
+        assert [g.nvlink_slots for g in node.gpus] == [18, 0]
+        assert (node.host.product_name, node.host.numa, node.numa_from_nvml) == (
+            "DGX H100",
+            False,
+            True,
+        )
+
+    def test_a_gpu_without_nvlink_cannot_be_linked(self, tmp_path: Path) -> None:
+        text = "version: v1\ngpus: [{}, {nvlink: false}]\nnvlinks: [[0, 1, 2]]\n"
+        with pytest.raises(SimConfigError) as caught:
+            load_sim_config(self.write(tmp_path, text))
+        assert caught.value.key == "nvlinks[0]"
+
+
+class TestWithoutNvlink:
+    """A GPU whose NVLinks the driver does not show answers NOT_SUPPORTED for every NVLink call
+    and field, as the real H200 (a VM's passed-through GPU) did."""
+
+    FIELDS = (
+        pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+        pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
+        pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT,
+        pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL,
+        pynvml.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL,
+        pynvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL,
+        pynvml.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL,
+    )
+
+    def returns(self, index: int) -> list[int]:
+        ids = [*self.FIELDS, *([pynvml.NVML_FI_DEV_NVLINK_GET_STATE] * 3)]
+        requests = [(f, 0xFFFF_FFFF if f in self.FIELDS[:2] else 0) for f in ids]
+        requests[-3:] = [(pynvml.NVML_FI_DEV_NVLINK_GET_STATE, link) for link in range(3)]
+        slots = pynvml.nvmlDeviceGetFieldValues(handle(index), requests)
+        return [int(slot.nvmlReturn) for slot in slots]
+
+    def test_every_nvlink_field_and_call(self, run: Run) -> None:
+        node = node_from_mapping({"version": "v1", "gpus": [{}, {"nvlink": False}]})
+        run(node)
+        assert set(self.returns(1)) == {pynvml.NVML_ERROR_NOT_SUPPORTED}
+        with pytest.raises(pynvml.NVMLError_NotSupported):
+            pynvml.nvmlDeviceGetNvLinkState(handle(1), 0)
+        # The SXM GPU beside it has 18 links, none active: the counters answer, zero.
+        assert set(self.returns(0)) == {pynvml.NVML_SUCCESS}
+        assert pynvml.nvmlDeviceGetNvLinkState(handle(0), 0) == pynvml.NVML_FEATURE_DISABLED
 
 
 def test_handles_stay_put() -> None:

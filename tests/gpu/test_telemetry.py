@@ -490,7 +490,12 @@ class TestGpm:
                 assert missing(probe.telemetry) == set()
             assert drv.calls["nvmlGpmQueryDeviceSupport"] == 4  # asked once per GPU
             assert drv.calls["nvmlGpmSampleGet"] == 3 * 3  # never on the A100
-            assert absent_logs(logs) == [(0, "nvmlGpmQueryDeviceSupport")]
+            # The H200's driver answers no corrected-ECC field, as the real one did (the value
+            # is read through nvmlDeviceGetTotalEccErrors instead).
+            assert absent_logs(logs) == [
+                (0, "nvmlGpmQueryDeviceSupport"),
+                (2, "nvmlDeviceGetFieldValues:ecc_sbe_volatile"),
+            ]
 
     def test_metric_not_supported(
         self, nvml: Nvml, clock: FakeClock, monkeypatch: pytest.MonkeyPatch

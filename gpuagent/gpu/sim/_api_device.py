@@ -4,6 +4,9 @@ Strict where nvml.h is: on a MIG-enabled GPU, aggregate memory reads of the pare
 (``nvmlDeviceGetMemoryInfo``/``_v2``) answer NO_PERMISSION unless the node grants CAP_SYS_ADMIN
 (``cap_sys_admin`` in ``--sim-config``); per-instance memory comes from the MIG device handles. A
 driver before R565 has no recovery-action field (230): its slot answers NOT_SUPPORTED.
+``nvmlDeviceGetNumaNodeId`` answers only where the GPUs are NUMA nodes (``numa_from_nvml``), and
+a GPU whose NVLinks the driver does not show answers NOT_SUPPORTED for every NVLink field, as
+the real H200 did.
 """
 
 from __future__ import annotations
@@ -29,11 +32,11 @@ ALL_LINKS = 0xFFFF_FFFF
 
 def fill_pci(info: Any, gpu: GpuState) -> None:
     """Write ``gpu``'s PCI identity into an ``nvmlPciInfo_t``."""
-    bus = gpu.spec.pci_bus
-    info.busIdLegacy = f"0000:{bus:02X}:00.0".encode()
-    info.domain = 0
+    domain, bus, device, function = gpu.spec.pci_address
+    info.busIdLegacy = f"{domain:04X}:{bus:02X}:{device:02X}.{function}".encode()
+    info.domain = domain
     info.bus = bus
-    info.device = 0
+    info.device = device
     info.pciDeviceId = gpu.spec.profile.pci_device_id
     info.pciSubSystemId = gpu.spec.profile.pci_subsystem_id
     info.busId = gpu.spec.pci_bus_id.encode()
@@ -58,6 +61,8 @@ def _minor(st: DriverState, gpu: GpuState, ref: object) -> int:
 
 
 def _numa(st: DriverState, gpu: GpuState, ref: object) -> int:
+    if not st.node.numa_from_nvml:
+        return NOT_SUPPORTED  # the GPUs are not NUMA nodes: x86 boards, VMs (the host knows)
     out(ref).value = gpu.spec.numa_node
     return SUCCESS
 
@@ -228,6 +233,8 @@ def _mig_mode(st: DriverState, gpu: GpuState, current: object, pending: object) 
 
 def _nvlink(st: DriverState, gpu: GpuState, field_id: int, scope: int) -> tuple[int, int] | int:
     """NVLink data counter (KiB) of one link, or of all links for ``ALL_LINKS``; else an error."""
+    if not gpu.links:
+        return NOT_SUPPORTED  # no NVLink the driver shows
     active = sum(peer is not None for peer in gpu.links)
     if scope != ALL_LINKS:
         if not 0 <= scope < len(gpu.links):
@@ -260,7 +267,7 @@ def _field(
 ) -> tuple[int, int] | int | None:
     """``(value type, value)`` of one field, an error code for its slot, or None if unknown."""
     f = pynvml
-    if field_id in st.node.absent_fields:
+    if field_id in st.node.absent_fields or field_id in gpu.spec.profile.unsupported_fields:
         return NOT_SUPPORTED
     if field_id == f.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION:
         if not st.node.has_recovery_action:
@@ -286,7 +293,7 @@ def _field(
     if field_id == f.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION:
         return _ULL, st.sample(gpu).energy_mj
     if field_id == f.NVML_FI_DEV_NVLINK_LINK_COUNT:
-        return _UINT, len(gpu.links)
+        return (_UINT, len(gpu.links)) if gpu.links else NOT_SUPPORTED
     if field_id == f.NVML_FI_DEV_PCIE_REPLAY_COUNTER:
         return _ULL, st.sample(gpu).pcie_replays
     if field_id in (

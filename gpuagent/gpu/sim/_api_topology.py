@@ -6,7 +6,8 @@ The model, kept simple on purpose:
   NUMA alone — the same NUMA node gives ``NVML_TOPOLOGY_NODE``, different ones
   ``NVML_TOPOLOGY_SYSTEM`` (a GPU with itself: ``NVML_TOPOLOGY_INTERNAL``). No PCIe switches are
   modelled, so SINGLE/MULTIPLE/HOSTBRIDGE never occur.
-* NVLink: each GPU has its profile's number of link slots (18 on H100). Direct GPU-to-GPU links
+* NVLink: each GPU has its profile's number of link slots (18 on H100), or none where the driver
+  shows no NVLink (``nvlink: false``: every NVLink call NOT_SUPPORTED). Direct GPU-to-GPU links
   come first, then links to NVSwitches, then inactive slots. An active link answers its state
   (enabled), its remote PCI info (the peer GPU's, or the NVSwitch's) and its remote device type
   (GPU or SWITCH); an inactive one is disabled and has no remote (NOT_SUPPORTED); a link number

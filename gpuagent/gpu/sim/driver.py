@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import threading
 import time
 import uuid
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -26,6 +29,7 @@ from gpuagent.gpu.sim import (
 )
 from gpuagent.gpu.sim._abi import BadArgument, Symbol, as_bytes, as_int, out
 from gpuagent.gpu.sim.callfaults import CALL_FAULTS, CallFaults
+from gpuagent.gpu.sim.hostfiles import write_host_files
 from gpuagent.gpu.sim.processes import new_process
 from gpuagent.gpu.sim.procfiles import SimProcFiles
 from gpuagent.gpu.sim.spec import SimNode
@@ -103,6 +107,7 @@ class SimDriver:
         # Cold GPUs: each is brought up by the first call that touches it after nvmlInit.
         self._warm_lock = threading.Lock()
         self._warming: dict[int, threading.Lock] = {}
+        self._host: Path | None = None
         self._entries = {name: _Entry(self, name, symbol) for name, symbol in SYMBOLS.items()}
         for name, entry in self._entries.items():
             setattr(self, name, entry)
@@ -120,6 +125,16 @@ class SimDriver:
     @property
     def boot_id(self) -> str:
         return self._proc.boot_id
+    def host_root(self) -> Path:
+        """The simulated node's host as a ``/sys`` tree (:mod:`~gpuagent.gpu.sim.hostfiles`),
+        written on first use into a temporary directory that goes with the driver."""
+        with self._warm_lock:
+            if self._host is None:
+                root = Path(tempfile.mkdtemp(prefix="gpuagent-sim-host-"))
+                weakref.finalize(self, shutil.rmtree, root, ignore_errors=True)
+                write_host_files(self.node, root)
+                self._host = root
+            return self._host
 
     def interrupt_waits(self) -> None:
         """End every blocked ``nvmlEventSetWait_v2`` now with ``NVML_ERROR_TIMEOUT``, as nvml.h

@@ -3,7 +3,9 @@ the dotted key of the offending value (the document itself: :mod:`~gpuagent.gpu.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from gpuagent.gpu.sim.profiles import (
     DEFAULT_PROFILE,
@@ -18,7 +20,9 @@ from gpuagent.gpu.sim.spec import MAX_GPUS, SimConfigError, SimGpuSpec, gpu_spec
 MAX_NUMA_NODE = 1023
 MAX_MEMORY_MIB = 16 * 1024 * 1024
 MAX_LINKS_PER_PAIR = 18
-_GPU_KEYS = frozenset({"name", "memory_mib", "numa_node", "mig"})
+_GPU_KEYS = frozenset({"name", "memory_mib", "numa_node", "mig", "nvlink", "pci_class"})
+_PCI_CLASS = re.compile(r"0x[0-9a-fA-F]{6}")
+_MAX_CLASS = 0xFFFFFF
 
 
 def _int(value: object, key: str, low: int, high: int) -> int:
@@ -62,26 +66,15 @@ def _gpu_from(item: object, index: int, count: int) -> SimGpuSpec:
     if item is None:
         item = {}
     if not isinstance(item, Mapping):
-        raise SimConfigError(key, "must be a mapping of name, memory_mib, numa_node, mig")
+        raise SimConfigError(key, f"must be a mapping of {', '.join(sorted(_GPU_KEYS))}")
     for given in item:
         if given not in _GPU_KEYS:
-            raise SimConfigError(
-                f"{key}.{given}", "unknown key (known: memory_mib, mig, name, numa_node)"
-            )
-    name: str | None = None
-    profile = DEFAULT_PROFILE
-    if "name" in item:
-        raw = item["name"]
-        if not isinstance(raw, str) or not raw.strip():
-            raise SimConfigError(f"{key}.name", f"must be a non-empty string, got {raw!r}")
-        found = find_profile(raw)
-        if found is None:
-            name = raw.strip()
-        else:
-            profile = found
+            known = ", ".join(sorted(_GPU_KEYS))
+            raise SimConfigError(f"{key}.{given}", f"unknown key (known: {known})")
+    name, profile = _model(item, key)
     memory = item.get("memory_mib")
     numa = item.get("numa_node")
-    return gpu_spec(
+    spec = gpu_spec(
         index,
         count,
         profile,
@@ -90,6 +83,32 @@ def _gpu_from(item: object, index: int, count: int) -> SimGpuSpec:
         numa_node=None if numa is None else _int(numa, f"{key}.numa_node", 0, MAX_NUMA_NODE),
         mig=_mig(item.get("mig", []), f"{key}.mig", profile),
     )
+    nvlink = item.get("nvlink", True)
+    if not isinstance(nvlink, bool):
+        raise SimConfigError(f"{key}.nvlink", f"must be true or false, got {nvlink!r}")
+    pci_class = pci_class_from(item.get("pci_class", spec.pci_class), f"{key}.pci_class")
+    return replace(spec, nvlink=nvlink, pci_class=pci_class)
+
+
+def _model(item: Mapping[str, object], key: str) -> tuple[str | None, GpuProfile]:
+    """The name NVML reports (None: the profile's) and the profile, from ``name``."""
+    if "name" not in item:
+        return None, DEFAULT_PROFILE
+    raw = item["name"]
+    if not isinstance(raw, str) or not raw.strip():
+        raise SimConfigError(f"{key}.name", f"must be a non-empty string, got {raw!r}")
+    found = find_profile(raw)
+    return (raw.strip(), DEFAULT_PROFILE) if found is None else (None, found)
+
+
+def pci_class_from(value: object, key: str) -> str:
+    """A PCI class code as sysfs writes it (``0x030200``: a 3D controller); YAML reads an
+    unquoted ``0x030200`` as a number, which is taken too."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _MAX_CLASS:
+        value = f"0x{value:06x}"
+    if not isinstance(value, str) or _PCI_CLASS.fullmatch(value) is None:
+        raise SimConfigError(key, f"must be a PCI class such as 0x030200, got {value!r}")
+    return value.lower()
 
 
 def nvlinks_from(value: object, gpus: Sequence[SimGpuSpec]) -> tuple[tuple[int, int, int], ...]:
@@ -115,7 +134,7 @@ def nvlinks_from(value: object, gpus: Sequence[SimGpuSpec]) -> tuple[tuple[int, 
         seen.add(frozenset((a, b)))
         for gpu in (a, b):
             used[gpu] += count
-            available = gpus[gpu].profile.nvlink_count
+            available = gpus[gpu].nvlink_slots
             if used[gpu] > available:
                 raise SimConfigError(key, f"GPU {gpu} would need more than its {available} links")
         links.append((a, b, count))

@@ -45,6 +45,11 @@ GI_PROFILE_7_SLICE = 0x4
 GI_PROFILE_1_SLICE_REV1 = 0x7
 GI_PROFILE_1_SLICE_REV2 = 0x9
 
+#: ``NVML_FI_DEV_ECC_SBE_VOL_TOTAL``: the volatile corrected-ECC total as a field value, which
+#: the real H200 (R580) answered NOT_SUPPORTED while ``nvmlDeviceGetTotalEccErrors`` read it.
+#: (Only the H200 says so: no H100 has been captured.)
+FI_ECC_SBE_VOL_TOTAL = 3
+
 #: ``NVML_COMPUTE_INSTANCE_PROFILE_*`` of the compute instance spanning a GPU instance of N slices.
 CI_PROFILE_FOR_SLICES = {1: 0x0, 2: 0x1, 3: 0x2, 4: 0x3, 6: 0x6, 7: 0x4, 8: 0x5}
 
@@ -145,6 +150,8 @@ class GpuProfile:
     max_video_clock_mhz: int
     nvlink_count: int
     mig_profiles: tuple[MigProfile, ...]
+    #: Field IDs the model's driver answers NOT_SUPPORTED (``nvmlDeviceGetFieldValues``).
+    unsupported_fields: frozenset[int] = frozenset()
 
     @property
     def mig_profile_names(self) -> tuple[str, ...]:
@@ -236,6 +243,7 @@ H200_141GB = GpuProfile(
     mig_profiles=_mig_table(
         (18, 35, 71, 141), (16640, 33280, 71424, 142592), (16, 26, 32, 60, 64, 132)
     ),
+    unsupported_fields=frozenset({FI_ECC_SBE_VOL_TOTAL}),
 )
 
 B200_180GB = GpuProfile(

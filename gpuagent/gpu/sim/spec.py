@@ -12,6 +12,7 @@ from types import MappingProxyType
 import pynvml
 
 from gpuagent.domain.errors import SettingError
+from gpuagent.gpu.sim.host import COMPUTE_CLASS, SimHost
 from gpuagent.gpu.sim.profiles import (
     DEFAULT_PROFILE,
     GpuProfile,
@@ -63,9 +64,16 @@ DEFAULT_CALL_LATENCY_S: Mapping[str, float] = MappingProxyType(
     }
 )
 #: What asking ``nvmlDeviceGetFieldValues`` for a field adds to the call, by field ID: the energy
-#: counter costs as much through a field as through its own call (3.2 ms on the H200).
+#: counter costs as much through a field as through its own call (3.2 ms on the H200). The two
+#: violation-time fields are inferred, not measured alone: the agent's field-values call took
+#: 1.4 ms a poll there (mean of 63), the capture's without them 0.46 ms, and the violation-status
+#: call they stand for 0.61-1.1 ms. A capture with ``field_costs`` measures each field.
 DEFAULT_FIELD_LATENCY_S: Mapping[int, float] = MappingProxyType(
-    {int(pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION): 0.003_2}
+    {
+        int(pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION): 0.003_2,
+        int(pynvml.NVML_FI_DEV_PERF_POLICY_POWER): 0.000_47,
+        int(pynvml.NVML_FI_DEV_PERF_POLICY_THERMAL): 0.000_47,
+    }
 )
 
 _UUID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://gpuagent.invalid/sim")
@@ -106,7 +114,10 @@ class SimGpuSpec:
     ``name`` is what NVML reports (the profile's model name unless the config named an unknown
     model); everything not configurable comes from ``profile``. ``mig`` lists the configured MIG
     profiles; ``mig_devices`` the MIG devices they became, in GPU-instance ID order (MIG mode is
-    enabled exactly when there are some).
+    enabled exactly when there are some). ``pci_class``: the GPU's PCI class code (a 3D
+    controller unless its display is on). ``nvlink``: whether the driver exposes the GPU's NVLinks
+    (false: a PCIe card without a bridge, or a GPU passed through to a VM without them — every
+    NVLink call and field answers NOT_SUPPORTED, as on the real H200 VM).
     """
 
     index: int
@@ -119,6 +130,13 @@ class SimGpuSpec:
     minor: int
     profile: GpuProfile
     mig_devices: tuple[SimMigSpec, ...] = ()
+    pci_class: str = COMPUTE_CLASS
+    nvlink: bool = True
+
+    @property
+    def nvlink_slots(self) -> int:
+        """How many NVLinks the driver shows for the GPU (active or not)."""
+        return self.profile.nvlink_count if self.nvlink else 0
 
     @property
     def architecture(self) -> int:
@@ -126,9 +144,11 @@ class SimGpuSpec:
         return self.profile.architecture
 
     @property
-    def pci_bus(self) -> int:
-        """The PCI bus number inside ``pci_bus_id``."""
-        return int(self.pci_bus_id.split(":")[1], 16)
+    def pci_address(self) -> tuple[int, int, int, int]:
+        """Domain, bus, device and function of ``pci_bus_id`` (``00000000:00:06.0``)."""
+        domain, bus, rest = self.pci_bus_id.split(":")
+        device, function = rest.split(".")
+        return int(domain, 16), int(bus, 16), int(device, 16), int(function, 16)
 
 
 @dataclass(frozen=True)
@@ -169,7 +189,10 @@ class SimNode:
     privileges: without it, those reads answer NO_PERMISSION.
     ``absent_calls``/``absent_fields``: C symbols and field IDs this driver answers with
     NOT_SUPPORTED (from a capture). ``supported_events``: the event mask the GPUs report, ``None``
-    for what the driver version offers.
+    for what the driver version offers. ``numa_from_nvml``: whether the driver answers
+    ``nvmlDeviceGetNumaNodeId``, which nvml.h says "only applies to platforms where the GPUs are
+    NUMA nodes" (Grace Hopper, Grace Blackwell); elsewhere (the default: x86 HGX boards, VMs) it
+    answers NOT_SUPPORTED, as the real H200 did, and the NUMA node is the host's (``host``).
     """
 
     gpus: tuple[SimGpuSpec, ...]
@@ -182,6 +205,8 @@ class SimNode:
     absent_calls: frozenset[str] = frozenset()
     absent_fields: frozenset[int] = frozenset()
     supported_events: int | None = None
+    numa_from_nvml: bool = False
+    host: SimHost = field(default_factory=SimHost)
 
     @property
     def driver_branch(self) -> int:

@@ -157,7 +157,7 @@ def _link_table(node: SimNode, gpu: SimGpuSpec) -> tuple[LinkEnd | None, ...]:
         ends.extend([LinkEnd(pynvml.NVML_NVLINK_DEVICE_TYPE_GPU, peer)] * count)
     for switch, count in node.switch_links_of(gpu.index):
         ends.extend([LinkEnd(pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH, switch)] * count)
-    slots = max(gpu.profile.nvlink_count, len(ends))
+    slots = max(gpu.nvlink_slots, len(ends))
     return tuple(ends) + (None,) * (slots - len(ends))
 
 
