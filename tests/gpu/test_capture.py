@@ -1,9 +1,9 @@
 """``scripts/nvml-capture`` and ``capture: FILE``: a capture of a node becomes a simulated node.
 
-No machine with an NVIDIA GPU was available: the committed capture
-(``tests/data/captures/simulated-2xh100.json``) was taken from the simulator. A capture of a real
-node goes beside it; :func:`test_differences_from_the_builtin_profile` then states, per capture,
-how the real driver differs from the simulator's built-in profile.
+``tests/data/captures/`` holds one capture of a real node (``real-1xh200.json``: an H200 in a VM,
+driver 580.159.04) and one of the simulator (``simulated-2xh100.json``);
+:func:`test_differences_from_the_builtin_profile` states, per capture, how its driver answers
+differently from the simulator's built-in profiles.
 """
 
 from __future__ import annotations
@@ -15,7 +15,10 @@ import sys
 from pathlib import Path
 from typing import Any, cast
 
+import pynvml
 import pytest
+from support.clock import FakeClock
+from support.simnvml import nvml_on
 from support.waiting import eventually
 
 from gpuagent.gpu.monitor import GpuMonitor
@@ -208,3 +211,29 @@ EXPECTED: dict[str, dict[str, tuple[int, int]]] = {
         "gpu0 nvmlDeviceGetNvLinkState(0)": (NOT_SUPPORTED, SUCCESS),
     },
 }
+
+
+def test_a_replayed_gpu_rests_at_its_captured_readings() -> None:
+    """The real H200 replayed: what the capture read, held still; the energy counter grows at
+    the captured power; a process moves utilisation and memory (values from the capture file)."""
+    node = load_capture(CAPTURES / "real-1xh200.json")
+    clock = FakeClock()
+    with nvml_on(SimDriver(node, clock=clock)) as driver:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        assert pynvml.nvmlDeviceGetUUID(handle) == "GPU-478fc258-4291-405e-5b75-97335f24df1f"
+        assert pynvml.nvmlDeviceGetPowerUsage(handle) == 76925
+        assert pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM) == 345
+        assert pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM) == 3201
+        assert pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU) == 38
+        util = pynvml.nvmlDeviceGetUtilizationRates(handle)
+        assert (util.gpu, util.memory) == (0, 0)
+        memory = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+        assert (memory.used, memory.reserved) == (0, 644939776)
+        energy = pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)
+        clock.now += 10.0
+        assert pynvml.nvmlDeviceGetTotalEnergyConsumption(handle) == energy + 769250
+        assert pynvml.nvmlDeviceGetPowerUsage(handle) == 76925  # still at rest
+        driver.add_process(0, 7, 1024, 40)
+        assert pynvml.nvmlDeviceGetUtilizationRates(handle).gpu == 40
+        memory = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+        assert memory.used == 1024 * 1024 * 1024

@@ -26,6 +26,7 @@ import pynvml
 from gpuagent.gpu.sim.driver import SYMBOLS
 from gpuagent.gpu.sim.host import SimHost
 from gpuagent.gpu.sim.layout import driver_version_from, gpus_from, pci_class_from
+from gpuagent.gpu.sim.resting import at_rest_from
 from gpuagent.gpu.sim.spec import (
     CUDA_DRIVER_VERSION,
     DEFAULT_CALL_LATENCY_S,
@@ -119,9 +120,9 @@ def _gpu_config(gpu: Mapping[str, Any]) -> dict[str, object]:
 
 
 def _as_captured(spec: SimGpuSpec, gpu: Mapping[str, Any]) -> SimGpuSpec:
-    """``spec`` with what the capture says of the GPU: its UUID and PCI address (so a replay
-    reads as the captured node), its PCI class (newer captures) and whether the driver showed
-    any NVLink (the first link's state NOT_SUPPORTED: none)."""
+    """``spec`` with what the capture says of the GPU: its readings at rest, UUID and PCI
+    address (so a replay reads as the captured node), its PCI class (newer captures) and
+    whether the driver showed any NVLink (the first link's state NOT_SUPPORTED: none)."""
     uuid, bus_id, pci_class = gpu.get("uuid"), gpu.get("pci_bus_id"), gpu.get("pci_class")
     links = gpu.get("nvlinks")
     first = links[0] if isinstance(links, list) and links else None
@@ -134,6 +135,7 @@ def _as_captured(spec: SimGpuSpec, gpu: Mapping[str, Any]) -> SimGpuSpec:
         pci_class = pci_class_from(pci_class, f"capture.gpus[{spec.index}].pci_class")
     return replace(
         spec,
+        at_rest=at_rest_from(gpu),
         uuid=uuid,
         pci_bus_id=bus_id.upper(),
         pci_class=pci_class or spec.pci_class,

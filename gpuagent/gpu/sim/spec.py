@@ -20,6 +20,7 @@ from gpuagent.gpu.sim.profiles import (
     gpu_instance_id,
     place_mig,
 )
+from gpuagent.gpu.sim.resting import AtRest
 
 MAX_GPUS = 64
 MAX_NVSWITCHES = 16
@@ -117,7 +118,8 @@ class SimGpuSpec:
     enabled exactly when there are some). ``pci_class``: the GPU's PCI class code (a 3D
     controller unless its display is on). ``nvlink``: whether the driver exposes the GPU's NVLinks
     (false: a PCIe card without a bridge, or a GPU passed through to a VM without them — every
-    NVLink call and field answers NOT_SUPPORTED, as on the real H200 VM).
+    NVLink call and field answers NOT_SUPPORTED, as on the real H200 VM). ``at_rest``: the
+    readings of a captured GPU, which a replay holds (None: the synthetic load).
     """
 
     index: int
@@ -132,6 +134,7 @@ class SimGpuSpec:
     mig_devices: tuple[SimMigSpec, ...] = ()
     pci_class: str = COMPUTE_CLASS
     nvlink: bool = True
+    at_rest: AtRest | None = None
 
     @property
     def nvlink_slots(self) -> int:

@@ -290,14 +290,23 @@ class DriverState:
     def sample(self, gpu: GpuState) -> telemetry.Sample:
         """The GPU's telemetry now (per the injected clock)."""
         t = self.clock() - self.started
-        sample = telemetry.sample(gpu.spec.profile, gpu.index, gpu.spec.memory_mib, t)
+        spec = gpu.spec
+        if spec.at_rest is not None:
+            sample = telemetry.resting(spec.at_rest, spec.profile, spec.memory_mib, t)
+        else:
+            sample = telemetry.sample(spec.profile, gpu.index, spec.memory_mib, t)
         return self.processes.apply(gpu, sample)
 
     def sample_instance(self, device: GpuState, gpu_instance: int) -> telemetry.Sample:
         """A MIG device's telemetry now: its own memory, a wave of its own (phase by instance)."""
         t = self.clock() - self.started
-        phase_index = device.index * 31 + gpu_instance
-        sample = telemetry.sample(device.spec.profile, phase_index, device.spec.memory_mib, t)
+        spec = device.spec
+        if spec.at_rest is not None:
+            rest = replace(spec.at_rest, fb_reserved_bytes=None, fb_used_bytes=None)
+            sample = telemetry.resting(rest, spec.profile, spec.memory_mib, t)
+        else:
+            phase_index = device.index * 31 + gpu_instance
+            sample = telemetry.sample(spec.profile, phase_index, spec.memory_mib, t)
         return self.processes.apply(device, sample)
 
     def new_event_set(self) -> EventSet:

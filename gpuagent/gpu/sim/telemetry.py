@@ -4,6 +4,8 @@ Each GPU follows its own sinusoid (phases spaced by the golden angle, so no two 
 step); power follows utilisation, temperature follows power, and the energy counter is the exact
 integral of power, so it only ever grows.
 
+A GPU replayed from a capture rests instead (:func:`resting`): its captured readings, held still.
+
 Profiling (GPM) metrics are linear in the same wave, so the mean of any of them over an interval
 follows exactly from the wave's integral at the interval's two ends (:attr:`Sample.activity_s`),
 the way real GPM derives rates from two counter snapshots (:func:`gpm_value`).
@@ -12,11 +14,13 @@ the way real GPM derives rates from two counter snapshots (:func:`gpm_value`).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import pynvml
 
 from gpuagent.gpu.sim.profiles import GpuProfile
+from gpuagent.gpu.sim.resting import AtRest
 
 UTIL_PERIOD_S = 240.0
 MEMORY_PERIOD_S = 600.0
@@ -93,6 +97,8 @@ class Sample:
     # Seconds since the driver started, and the integral of the GPU's wave up to then (GPM).
     t_s: float
     activity_s: float
+    # A GPU at rest: its GPM metrics, held still (None: they follow the wave).
+    gpm: Mapping[int, float] | None = None
 
     @property
     def fb_free_bytes(self) -> int:
@@ -151,6 +157,44 @@ def sample(profile: GpuProfile, index: int, memory_mib: int, t: float) -> Sample
     )
 
 
+def resting(rest: AtRest, profile: GpuProfile, memory_mib: int, t: float) -> Sample:
+    """The telemetry of a GPU held at the readings ``rest`` captured, ``t`` seconds after the
+    driver started: its energy counter grows at the captured power; what the capture lacks
+    comes from the profile at that clock (or, for the temperatures, from the GPU's)."""
+
+    def pick(value: int | None, otherwise: int) -> int:
+        return otherwise if value is None else value
+
+    power = pick(rest.power_mw, profile.idle_power_mw)
+    sm = pick(rest.sm_clock_mhz, profile.max_sm_clock_mhz)
+    temperature = pick(rest.temperature_c, 32)
+    total = memory_mib * _MIB
+    reserved = pick(rest.fb_reserved_bytes, reserved_mib(memory_mib) * _MIB)
+    return Sample(
+        gpu_util_pct=pick(rest.gpu_util_pct, 0),
+        mem_util_pct=pick(rest.mem_util_pct, 0),
+        power_mw=power,
+        energy_mj=pick(rest.energy_mj, 0) + round(power * t),
+        temperature_c=temperature,
+        memory_temperature_c=pick(rest.memory_temperature_c, temperature),
+        graphics_clock_mhz=sm,
+        sm_clock_mhz=sm,
+        mem_clock_mhz=pick(rest.mem_clock_mhz, profile.max_mem_clock_mhz),
+        video_clock_mhz=round(profile.max_video_clock_mhz * sm / profile.max_sm_clock_mhz),
+        fb_total_bytes=total,
+        fb_reserved_bytes=min(reserved, total),
+        fb_used_bytes=min(pick(rest.fb_used_bytes, 0), total - min(reserved, total)),
+        nvlink_tx_kib=0,
+        nvlink_rx_kib=0,
+        enc_util_pct=pick(rest.enc_util_pct, 0),
+        dec_util_pct=pick(rest.dec_util_pct, 0),
+        pcie_replays=pick(rest.pcie_replays, 0),
+        t_s=t,
+        activity_s=0.0,
+        gpm=rest.gpm,
+    )
+
+
 def gpm_rate(metric_id: int, index: int, t: float, *, nvlink: bool = True) -> float:
     """GPM metric ``metric_id`` of GPU ``index`` at the instant ``t`` (NVML's unit)."""
     mean, amplitude = GPM_MODEL[metric_id]
@@ -171,4 +215,6 @@ def gpm_value(metric_id: int, first: Sample, second: Sample, *, nvlink: bool = T
     interval = second.t_s - first.t_s
     if interval == 0:
         return math.nan
+    if second.gpm is not None:
+        return second.gpm.get(metric_id, 0.0)  # at rest: what was captured (idle: 0)
     return mean + amplitude * (second.activity_s - first.activity_s) / interval
