@@ -141,7 +141,7 @@ async def test_processes_and_faults_move_a_replay(replay: tuple[RunningAgent, Pa
 
 
 @pytest.mark.skipif(not REFERENCE.is_dir(), reason="../shared/reference is not beside the clone")
-@pytest.mark.parametrize("name", ["gfd-labels.txt", "agent-metrics.txt"])
+@pytest.mark.parametrize("name", sorted(p.name for p in COPIES.iterdir()))
 def test_the_copies_are_the_reference(name: str) -> None:
     assert (COPIES / name).read_bytes() == (REFERENCE / name).read_bytes()
 
