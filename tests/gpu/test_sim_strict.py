@@ -229,6 +229,17 @@ class TestLatency:
         pynvml.nvmlDeviceGetFieldValues(h, [energy, pynvml.NVML_FI_DEV_MEMORY_TEMP, energy])
         assert sleeps.seconds == [0.001, pytest.approx(0.004)]
 
+    def test_microsecond_calls_are_not_slept(self, run: Run) -> None:
+        """A sleep of a few microseconds would take 50-100: calls the real driver answers that
+        fast (the built-in default) ask for no sleep at all."""
+        sleeps = Sleeps()
+        run(node_from_count(1), sleep=sleeps)
+        sleeps.asked.clear()  # nvmlInit's
+        pynvml.nvmlDeviceGetPowerUsage(handle(0))
+        assert sleeps.seconds == []
+        pynvml.nvmlDeviceGetTotalEnergyConsumption(handle(0))
+        assert sleeps.seconds == [pytest.approx(0.00319)]
+
     def test_the_builtin_latencies_are_the_real_h200s(self) -> None:
         """Measured on the real H200 (../shared/reference/real-h200/README.md): per-process
         utilisation costs milliseconds even when it answers NOT_FOUND, and so does energy."""

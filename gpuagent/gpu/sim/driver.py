@@ -36,6 +36,9 @@ from gpuagent.gpu.sim.spec import SimNode
 from gpuagent.gpu.sim.state import FAULTS, RECOVERY_ACTION_NAMES, DriverState, GpuState, MigState
 from gpuagent.overrides import use_nvml_library
 
+#: Latencies below this are not slept: a shorter sleep takes 50-100 us on Linux, ten times what
+#: the real H200 took for such calls (2-10 us), so sleeping would make them the poll's cost.
+MIN_SLEEP_S = 0.000_05
 # Every fault ``inject`` knows, for its error message and for /sim/faults'.
 FAULT_KINDS = (*FAULTS, *CALL_FAULTS)
 
@@ -191,7 +194,7 @@ class SimDriver:
         seconds = latency.of(name)
         if name == "nvmlDeviceGetFieldValues" and latency.fields:
             seconds += latency.of_fields(_field_ids(args))
-        if seconds > 0:
+        if seconds >= MIN_SLEEP_S:
             self._sleep(seconds)
 
     def _bring_up(self, gpu: int, seconds: float) -> None:
