@@ -72,7 +72,7 @@ def sysfs_root(given: Path | None, simulator: sim.SimDriver | None) -> Path:
     classes and NUMA nodes, its DMI product name: read as a real node's are), else /sys."""
     if given is not None:
         return given
-    return simulator.host_root() if simulator is not None else Path("/sys")
+    return simulator.sys_root if simulator is not None else Path("/sys")
 
 
 def node_files(

@@ -220,7 +220,7 @@ class TestDiscover:
             }
         )
         drv = SimDriver(node)
-        gpus = discover_on(drv, drv.host_root())  # NVML has no NUMA node here: the host has
+        gpus = discover_on(drv, drv.sys_root)  # NVML has no NUMA node here: the host has
         described = drv.describe()
         assert [(g.name, g.memory_mib, g.numa_node) for g in gpus] == [
             (d["name"], d["memory_mib"], d["numa_node"]) for d in described

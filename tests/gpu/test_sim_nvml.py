@@ -59,7 +59,7 @@ class TestDiscovery:
 
     def test_numa_is_the_hosts(self, driver: SimDriver) -> None:
         """The simulated host's sysfs holds each GPU's NUMA node, PCI class and IDs."""
-        root = driver.host_root()
+        root = driver.sys_root
         for spec in driver.node.gpus:
             device = root / "bus/pci/devices" / spec.pci_bus_id[4:].lower()
             assert (device / "numa_node").read_text() == f"{spec.numa_node}\n"

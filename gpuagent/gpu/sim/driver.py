@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import threading
 import time
 import uuid
-import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -29,7 +26,7 @@ from gpuagent.gpu.sim import (
 )
 from gpuagent.gpu.sim._abi import BadArgument, Symbol, as_bytes, as_int, out
 from gpuagent.gpu.sim.callfaults import CALL_FAULTS, CallFaults
-from gpuagent.gpu.sim.hostfiles import write_host_files
+from gpuagent.gpu.sim.hostfiles import SimSysFiles
 from gpuagent.gpu.sim.processes import new_process
 from gpuagent.gpu.sim.procfiles import SimProcFiles
 from gpuagent.gpu.sim.spec import SimNode
@@ -90,7 +87,7 @@ class SimDriver:
     unless a test records what was asked instead. A hang is a wait that ``recover`` ends, not a
     sleep. ``boot_id``: the boot the simulated node runs in (a new one by default: a driver's MIG
     devices do not outlive it, as a real node's do not outlive a reboot); its files under
-    ``/proc`` are under :attr:`proc_root`.
+    ``/proc`` are under :attr:`proc_root`, those under ``/sys`` under :attr:`sys_root`.
     """
 
     calls: Counter[str]
@@ -104,13 +101,13 @@ class SimDriver:
     ) -> None:
         self._state = DriverState(node, clock)
         self._proc = SimProcFiles(node, boot_id or str(uuid.uuid4()))
+        self._sys = SimSysFiles(node)
         self._sleep = sleep
         self.calls = Counter()
         self._faults = CallFaults(self._state.cond, len(self._state.gpus), SYMBOLS, self.remove)
         # Cold GPUs: each is brought up by the first call that touches it after nvmlInit.
         self._warm_lock = threading.Lock()
         self._warming: dict[int, threading.Lock] = {}
-        self._host: Path | None = None
         self._entries = {name: _Entry(self, name, symbol) for name, symbol in SYMBOLS.items()}
         for name, entry in self._entries.items():
             setattr(self, name, entry)
@@ -128,16 +125,11 @@ class SimDriver:
     @property
     def boot_id(self) -> str:
         return self._proc.boot_id
-    def host_root(self) -> Path:
-        """The simulated node's host as a ``/sys`` tree (:mod:`~gpuagent.gpu.sim.hostfiles`),
-        written on first use into a temporary directory that goes with the driver."""
-        with self._warm_lock:
-            if self._host is None:
-                root = Path(tempfile.mkdtemp(prefix="gpuagent-sim-host-"))
-                weakref.finalize(self, shutil.rmtree, root, ignore_errors=True)
-                write_host_files(self.node, root)
-                self._host = root
-            return self._host
+
+    @property
+    def sys_root(self) -> Path:
+        """The simulated node's ``/sys``: its GPUs' PCI devices and its DMI product name."""
+        return self._sys.root
 
     def interrupt_waits(self) -> None:
         """End every blocked ``nvmlEventSetWait_v2`` now with ``NVML_ERROR_TIMEOUT``, as nvml.h

@@ -4,19 +4,42 @@ Under ``root``: ``bus/pci/devices/<address>/`` of each GPU (``class``, ``vendor`
 ``numa_node`` and a 256-byte ``config`` whose header carries the IDs and class and no capability
 list: not a vGPU) and ``class/dmi/id/product_name`` when the host has one. The agent is pointed at
 the tree as its sysfs root, so a simulated node's NUMA nodes and GFD's host labels come the way
-a real node's do (:meth:`~gpuagent.gpu.sim.driver.SimDriver.host_root`).
+a real node's do (:attr:`~gpuagent.gpu.sim.driver.SimDriver.sys_root`). The folder is made on
+first use and removed with the driver object (or at exit), as its ``/proc``
+(:mod:`~gpuagent.gpu.sim.procfiles`).
 """
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+import weakref
 from pathlib import Path
 
 from gpuagent.gpu.sim.spec import SimGpuSpec, SimNode
 
-__all__ = ["machine_type_file", "pci_address", "write_host_files"]
+__all__ = ["SimSysFiles", "machine_type_file", "pci_address", "write_host_files"]
 
 CONFIG_SPACE = 256
 NVIDIA_VENDOR = 0x10DE
+
+
+class SimSysFiles:
+    """The sysfs root of one simulated node."""
+
+    def __init__(self, node: SimNode) -> None:
+        self._node = node
+        self._root: Path | None = None
+
+    @property
+    def root(self) -> Path:
+        """The folder standing for ``/sys``, its files written (made on first use)."""
+        if self._root is None:
+            root = Path(tempfile.mkdtemp(prefix="gpuagent-sim-sys-"))
+            weakref.finalize(self, shutil.rmtree, root, ignore_errors=True)
+            write_host_files(self._node, root)
+            self._root = root
+        return self._root
 
 
 def pci_address(bus_id: str) -> str:
