@@ -7,7 +7,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -53,13 +53,13 @@ def _main(args: list[str]) -> int:
         return load_settings(args, os.environ, stderr_isatty=sys.stderr.isatty())
 
     try:
-        settings = settings_source()
+        settings = _answering(settings_source)
         plan = make_plan(settings)
         if settings.check_config is not None:
             load_web_config(settings)
             load_simulator(settings)
             check_socket_dirs(settings, plan)
-            print(json.dumps(settings.as_dict(), indent=2))
+            print(json.dumps(settings.as_dict(), indent=2), flush=True)
             return EXIT_OK
         logs.configure(settings.log_format, settings.log_level)
         agent = Agent(
@@ -72,7 +72,32 @@ def _main(args: list[str]) -> int:
     except SettingError as exc:
         print(f"gpuagent: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    except BrokenPipeError:
+        return _stdout_closed()
     return uvloop.run(_run(agent, settings))
+
+
+def _answering(settings_source: Callable[[], Settings]) -> Settings:
+    """The settings; ``--help`` and ``--version`` answer on stdout and exit here, flushed first
+    so that a reader who closed it is met here (:func:`_stdout_closed`), not at the exit."""
+    try:
+        return settings_source()
+    except SystemExit as exc:
+        if exc.code in (0, None):
+            sys.stdout.flush()
+        raise
+
+
+def _stdout_closed() -> int:
+    """The reader of an answer on stdout closed it early (``--check-config FILE | head -1``).
+
+    What was asked is answered, so the exit code is the answer's: 0 (a configuration error is
+    said on stderr, never here), not the 141 of a death by SIGPIPE, which would fail a
+    ``set -o pipefail`` script over a valid file. No traceback; stdout goes to /dev/null so the
+    interpreter's own flush at exit cannot fail again.
+    """
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return EXIT_OK
 
 
 async def _run(agent: Agent, settings: Settings) -> int:
