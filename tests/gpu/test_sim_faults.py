@@ -590,6 +590,21 @@ class TestCallFaults:
             with pytest.raises(pynvml.NVMLError_FunctionNotFound):
                 pynvml.nvmlDeviceGetNumaNodeId(pynvml.nvmlDeviceGetHandleByIndex(index))
 
+    def test_recover_brings_back_a_function_not_found(self, driver: SimDriver) -> None:
+        """Every call fault lasts until its GPU recovers, a missing function too; another GPU's
+        recovery does not bring it back, nor one GPU's while another GPU's fault still holds it."""
+        power = "nvmlDeviceGetPowerUsage"
+        driver.inject(0, "function_not_found", symbol=power)
+        driver.inject(1, "function_not_found", symbol=power)
+        for gpu in (2, 0):
+            driver.inject(gpu, "recover")
+            with pytest.raises(pynvml.NVMLError_FunctionNotFound):
+                pynvml.nvmlDeviceGetPowerUsage(pynvml.nvmlDeviceGetHandleByIndex(3))
+            assert driver.describe()[3]["function_not_found"] == [power]
+        driver.inject(1, "recover")
+        assert pynvml.nvmlDeviceGetPowerUsage(pynvml.nvmlDeviceGetHandleByIndex(3)) > 0
+        assert [d["function_not_found"] for d in driver.describe()] == [[], [], [], []]
+
     @pytest.mark.parametrize(
         ("fault", "params"),
         [

@@ -4,8 +4,9 @@ Unlike the driver-state faults (:mod:`~gpuagent.gpu.sim.state`), these change ho
 not what the GPUs are: ``hang`` blocks every call on a GPU (outside the driver's lock, like a
 call stuck in the kernel) until it ends or the GPU recovers; ``not_supported`` and
 ``call_error`` make one symbol answer an error on one GPU (or driver-wide, for a call that names
-no GPU); ``function_not_found`` makes a symbol disappear, as in an older driver. Tests also make
-a symbol fail a number of times (:meth:`CallFaults.fail`).
+no GPU); ``function_not_found`` makes a symbol disappear, as in an older driver. Each lasts until
+the GPU it was injected on recovers. Tests also make a symbol fail a number of times
+(:meth:`CallFaults.fail`) or disappear until :meth:`CallFaults.clear`.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ class _Rule:
 
 class CallFaults:
     """The call faults of one driver with ``gpus`` GPUs and these ``symbols``, guarded by the
-    driver's lock ``cond``; ``remove`` makes a symbol disappear from the driver."""
+    driver's lock ``cond``; ``remove`` makes a symbol disappear from the driver (the driver puts
+    back the ones :meth:`recovered` and :meth:`clear` return)."""
 
     def __init__(
         self,
@@ -56,6 +58,8 @@ class CallFaults:
         self._rules: dict[tuple[str, int | None], _Rule] = {}
         # Driver-wide call errors injected "on" a GPU, cleared when that GPU recovers.
         self._owned: dict[int, set[str]] = {}
+        # Symbols removed by a function_not_found injected on a GPU, back when it recovers.
+        self._removed_by: dict[int, set[str]] = {}
         self.removed: set[str] = set()  # symbols gone (under the lock)
         self._hangs: dict[int, float] = {}  # gpu index -> monotonic time the hang ends
         self._hang_released = threading.Event()
@@ -143,9 +147,13 @@ class CallFaults:
                 self.fail(symbol, CALL_ERRORS[error], gpu=gpu)
         else:
             self._remove(symbol)
+            with self._cond:
+                self._removed_by.setdefault(gpu, set()).add(symbol)
 
-    def recovered(self, gpu: int) -> None:
-        """GPU ``gpu`` was reset: its hang ends, and the call faults injected on it with it."""
+    def recovered(self, gpu: int) -> set[str]:
+        """GPU ``gpu`` was reset: its hang ends, and the call faults injected on it with it.
+        Returns the symbols to put back: those its ``function_not_found`` removed that no other
+        GPU's still does."""
         with self._cond:
             if self._hangs.pop(gpu, None) is not None and not self._hangs:
                 self._hang_released.set()
@@ -153,6 +161,10 @@ class CallFaults:
                 del self._rules[key]
             for name in self._owned.pop(gpu, set()):
                 self._rules.pop((name, None), None)
+            mine = self._removed_by.pop(gpu, set())
+            back = mine.difference(*self._removed_by.values())
+            self.removed -= back
+        return back
 
     def describe(self, gpu: int) -> dict[str, object]:
         """GPU ``gpu``'s call faults, JSON-ready (``hang_s``, ``hung_calls``, ``not_supported``,
@@ -201,5 +213,6 @@ class CallFaults:
         """Undo every :meth:`fail` and removal; the symbols to put back."""
         with self._cond:
             self._rules.clear()
+            self._removed_by.clear()
             restored, self.removed = self.removed, set()
         return restored

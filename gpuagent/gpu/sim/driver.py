@@ -258,7 +258,7 @@ class SimDriver:
         ``"not_supported"`` (``symbol`` returns NOT_SUPPORTED on this GPU),
         ``"function_not_found"`` (``symbol`` disappears driver-wide, as in an older driver) and
         ``"call_error"`` (``symbol`` fails with ``error`` — unknown, no_permission or timeout — on
-        this GPU, or driver-wide for a call that names no GPU, until the GPU recovers).
+        this GPU, or driver-wide for a call that names no GPU); each until the GPU recovers.
 
         Raises ``ValueError`` for an unknown fault or a bad or misplaced parameter, and
         ``LookupError`` for a GPU index that does not exist.
@@ -281,7 +281,7 @@ class SimDriver:
             action=action,
         )
         if fault == "recover":
-            self._faults.recovered(gpu)
+            self._restore(self._faults.recovered(gpu))
         return self._describe(gpu)
 
     def _describe(self, gpu: int) -> dict[str, object]:
@@ -361,7 +361,11 @@ class SimDriver:
 
     def clear_failures(self) -> None:
         """Undo every :meth:`fail` and :meth:`remove`."""
-        for name in self._faults.clear():
+        self._restore(self._faults.clear())
+
+    def _restore(self, symbols: set[str]) -> None:
+        """Put removed C symbols back."""
+        for name in symbols:
             setattr(self, name, self._entries[name])
 
 
