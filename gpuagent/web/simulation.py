@@ -91,7 +91,8 @@ def add_simulation_routes(app: web.Application, simulator: SimulatorControl) -> 
             return _error(404, f"no simulated GPU with index {gpu}")
         except ValueError as exc:
             return _error(400, str(exc))
-        log.info("fault injected", gpu=gpu, fault=fault, xid=xid)
+        # The fault as injected: its own fields, none it does not take.
+        log.info("fault injected", **{k: v for k, v in body.items() if v is not None})
         return web.json_response(state)
 
     async def listing(request: web.Request) -> web.Response:

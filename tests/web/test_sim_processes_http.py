@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 from aiohttp import web
+from structlog.testing import capture_logs
 
 from gpuagent.gpu.sim import SimDriver, node_from_mapping
 from gpuagent.web.simulation import add_simulation_routes
@@ -92,3 +93,28 @@ async def test_bad_pid_on_delete(base_url: str, pid: str) -> None:
         http.delete(base_url + "/sim/processes/" + pid) as r,
     ):
         assert r.status == 400
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        {"gpu": 0, "fault": "lost"},
+        {"gpu": 0, "fault": "xid", "xid": 79},
+        {"gpu": 1, "fault": "xid", "xid": 31, "gpu_instance": 2, "compute_instance": 0},
+        {"gpu": 0, "fault": "hang", "seconds": 0.001},
+        {"gpu": 0, "fault": "call_error", "symbol": "nvmlDeviceGetName", "error": "timeout"},
+        {"gpu": 0, "fault": "recovery_action", "action": "gpu_reset"},
+    ],
+    ids=lambda f: str(f["fault"]),
+)
+async def test_an_injected_fault_is_logged_with_its_own_fields(
+    base_url: str, fault: dict[str, object]
+) -> None:
+    with capture_logs() as logs:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(base_url + FAULTS, json=fault) as r,
+        ):
+            assert r.status == 200, await r.text()
+    (line,) = [e for e in logs if e["event"] == "fault injected"]
+    assert {k: v for k, v in line.items() if k not in ("event", "log_level")} == fault
