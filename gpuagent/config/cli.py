@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import difflib
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from gpuagent.config.option import CONFIG_VERSION
 from gpuagent.config.options import OPTIONS
+from gpuagent.config.spellings import closest_flag
 
 __all__ = ["build_parser", "normalize_bool_flags"]
 
@@ -68,12 +68,11 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: {message}; see {self.prog} --help\n")
 
     def _closest(self, extras: Sequence[str]) -> str:
-        known = [s for action in self._actions for s in action.option_strings]
         for extra in extras:
             if extra.startswith("--"):
-                close = difflib.get_close_matches(extra.split("=", 1)[0], known, n=1)
+                close = closest_flag(extra.split("=", 1)[0])
                 if close:
-                    return f" (did you mean {close[0]}?)"
+                    return f" (did you mean {close}?)"
         return ""
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import difflib
 import functools
 import re
 from collections.abc import Mapping
@@ -13,6 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from gpuagent.config.errors import ConfigError, Invalid
 from gpuagent.config.option import CONFIG_VERSION, Option
 from gpuagent.config.options import FILE_KEYS, OPTIONS
+from gpuagent.config.spellings import closest_key, closest_variable
 from gpuagent.config.values import type_name
 from gpuagent.yamlfile import YamlFileError, read_yaml
 
@@ -75,10 +75,10 @@ def read_config_file(path: Path) -> dict[str, object]:
 
 
 def _unknown_key_reason(key: object) -> str:
-    if key == "config":
-        return "unknown key 'config' (the config file is chosen by --config or GPUAGENT_CONFIG)"
-    close = difflib.get_close_matches(str(key), FILE_KEYS, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    if key in ("config", "config-file"):
+        return f"unknown key {key!r} (the config file is chosen by --config or GPUAGENT_CONFIG)"
+    close = closest_key(str(key))
+    hint = f" (did you mean {close!r}?)" if close else ""
     return f"unknown key {key!r}{hint}"
 
 
@@ -132,6 +132,6 @@ def check_environment(environ: Mapping[str, str]) -> None:
     for name in sorted(environ):
         if not name.startswith("GPUAGENT_") or name in known or _SERVICE_LINK.fullmatch(name):
             continue
-        close = difflib.get_close_matches(name, sorted(known), n=1)
-        hint = f" (did you mean {close[0]}?)" if close else ""
+        close = closest_variable(name)
+        hint = f" (did you mean {close}?)" if close else ""
         raise ConfigError(name, f"no such setting{hint}; see gpuagent --help")
