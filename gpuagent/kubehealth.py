@@ -46,17 +46,17 @@ def wanted(settings: Settings) -> NodeHealthWanted | str | None:
     runs); ``None`` when everything is off by setting. Raises :class:`ConfigError` for a part
     asked for explicitly without credentials."""
     asked = {
-        "node-condition": settings.node_condition,
+        "node_condition": settings.node_condition,
         "events": settings.events,
-        "taint-unhealthy-node": settings.taint_unhealthy_node,
+        "taint_unhealthy_node": settings.taint_unhealthy_node,
     }
     if not any(value is not False for value in asked.values()):
         return None
-    why = missing(settings.kubeconfig)
+    why = missing(settings.kubeconfig, named=settings.named("kubeconfig"))
     if why is not None:
         explicit = [key for key, value in asked.items() if value is True]
         if explicit:
-            raise ConfigError(explicit[0], f"needs API server credentials: {why}")
+            raise ConfigError(settings.named(explicit[0]), f"needs API server credentials: {why}")
         return why
     result = NodeHealthWanted(
         condition=settings.node_condition is not False,

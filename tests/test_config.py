@@ -861,20 +861,30 @@ nvml-timeout: 120
     ("body", "key", "reason"),
     [
         pytest.param(
-            "mig-strategy: none\n", "version", "must declare 'version: v1'", id="no-version"
+            "mig-strategy: none\n", "--config", "must declare 'version: v1'", id="no-version"
         ),
-        pytest.param("version: v2\n", "version", "unsupported version 'v2'", id="wrong-version"),
-        pytest.param("version: 1\n", "version", "unsupported version 1", id="version-not-string"),
+        pytest.param(
+            "version: v2\n",
+            "config file key 'version'",
+            "unsupported version 'v2'",
+            id="wrong-version",
+        ),
+        pytest.param(
+            "version: 1\n",
+            "config file key 'version'",
+            "unsupported version 1",
+            id="version-not-string",
+        ),
         pytest.param(
             "version: v1\nsokcet-dir: /x\n",
-            "config file",
-            "unknown key 'sokcet-dir' (did you mean 'socket-dir'?)",
+            "config file key 'sokcet-dir'",
+            "gpuagent.yaml (did you mean 'socket-dir'?)",
             id="unknown-key",
         ),
         pytest.param(
             "version: v1\nconfig: other.yaml\n",
-            "config file",
-            "unknown key 'config'",
+            "config file key 'config'",
+            "not a setting of the file (the file is chosen by --config or GPUAGENT_CONFIG)",
             id="config-key",
         ),
         pytest.param(
@@ -921,16 +931,16 @@ nvml-timeout: 120
         ),
         pytest.param(
             "version: v1\nsocket-dir: [\n",
-            "config",
+            "--config",
             "gpuagent.yaml:3:1: expected the node content, but found '<stream end>' "
             "(while parsing a flow node)",
             id="yaml-syntax",
         ),
-        pytest.param("- version: v1\n", "config", "must hold a mapping", id="not-a-mapping"),
-        pytest.param("", "config", "must hold a mapping of settings, got null", id="empty-file"),
+        pytest.param("- version: v1\n", "--config", "must hold a mapping", id="not-a-mapping"),
+        pytest.param("", "--config", "must hold a mapping of settings, got null", id="empty-file"),
         pytest.param(
             "version: v1\nsocket-dir: /a\nsocket-dir: /b\n",
-            "config",
+            "--config",
             "gpuagent.yaml:3:1: duplicate key 'socket-dir'",
             id="duplicate-key",
         ),
@@ -947,8 +957,8 @@ def test_config_file_errors(tmp_path: Path, body: str, key: str, reason: str) ->
 def test_missing_config_file(tmp_path: Path) -> None:
     missing = tmp_path / "absent.yaml"
     err = config_error(env={"GPUAGENT_CONFIG": str(missing)})
-    assert err.key == "config"
-    assert str(err) == f"config: cannot read {missing}: No such file or directory"
+    assert err.key == "GPUAGENT_CONFIG"
+    assert str(err) == f"GPUAGENT_CONFIG: cannot read {missing}: No such file or directory"
 
 
 def test_config_file_not_read_when_flag_overrides_env(tmp_path: Path) -> None:

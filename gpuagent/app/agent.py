@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from gpuagent.app import policy
 from gpuagent.app.probes import AgentProbes
 from gpuagent.app.reload import Reloads
-from gpuagent.app.rest import Rest, build_rest
+from gpuagent.app.rest import Rest, build_dra_side, build_rest
 from gpuagent.app.startup import Startup, listen
 from gpuagent.app.supervisor import Supervisor
 from gpuagent.app.tuning import collector_held
@@ -98,7 +98,7 @@ class Agent:
                 timing=registration_timing,
                 on_allocate=self._allocated,
             )
-        self.dra = self._dra_side(dra_options or {}) if self.store.plan.dra.gpus.enabled else None
+        self.dra, self._dra_unusable = self._dra_side(settings, dra_options or {})
         limit = freshness_limit(settings.poll_interval, nvml_call_timeout)
         self.probes = AgentProbes(
             self.store,
@@ -145,27 +145,25 @@ class Agent:
     def readiness(self) -> str | None:
         return self.probes.readiness()
 
-    def _dra_side(self, options: Mapping[str, Any]) -> DraSide:
-        """The DRA side (imported only when DRA is on: its API client costs memory)."""
-        from gpuagent.dra.side import DraSide, KubeConfigError  # noqa: PLC0415
-
-        settings = self.settings
+    def _dra_side(
+        self, settings: Settings, options: Mapping[str, Any]
+    ) -> tuple[DraSide | None, ConfigError | None]:
+        """The DRA side, when DRA is on. Without credentials, when ``--dra-gpus`` names GPUs:
+        none, and the error, to be said once the GPUs named are checked (each mistake is found
+        whatever the other)."""
+        if not self.store.plan.dra.gpus.enabled:
+            return None, None
         try:
-            return DraSide(
-                self.store,
-                node=self.node_name,
-                plugins_dir=settings.plugins_dir,
-                registry_dir=settings.plugins_registry_dir,
-                cdi_dir=settings.cdi_spec_dir,
-                kubeconfig=settings.kubeconfig,
-                stopping=self.stopping,
-                node_spec=policy.dra_node_spec(settings),
-                on_prepared=self._allocated,  # its pods' claims: pod-resources looks again soon
-                proc_root=policy.proc_root(self.simulator),  # the checkpoint's boot
-                **options,
-            )
-        except KubeConfigError as exc:
-            raise ConfigError("kubeconfig", str(exc)) from exc
+            side = build_dra_side(
+                self.store, settings, node=self.node_name, stopping=self.stopping,
+                on_prepared=self._allocated, proc_root=policy.proc_root(self.simulator),
+                options=options,
+            )  # fmt: skip
+        except ConfigError as exc:
+            if not self.store.plan.dra.gpus.refs:
+                raise
+            return None, exc
+        return side, None
 
     # ----- lifecycle ---------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
@@ -196,6 +194,7 @@ class Agent:
             monitor,
             endpoints=self.endpoints,
             dra=self.dra,
+            dra_unusable=self._dra_unusable,
             stopping=self.stopping,
             keeps_cdi_spec=policy.keeps_cdi_spec(settings, simulated=self.simulator is not None),
             node_health=self.node_health_wanted,

@@ -123,13 +123,13 @@ class Reloads:
         if snapshot.discovered:
             absent = policy.absent_dra_gpus(plan.dra.gpus, snapshot, node.gpu_count)
             if absent is not None:
-                self._refuse(ConfigError("dra-gpus", absent))
+                self._refuse(ConfigError(settings.named("dra_gpus"), absent))
                 return None
         served = reloaded_plan(self._store.plan, live_settings(self.settings, settings))
         web_changed = False
         if web is not None and self._web is not None:
             try:
-                web_changed = use_web_config(self._web, web)
+                web_changed = use_web_config(self._web, web, settings.named("web_config_file"))
             except SettingError as exc:
                 self._refuse(exc)
                 return None
@@ -171,7 +171,8 @@ class Reloads:
         assert self._source is not None
         settings = self._source()
         plan = make_plan(settings)
-        web = reread_web_config(self._web) if self._web is not None else None
+        named = settings.named("web_config_file")
+        web = reread_web_config(self._web, named) if self._web is not None else None
         return settings, plan, web
 
     def _watched(self) -> tuple[Path, ...]:

@@ -9,13 +9,14 @@ kubelet registration, when the plan starts with CDI).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuagent.app import policy
-from gpuagent.config import Settings
+from gpuagent.config import ConfigError, Settings
 from gpuagent.gpu.monitor import GpuMonitor
 from gpuagent.kubehealth import NodeHealthWanted, build_writer
 from gpuagent.state.store import DeviceStore
@@ -33,7 +34,7 @@ if TYPE_CHECKING:  # imported off the loop before build_rest is called (see star
     from gpuagent.web.server import HttpServer, Probes
     from gpuagent.web.webconfig import WebConfigFile
 
-__all__ = ["Rest", "build_rest", "cdi_keeper"]
+__all__ = ["Rest", "build_dra_side", "build_rest", "cdi_keeper"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,3 +149,40 @@ def cdi_keeper(store: DeviceStore, settings: Settings) -> CdiSpecKeeper:
     from gpuagent.nodefiles.cdikeeper import CdiSpecKeeper  # noqa: PLC0415
 
     return CdiSpecKeeper(store, policy.cdi_target(settings))
+
+
+def build_dra_side(
+    store: DeviceStore,
+    settings: Settings,
+    *,
+    node: str,
+    stopping: asyncio.Event,
+    on_prepared: Callable[[], None],
+    proc_root: Path,
+    options: Mapping[str, Any],
+) -> DraSide:
+    """The DRA side, built with the agent (imported only when DRA is on: its API client costs
+    memory); ``on_prepared``: its pods' claims were prepared (pod-resources looks again soon);
+    ``proc_root``: where the node's boot is read (the checkpoint's boot).
+    Raises :class:`ConfigError` without usable credentials, naming the kubeconfig as given, or
+    the setting that needs them."""
+    from gpuagent.dra.side import DraSide, KubeConfigError  # noqa: PLC0415
+
+    try:
+        return DraSide(
+            store,
+            node=node,
+            plugins_dir=settings.plugins_dir,
+            registry_dir=settings.plugins_registry_dir,
+            cdi_dir=settings.cdi_spec_dir,
+            kubeconfig=settings.kubeconfig,
+            stopping=stopping,
+            node_spec=policy.dra_node_spec(settings),
+            on_prepared=on_prepared,
+            proc_root=proc_root,
+            **options,
+        )
+    except KubeConfigError as exc:
+        given = settings.kubeconfig is not None
+        why = str(exc) if given else f"needs API server credentials: {exc}"
+        raise ConfigError(settings.named("kubeconfig" if given else "dra_gpus"), why) from exc

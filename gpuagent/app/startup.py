@@ -50,7 +50,8 @@ class Startup:
     ``build_rest`` builds the rest once its modules are imported, given the CDI spec's keeper.
     ``keeps_cdi_spec``: this agent keeps the node's CDI spec (written before the device plugin
     registers when the plan starts with CDI, else started with the rest: a reload may turn CDI
-    on).
+    on). ``dra_unusable``: why the DRA side could not be built, said once the GPUs
+    ``--dra-gpus`` names are checked.
     """
 
     def __init__(
@@ -62,6 +63,7 @@ class Startup:
         *,
         endpoints: PluginEndpoints | None,
         dra: DraSide | None,
+        dra_unusable: ConfigError | None = None,
         stopping: asyncio.Event,
         keeps_cdi_spec: bool,
         node_health: NodeHealthWanted | str | None,
@@ -74,6 +76,7 @@ class Startup:
         self._monitor = monitor
         self._endpoints = endpoints
         self._dra = dra
+        self._dra_unusable = dra_unusable
         self._stopping = stopping
         self._keeps_cdi_spec = keeps_cdi_spec
         self._node_health = node_health
@@ -84,6 +87,8 @@ class Startup:
         """Start the driver and the kubelet registration, then the rest; returns the rest."""
         store, spawn = self._store, self._supervisor.spawn
         driver = asyncio.create_task(self._start_driver(), name="driver-start")
+        if store.plan.dra.gpus.refs:
+            await self._named_dra_gpus(driver)
         early_cdi: asyncio.Task[CdiSpecKeeper] | None = None
         try:
             if self._keeps_cdi_spec and store.plan.writes_cdi_spec:
@@ -158,6 +163,23 @@ class Startup:
         await driver
         await self._monitor.run()
 
+    async def _named_dra_gpus(self, driver: asyncio.Task[None]) -> None:
+        """Before anything is served or written: once the driver has listed the GPUs, a
+        :class:`ConfigError` (exit 2) when ``--dra-gpus`` names one the node does not have, then
+        the DRA side's want of credentials. A driver that could not start is left to the start
+        (``--fail-on-init-error``); GPUs named but not yet told apart, to ``dra-gpus-check``."""
+        await asyncio.wait({driver})
+        if driver.exception() is not None:
+            return  # (the start raises it)
+        snapshot = self._store.snapshot
+        if snapshot.discovered:
+            count = len(self._monitor.gpu_indexes)
+            problem = policy.absent_dra_gpus(snapshot.plan.dra.gpus, snapshot, count)
+            if problem is not None:
+                raise ConfigError(self._settings.named("dra_gpus"), problem)
+        if self._dra_unusable is not None:
+            raise self._dra_unusable
+
     async def _check_dra_gpus(self) -> None:
         """Once the GPUs are known, stop the agent with a configuration error (exit 2) if
         ``--dra-gpus`` names one the node does not have; then idle (the check is final once every
@@ -168,7 +190,7 @@ class Startup:
                 count = len(self._monitor.gpu_indexes)
                 problem = policy.absent_dra_gpus(gpus, snapshot, count)
                 if problem is not None:
-                    raise ConfigError("dra-gpus", problem)
+                    raise ConfigError(self._settings.named("dra_gpus"), problem)
                 if gpus.decided(snapshot.gpus, count):
                     break
         await self._stopping.wait()
@@ -206,6 +228,6 @@ async def listen(listener: Listener, settings: Settings) -> None:
         reason = os.strerror(exc.errno) if exc.errno else str(exc)
         hint = " (another process holds it: dcgm-exporter?)" if "in use" in reason else ""
         raise ConfigError(
-            "--metrics-address",
+            settings.named("metrics_address"),
             f"cannot listen on {host}:{settings.metrics_port}: {reason}{hint}",
         ) from exc

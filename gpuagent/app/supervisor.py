@@ -98,8 +98,11 @@ class Supervisor:
     ) -> None:
         """Stop everything, in order, within :data:`SHUTDOWN_SECONDS`: the kubelet's streams
         (``stopping`` set), the root tasks, the HTTP server (or the bound ``listener`` it never
-        served), the DRA side, the driver."""
-        log.info("shutting down")
+        served), the DRA side, the driver. Said in the log once something had started (a start
+        refused before, for a setting, ends with that error alone)."""
+        started = bool(self._tasks)
+        if started:
+            log.info("shutting down")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + SHUTDOWN_SECONDS
 
@@ -148,4 +151,5 @@ class Supervisor:
                 async with asyncio.timeout(budget(SHUTDOWN_HTTP_SECONDS, 0.0)):
                     await monitor.wait_closed()
             sim.uninstall()
-        log.info("stopped")
+        if started:
+            log.info("stopped")

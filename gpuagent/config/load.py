@@ -77,6 +77,7 @@ from gpuagent.config.groups.nodefiles import (
     NODE_LABELS_FILE,
     NVIDIA_CDI_HOOK_PATH,
 )
+from gpuagent.config.options import OPTIONS
 from gpuagent.config.settings import Settings
 from gpuagent.config.sources import Sources, check_environment
 from gpuagent.domain.containers import DeviceListStrategy
@@ -103,7 +104,7 @@ def load_settings(
     check_config = sources.get(CHECK_CONFIG, None)
     config_file = check_config or sources.get(CONFIG, None)
     if config_file is not None:
-        sources.load_file(config_file)
+        sources.load_file(config_file, sources.label(CHECK_CONFIG if check_config else CONFIG))
 
     socket_dir = sources.get(SOCKET_DIR, Path("/var/lib/kubelet/device-plugins"))
     metrics_host, metrics_port = sources.get(METRICS_ADDRESS, ("", 9400))
@@ -188,6 +189,7 @@ def load_settings(
         kubernetes=kubernetes,
         node_name=environ.get("NODE_NAME", "").strip() or socket.gethostname(),
         check_config=check_config,
+        origins={opt.dest: found[1] for opt in OPTIONS if (found := sources.find(opt))},
     )
 
 

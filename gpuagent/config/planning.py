@@ -70,7 +70,8 @@ def make_plan(settings: Settings, *, control_nodes: tuple[str, ...] | None = Non
             settings.disable_healthchecks, settings.enable_healthchecks
         )
     except HealthCheckSpecError as exc:
-        raise ConfigError("disable-healthchecks / enable-healthchecks", str(exc)) from exc
+        knob = "enable_healthchecks" if "ENABLE" in exc.knob else "disable_healthchecks"
+        raise ConfigError(settings.named(knob), exc.reason) from exc
     try:
         serving = ServingPolicy(
             resources=ResourceSettings(
@@ -91,7 +92,7 @@ def make_plan(settings: Settings, *, control_nodes: tuple[str, ...] | None = Non
             dra_gpus=DraGpus.parse(settings.dra_gpus),
         )
     except SettingError as exc:
-        raise ConfigError(exc.key, exc.reason) from exc
+        raise ConfigError(_named(settings, exc.key), exc.reason) from exc
     dra = DraPlan(
         gpus=serving.dra_gpus,
         driver=settings.dra_driver_name,
@@ -99,6 +100,20 @@ def make_plan(settings: Settings, *, control_nodes: tuple[str, ...] | None = Non
         mig=settings.dra_mig,
     )
     return Plan(serving=serving, health=health, dra=dra)
+
+
+# The domain's names of what it checks, where they are not the option's.
+_DOMAIN_KEYS = {"dev-root": "nvidia_driver_root"}
+
+
+def _named(settings: Settings, key: str) -> str:
+    """The domain's ``key`` (an option's name, or a path under one: ``sharing.timeSlicing``)
+    as the operator gave the option."""
+    head, dot, rest = key.partition(".")
+    option = _DOMAIN_KEYS.get(head, head.replace("-", "_"))
+    if option not in _SPELLING:
+        return key
+    return f"{settings.named(option)}{dot}{rest}"
 
 
 def live_settings(running: Settings, reloaded: Settings) -> Settings:
@@ -137,25 +152,25 @@ def load_web_config(settings: Settings) -> WebConfigFile | None:
     try:
         return WebConfigFile(settings.web_config_file)
     except SettingError as exc:
-        raise _in_file("web-config-file", settings.web_config_file, exc) from exc
+        raise _in_file(settings.named("web_config_file"), settings.web_config_file, exc) from exc
 
 
-def reread_web_config(web: WebConfigFile) -> WebConfig:
-    """The running ``--web-config-file`` read again for a reload (blocking: call it off the
-    loop), checked as at start; raises :class:`ConfigError`."""
+def reread_web_config(web: WebConfigFile, named: str = "--web-config-file") -> WebConfig:
+    """The running ``--web-config-file`` (given as ``named``) read again for a reload
+    (blocking: call it off the loop), checked as at start; raises :class:`ConfigError`."""
     try:
         return web.reread()
     except SettingError as exc:
-        raise _in_file("web-config-file", web.path, exc) from exc
+        raise _in_file(named, web.path, exc) from exc
 
 
-def use_web_config(web: WebConfigFile, config: WebConfig) -> bool:
+def use_web_config(web: WebConfigFile, config: WebConfig, named: str = "--web-config-file") -> bool:
     """Serve ``config`` (from :func:`reread_web_config`) from now on; returns whether it changed.
     Raises :class:`ConfigError` when its certificates no longer load (replaced since)."""
     try:
         return web.use(config)
     except SettingError as exc:
-        raise _in_file("web-config-file", web.path, exc) from exc
+        raise _in_file(named, web.path, exc) from exc
 
 
 def load_simulator(settings: Settings) -> sim.SimDriver | None:
@@ -170,7 +185,7 @@ def load_simulator(settings: Settings) -> sim.SimDriver | None:
         if settings.sim_config is not None:
             return sim.SimDriver(sim.load_sim_config(settings.sim_config))
     except SettingError as exc:
-        raise _in_file("sim-config", settings.sim_config, exc) from exc
+        raise _in_file(settings.named("sim_config"), settings.sim_config, exc) from exc
     return None
 
 
@@ -181,25 +196,26 @@ def check_socket_dirs(settings: Settings, plan: Plan) -> None:
     dirs: list[tuple[str, Path]] = []
     if settings.kubernetes:
         dirs += [
-            ("--socket-dir", settings.socket_dir),
-            ("--kubelet-socket", settings.kubelet_socket.parent),
-            ("--pod-resources-socket", settings.pod_resources_socket.parent),
+            ("socket_dir", settings.socket_dir),
+            ("kubelet_socket", settings.kubelet_socket.parent),
+            ("pod_resources_socket", settings.pod_resources_socket.parent),
         ]
     if plan.dra.gpus.enabled:
         dirs += [
-            ("--plugins-dir", settings.plugins_dir),
-            ("--plugins-registry-dir", settings.plugins_registry_dir),
+            ("plugins_dir", settings.plugins_dir),
+            ("plugins_registry_dir", settings.plugins_registry_dir),
         ]
     for option, directory in dirs:
         blocker = file_in_the_way(directory)
         if blocker is not None:
-            raise ConfigError(option, f"{blocker} is not a directory")
+            raise ConfigError(settings.named(option), f"{blocker} is not a directory")
 
 
 def _in_file(option: str, path: Path | None, exc: SettingError) -> ConfigError:
-    """``exc``, a key inside the file ``option`` names, as an error of that option; an error of
-    the whole file (unreadable, not YAML: its reason names the file) as the option's own."""
-    if exc.key in ("file", option):
+    """``exc``, a key inside the file ``option`` (as given) names, as an error of that option;
+    an error of the whole file (unreadable, not YAML: its reason names the file) as the
+    option's own."""
+    if exc.key in ("file", "sim-config", "web-config-file"):
         return ConfigError(option, exc.reason)
     where = f" (in {path})" if path is not None else ""
     return ConfigError(f"{option} {exc.key}", f"{exc.reason}{where}")

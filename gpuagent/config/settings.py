@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from pathlib import Path
 
@@ -80,12 +81,24 @@ class Settings:
     check_config: Path | None = None
     # Time limit for NVML work at start-up (seconds); None: scaled with the GPU count.
     nvml_timeout: float | None = None
+    # Where each setting the operator gave came from, by option (``disable_healthchecks``): the
+    # flag as typed, the variable as set, or the config file's key. Not a setting: a restart with
+    # the same values from elsewhere is the same configuration.
+    origins: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+    def named(self, option: str) -> str:
+        """Option ``option`` (its dest, ``dra_gpus``) as the operator gave it, for an error to
+        name: ``--dra-gpus``, ``GPUAGENT_DRA_GPUS`` or ``config file key 'dra-gpus'``; its
+        flag when it was not given."""
+        return self.origins.get(option) or f"--{option.replace('_', '-')}"
 
     def as_dict(self) -> dict[str, object]:
         """Return the settings as JSON-friendly values: paths as strings, tuples as lists, the
         sharing block as NVIDIA's config file spells it."""
         out: dict[str, object] = {}
         for f in fields(self):
+            if f.name == "origins":
+                continue
             value = getattr(self, f.name)
             if isinstance(value, Path):
                 value = str(value)

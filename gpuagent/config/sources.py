@@ -21,6 +21,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Sources", "check_environment"]
 
+# How a setting from the config file is named in errors.
+_FILE_KEY = "config file key {!r}"
+
 T = TypeVar("T")
 D = TypeVar("D")
 
@@ -51,35 +54,37 @@ def _yaml_loader() -> type[yaml.SafeLoader]:
     return SafeLoaderNoDuplicates
 
 
-def read_config_file(path: Path) -> dict[str, object]:
-    """Read and check the config file; return its settings keyed by option name."""
+def read_config_file(path: Path, named: str = "--config") -> dict[str, object]:
+    """Read and check the config file (chosen by ``named``: the flag or variable as given);
+    return its settings keyed by option name."""
     try:
         document = read_yaml(path, _yaml_loader())
     except YamlFileError as exc:
-        raise ConfigError("config", str(exc)) from None
+        raise ConfigError(named, str(exc)) from None
     if not isinstance(document, dict):
         raise ConfigError(
-            "config", f"{path} must hold a mapping of settings, got {type_name(document)}"
+            named, f"{path} must hold a mapping of settings, got {type_name(document)}"
         )
     version = document.pop("version", None)
     if version is None:
-        raise ConfigError("version", f"{path} must declare 'version: {CONFIG_VERSION}'")
+        raise ConfigError(named, f"{path} must declare 'version: {CONFIG_VERSION}'")
     if version != CONFIG_VERSION:
         raise ConfigError(
-            "version", f"unsupported version {version!r} in {path}; expected {CONFIG_VERSION!r}"
+            _FILE_KEY.format("version"),
+            f"unsupported version {version!r} in {path}; expected {CONFIG_VERSION!r}",
         )
     for key in document:
         if key not in FILE_KEYS:
-            raise ConfigError("config file", _unknown_key_reason(key))
+            raise ConfigError(_FILE_KEY.format(key), _unknown_key_reason(key, path))
     return document
 
 
-def _unknown_key_reason(key: object) -> str:
+def _unknown_key_reason(key: object, path: Path) -> str:
     if key in ("config", "config-file"):
-        return f"unknown key {key!r} (the config file is chosen by --config or GPUAGENT_CONFIG)"
+        return "not a setting of the file (the file is chosen by --config or GPUAGENT_CONFIG)"
     close = closest_key(str(key))
     hint = f" (did you mean {close!r}?)" if close else ""
-    return f"unknown key {key!r}{hint}"
+    return f"no such setting in {path}{hint}"
 
 
 class Sources:
@@ -90,8 +95,9 @@ class Sources:
         self._environ = environ
         self._file: dict[str, object] = {}
 
-    def load_file(self, path: Path) -> None:
-        self._file = read_config_file(path)
+    def load_file(self, path: Path, named: str) -> None:
+        """Read the config file ``path``, chosen by ``named`` (the flag or variable as given)."""
+        self._file = read_config_file(path, named)
 
     def find(self, opt: Option[Any]) -> tuple[object, str] | None:
         given = getattr(self._flags, opt.dest, None)
@@ -102,7 +108,7 @@ class Sources:
             if self._environ.get(env_name):
                 return self._environ[env_name], env_name
         if opt.name in self._file:
-            return self._file[opt.name], f"config file key {opt.name!r}"
+            return self._file[opt.name], _FILE_KEY.format(opt.name)
         return None
 
     def get(self, opt: Option[T], default: D) -> T | D:

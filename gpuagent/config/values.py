@@ -16,6 +16,7 @@ from gpuagent.config.errors import Invalid
 from gpuagent.config.sharing import parse_sharing
 from gpuagent.domain.containers import DeviceListStrategy
 from gpuagent.domain.errors import SettingError
+from gpuagent.domain.health import HealthCheckSpecError, HealthPolicy
 from gpuagent.domain.naming import resource_name
 from gpuagent.domain.timeslicing import TimeSlicing
 from gpuagent.yamlerror import one_line
@@ -194,11 +195,19 @@ def parse_device_list_strategy(raw: object) -> tuple[DeviceListStrategy, ...]:
 
 
 def parse_healthchecks(raw: object) -> str:
+    """A comma list of XIDs, ``xids`` and ``all`` (or a YAML list of them), checked here so that
+    an error names the setting as it was given."""
     if isinstance(raw, list):
-        return ",".join(parse_healthchecks(item) for item in raw)
-    if isinstance(raw, int) and not isinstance(raw, bool):
-        return str(raw)
-    return as_text(raw)
+        text = ",".join(parse_healthchecks(item) for item in raw)
+    elif isinstance(raw, int) and not isinstance(raw, bool):
+        text = str(raw)
+    else:
+        text = as_text(raw)
+    try:
+        HealthPolicy.from_env_values(text, "")
+    except HealthCheckSpecError as exc:
+        raise Invalid(exc.reason) from None
+    return text
 
 
 def parse_resource_name(raw: object) -> str:

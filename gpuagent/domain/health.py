@@ -154,7 +154,13 @@ HealthEvent = (
 
 
 class HealthCheckSpecError(ValueError):
-    """A DP_DISABLE_HEALTHCHECKS / DP_ENABLE_HEALTHCHECKS value could not be parsed."""
+    """A DP_DISABLE_HEALTHCHECKS / DP_ENABLE_HEALTHCHECKS value could not be parsed: ``knob``
+    names which, ``reason`` says why (for the caller to name the setting as it was given)."""
+
+    def __init__(self, knob: str, reason: str) -> None:
+        super().__init__(f"{knob}: {reason}")
+        self.knob = knob
+        self.reason = reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,5 +343,5 @@ def _parse_spec(name: str, value: str) -> tuple[bool, bool, frozenset[int]]:
         elif item.isascii() and item.isdigit():
             numbers.add(int(item))
         else:
-            raise HealthCheckSpecError(f"{name}: {raw.strip()!r} is not 'all', 'xids' or an XID")
+            raise HealthCheckSpecError(name, f"{raw.strip()!r} is not 'all', 'xids' or an XID")
     return everything, xid_checks, frozenset(numbers)

@@ -18,11 +18,13 @@ def missing(
     *,
     environ: Mapping[str, str] = os.environ,
     account: Path = SERVICE_ACCOUNT,
+    named: str = "--kubeconfig",
 ) -> str | None:
-    """Why the agent has no credentials (``--kubeconfig``, else the pod's service account), or
-    ``None`` when it has some (whether they are valid is found when they are loaded)."""
+    """Why the agent has no credentials (``--kubeconfig``, given as ``named``, else the pod's
+    service account), or ``None`` when it has some (whether they are valid is found when they
+    are loaded)."""
     if kubeconfig is not None:
-        return None if kubeconfig.is_file() else f"--kubeconfig {kubeconfig}: no such file"
+        return None if kubeconfig.is_file() else f"{named} {kubeconfig}: no such file"
     if not environ.get("KUBERNETES_SERVICE_HOST"):
         return "not in a pod (KUBERNETES_SERVICE_HOST unset) and no --kubeconfig"
     if not (account / "token").is_file():

@@ -69,7 +69,7 @@ def test_bad_web_config_is_a_config_error(tmp_path: Path, body: str, key: str) -
     settings = load_settings(["--simulate", "1", "--web-config-file", str(web)], {})
     with pytest.raises(ConfigError) as info:
         Agent(settings)
-    assert info.value.key == f"web-config-file {key}"
+    assert info.value.key == f"--web-config-file {key}"  # the flag as typed
 
 
 @pytest.mark.slow

@@ -218,7 +218,7 @@ def test_dra_gpu_the_node_lacks_exits_2_once_the_gpus_are_known(short_tmp_path: 
     assert result.returncode == 2, result.stderr
     entries = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
     (error,) = [e for e in entries if e["level"] == "error"]
-    assert error["error"].startswith("dra-gpus: names GPU 5, which this node does not have")
+    assert error["error"].startswith("--dra-gpus: names GPU 5, which this node does not have")
 
 
 def test_metrics_port_in_use_exits_2_in_one_line(short_tmp_path: Path) -> None:
@@ -338,18 +338,18 @@ def test_a_socket_directory_that_is_a_file_exits_2_in_one_line(
 
 
 @pytest.mark.parametrize(
-    ("option", "key"),
+    "option",
     [
-        pytest.param("--config", "config", id="config"),
-        pytest.param("--sim-config", "sim-config", id="sim-config"),
-        pytest.param("--web-config-file", "web-config-file", id="web-config"),
+        pytest.param("--config", id="config"),
+        pytest.param("--sim-config", id="sim-config"),
+        pytest.param("--web-config-file", id="web-config"),
     ],
 )
 def test_a_yaml_syntax_error_is_one_line_with_file_line_and_column(
-    short_tmp_path: Path, option: str, key: str
+    short_tmp_path: Path, option: str
 ) -> None:
     """A YAML syntax error in any file the agent reads at start: ``FILE:LINE:COL: what``, on one
-    line, exit 2 (no traceback, no quoted lines and carets)."""
+    line, exit 2 (no traceback, no quoted lines and carets), named by the flag as typed."""
     broken = short_tmp_path / "broken.yaml"
     broken.write_text("version: v1\npoll-interval: [1\nsocket-dir: /x\n")
     args = [option, str(broken)]
@@ -358,7 +358,7 @@ def test_a_yaml_syntax_error_is_one_line_with_file_line_and_column(
     result = run_to_end(*args)
     assert result.returncode == 2, result.stderr
     assert result.stderr.splitlines() == [
-        f"gpuagent: configuration error: {key}: {broken}:3:11: expected ',' or ']', but got ':' "
+        f"gpuagent: configuration error: {option}: {broken}:3:11: expected ',' or ']', but got ':' "
         "(while parsing a flow sequence at 2:16)"
     ]
 

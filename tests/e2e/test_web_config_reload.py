@@ -94,7 +94,7 @@ async def test_an_invalid_web_config_refuses_the_reload(
             assert await run.agent.reload() is None
         (entry,) = [e for e in logs if e["log_level"] == "error"]
         assert entry["error"] == (
-            "web-config-file basic_auth_users.bob: must be a bcrypt hash ($2a$, $2b$ or $2y$) "
+            "--web-config-file basic_auth_users.bob: must be a bcrypt hash ($2a$, $2b$ or $2y$) "
             f"(in {web})"
         )
         assert reloads(run) == ReloadStats(invalid=1, last_successful=False)
@@ -164,9 +164,10 @@ async def test_a_web_config_written_in_steps_never_lets_anyone_in(
         assert reloads(run) == ReloadStats(changed=1, invalid=4, last_successful=True)
         errors = [e["error"] for e in logs if e["log_level"] == "error"]
         assert errors == [
-            f"web-config-file: {web} holds no YAML document (empty, or comments only: written "
+            f"--web-config-file: {web} holds no YAML document (empty, or comments only: written "
             "halfway?); a web config without TLS or authentication is written `{}`",
-            f"web-config-file basic_auth_users{'.bob' if 'hash' in why else ''}: {why} (in {web})",
+            f"--web-config-file basic_auth_users{'.bob' if 'hash' in why else ''}: {why} "
+            f"(in {web})",
         ]
 
 
