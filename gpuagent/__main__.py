@@ -42,7 +42,7 @@ def _main(args: list[str]) -> int:
     from gpuagent.app.agent import Agent  # noqa: PLC0415
     from gpuagent.config import load_settings  # noqa: PLC0415
     from gpuagent.config.planning import (  # noqa: PLC0415
-        check_socket_dirs,
+        check_on_the_host,
         load_simulator,
         load_web_config,
         make_plan,
@@ -58,7 +58,7 @@ def _main(args: list[str]) -> int:
         if settings.check_config is not None:
             load_web_config(settings)
             load_simulator(settings)
-            check_socket_dirs(settings, plan)
+            check_on_the_host(settings, plan)
             print(json.dumps(settings.as_dict(), indent=2), flush=True)
             return EXIT_OK
         logs.configure(settings.log_format, settings.log_level)

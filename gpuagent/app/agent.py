@@ -24,7 +24,7 @@ from gpuagent.app.startup import Startup, listen
 from gpuagent.app.supervisor import Supervisor
 from gpuagent.app.tuning import collector_held
 from gpuagent.config import ConfigError, Settings
-from gpuagent.config.planning import check_socket_dirs, load_web_config, make_plan
+from gpuagent.config.planning import check_on_the_host, load_web_config, make_plan
 from gpuagent.domain.plan import Plan
 from gpuagent.domain.readiness import freshness_limit
 from gpuagent.domain.serving import ResourceView
@@ -73,7 +73,7 @@ class Agent:
     ) -> None:
         self.node_name = node_name or settings.node_name
         self.store = DeviceStore(plan=plan or make_plan(settings))
-        check_socket_dirs(settings, self.store.plan)  # a file there: exit 2 before anything runs
+        check_on_the_host(settings, self.store.plan)  # exit 2 before anything runs
         self.web_config = load_web_config(settings)
         self.simulator = simulator
         self.view = ResourceView()

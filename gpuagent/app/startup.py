@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
 from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -22,6 +23,7 @@ from gpuagent.app.rest import Rest, cdi_keeper
 from gpuagent.app.supervisor import FatalError, Supervisor
 from gpuagent.app.tuning import import_deferred, import_modules
 from gpuagent.config import CDI_SPEC_TOOLKIT, ConfigError, Settings
+from gpuagent.config.planning import unresolved
 from gpuagent.domain.devices import CdiSpec
 from gpuagent.gpu.monitor import GpuMonitor
 from gpuagent.gpu.nvml import DriverUnavailable
@@ -224,6 +226,8 @@ async def listen(listener: Listener, settings: Settings) -> None:
         await listener.bind()
     except OSError as exc:
         host = settings.metrics_host or "*"
+        if isinstance(exc, socket.gaierror):  # (resolvable when checked, no longer)
+            raise ConfigError(settings.named("metrics_address"), unresolved(host, exc)) from exc
         # (uvloop's strerror repeats the address: "error while attempting to bind on …")
         reason = os.strerror(exc.errno) if exc.errno else str(exc)
         hint = " (another process holds it: dcgm-exporter?)" if "in use" in reason else ""

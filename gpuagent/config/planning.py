@@ -15,6 +15,7 @@ once: the driver root, the CDI spec's mode, the DRA split) is read once at start
 
 from __future__ import annotations
 
+import socket
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -38,6 +39,8 @@ if TYPE_CHECKING:  # imported when used: neither is needed on most nodes
 
 __all__ = [
     "LIVE",
+    "check_metrics_address",
+    "check_on_the_host",
     "check_socket_dirs",
     "driver_root_as_read",
     "live_settings",
@@ -47,6 +50,7 @@ __all__ = [
     "reloaded_plan",
     "reread_web_config",
     "restart_keys",
+    "unresolved",
     "use_web_config",
 ]
 
@@ -189,6 +193,14 @@ def load_simulator(settings: Settings) -> sim.SimDriver | None:
     return None
 
 
+def check_on_the_host(settings: Settings, plan: Plan) -> None:
+    """Raise :class:`ConfigError` for a setting the host cannot serve: a socket directory that is
+    a file (:func:`check_socket_dirs`), a metrics host that does not resolve
+    (:func:`check_metrics_address`). Blocking."""
+    check_socket_dirs(settings, plan)
+    check_metrics_address(settings)
+
+
 def check_socket_dirs(settings: Settings, plan: Plan) -> None:
     """Raise :class:`ConfigError` when a directory the agent keeps or finds sockets in is a file,
     or lies under one: nothing could ever be served or found there. A directory that does not
@@ -209,6 +221,25 @@ def check_socket_dirs(settings: Settings, plan: Plan) -> None:
         blocker = file_in_the_way(directory)
         if blocker is not None:
             raise ConfigError(settings.named(option), f"{blocker} is not a directory")
+
+
+def check_metrics_address(settings: Settings) -> None:
+    """Raise :class:`ConfigError` when the metrics address's host does not resolve (binding it
+    would fail with a resolver code, 'Unknown error -2'). Asks the resolver: blocking."""
+    host = settings.metrics_host
+    if not host:
+        return
+    try:
+        socket.getaddrinfo(
+            host, settings.metrics_port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except socket.gaierror as exc:
+        raise ConfigError(settings.named("metrics_address"), unresolved(host, exc)) from exc
+
+
+def unresolved(host: str, exc: socket.gaierror) -> str:
+    """Why ``host`` cannot be listened on: the resolver's answer, said as such."""
+    return f"host {host!r} does not resolve ({exc.strerror})"
 
 
 def _in_file(option: str, path: Path | None, exc: SettingError) -> ConfigError:

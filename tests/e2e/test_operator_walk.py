@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,8 @@ import pytest
 from support.fake_apiserver import FakeApiServer
 
 from e2e.agentprocess import T, free_port
+from gpuagent.app.startup import listen
+from gpuagent.config import ConfigError, load_settings
 
 pytestmark = pytest.mark.slow
 
@@ -93,3 +96,49 @@ def test_a_dra_gpu_the_node_lacks_is_the_one_error_and_nothing_is_made(
         f"--dra-gpus: names {absent}, which this node does not have (it has GPU indexes 0-1 "
     )
     assert {name: path.exists() for name, path in made.items()} == dict.fromkeys(made, False)
+
+
+@pytest.mark.parametrize(
+    ("given", "named"),
+    [
+        (["--metrics-address", "nosuchhost.invalid:9513"], "--metrics-address"),
+        (["--check-config", "CONFIG", "--metrics-address=nosuchhost.invalid:9513"],
+         "--metrics-address"),
+        (["ENV"], "GPUAGENT_METRICS_ADDRESS"),
+    ],
+    ids=["start", "check-config", "variable"],
+)  # fmt: skip
+def test_a_metrics_host_that_does_not_resolve_is_said_so(
+    short_tmp_path: Path, given: list[str], named: str
+) -> None:
+    """Not the resolver's code as an errno ('Unknown error -2'): exit 2, one line, nothing
+    started. (``.invalid`` never resolves: RFC 6761.)"""
+    config = short_tmp_path / "gpuagent.yaml"
+    config.write_text("version: v1\n")
+    env = {**os.environ, "GPUAGENT_METRICS_ADDRESS": "nosuchhost.invalid:9513"}
+    args = [str(config) if a == "CONFIG" else a for a in given if a != "ENV"]
+    result = subprocess.run(
+        [sys.executable, "-m", "gpuagent", "--simulate", "1", *args,
+         "--socket-dir", str(short_tmp_path), "--log-format", "json"],
+        capture_output=True, text=True, timeout=T, check=False,
+        env=env if "ENV" in given else {**os.environ},
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(
+        f"gpuagent: configuration error: {named}: host 'nosuchhost.invalid' does not resolve ("
+    ), line
+
+
+async def test_a_host_that_stops_resolving_before_the_bind_is_said_so() -> None:
+    class Unresolved:
+        async def bind(self) -> None:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    settings = load_settings(["--metrics-address", "gone.invalid:9513"], {})
+    with pytest.raises(ConfigError) as caught:
+        await listen(Unresolved(), settings)  # type: ignore[arg-type]
+    assert str(caught.value) == (
+        "--metrics-address: host 'gone.invalid' does not resolve (Name or service not known)"
+    )
