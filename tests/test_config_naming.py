@@ -53,6 +53,12 @@ BAD_SIM = "version: v1\ngpus:\n  - memory_mib: lots\n"
         pytest.param(["--events"], {"GPUAGENT_KUBECONFIG": "/nonexistent/kc"}, "",
                      "--events: needs API server credentials: GPUAGENT_KUBECONFIG "
                      "/nonexistent/kc: no such file", id="kubeconfig-named-in-the-reason"),
+        pytest.param(["--dra-mig", "dynamic"], {}, "",
+                     "--dra-mig: dynamic cannot be combined with --dra-gpus none: MIG devices",
+                     id="dynamic-mig-without-dra"),
+        pytest.param([], {"GPUAGENT_DRA_MIG": "dynamic"}, "dra-gpus: none\n",
+                     "GPUAGENT_DRA_MIG: dynamic cannot be combined with config file key "
+                     "'dra-gpus' none", id="dynamic-mig-without-dra-from-the-file"),
         pytest.param(["--dra-gpus=all"], {}, "",
                      "--dra-gpus: needs API server credentials: in-cluster",
                      id="dra-without-credentials"),

@@ -148,29 +148,32 @@ def run(*cmd: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
 # ----- building the overlays ----------------------------------------------------------------------
 
 
-@functools.cache
-def _build(name: str) -> tuple[dict[str, Any], ...]:
+def kustomize(name: str) -> subprocess.CompletedProcess[str]:
+    """``kubectl kustomize`` of an overlay, or (``overlay+component``) of an operator's
+    kustomization: the overlay plus the component (kustomize wants both as relative paths)."""
     kubectl = tool("kubectl")
     overlay, _, component = name.partition("+")
-    if component:
-        # An operator's kustomization: the overlay plus the component (kustomize wants both as
-        # relative paths).
-        with tempfile.TemporaryDirectory() as tmp:
-            where = Path(tmp)
-            (where / "kustomization.yaml").write_text(
-                yaml.safe_dump(
-                    {
-                        "apiVersion": "kustomize.config.k8s.io/v1beta1",
-                        "kind": "Kustomization",
-                        "resources": [os.path.relpath(KUSTOMIZATIONS[overlay], where)],
-                        "components": [os.path.relpath(COMPONENTS[component], where)],
-                    }
-                ),
-                encoding="utf-8",
-            )
-            result = run(kubectl, "kustomize", str(where))
-    else:
-        result = run(kubectl, "kustomize", str(KUSTOMIZATIONS[name]))
+    if not component:
+        return run(kubectl, "kustomize", str(KUSTOMIZATIONS[name]))
+    with tempfile.TemporaryDirectory() as tmp:
+        where = Path(tmp)
+        (where / "kustomization.yaml").write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                    "kind": "Kustomization",
+                    "resources": [os.path.relpath(KUSTOMIZATIONS[overlay], where)],
+                    "components": [os.path.relpath(COMPONENTS[component], where)],
+                }
+            ),
+            encoding="utf-8",
+        )
+        return run(kubectl, "kustomize", str(where))
+
+
+@functools.cache
+def _build(name: str) -> tuple[dict[str, Any], ...]:
+    result = kustomize(name)
     assert result.returncode == 0, f"kubectl kustomize {name} failed:\n{result.stderr}"
     docs = [doc for doc in yaml.safe_load_all(result.stdout) if doc is not None]
     assert docs, f"{name} built nothing"
@@ -1183,6 +1186,15 @@ def test_the_taint_component_switches_the_taint_on_and_pins_it(tmp_path: Path) -
     text = json.dumps(_policies(docs)["gpuagent-node-taint"]["spec"])
     assert "nvidia.com/gpu-unhealthy" in text
     assert "NoSchedule" in text
+
+
+@pytest.mark.parametrize("overlay", sorted(set(KUSTOMIZATIONS) - {"dra"}))
+def test_the_dynamic_mig_component_does_not_build_without_the_dra_overlay(overlay: str) -> None:
+    """MIG made on demand serves DRA's claims: on an overlay without DRA it would add
+    CAP_SYS_ADMIN for nothing (and the agent refuses --dra-mig dynamic without a DRA GPU)."""
+    result = kustomize(f"{overlay}+dra-mig-dynamic")
+    assert result.returncode != 0
+    assert "DeviceClass.v1.resource.k8s.io/mig.nvidia.com" in result.stderr
 
 
 def test_the_dynamic_mig_component_switches_it_on_with_the_runtimes_mig_capabilities() -> None:

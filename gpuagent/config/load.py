@@ -115,14 +115,7 @@ def load_settings(
             sources.label(SIM_CONFIG), f"cannot be combined with {sources.label(SIMULATE)}"
         )
     kubernetes = sources.get(KUBERNETES, True)
-    dra_gpus = sources.get(DRA_GPUS, "none")
-    if not kubernetes and dra_gpus.strip().lower() != "none":
-        # A GPU for DRA would be offered nowhere: DRA needs the kubelet and the API server.
-        raise ConfigError(
-            sources.label(DRA_GPUS),
-            f"cannot be combined with {sources.label(KUBERNETES)} false: DRA serves GPUs "
-            "through the kubelet and the API server",
-        )
+    dra_gpus, dra_mig = _dra(sources, kubernetes=kubernetes)
     node_health = _node_health(sources, kubernetes=kubernetes)
     return Settings(
         socket_dir=socket_dir,
@@ -169,7 +162,7 @@ def load_settings(
         machine_type_file=sources.get(MACHINE_TYPE_FILE, Path("/sys/class/dmi/id/product_name")),
         dra_gpus=dra_gpus,
         dra_driver_name=sources.get(DRA_DRIVER_NAME, "gpu.nvidia.com"),
-        dra_mig=sources.get(DRA_MIG, DraMig.STATIC),
+        dra_mig=dra_mig,
         plugins_registry_dir=sources.get(
             PLUGINS_REGISTRY_DIR, Path("/var/lib/kubelet/plugins_registry")
         ),
@@ -191,6 +184,28 @@ def load_settings(
         check_config=check_config,
         origins={opt.dest: found[1] for opt in OPTIONS if (found := sources.find(opt))},
     )
+
+
+def _dra(sources: Sources, *, kubernetes: bool) -> tuple[str, DraMig]:
+    """``--dra-gpus`` and ``--dra-mig``; refused where they contradict the rest: a GPU for DRA
+    would be offered nowhere without Kubernetes (DRA needs the kubelet and the API server), and
+    MIG made on demand for no DRA GPU would only take CAP_SYS_ADMIN for nothing."""
+    dra_gpus = sources.get(DRA_GPUS, "none")
+    dra_mig = sources.get(DRA_MIG, DraMig.STATIC)
+    no_dra = dra_gpus.strip().lower() == "none"
+    if not kubernetes and not no_dra:
+        raise ConfigError(
+            sources.label(DRA_GPUS),
+            f"cannot be combined with {sources.label(KUBERNETES)} false: DRA serves GPUs "
+            "through the kubelet and the API server",
+        )
+    if dra_mig is DraMig.DYNAMIC and no_dra:
+        raise ConfigError(
+            sources.label(DRA_MIG),
+            f"dynamic cannot be combined with {sources.label(DRA_GPUS)} none: MIG devices are "
+            "made on demand only for GPUs served through DRA",
+        )
+    return dra_gpus, dra_mig
 
 
 def _node_health(sources: Sources, *, kubernetes: bool) -> tuple[bool | None, bool | None, bool]:
