@@ -31,6 +31,7 @@ from gpuagent.domain.devices import CdiSpec
 from gpuagent.domain.naming import mig_index
 from gpuagent.domain.serving import spec_devices
 from gpuagent.domain.snapshot import Snapshot
+from gpuagent.logs import ProblemLog
 from gpuagent.nodefiles.cdi import (
     TOOLKIT_SPEC_DIRS,
     Spec,
@@ -100,6 +101,7 @@ class CdiSpecKeeper:
         self._retrying = False  # the last write failed
         self._delay = RETRY_FIRST_S
         self._described = DescribedDevices()
+        self._libraries = ProblemLog(log)  # said once, not at every try of a failing write
         if target.mode == WRITE:
             store.update(lambda s: replace(s, cdi=s.cdi or CdiSpec()))
 
@@ -145,7 +147,9 @@ class CdiSpecKeeper:
                 return
             target = self._target
             try:
-                changed = await asyncio.to_thread(write_cdi, snapshot, containers, target)
+                changed = await asyncio.to_thread(
+                    write_cdi, snapshot, containers, target, self._libraries
+                )
             except OSError as exc:
                 if str(exc) != self._error:
                     log.warning("cannot write file", what="cdi spec", path=str(target.spec_dir),
@@ -168,12 +172,19 @@ class CdiSpecKeeper:
             self._store.update(lambda s: replace(s, cdi=change(s.cdi or CdiSpec())))
 
 
-def write_cdi(snapshot: Snapshot, containers: ContainerSettings, target: CdiTarget) -> bool:
-    """Bring the agent's CDI spec in line with ``snapshot``; True if the file changed."""
+def write_cdi(
+    snapshot: Snapshot,
+    containers: ContainerSettings,
+    target: CdiTarget,
+    libraries: ProblemLog | None = None,
+) -> bool:
+    """Bring the agent's CDI spec in line with ``snapshot``; True if the file changed.
+    ``libraries``: where the want of the driver's libraries is said (see :func:`driver_files`)."""
     if target.mode == TOOLKIT:
         _check_toolkit(snapshot, containers, target)
         return sync_spec(None, target.spec_dir)
-    return sync_spec(node_spec(snapshot, containers, target), target.spec_dir)
+    files = driver_files(snapshot, target, libraries)
+    return sync_spec(node_spec(snapshot, containers, target, files), target.spec_dir)
 
 
 def node_spec(
@@ -196,17 +207,27 @@ def node_spec(
     )
 
 
-def driver_files(snapshot: Snapshot, target: CdiTarget) -> DriverFiles:
-    """The driver's files for ``snapshot``'s driver and GPUs under the target's driver root."""
+def driver_files(
+    snapshot: Snapshot, target: CdiTarget, libraries: ProblemLog | None = None
+) -> DriverFiles:
+    """The driver's files for ``snapshot``'s driver and GPUs under the target's driver root.
+    Their libraries' absence is said through ``libraries`` (once until they are found: a caller
+    that looks again and again keeps one), or at once without it."""
     root = DriverRoot(target.read_root, kernel_release=target.kernel_release)
     version = snapshot.driver.version
     files = root.find(version, [g.pci_bus_id for g in snapshot.gpus])
+    said = libraries or ProblemLog(log)
+    host_root, read_at = target.driver_root, str(target.read_root)
     if snapshot.gpus and not files.libraries:
-        log.warning(
+        said.failed(
             "driver libraries not found; CDI containers get device nodes only",
-            driver_root=target.driver_root,
-            read_at=str(target.read_root),
+            driver_root=host_root,
+            read_at=read_at,
             driver_version=version,
+        )
+    elif files.libraries:
+        said.recovered(
+            "driver libraries found", driver_root=host_root, read_at=read_at, driver_version=version
         )
     return files
 
@@ -224,13 +245,14 @@ class NodeSpecs:
         self._spec: Spec | None = None
         self._files_key: object = None
         self._files: DriverFiles | None = None
+        self._libraries = ProblemLog(log)
 
     def get(self, snapshot: Snapshot, containers: ContainerSettings) -> Spec | None:
         key = _spec_key(snapshot, containers, described_devices)
         if key != self._key:
             files_key = (snapshot.driver.version, tuple(g.pci_bus_id for g in snapshot.gpus))
             if files_key != self._files_key or self._files is None:
-                self._files = driver_files(snapshot, self._target)
+                self._files = driver_files(snapshot, self._target, self._libraries)
                 self._files_key = files_key
             self._spec = node_spec(snapshot, containers, self._target, self._files)
             self._key = key

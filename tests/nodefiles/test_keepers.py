@@ -288,6 +288,49 @@ async def test_a_failed_write_is_tried_again_at_a_change_once_its_backoff_is_ove
             await task
 
 
+async def test_a_write_that_keeps_failing_says_each_problem_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A spec directory that is a file, on a node whose driver libraries are not found: each
+    try of the write (at a poll, once its backoff is over) finds both again; each is said once."""
+    monkeypatch.setattr(cdikeeper, "RETRY_FIRST_S", 0.001)
+    monkeypatch.setattr(cdikeeper, "RETRY_MAX_S", 0.001)
+    tries: list[int] = []
+    real = cdikeeper.write_cdi
+
+    def counted(*args: Any) -> bool:
+        tries.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(cdikeeper, "write_cdi", counted)
+    cdi = tmp_path / "cdi"
+    cdi.write_text("not a directory\n")
+    containers = ContainerSettings(strategies=(DeviceListStrategy.CDI_CRI,))
+    store = DeviceStore(NODE, plan=Plan(serving=ServingPolicy(containers=containers)))
+    keeper = CdiSpecKeeper(store, CdiTarget(spec_dir=cdi, read_root=tmp_path / "empty"))
+    polls = itertools.count()
+
+    def polled_and_tried(times: int) -> bool:
+        reading = Telemetry(temperature_c=float(next(polls)))
+        store.update(lambda s: replace(s, gpus=(replace(s.gpus[0], telemetry=reading),
+                                                *s.gpus[1:])))  # fmt: skip
+        return len(tries) >= times
+
+    with capture_logs() as logs:
+        task = asyncio.create_task(keeper.run())
+        try:
+            await eventually(lambda: polled_and_tried(5), what="the write tried again")
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    warned = [e["event"] for e in logs if e["log_level"] == "warning"]
+    assert warned == [
+        "driver libraries not found; CDI containers get device nodes only",
+        "cannot write file",
+    ]
+
+
 def test_node_specs_read_the_driver_root_again_only_for_a_new_driver_or_gpus(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -297,9 +340,9 @@ def test_node_specs_read_the_driver_root_again_only_for_a_new_driver_or_gpus(
     reads: list[str] = []
     real = cdikeeper.driver_files
 
-    def counted(snapshot: Snapshot, target: CdiTarget) -> Any:
+    def counted(snapshot: Snapshot, target: CdiTarget, *more: Any) -> Any:
         reads.append(snapshot.driver.version)
-        return real(snapshot, target)
+        return real(snapshot, target, *more)
 
     monkeypatch.setattr(cdikeeper, "driver_files", counted)
     specs = cdikeeper.NodeSpecs(CdiTarget(spec_dir=tmp_path / "cdi", read_root=tmp_path / "mnt"))
