@@ -32,6 +32,12 @@ log = structlog.get_logger("gpuagent.registration")
 API_VERSION = "v1beta1"
 MAX_REASON = 300  # characters of a registration error kept for /readyz
 
+# Why a registered cycle ended, as the log and /readyz say it: only the kubelet's socket replaced
+# (or gone) is a kubelet restart; ours gone, or the plugin that took our path gone, is not.
+KUBELET_RESTARTED = "kubelet restart detected; serving and registering again"
+SOCKET_REMOVED = "our plugin socket was removed; serving and registering again"
+TAKEN_OVER_GONE = "the plugin that took over our socket is gone; serving and registering again"
+
 
 @dataclass(frozen=True, slots=True)
 class Timing:
@@ -136,16 +142,17 @@ class PluginEndpoint:
             log.debug(problem, resource=self._resource_name)
 
     async def _cycle(self) -> bool:
-        """Serve, register and watch once; ``True`` if registered until the kubelet restarted."""
+        """Serve, register and watch once; ``True`` if registered until the watch ended (the
+        kubelet restarted, or our socket went), said as what it was."""
         self._kubelet_id = kubelet_id = await self._wait_for_kubelet()
         own_id = await self._serve()
         if not await self._register():
             return False
         self._publish(True)
         self._logged = ""
-        await self._watch(kubelet_id, own_id)
-        self._publish(False, "the kubelet restarted; registering again")
-        log.info("kubelet restart detected; serving and registering again")
+        why = await self._watch(kubelet_id, own_id)
+        self._publish(False, why)
+        log.info(why, resource=self._resource_name)
         return True
 
     async def _back_off(self, seconds: float) -> None:
@@ -225,8 +232,8 @@ class PluginEndpoint:
             channel.close()
         return False
 
-    async def _watch(self, kubelet_id: SocketId, own_id: SocketId | None) -> None:
-        """Return once the kubelet socket is gone or replaced, or ours is (identities taken
+    async def _watch(self, kubelet_id: SocketId, own_id: SocketId | None) -> str:
+        """Return why, once the kubelet socket is gone or replaced, or ours is (identities taken
         before ``Register``).
 
         Our socket gone while the kubelet's stays is not yet a restart: a restarting kubelet
@@ -238,36 +245,37 @@ class PluginEndpoint:
         gone_at: float | None = None
         while True:
             if socket_id(self._kubelet_socket) != kubelet_id:
-                return
+                return KUBELET_RESTARTED
             current = socket_id(self._socket_path)
             if own_id is None:
-                return
+                return SOCKET_REMOVED
             if current is not None and current != own_id:
-                await self._stand_by(kubelet_id)
-                return
+                return await self._stand_by(kubelet_id)
             if current is None:
                 gone_at = loop.time() if gone_at is None else gone_at
                 left = gone_at + self._timing.settle - loop.time()
                 if left <= 0:
-                    return
+                    return SOCKET_REMOVED
                 await self._changed(min(left, self._timing.watch_interval), left)
                 continue
             await self._changed(self._timing.watch_interval)
 
-    async def _stand_by(self, kubelet_id: SocketId) -> None:
+    async def _stand_by(self, kubelet_id: SocketId) -> str:
         """Another plugin (a rolling update's new agent) now serves our socket path and has
         registered in our place: never take it back. Wait until its socket is gone or the kubelet
-        restarts, then serve and register again."""
+        restarts, then (returning which) serve and register again."""
         log.warning(
             "another plugin took over the socket; standing by", socket=str(self._socket_path)
         )
         self._publish(False, "another plugin serves this socket")
         await self._close_server()
-        while (
-            socket_id(self._socket_path) is not None
-            and socket_id(self._kubelet_socket) == kubelet_id
-        ):
+        while socket_id(self._socket_path) is not None:
+            if socket_id(self._kubelet_socket) != kubelet_id:
+                return KUBELET_RESTARTED
             await self._changed(self._timing.watch_interval)
+        return (
+            KUBELET_RESTARTED if socket_id(self._kubelet_socket) != kubelet_id else TAKEN_OVER_GONE
+        )
 
     async def _changed(self, poll: float, at_most: float | None = None) -> None:
         """Until an entry of the socket directories changes (or ``poll`` s pass, where they are

@@ -183,6 +183,20 @@ async def test_kubelet_start_restart_and_a_takeover_are_followed(
     plugin = endpoint(
         store, device_plugin_dir / "nvidia-gpu.sock", device_plugin_dir / "kubelet.sock", timing
     )
+    with capture_logs() as logs:
+        await _start_restart_and_takeover(plugin, store, device_plugin_dir, grpc_stubs)
+    # Each end of a registration said as what it was: the takeover's end is no kubelet restart
+    # (the restart itself may be met by the first Register, still waiting for its answer).
+    events = [e["event"] for e in logs]
+    after = events[events.index("another plugin took over the socket; standing by") :]
+    assert [e for e in after if "registering again" in e] == [
+        "the plugin that took over our socket is gone; serving and registering again",
+    ]
+
+
+async def _start_restart_and_takeover(
+    plugin: PluginEndpoint, store: DeviceStore, device_plugin_dir: Path, grpc_stubs: StubModules
+) -> None:
     task = asyncio.create_task(plugin.run())
     try:
         await eventually(lambda: "waiting for the kubelet" in state(store).error,
@@ -224,13 +238,17 @@ async def test_a_socket_deleted_by_hand_is_served_again_after_the_settle_time(
     with FakeKubelet(device_plugin_dir, grpc_stubs) as kubelet:
         sock = device_plugin_dir / "nvidia-gpu.sock"
         plugin = endpoint(store, sock, kubelet.kubelet_socket, replace(timing, settle=0.05))
-        task = asyncio.create_task(plugin.run())
-        try:
-            await asyncio.to_thread(kubelet.wait_for_registrations, 1, T)
-            await eventually(lambda: state(store).registered, what="registered")
-            await asyncio.to_thread(sock.unlink)
-            await asyncio.to_thread(kubelet.wait_for_registrations, 2, T)
-            await eventually(sock.exists, what="our socket again")
-        finally:
-            task.cancel()
-            await asyncio.wait({task})
+        with capture_logs() as logs:
+            task = asyncio.create_task(plugin.run())
+            try:
+                await asyncio.to_thread(kubelet.wait_for_registrations, 1, T)
+                await eventually(lambda: state(store).registered, what="registered")
+                await asyncio.to_thread(sock.unlink)
+                await asyncio.to_thread(kubelet.wait_for_registrations, 2, T)
+                await eventually(sock.exists, what="our socket again")
+            finally:
+                task.cancel()
+                await asyncio.wait({task})
+    assert [e["event"] for e in logs if "registering again" in e["event"]] == [
+        "our plugin socket was removed; serving and registering again"
+    ]
