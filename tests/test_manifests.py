@@ -1202,3 +1202,45 @@ def test_the_dynamic_mig_component_switches_it_on_with_the_runtimes_mig_capabili
     assert env["GPUAGENT_DRA_MIG"] == "dynamic"
     assert env["NVIDIA_MIG_CONFIG_DEVICES"] == env["NVIDIA_MIG_MONITOR_DEVICES"] == "all"
     assert "GPUAGENT_DRA_MIG" not in {e["name"] for e in container(build("dra"))["env"]}
+
+
+def test_install_md_s_own_overlay_builds_with_the_operators_config(tmp_path: Path) -> None:
+    """docs/install.md's overlay of one's own: on an overlay that keeps the base's config, the
+    operator's ``config.yaml`` replaces it, and the DaemonSet mounts that."""
+    install = (ROOT / "docs" / "install.md").read_text(encoding="utf-8")
+    (example,) = [
+        block
+        for block in re.findall(r"```yaml\n(.*?)```", install, re.DOTALL)
+        if block.startswith("# my-cluster/kustomization.yaml") and "configMapGenerator" in block
+    ]
+    mine = tmp_path / "my-cluster"
+    mine.mkdir()
+    there = os.path.relpath(MANIFESTS, mine)
+    (mine / "kustomization.yaml").write_text(example.replace("../gpuagent/manifests", there))
+    config = (MANIFESTS / "base" / "config.yaml").read_text(encoding="utf-8")
+    (mine / "config.yaml").write_text(config.replace("log-level: info", "log-level: debug"))
+
+    result = run(tool("kubectl"), "kustomize", str(mine))
+
+    assert result.returncode == 0, result.stderr
+    docs = [doc for doc in yaml.safe_load_all(result.stdout) if doc is not None]
+    config_map = only(docs, "ConfigMap")
+    assert "log-level: debug" in config_map["data"]["config.yaml"]
+    _, pod, ctr = daemonset(docs)
+    mounted = {v["name"]: v for v in pod["volumes"]}["config"]["configMap"]["name"]
+    assert mounted == config_map["metadata"]["name"]
+    assert pod["runtimeClassName"] == "nvidia"
+    assert ctr["image"] == "registry.example.com/gpuagent:0.1.0"
+
+
+def test_the_overlays_the_docs_say_keep_the_base_s_config_do() -> None:
+    """docs/install.md names the overlays with a config.yaml of their own, and those without."""
+    install = " ".join((ROOT / "docs" / "install.md").read_text(encoding="utf-8").split())
+    own = {name for name, path in KUSTOMIZATIONS.items() if (path / "config.yaml").exists()}
+    own.discard("base")
+    keep = set(KUSTOMIZATIONS) - own - {"base"}
+    said = re.search(r"which the (.*?) overlays keep, or the overlay's own `config.yaml` \((.*?)\)",
+                     install)  # fmt: skip
+    assert said, "install.md no longer says which overlays have a config.yaml"
+    assert set(re.findall(r"`([\w-]+)`", said.group(1))) == keep
+    assert set(re.findall(r"`([\w-]+)`", said.group(2))) == own
