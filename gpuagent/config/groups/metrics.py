@@ -19,8 +19,8 @@ WEB_CONFIG_FILE = Option(
 HOSTNAME_LABEL = Option(
     "hostname-label",
     choice(HOSTNAME_LABELS),
-    "name of the host label on dcgm-exporter series: Hostname (before dcgm-exporter 4.5) or "
-    "hostname (default Hostname)",
+    "name of the host label on dcgm-exporter series: Hostname (dcgm-exporter before 4.8.3) or "
+    "hostname (4.8.3 on; default Hostname)",
     "NAME",
 )
 NO_HOSTNAME = Option(
