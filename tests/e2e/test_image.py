@@ -51,6 +51,8 @@ TAG = f"localhost/gpuagent-test:e2e-{os.getpid()}"
 USER = 65532
 # What the agent's layers may add to the base (issue 20: at most 60 MB).
 ADDED_BUDGET = 60_000_000
+# How far docs/install.md's sizes may be from the image's (a dependency's patch release moves them).
+DOCS_TOLERANCE_MB = 0.5
 T = 30.0
 
 
@@ -130,6 +132,24 @@ def test_the_image_is_labelled_non_root_and_small(image: str) -> None:
     assert base.startswith("localhost/gpuagent-debian-base:bookworm-"), base
     added = int(found["Size"]) - int(inspect(base)["Size"])
     assert 0 < added <= ADDED_BUDGET, f"the agent's layers add {added / 1e6:.1f} MB"
+    measured = (int(inspect(base)["Size"]) / 1e6, added / 1e6, int(found["Size"]) / 1e6)
+    assert _documented_sizes() == pytest.approx(measured, abs=DOCS_TOLERANCE_MB), (
+        "docs/install.md: the Debian base is {:.1f} MB and the agent's layers add {:.1f} MB, "
+        "{:.1f} MB in all".format(*measured)
+    )
+
+
+def _documented_sizes() -> tuple[float, float, float]:
+    """The base's, the agent's layers' and the image's size docs/install.md gives, in MB."""
+    text = " ".join((ROOT / "docs" / "install.md").read_text(encoding="utf-8").split())
+    said = re.search(
+        r"the Debian base is ([\d.]+) MB and the agent's layers add ([\d.]+) MB, "
+        r"([\d.]+) MB in all",
+        text,
+    )
+    assert said, "docs/install.md no longer gives the image's size"
+    base, added, total = (float(v) for v in said.groups())
+    return base, added, total
 
 
 def test_python_loads_the_agent_from_bytecode(image: str) -> None:
