@@ -11,11 +11,9 @@ first use and removed with the driver object (or at exit), as its ``/proc``
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-import weakref
 from pathlib import Path
 
+from gpuagent.gpu.sim.scratch import scratch_folder
 from gpuagent.gpu.sim.spec import SimGpuSpec, SimNode
 
 __all__ = ["SimSysFiles", "machine_type_file", "pci_address", "write_host_files"]
@@ -35,8 +33,7 @@ class SimSysFiles:
     def root(self) -> Path:
         """The folder standing for ``/sys``, its files written (made on first use)."""
         if self._root is None:
-            root = Path(tempfile.mkdtemp(prefix="gpuagent-sim-sys-"))
-            weakref.finalize(self, shutil.rmtree, root, ignore_errors=True)
+            root = scratch_folder(self, "sys")
             write_host_files(self._node, root)
             self._root = root
         return self._root

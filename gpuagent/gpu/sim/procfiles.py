@@ -12,11 +12,9 @@ The folder is made on first use and removed with the driver object (or at exit).
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-import weakref
 from pathlib import Path
 
+from gpuagent.gpu.sim.scratch import scratch_folder
 from gpuagent.gpu.sim.spec import SimNode, mig_minors_text
 
 __all__ = ["MIG_MINORS", "BOOT_ID", "SimProcFiles"]
@@ -38,8 +36,7 @@ class SimProcFiles:
     def root(self) -> Path:
         """The folder standing for ``/proc``, its files written (made on first use)."""
         if self._root is None:
-            root = Path(tempfile.mkdtemp(prefix="gpuagent-sim-proc-"))
-            weakref.finalize(self, shutil.rmtree, root, ignore_errors=True)
+            root = scratch_folder(self, "proc")
             for name, text in ((MIG_MINORS, mig_minors_text(self._node)), (BOOT_ID, self.boot_id)):
                 path = root / name
                 path.parent.mkdir(parents=True, exist_ok=True)
