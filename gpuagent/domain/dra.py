@@ -28,7 +28,7 @@ from gpuagent.domain.apivalues import Version, dns_label, label_value, pci_bus_i
 from gpuagent.domain.devices import Condition, Gpu, GpuHealth, MigDevice, NodeState
 from gpuagent.domain.dynmig import CounterSet, Partition, instance_at, partitions
 from gpuagent.domain.errors import SettingError
-from gpuagent.domain.health import LOST, RECOVERY, ROW_REMAP_PENDING
+from gpuagent.domain.health import LOST, RECOVERY, ROW_REMAP_PENDING, XID
 from gpuagent.domain.migshapes import MigShape, Placement
 from gpuagent.domain.resources import MigStrategy
 
@@ -203,15 +203,24 @@ _NONE: Mapping[str, int] = MappingProxyType({})
 def taints(health: GpuHealth, driver: str) -> tuple[Taint, ...]:
     """The taints of a device on a GPU with ``health`` (none while healthy).
 
-    One per condition, at most four (the API's limit), each ``NoExecute`` when the GPU needs a
-    reset (lost, a pending row remap, a reset-type recovery action), else ``NoSchedule``.
+    One per condition (a cause), at most four (the API's limit: those that need a reset first,
+    then by key), each ``NoExecute`` when the GPU needs a reset (lost, a pending row remap, a
+    reset-type recovery action), else ``NoSchedule``. A taint stays the same while its cause
+    holds: the XID's number is not its value (the next XID on a GPU already failing changes
+    nothing in the slice; the condition, the events and /metrics name it), the other details
+    are fixed while their condition holds, or (the recovery action) are the remedy.
     """
     out: list[Taint] = []
-    for condition in health.conditions[:MAX_TAINTS]:
+    for condition in sorted(health.conditions, key=_taint_order)[:MAX_TAINTS]:
         effect = Effect.NO_EXECUTE if _needs_reset(condition) else Effect.NO_SCHEDULE
         key = f"{driver}/{dns_label(condition.kind.replace('_', '-'))}"
-        out.append(Taint(key=key, value=label_value(condition.detail), effect=effect))
+        value = "" if condition.kind == XID else label_value(condition.detail)
+        out.append(Taint(key=key, value=value, effect=effect))
     return tuple(out)
+
+
+def _taint_order(condition: Condition) -> tuple[bool, str]:
+    return (not _needs_reset(condition), condition.kind)
 
 
 def _needs_reset(condition: Condition) -> bool:

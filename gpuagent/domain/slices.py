@@ -9,12 +9,13 @@ never both; at most :data:`MAX_COUNTER_SETS_PER_SLICE` sets each), first, then t
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from gpuagent.domain.apivalues import Version
 from gpuagent.domain.dra import DraDevice
 from gpuagent.domain.dynmig import CounterSet
+from gpuagent.domain.pacing import NewsKey
 
 __all__ = [
     "API_VERSION",
@@ -22,6 +23,7 @@ __all__ = [
     "MAX_DEVICES_PER_SLICE",
     "slice_manifests",
     "slice_name",
+    "taints_by_cause",
 ]
 
 API_VERSION = "resource.k8s.io/v1"
@@ -89,6 +91,18 @@ def slice_manifests(
         }
         for index, content in enumerate(contents)
     ]
+
+
+def taints_by_cause(devices: Iterable[DraDevice]) -> dict[NewsKey, frozenset[tuple[str, ...]]]:
+    """What the slices say of each GPU's health, by GPU and taint key (a cause): the devices
+    tainted so, with the taint's value and effect. A key whose entry changes is a change of that
+    GPU's health (a cause appeared, cleared or changed its remedy); nothing else in a slice is."""
+    out: dict[NewsKey, set[tuple[str, ...]]] = {}
+    for device in devices:
+        for taint in device.taints:
+            entry = (device.name, taint.value, taint.effect.value)
+            out.setdefault((device.gpu_index, taint.key), set()).add(entry)
+    return {key: frozenset(entries) for key, entries in out.items()}
 
 
 def _counter_set(counters: CounterSet) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from typing import Any
 
 import structlog
 
+from gpuagent.clock import Clock
 from gpuagent.domain.claims import ClaimUnavailable
 from gpuagent.domain.dra import DraDevice, unpublished_gpus
 from gpuagent.domain.snapshot import Snapshot
@@ -62,6 +63,7 @@ class DraSide:
         health_resend_s: float = 20.0,
         on_prepared: Callable[[], None] = lambda: None,
         proc_root: Path = Path("/proc"),  # where the kernel's boot ID is read
+        clock: Clock | None = None,
     ) -> None:
         self._store = store
         # Once per snapshot, shared by the publisher, the health streams and the preparer (a new
@@ -102,6 +104,7 @@ class DraSide:
             driver=plan.driver,
             backoff=backoff,
             coalescing=coalescing,
+            clock=clock,
         )
         store.counters.follow_dra(self.counters)
 
@@ -151,7 +154,6 @@ class DraSide:
     def counters(self) -> DraCounters:
         publisher, stats = self.publisher, self.stats
         return DraCounters(
-            api_up=publisher.up,
             api_errors=publisher.failures,
             slice_writes=publisher.writes,
             slice_generation=publisher.generation,

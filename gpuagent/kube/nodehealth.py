@@ -6,9 +6,14 @@ One task per agent, never awaited by anything else: an API server that is slow o
 only these writes. On each store change the snapshot is projected
 (:func:`~gpuagent.domain.nodehealth.project`); when the projection changes, the model
 (:class:`~gpuagent.domain.nodehealth.NodeHealthModel`) works out what to write, and the writes go
-out in batches paced by :class:`~gpuagent.kube.pacer.Pacer`: at once after a quiet spell, then at
-most once per window; through an outage only the latest state of each object is kept, and the
-first batch after it goes out after a random delay (the backoff's full jitter).
+out in batches paced by :class:`~gpuagent.kube.pacer.Pacer`: a change of a GPU's health (a cause
+that appears or clears) at once, whatever was written before, unless that GPU's cause flaps (it
+changed within a minute of its last change going out) or the budget of early writes (as many as
+the node has GPUs, two back a minute) is spent; every other change at once after a quiet spell,
+then at most once per window. Through an outage only the latest state of each object is kept,
+and the first batch after it goes out after a random delay (the backoff's full jitter); whether
+the API server is reached goes into the store's counters as soon as a call fails or works again
+(``gpuagent_kube_backing_off``).
 
 At start the Node is read once: its UID (for events), the condition as a previous agent left it
 (an unchanged condition keeps its ``lastTransitionTime`` and is not written again) and its taints.
@@ -32,20 +37,29 @@ from gpuagent.domain.nodehealth import (
     CONDITION_TYPE,
     TAINT_KEY,
     ConditionReport,
+    DeviceRef,
     EventRecord,
     NodeHealthModel,
     NodeHealthView,
     condition_patch,
     event_manifest,
     event_name,
+    faults_by_cause,
     project,
     series_patch,
 )
-from gpuagent.domain.pacing import Backoff, Coalescing, next_heartbeat
+from gpuagent.domain.pacing import (
+    Backoff,
+    Budget,
+    Coalescing,
+    NewsKey,
+    changed_keys,
+    next_heartbeat,
+)
 from gpuagent.domain.snapshot import Snapshot
 from gpuagent.kube.client import KubeApi
 from gpuagent.kube.pacer import CallFailed, Pacer, next_change
-from gpuagent.state.counters import KubeCounters
+from gpuagent.state.counters import ApiReach, KubeCounters
 from gpuagent.state.store import DeviceStore, Watch
 
 __all__ = ["EVENTS_API", "NodeHealthWriter"]
@@ -86,6 +100,7 @@ class NodeHealthWriter:
         draw: Callable[[], float] = random.random,
         backoff: Backoff = Backoff(),
         coalescing: Coalescing = Coalescing(),
+        budget: Budget = Budget(),
     ) -> None:
         self._store = store
         self._api = api
@@ -97,7 +112,9 @@ class NodeHealthWriter:
         self._clock = clock or LoopClock()
         self._wall = wall
         self._draw = draw
-        self.pacer = Pacer(self._clock, backoff=backoff, coalescing=coalescing, draw=draw)
+        self.pacer = Pacer(
+            self._clock, backoff=backoff, coalescing=coalescing, budget=budget, draw=draw
+        )
         self.model = NodeHealthModel(node)
         self.events_api: str | None = None if events else EVENTS_API
         self._node_read = not (condition or taint)  # the Node is read once, for these
@@ -106,6 +123,10 @@ class NodeHealthWriter:
         self._taint: bool | None = None  # whether the Node has the taint, as last seen
         self.condition_written_at: float | None = None  # wall time of the last condition write
         self._views: Watch[NodeHealthView | None] | None = None
+        self._faults_out: Mapping[
+            NewsKey, frozenset[DeviceRef]
+        ] = {}  # faults as of the last batch out
+        self._reach: ApiReach | None = None
 
     # ----- the loop ----------------------------------------------------------------------------
     @property
@@ -149,9 +170,16 @@ class NodeHealthWriter:
             "event": self.events_api is not None and bool(self.model.pending_events()),
         }  # fmt: skip
 
+    def _health_changed(self) -> frozenset[NewsKey]:
+        """The GPUs and causes whose faults differ from those of the last batch out."""
+        return changed_keys(self._faults_out, faults_by_cause(self.model.view))
+
     def _next(self) -> float | None:
         """When the next batch goes out (``None``: nothing to write, no heartbeat to make)."""
         times: list[float] = []
+        changed = self._health_changed()
+        if self.model.view is not None:
+            self.pacer.capacity = self.model.view.gpus
         for key, has in self._work().items():
             if not has:
                 continue
@@ -160,7 +188,7 @@ class NodeHealthWriter:
                 times.append(until)
                 continue
             self.pacer.changed()
-            if (due := self.pacer.due()) is not None:
+            if (due := self.pacer.due(changed)) is not None:
                 times.append(due)
         if self._heartbeat_at is not None and self._heartbeat_at > self._clock.now():
             times.append(self._heartbeat_at)  # once due, the condition has work: paced above
@@ -168,26 +196,42 @@ class NodeHealthWriter:
 
     async def _flush(self) -> None:
         """One batch: every object with something to write, once."""
-        wrote = False
         try:
-            if self.events_api is None and self.pacer.refused("discovery") is None:
-                await self._discover()
-            if not self._node_read and self.pacer.refused("node") is None:
-                await self._read_node()
-            if self._node_read:
-                if self._condition_due() and self.pacer.refused("node_condition") is None:
-                    wrote |= await self._write_condition()
-                if self._taint_on and self.pacer.refused("node_taint") is None:
-                    wrote |= await self._write_taint()
-            if self.events_api is not None:
-                wrote |= await self._write_events()
+            wrote = await self._batch()
         except CallFailed:  # the server is down or throttles: everything waits (backoff)
             return
         except Exception as exc:  # a bug must not end the task, nor spin: back off as if down
             log.exception("node health write failed")
             self.pacer.pause(f"{type(exc).__name__}: {exc}")
             return
+        finally:
+            self._reached()
         self.pacer.done(wrote=wrote)
+        self._faults_out = faults_by_cause(self.model.view)
+
+    async def _batch(self) -> bool:
+        """Write what is due; returns whether anything was written."""
+        wrote = False
+        if self.events_api is None and self.pacer.refused("discovery") is None:
+            await self._discover()
+        if not self._node_read and self.pacer.refused("node") is None:
+            await self._read_node()
+        if self._node_read:
+            if self._condition_due() and self.pacer.refused("node_condition") is None:
+                wrote |= await self._write_condition()
+            if self._taint_on and self.pacer.refused("node_taint") is None:
+                wrote |= await self._write_taint()
+        if self.events_api is not None:
+            wrote |= await self._write_events()
+        return wrote
+
+    def _reached(self) -> None:
+        """Say in the store whether the API server is reached, as the last calls found."""
+        error = self.pacer.error
+        reach = ApiReach(up=not error, backing_off=bool(error), error=error)
+        if reach != self._reach:
+            self._reach = reach
+            self._store.counters.api_reached("node_health", reach)
 
     # ----- start -------------------------------------------------------------------------------
     async def _discover(self) -> None:
@@ -335,7 +379,6 @@ class NodeHealthWriter:
             condition_written_at=self.condition_written_at,
             events_pending=len(self.model.pending_events()),
             events_dropped=self.model.dropped_events,
-            backing_off=bool(self.pacer.error),
         )
 
     @property

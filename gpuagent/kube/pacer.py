@@ -1,26 +1,28 @@
 """The pacing rules of :mod:`gpuagent.domain.pacing`, applied to one node's API calls.
 
-A writer asks :meth:`Pacer.due` when its pending changes may go out, makes its calls through
-:meth:`Pacer.call` (which counts each, and sorts a failure into one of the :class:`CallFailed`
-kinds), and says :meth:`Pacer.done` after a batch went out whole. Unreachable servers, 429 and
-5xx answers put every call of the node into backoff (full jitter; ``Retry-After`` honoured); 403
-and 404 refuse only the object they concern, which is tried again every ``Backoff.rare`` seconds
-and said once in the log (as is any other refusal, 422 included: retrying soon would not
-help). Nothing here sleeps: the writer waits on its clock until :meth:`due`.
+A writer asks :meth:`Pacer.due` when its pending changes may go out (naming the GPUs and causes
+whose health differs from what it last wrote: news goes at once, the rest is merged), makes its
+calls through :meth:`Pacer.call` (which counts each, and sorts a failure into one of the
+:class:`CallFailed` kinds), and says :meth:`Pacer.done` after a batch went out whole.
+Unreachable servers, 429 and 5xx answers put every call of the node into backoff (full jitter;
+``Retry-After`` honoured); 403 and 404 refuse only the object they concern, which is tried again
+every ``Backoff.rare`` seconds and said once in the log (as is any other refusal, 422 included:
+retrying soon would not help). Nothing here sleeps: the writer waits on its clock until
+:meth:`due`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar
 
 import structlog
 
 from gpuagent.clock import Clock
-from gpuagent.domain.pacing import Backoff, Coalescing
+from gpuagent.domain.pacing import Backoff, Budget, Coalescing, NewsKey, Spent
 from gpuagent.kube.client import ApiError, ApiUnreachable
 from gpuagent.state.store import Watch
 
@@ -76,18 +78,26 @@ class Pacer:
         *,
         backoff: Backoff = Backoff(),
         coalescing: Coalescing = Coalescing(),
+        budget: Budget = Budget(),
         draw: Callable[[], float] = random.random,
     ) -> None:
         self.clock = clock
         self.backoff = backoff
         self.coalescing = coalescing
+        self.budget = budget
         self.draw = draw
         self.counts = RequestCounts()
         self.failures = 0  # in a row, of calls that put the node into backoff
         self.error = ""  # the last such failure, "" once a call succeeded
+        #: The budget's size: the node's GPU count (the writer sets it as it learns it).
+        self.capacity = 1
         self._retry_at: float | None = None
         self._last_write: float | None = None
         self._changed_at: float | None = None
+        self._news_at: float | None = None  # news first seen among the pending changes
+        self._spent = Spent()
+        self._told: dict[NewsKey, float] = {}  # key -> when its last change went out
+        self._stirred: set[NewsKey] = set()  # keys changed since the last write
         self._refused: dict[str, tuple[float, str]] = {}  # object -> (until, why)
 
     # ----- when --------------------------------------------------------------------------------
@@ -100,11 +110,20 @@ class Pacer:
     def pending(self) -> bool:
         return self._changed_at is not None
 
-    def due(self) -> float | None:
-        """When the pending changes may go out (``None``: nothing pending)."""
+    def due(self, changed: Collection[NewsKey] = ()) -> float | None:
+        """When the pending changes may go out (``None``: nothing pending). ``changed``: the GPUs
+        and causes whose health differs from what was last written; those that are news (not
+        flapping) go out once settled, if the budget has a token, whatever was written before."""
         if self._changed_at is None:
             return None
-        due = self.coalescing.due(self._changed_at, self._last_write)
+        now = self.clock.now()
+        self._stirred.update(changed)
+        if not self.budget.news(changed, self._told, now):
+            self._news_at = None
+        elif self._news_at is None:
+            self._news_at = now
+        token_at = self.budget.token_at(self._spent, self.capacity)
+        due = self.coalescing.due(self._changed_at, self._last_write, self._news_at, token_at)
         return max(due, self._retry_at) if self._retry_at is not None else due
 
     def refused(self, obj: str) -> float | None:
@@ -113,10 +132,21 @@ class Pacer:
         return entry[0] if entry is not None and entry[0] > self.clock.now() else None
 
     def done(self, *, wrote: bool) -> None:
-        """The batch went out whole (``wrote``: it made a write, which opens the window)."""
-        self._changed_at = None
+        """The batch went out whole (``wrote``: it made a write, which opens the window). A write
+        with news spends a token; every GPU and cause whose health changed since the last write
+        (and changed back, maybe) flaps for a while: its next change is merged."""
+        now = self.clock.now()
         if wrote:
-            self._last_write = self.clock.now()
+            self._last_write = now
+            if self._news_at is not None:
+                self._spent = self.budget.spend(self._spent, now, self.capacity)
+            for key in self._stirred:
+                self._told[key] = now
+            for key in [k for k, at in self._told.items() if now - at >= self.budget.flap]:
+                del self._told[key]  # long quiet: news again, and kept no longer
+        self._changed_at = None
+        self._news_at = None
+        self._stirred = set()
 
     # ----- calls -------------------------------------------------------------------------------
     async def call(

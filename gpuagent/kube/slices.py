@@ -5,9 +5,15 @@ the node's slices are written (create or replace, with the pool's generation one
 and any left over deleted. The writes follow the API client rules every writer of the agent does
 (:mod:`gpuagent.domain.pacing`, applied by :class:`~gpuagent.kube.pacer.Pacer`):
 
-- the first change after a quiet spell goes out at once (after 0.2 s that gather what one fault
-  changes together: a fault taints its device within a second); later changes are merged into one
-  publication at most every 30 s, so a storm costs a node at most two slice updates a minute;
+- a change of a GPU's health (a taint that appears, clears or changes its effect) goes out at
+  once (after 0.2 s that gather what one fault changes together), whatever was written before;
+  a taint that flaps (changed within a minute of its last change going out) is merged like any
+  other change, and news spends a budget of as many writes as the node has GPUs, two back a
+  minute;
+- other changes go out at once after a quiet spell, then merged into one publication at most
+  every 30 s; a repeat of a fault on a GPU already tainted changes nothing (a taint per cause,
+  its value fixed while the cause holds), so a storm costs a node at most two slice updates a
+  minute once its first news is out;
 - the slices as last written are kept, ``resourceVersion`` included: a replace needs no LIST. The
   node's slices are listed only at start and after a conflict (409: someone else wrote one) or an
   absence (404: one was deleted);
@@ -15,28 +21,31 @@ and any left over deleted. The writes follow the API client rules every writer o
   exponential delay (0.5 s to 60 s), never sooner than its ``Retry-After``; a refusal (403, or a
   422 the writer cannot fix by retrying) is tried again every 10 minutes.
 
-Meanwhile :attr:`SlicePublisher.error` says why (``/readyz``, metrics) and the device plugin side
-goes on untouched.
+Whether the API server is reached goes into the store's counters as soon as a publication fails
+or works again (``gpuagent_dra_api_up``); :attr:`SlicePublisher.error` says why (``/readyz``),
+and the device plugin side goes on untouched.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import structlog
 
 from gpuagent.clock import Clock, LoopClock
 from gpuagent.domain.dra import DraDevice
-from gpuagent.domain.pacing import Backoff, Coalescing
-from gpuagent.domain.slices import slice_manifests
+from gpuagent.domain.pacing import Backoff, Budget, Coalescing, NewsKey, changed_keys
+from gpuagent.domain.slices import slice_manifests, taints_by_cause
 from gpuagent.domain.snapshot import Snapshot
 from gpuagent.kube.client import KubeApi
 from gpuagent.kube.pacer import CallFailed, Pacer, next_change
+from gpuagent.state.counters import ApiReach
 from gpuagent.state.store import DeviceStore, Watch
 
-__all__ = ["Backoff", "Coalescing", "SlicePublisher"]
+__all__ = ["Backoff", "Budget", "Coalescing", "SlicePublisher"]
 
 log = structlog.get_logger("gpuagent.dra.slices")
 
@@ -59,6 +68,7 @@ class SlicePublisher:
         driver: str,
         backoff: Backoff = Backoff(),
         coalescing: Coalescing = Coalescing(),
+        budget: Budget = Budget(),
         clock: Clock | None = None,
         draw: Callable[[], float] = random.random,
     ) -> None:
@@ -68,7 +78,9 @@ class SlicePublisher:
         self._node = node
         self._driver = driver
         self._clock = clock or LoopClock()
-        self.pacer = Pacer(self._clock, backoff=backoff, coalescing=coalescing, draw=draw)
+        self.pacer = Pacer(
+            self._clock, backoff=backoff, coalescing=coalescing, budget=budget, draw=draw
+        )
         self._node_uid: str | None = None
         # The node's slices as last written or listed, by name, each with its resourceVersion;
         # None: not known (at start, after a conflict or an absence): listed before the next write.
@@ -82,6 +94,7 @@ class SlicePublisher:
         self.writes = 0
         self.lists = 0
         self.failures = 0
+        self._reach: ApiReach | None = None
 
     @property
     def seen_version(self) -> int:
@@ -103,8 +116,17 @@ class SlicePublisher:
                 self._latest = devices
 
     def _wanted(self, snapshot: Snapshot) -> tuple[DraDevice, ...] | None:
-        """The devices to publish; ``None`` until the GPUs are discovered."""
-        return self._devices(snapshot) if snapshot.discovered else None
+        """The devices to publish, as a slice says them (without the reason in words, which the
+        kubelet's health stream carries); ``None`` until the GPUs are discovered."""
+        if not snapshot.discovered:
+            return None
+        return tuple(d if not d.reason else replace(d, reason="") for d in self._devices(snapshot))
+
+    def _health_changed(self) -> frozenset[NewsKey]:
+        """The GPUs and causes whose taints differ from those published."""
+        return changed_keys(
+            taints_by_cause(self.published or ()), taints_by_cause(self._latest or ())
+        )
 
     def _next(self) -> float | None:
         """When the next publication goes out (``None``: nothing to publish)."""
@@ -115,8 +137,9 @@ class SlicePublisher:
         until = self.pacer.refused(SLICES)
         if until is not None:
             return until
+        self.pacer.capacity = len({d.gpu_index for d in self._latest})
         self.pacer.changed()
-        return self.pacer.due()
+        return self.pacer.due(self._health_changed())
 
     async def _flush(self) -> None:
         devices = self._latest
@@ -124,7 +147,8 @@ class SlicePublisher:
         try:
             wrote = await self._publish(devices)
         except CallFailed as exc:
-            self._failed(f"API server: {exc.error}")
+            said = exc.error.startswith("API server")  # the pacer's words for a retry
+            self._failed(exc.error if said else f"API server: {exc.error}")
             return
         except Exception as exc:  # a bug must not end the task, nor spin: back off as if down
             log.exception("resource slices not published")
@@ -136,6 +160,7 @@ class SlicePublisher:
             log.info("resource slices published", generation=self.generation)
         self.up = True
         self.error = ""
+        self._reached()
 
     def _failed(self, error: str) -> None:
         self.up = False
@@ -145,6 +170,14 @@ class SlicePublisher:
             "resource slices not published; retrying", error=error
         )
         self.error = error
+        self._reached()
+
+    def _reached(self) -> None:
+        """Say in the store whether the API server is reached, as the last publication found."""
+        reach = ApiReach(up=self.up, backing_off=bool(self.pacer.error), error=self.error)
+        if reach != self._reach:
+            self._reach = reach
+            self._store.counters.api_reached("resource_slices", reach)
 
     async def _publish(self, devices: tuple[DraDevice, ...]) -> bool:
         if self._node_uid is None:

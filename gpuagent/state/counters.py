@@ -2,20 +2,24 @@
 
 Each owner counts into :class:`Counters` itself — the plugin service its allocations, an
 endpoint its registrations, the pod-resources client its calls, the NVML poller its calls (from
-worker threads), the reloader its reloads — and /metrics reads one consistent copy
-(:meth:`Counters.read`). Counts are not part of the versioned snapshot: one that moves wakes no
-watcher and invalidates no cached rendering.
+worker threads), the reloader its reloads, each API writer whether it reaches the API server
+(:class:`ApiReach`, said as soon as a call fails or works again) — and /metrics reads one
+consistent copy (:meth:`Counters.read`). Counts are not part of the versioned snapshot: one that
+moves wakes no watcher and invalidates no cached rendering.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Literal
 
 __all__ = [
     "AgentCounters",
+    "ApiReach",
+    "ApiWriter",
     "Counters",
     "CriStats",
     "LogLinkStats",
@@ -28,6 +32,17 @@ __all__ = [
 ]
 
 ReloadResult = Literal["changed", "unchanged", "invalid"]
+#: The agent's API writers: the DRA side's ResourceSlices, the node's GPU health.
+ApiWriter = Literal["resource_slices", "node_health"]
+
+
+@dataclass(frozen=True, slots=True)
+class ApiReach:
+    """Whether an API writer reaches the API server, as its last calls found it."""
+
+    up: bool = False  # its last batch went out whole (False before the first)
+    backing_off: bool = False  # it waits for a server unreachable, throttling or failing
+    error: str = ""  # why not up ("" while up)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,9 +66,9 @@ class NvmlCallStats:
 
 @dataclass(frozen=True, slots=True)
 class DraCounters:
-    """The DRA side: the API server as last seen, slices written, the kubelet plugin, claims."""
+    """The DRA side: slices written, the kubelet plugin, claims (whether the API server is
+    reached is the publisher's :class:`ApiReach`)."""
 
-    api_up: bool = False
     api_errors: int = 0
     slice_writes: int = 0
     slice_generation: int = 0
@@ -73,13 +88,13 @@ class DraCounters:
 
 @dataclass(frozen=True, slots=True)
 class KubeCounters:
-    """The node-health writer (condition, events, taint): its API calls and what waits."""
+    """The node-health writer (condition, events, taint): its API calls and what waits (whether
+    the API server is reached is the writer's :class:`ApiReach`)."""
 
     requests: tuple[tuple[str, str, int], ...] = ()  # (object, result, count)
     condition_written_at: float | None = None  # wall time of the last condition write
     events_pending: int = 0
     events_dropped: int = 0
-    backing_off: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +138,7 @@ class AgentCounters:
     log_links: LogLinkStats | None = None
     reloads: ReloadStats = field(default_factory=ReloadStats)
     kube: KubeCounters | None = None
+    api: Mapping[ApiWriter, ApiReach] = field(default_factory=lambda: MappingProxyType({}))
 
 
 class Counters:
@@ -140,6 +156,7 @@ class Counters:
         self._log_links: Callable[[], LogLinkStats] | None = None
         self._kube: Callable[[], KubeCounters] | None = None
         self._polled_at: float | None = None
+        self._api: dict[ApiWriter, ApiReach] = {}
 
     def follow_dra(self, read: Callable[[], DraCounters]) -> None:
         """The DRA side's counters are read from its parts by ``read`` (on the loop's thread)."""
@@ -156,6 +173,16 @@ class Counters:
     def follow_log_links(self, read: Callable[[], LogLinkStats]) -> None:
         """The log links' counters are read by ``read`` (on the loop's thread)."""
         self._log_links = read
+
+    def api_reached(self, writer: ApiWriter, reach: ApiReach) -> None:
+        """``writer`` reaches the API server, or not, as ``reach`` says (from its last calls)."""
+        with self._lock:
+            self._api[writer] = reach
+
+    def api_reach(self) -> Mapping[ApiWriter, ApiReach]:
+        """What each API writer last said of the API server (a copy)."""
+        with self._lock:
+            return MappingProxyType(dict(self._api))
 
     def registered(self) -> None:
         """A registration with the kubelet succeeded."""
@@ -221,4 +248,5 @@ class Counters:
                 cri=cri,
                 log_links=log_links,
                 kube=kube,
+                api=MappingProxyType(dict(self._api)),
             )

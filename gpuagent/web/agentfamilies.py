@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from gpuagent.domain.snapshot import Snapshot
 from gpuagent.state.counters import (
+    ApiReach,
     DraCounters,
     KubeCounters,
     NvmlCallStats,
@@ -59,10 +60,16 @@ def config_families(generation: int, reloads: ReloadStats, *, detailed: bool) ->
     return [current, last, total]
 
 
-def dra_families(dra: DraCounters | None, *, detailed: bool) -> list[Family]:
+def dra_families(
+    dra: DraCounters | None, reach: ApiReach | None, *, detailed: bool
+) -> list[Family]:
+    """The DRA side's; ``reach``: what its slice publisher last said of the API server."""
     if dra is None:
         return []
-    out = singles(_DRA + (_DRA_DETAILED if detailed else ()), dra)
+    up = single("gpuagent_dra_api_up", "gauge",
+                "Whether the last ResourceSlice publication reached the API server (1) or not "
+                "(0).", (), 1 if reach is not None and reach.up else 0)  # fmt: skip
+    out = [up, *singles(_DRA + (_DRA_DETAILED if detailed else ()), dra)]
     if detailed:
         gone = Family(
             "gpuagent_dra_gone_devices_total",
@@ -79,9 +86,16 @@ def dra_families(dra: DraCounters | None, *, detailed: bool) -> list[Family]:
     return out
 
 
-def kube_families(kube: KubeCounters | None, *, detailed: bool) -> list[Family]:
+def kube_families(
+    kube: KubeCounters | None, reach: ApiReach | None, *, detailed: bool
+) -> list[Family]:
+    """The node-health writer's; ``reach``: what it last said of the API server."""
     if kube is None:
         return []
+    backing_off = single("gpuagent_kube_backing_off", "gauge",
+                         "Whether the node-health writer waits for the API server (1: "
+                         "unreachable, throttling or failing) or not (0).", (),
+                         1 if reach is not None and reach.backing_off else 0)  # fmt: skip
     requests = Family(
         "gpuagent_kube_requests_total",
         "counter",
@@ -99,7 +113,7 @@ def kube_families(kube: KubeCounters | None, *, detailed: bool) -> list[Family]:
             by_result[result] = by_result.get(result, 0) + count
         for result, count in sorted(by_result.items()):
             requests.add((("result", result),), count)
-    out = [requests, *singles(_KUBE + (_KUBE_DETAILED if detailed else ()), kube)]
+    out = [requests, backing_off, *singles(_KUBE + (_KUBE_DETAILED if detailed else ()), kube)]
     if detailed and kube.condition_written_at is not None:
         out.append(
             single("gpuagent_node_condition_last_write_timestamp_seconds", "gauge",
@@ -194,12 +208,6 @@ def pod_resources_families(
 
 _DRA: tuple[Single[DraCounters], ...] = (
     (
-        "gpuagent_dra_api_up",
-        "gauge",
-        "Whether the last ResourceSlice publication reached the API server (1) or not (0).",
-        lambda d: 1 if d.api_up else 0,
-    ),
-    (
         "gpuagent_dra_api_errors_total",
         "counter",
         "ResourceSlice publications that failed (API server unreachable or refusing).",
@@ -260,13 +268,6 @@ _DRA_DETAILED: tuple[Single[DraCounters], ...] = (
 )
 
 _KUBE: tuple[Single[KubeCounters], ...] = (
-    (
-        "gpuagent_kube_backing_off",
-        "gauge",
-        "Whether the node-health writer waits for the API server (1: unreachable, throttling or "
-        "failing) or not (0).",
-        lambda k: 1 if k.backing_off else 0,
-    ),
     (
         "gpuagent_kube_events_dropped_total",
         "counter",

@@ -334,8 +334,9 @@ class MetricsRenderer:
             )
         )  # fmt: skip
         families.extend(nvml_families(counters.nvml, detailed=detailed))
-        families.extend(dra_families(counters.dra, detailed=detailed))
-        families.extend(kube_families(counters.kube, detailed=detailed))
+        api = counters.api
+        families.extend(dra_families(counters.dra, api.get("resource_slices"), detailed=detailed))
+        families.extend(kube_families(counters.kube, api.get("node_health"), detailed=detailed))
         families.extend(
             accounting_families(
                 self.accounting, counters.log_links, counters.cri, detailed=detailed

@@ -96,9 +96,10 @@ def build_app(
 
     async def readyz(request: web.Request) -> web.Response:
         problem = probes.readiness()
+        waits = api_waits(store)
         if problem is None:
-            return web.Response(text="ready\n")
-        return web.Response(status=503, text=f"{problem}\n")
+            return web.Response(text=f"ready\n{waits}")
+        return web.Response(status=503, text=f"{problem}\n{waits}")
 
     async def health(request: web.Request) -> web.Response:
         # dcgm-exporter's answer: "OK" (200) while readings are current; "KO" (503), with why.
@@ -124,6 +125,16 @@ def build_app(
     if simulator is not None:
         add_simulation_routes(app, simulator)
     return app
+
+
+def api_waits(store: DeviceStore) -> str:
+    """A line for /readyz while the node-health writer waits for the API server (as it said in
+    the store): the condition and events are not written, yet the GPUs are served, so the agent
+    stays ready (a control plane that throttles must not turn every node's agent unready)."""
+    reach = store.counters.api_reach().get("node_health")
+    if reach is None or not reach.backing_off:
+        return ""
+    return f"node health not written: {reach.error}; retrying\n"
 
 
 def _auth_middleware(web_config: WebConfigFile | None) -> Middleware:

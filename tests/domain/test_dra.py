@@ -27,6 +27,7 @@ from gpuagent.domain.devices import Condition, DriverState, GpuHealth
 from gpuagent.domain.dra import (
     DraGpus,
     Effect,
+    Taint,
     dra_devices,
     taints,
     unpublished_gpus,
@@ -175,7 +176,7 @@ def test_mig_devices_are_published_under_a_mig_strategy_only() -> None:
     ("conditions", "want"),
     [
         ((), []),
-        ((Condition("xid", "79"),), [(f"{DRIVER}/xid", "79", Effect.NO_SCHEDULE)]),
+        ((Condition("xid", "79"),), [(f"{DRIVER}/xid", "", Effect.NO_SCHEDULE)]),
         ((Condition("lost"),), [(f"{DRIVER}/lost", "", Effect.NO_EXECUTE)]),
         ((Condition("recovery_action", "gpu_reset"),),
          [(f"{DRIVER}/recovery-action", "gpu_reset", Effect.NO_EXECUTE)]),
@@ -194,6 +195,17 @@ def test_taints_follow_the_health_policy(
 def test_at_most_four_taints_per_device() -> None:
     many = GpuHealth(tuple(Condition(f"c{i}") for i in range(6)))
     assert len(taints(many, DRIVER)) == 4
+
+
+def test_a_taint_stays_the_same_while_its_cause_holds() -> None:
+    """The next XID on a GPU already failing (the policy replaces the XID condition, moving it
+    last) changes no taint, even past the limit of four: a repeat of a fault writes nothing."""
+    causes = (Condition("ecc_dbe"), Condition("row_remap_failure"), Condition("unresponsive", "x"))
+    before = GpuHealth((*causes, Condition("xid", "79"), Condition("lost")))
+    after = GpuHealth((*causes, Condition("lost"), Condition("xid", "48")))
+    assert taints(before, DRIVER) == taints(after, DRIVER)
+    # The ones that need a reset are kept first.
+    assert taints(before, DRIVER)[0] == Taint(f"{DRIVER}/lost", "", Effect.NO_EXECUTE)
 
 
 def _valid(manifest: dict[str, object]) -> None:

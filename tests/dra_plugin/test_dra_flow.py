@@ -20,11 +20,13 @@ import structlog.testing
 from e2e.agentrun import RunningAgent, running_agent
 from referencing import Registry
 from referencing.jsonschema import DRAFT7
+from support.clock import ManualClock
 from support.driverroot import LIBDIR, make_driver_root
 from support.fake_apiserver import FakeApiServer, claim
 from support.fake_kubelet import FakeKubelet
 from support.fake_plugin_watcher import FakePluginWatcher, Registration
 from support.grpcstubs import DraStubs
+from support.kubehealth import settle as settle_writer
 from support.waiting import eventually
 
 from gpuagent.domain.devices import Gpu
@@ -356,6 +358,55 @@ async def test_both_health_apis_send_every_device_of_the_pool(
             assert all(d.last_updated_time > 0 and d.message == "" for d in first.devices)
 
 
+async def test_paced_as_in_production_a_fault_is_in_the_slice_at_once_and_so_is_an_outage(
+    dirs: Dirs,
+    device_plugin_dir: Path,
+    fake_kubelet: FakeKubelet,
+    apiserver: FakeApiServer,
+    watcher: FakePluginWatcher,
+) -> None:
+    """The publisher paced as in production (30 s windows) by a clock the test moves: a fault
+    5 s after the slices were written taints its device 0.2 s later; with the API server gone,
+    the next fault's write fails as soon, and /readyz and /metrics say so at once."""
+    clock = ManualClock()
+    options = {**FAST_DRA, "coalescing": Coalescing(), "backoff": Backoff(), "clock": clock}
+    agent_options = {"node_name": NODE, "dra_options": options}
+    args = dirs.args(apiserver)
+    async with running_agent(device_plugin_dir, args, agent_options=agent_options) as run:
+        assert run.agent.dra is not None
+        publisher, store = run.agent.dra.publisher, run.agent.store
+
+        async def settle(seconds: float = 0.0) -> None:
+            await settle_writer(clock, publisher, store, seconds)
+
+        async def fail(gpu: int) -> None:
+            await run.fault({"gpu": gpu, "fault": "xid", "xid": 48})
+            await eventually(lambda: not gpu_of(run, gpu).health.healthy, what="unhealthy")
+
+        await registered(watcher)
+        await eventually(lambda: store.snapshot.registered, what="registered with the kubelet")
+        await settle(0.2)  # the first publication
+        await eventually(lambda: run.agent.readiness() is None, what="ready")
+        assert len(apiserver.devices()) == 2
+        await settle(5.0)
+        await fail(2)
+        await settle(1.0)
+        taints = device_of(apiserver, gpu_of(run, 2).uuid)["taints"]
+        assert f"{DRIVER}/xid" in [t["key"] for t in taints]
+        _, metrics = await run.get("/metrics")
+        assert "gpuagent_dra_api_up 1" in metrics
+
+        await settle(5.0)
+        await apiserver.stop()
+        await fail(3)
+        await settle(1.0)
+        status, body = await run.get("/readyz")
+        assert status == 503
+        assert body.startswith("DRA: ResourceSlices not published: API server unreachable: ")
+        _, metrics = await run.get("/metrics")
+        assert "gpuagent_dra_api_up 0" in metrics
+
+
 async def test_a_fault_taints_the_device_in_its_slice_and_recovery_clears_it(
     dra_agent: DraAgent, apiserver: FakeApiServer, watcher: FakePluginWatcher, dra_stubs: DraStubs
 ) -> None:
@@ -379,7 +430,7 @@ async def test_a_fault_taints_the_device_in_its_slice_and_recovery_clears_it(
             for t in device_of(apiserver, uuid)["taints"]
         }
         assert taints == {
-            (f"{DRIVER}/xid", "79", "NoSchedule"),
+            (f"{DRIVER}/xid", "", "NoSchedule"),  # one per cause: the next XID changes nothing
             (f"{DRIVER}/recovery-action", "gpu_reset", "NoExecute"),
         }
         assert apiserver.generation() > generation

@@ -145,6 +145,53 @@ async def test_xid_79_on_gpu_3_is_a_false_condition_a_node_event_and_a_pod_event
     assert apiserver.invalid == []
 
 
+async def test_a_fault_5_s_after_a_write_is_on_the_node_and_its_pod_within_a_second(
+    health: Health, pod_resources: FakePodResources, apiserver: FakeApiServer
+) -> None:
+    """The condition written at start, 5 s of the writer's time later XID 79 on GPU 3: the
+    condition, the Node's event and the pod's are written within a second, not with the window
+    30 s after the first write."""
+    uuid = await holding_gpu_3(health, pod_resources)
+    await health.settle(5.0)
+    await health.run.fault({"gpu": 3, "fault": "xid", "xid": 79})
+    await eventually(lambda: not health.gpu(3).health.healthy, what="GPU 3 unhealthy")
+    await health.settle(1.0)
+    condition = health.condition()
+    assert (condition["status"], condition["reason"]) == ("False", "XidError")
+    assert f"GPU 3 ({uuid}): XID 79" in condition["message"]
+    (node_event,) = apiserver.node_events()
+    assert f"GPU 3 ({uuid}) is unhealthy: XID 79" in node_event["note"]
+    (pod_event,) = apiserver.pod_events("ml", "train-3")
+    assert pod_event["note"].startswith(f"GPU 3 ({uuid}) allocated to this pod")
+    assert apiserver.invalid == []
+
+
+async def test_an_api_outage_shows_in_metrics_and_readyz_at_the_first_failed_write(
+    health: Health, apiserver: FakeApiServer
+) -> None:
+    """The API server gone 5 s after a write: the next fault's batch fails 0.2 s after it, and
+    gpuagent_kube_backing_off and /readyz say so then. The agent stays ready: its GPUs are
+    served, only what Kubernetes is told of their health waits."""
+    _, text = await health.run.get("/metrics")
+    assert "gpuagent_kube_backing_off 0" in text
+    await health.settle(5.0)
+    await apiserver.stop()
+    await health.run.fault({"gpu": 1, "fault": "xid", "xid": 79})
+    await eventually(lambda: not health.gpu(1).health.healthy, what="GPU 1 unhealthy")
+    await health.settle(1.0)
+    _, text = await health.run.get("/metrics")
+    assert "gpuagent_kube_backing_off 1" in text
+    status, body = await health.run.get("/readyz")
+    assert status == 200
+    assert body.startswith("ready\nnode health not written: API server unreachable: ")
+    await apiserver.start()
+    await health.settle(1.0)  # the next try (full jitter, at most 0.5 s)
+    assert health.condition()["status"] == "False"
+    _, text = await health.run.get("/metrics")
+    assert "gpuagent_kube_backing_off 0" in text
+    assert await health.run.get("/readyz") == (200, "ready\n")
+
+
 async def test_a_pod_event_names_the_pod_uid_its_gpu_process_gave(
     fake_kubelet: FakeKubelet,
     device_plugin_dir: Path,

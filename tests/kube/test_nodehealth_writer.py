@@ -8,12 +8,15 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from structlog.testing import capture_logs
 from support.fake_apiserver import KUBELET_CONDITIONS, FakeApiServer
 from support.noderig import NODE, Rig, last_xid, storm_xid
 from support.synthetic import gpu_uuid
 
 from gpuagent.domain.devices import Condition
+from gpuagent.state.counters import ApiReach
+from gpuagent.web.server import api_waits
 
 
 # ----- helpers -----------------------------------------------------------------------------------
@@ -123,6 +126,119 @@ async def test_xid_79_on_gpu_3_is_on_the_node_and_its_pod_within_a_fraction_of_a
     assert kubelet_untouched(rig.server)
 
 
+def pod_of(rig: Rig, gpu: int) -> str:
+    """The synthetic pod holding GPU ``gpu`` (namespace team-a)."""
+    return next(
+        a.pod for a in rig.store.snapshot.pods.allocated if gpu_uuid(gpu) in a.device_ids[0]
+    )
+
+
+def told(rig: Rig, gpu: int) -> bool:
+    """GPU ``gpu`` is unhealthy in the condition, and its Node and pod events are written."""
+    condition = gpu_healthy(rig.server)
+    on_node = [e for e in rig.server.node_events() if f"GPU {gpu} (" in e["note"]]
+    return (
+        f"GPU {gpu} ({gpu_uuid(gpu)})" in condition["message"]
+        and any(e["reason"] == "GPUUnhealthy" for e in on_node)
+        and len(rig.server.pod_events("team-a", pod_of(rig, gpu))) == 1
+    )
+
+
+async def test_a_fault_5_s_after_a_write_is_in_the_condition_and_events_within_a_second(
+    make_rig: Callable[..., Any],
+) -> None:
+    """Whatever was written before (the condition at start, 5 s earlier), a GPU's change of
+    health is not held by the 30 s window: the condition and both events 0.2 s after it."""
+    rig: Rig = await make_rig()
+    await wrote(rig)
+    written = rig.clock.now()
+    await rig.settle(5.0)
+    await rig.fail(3, Condition("xid", "79"), Condition("recovery_action", "gpu_reset"))
+    await rig.settle(1.0)
+    assert gpu_healthy(rig.server)["status"] == "False"
+    assert told(rig, 3)
+    # Another GPU 5 s after that write: at once too.
+    await rig.settle(4.0)
+    await rig.fail(6, Condition("ecc_dbe"))
+    await rig.settle(1.0)
+    assert told(rig, 6)
+    assert rig.clock.now() - written == 11.0
+    assert rig.server.invalid == []
+
+
+async def test_a_storm_of_1000_xids_is_out_at_once_then_two_updates_a_minute(
+    make_rig: Callable[..., Any],
+) -> None:
+    """1,000 XIDs of mixed codes over a minute on GPU 3, 5 s after a write: the first is on the
+    node and its pod within a second; every later XID changes no cause (only the message's
+    evidence), so it is merged: at most two condition updates in the minute, and no more events."""
+    rig: Rig = await make_rig()
+    await wrote(rig)
+    await rig.settle(5.0)
+    start, began = len(rig.requests()), rig.clock.now()
+    codes = itertools.cycle([79, 48, 13, 94, 79, 119, 13, 48])
+    for i in range(1000):
+        rig.store.update(storm_xid(3, next(codes)))
+        await rig.settle(0.06)
+        if i == 15:  # a second in
+            assert told(rig, 3)
+    patches = [r for r in rig.requests(start) if r == ("PATCH", f"/api/v1/nodes/{NODE}/status")]
+    assert rig.clock.now() - began == pytest.approx(60.0)
+    assert len(patches) <= 2
+    assert len(rig.server.events) == 2  # the Node's and the pod's
+    await rig.settle(120.0)
+    assert "XID 48" in gpu_healthy(rig.server)["message"]  # the last XID's evidence, merged
+    assert rig.server.invalid == []
+
+
+async def test_a_flapping_gpu_is_slowed_and_another_gpus_fault_is_not(
+    make_rig: Callable[..., Any],
+) -> None:
+    rig: Rig = await make_rig()
+    await wrote(rig)
+    await rig.clock.advance(100.0)
+    await rig.fail(2, Condition("lost"))  # at once
+    await rig.settle(1.0)
+    assert told(rig, 2)
+    await rig.settle(4.0)
+    await rig.heal(2)  # 5 s later: it flaps, merged into the window
+    await rig.settle(5.0)
+    await rig.fail(5, Condition("ecc_dbe"))  # GPU 5 meanwhile: at once, and the recovery with it
+    await rig.settle(1.0)
+    assert told(rig, 5)
+    recovered = [e for e in rig.server.node_events() if e["reason"] == "GPURecovered"]
+    assert len(recovered) == 1
+    await rig.settle(1.0)
+    await rig.fail(2, Condition("lost"))  # GPU 2 again: merged, 30 s after GPU 5's write
+    await rig.settle(27.5)
+    assert f"GPU 2 ({gpu_uuid(2)})" not in gpu_healthy(rig.server)["message"]
+    await rig.settle(1.0)
+    assert f"GPU 2 ({gpu_uuid(2)})" in gpu_healthy(rig.server)["message"]
+    assert rig.server.invalid == []
+
+
+async def test_an_outage_shows_at_the_first_failed_write(make_rig: Callable[..., Any]) -> None:
+    """The API server gone 5 s after a write: the fault's batch fails 0.2 s after the fault and
+    the store's counters say so then (gpuagent_kube_backing_off, /readyz), not a window later."""
+    rig: Rig = await make_rig()
+    await wrote(rig)
+    counters = rig.store.counters
+    assert counters.api_reach()["node_health"] == ApiReach(up=True)
+    await rig.settle(5.0)
+    await rig.server.stop()
+    await rig.fail(4, Condition("xid", "79"))
+    await rig.settle(1.0)
+    reach = counters.api_reach()["node_health"]
+    assert (reach.up, reach.backing_off) == (False, True)
+    assert reach.error.startswith("API server unreachable: ")
+    assert api_waits(rig.store) == f"node health not written: {reach.error}; retrying\n"
+    await rig.server.start()
+    await rig.settle(1.0)  # the next try (full jitter of 0.5 s)
+    assert counters.api_reach()["node_health"] == ApiReach(up=True)
+    assert api_waits(rig.store) == ""
+    assert told(rig, 4)
+
+
 async def test_a_storm_of_1000_xids_in_10_seconds_makes_at_most_20_requests(
     make_rig: Callable[..., Any],
 ) -> None:
@@ -214,7 +330,9 @@ async def test_an_outage_retries_with_jitter_never_faster_than_backoff(
     assert rig.requests(start) == []
     counts = rig.writer.pacer.counts.counts
     tries = sum(n for (obj, result), n in counts.items() if result == "unreachable")
-    assert 8 <= tries <= 25  # ceilings 0.5 .. 60 s, draws 0.1-0.9: about one every 30 s
+    # Ceilings 0.5 .. 60 s, draws 0.1-0.9: seven tries on the way up to the ceiling, then about
+    # one every 30 s (the fault is news: the backoff paces it, not the window).
+    assert 8 <= tries <= 30
 
 
 async def test_a_heartbeat_due_while_the_server_is_down_is_paced_too(

@@ -14,6 +14,7 @@ from gpuagent.domain.plan import Plan
 from gpuagent.domain.preferred import SharedAllocationPolicy
 from gpuagent.domain.serving import ServingPolicy
 from gpuagent.domain.snapshot import Snapshot
+from gpuagent.state.counters import ApiReach
 from gpuagent.state.store import DeviceStore, Keyed, per_snapshot
 
 GPU = "nvidia.com/gpu"
@@ -75,6 +76,21 @@ def test_counters_are_read_as_one_copy() -> None:
     assert read.reloads.last_successful is False
     store.counters.reloaded("unchanged")
     assert store.counters.read().reloads.last_successful is True
+
+
+def test_api_writers_say_whether_they_reach_the_api_server() -> None:
+    """Each API writer puts what its last calls found into the counters; /metrics and /readyz
+    read it there (nothing calls back into the writer)."""
+    store = DeviceStore()
+    assert dict(store.counters.read().api) == {}
+    down = ApiReach(up=False, backing_off=True, error="API server unreachable: refused")
+    store.counters.api_reached("node_health", down)
+    store.counters.api_reached("resource_slices", ApiReach(up=True))
+    assert store.counters.read().api["node_health"] == down
+    seen = store.counters.api_reach()
+    store.counters.api_reached("node_health", ApiReach(up=True))
+    assert seen["node_health"] == down  # a copy: what was said then
+    assert store.counters.api_reach()["node_health"] == ApiReach(up=True)
 
 
 def test_an_unchanged_plan_is_not_compared_by_value(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -25,6 +25,7 @@ from gpuagent.domain.devices import (
 )
 from gpuagent.state.counters import (
     AgentCounters,
+    ApiReach,
     CriStats,
     DraCounters,
     KubeCounters,
@@ -619,9 +620,10 @@ def test_the_agents_own_series_fit_a_fleet() -> None:
         kube=KubeCounters(
             requests=tuple((obj, "ok", 1) for obj in objects), condition_written_at=1e9
         ),
-        dra=DraCounters(api_up=True, registered=True, devices=8),
+        dra=DraCounters(registered=True, devices=8),
         cri=CriStats(),
         log_links=LogLinkStats(),
+        api=MappingProxyType({"resource_slices": ApiReach(up=True), "node_health": ApiReach()}),
     )
     refreshed = replace(snapshot, pods=replace(snapshot.pods, refreshed_at=120.0))
     own = r.agent(refreshed, counters).decode()

@@ -44,7 +44,13 @@ from gpuagent.domain.nodehealth.events import (
     series_patch,
 )
 from gpuagent.domain.nodehealth.model import MAX_EVENTS, TAINT_KEY, NodeHealthModel
-from gpuagent.domain.nodehealth.view import DeviceRef, Fault, NodeHealthView, project
+from gpuagent.domain.nodehealth.view import (
+    DeviceRef,
+    Fault,
+    NodeHealthView,
+    faults_by_cause,
+    project,
+)
 
 __all__ = [
     "CONDITION_TYPE",
@@ -67,6 +73,7 @@ __all__ = [
     "evidence",
     "event_manifest",
     "event_name",
+    "faults_by_cause",
     "project",
     "series_patch",
     "worst_reason",

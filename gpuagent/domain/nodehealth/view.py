@@ -9,8 +9,9 @@ from dataclasses import dataclass
 
 from gpuagent.domain.attribution import Target, attributions, by_device, merged
 from gpuagent.domain.devices import Condition, Gpu, NodeState, PodRef
+from gpuagent.domain.pacing import NewsKey
 
-__all__ = ["DeviceRef", "Fault", "NodeHealthView", "project"]
+__all__ = ["DeviceRef", "Fault", "NodeHealthView", "faults_by_cause", "project"]
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -112,6 +113,17 @@ def project(
         all_unhealthy=bool(gpus) and all(_unusable(g) for g in gpus),
         pod_uids=tuple(u for u in snapshot.usage.pod_uids if (u[0], u[1]) in holding),
     )
+
+
+def faults_by_cause(view: NodeHealthView | None) -> dict[NewsKey, frozenset[DeviceRef]]:
+    """What ``view`` says of each GPU's health, by GPU and cause (a condition's kind): the
+    devices failing so. A key whose entry changes is a change of that GPU's health (a cause
+    appeared or cleared); a cause's detail changing (the next XID's number) is not."""
+    out: dict[NewsKey, set[DeviceRef]] = {}
+    for fault in view.faults if view is not None else ():
+        for condition in fault.conditions:
+            out.setdefault((fault.device.gpu, condition.kind), set()).add(fault.device)
+    return {key: frozenset(devices) for key, devices in out.items()}
 
 
 def _held(device: DeviceRef, held: Mapping[Target, tuple[PodRef, ...]]) -> tuple[PodRef, ...]:
