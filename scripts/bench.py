@@ -45,6 +45,7 @@ from support.fake_kubelet import FakeKubelet  # noqa: E402
 from support.grpcstubs import StubModules, kubelet_stubs  # noqa: E402
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+REAL_H200 = ROOT.parent / "shared" / "reference" / "real-h200" / "capture-h200.json"
 
 
 @dataclass
@@ -248,6 +249,12 @@ def main() -> int:
         "{socket_dir}, {kubelet_socket} and {port} in COMMAND are filled in (repeatable)",
     )  # fmt: skip
     parser.add_argument("--plugin-log", type=Path, help="append the plugins' output here")
+    parser.add_argument(
+        "--replay", nargs="?", const=REAL_H200, type=Path, metavar="CAPTURE",
+        help="gpuagent's device-plugin runs on a replayed node instead of --gpus simulated ones: "
+        "the capture's GPUs, answers and call latencies (default: the real H200 of "
+        "../shared/reference/real-h200)",
+    )  # fmt: skip
     parser.add_argument("--agent-arg", action="append", default=[], metavar="ARG",
                         help="one more argument for gpuagent's device-plugin runs (repeatable), "
                         "e.g. --agent-arg=--poll-interval=3600")  # fmt: skip
@@ -317,7 +324,10 @@ def main() -> int:
             rows += bench_watch.rows(args, Row)
             print(table(rows))
             return 0
-        plugins = [bench_plugin.gpuagent(args.gpus, args.agent_python, args.agent_arg)]
+        replay = bench_plugin.replay_config(args.replay, Path(stubs_dir)) if args.replay else None
+        plugins = [
+            bench_plugin.gpuagent(args.gpus, args.agent_python, args.agent_arg, sim_config=replay)
+        ]
         plugins += [bench_plugin.parse_compare(spec) for spec in args.compare]
         runs = plugin_runs(stubs, plugins, args)
         rows = bench_plugin.rows(runs, Row)

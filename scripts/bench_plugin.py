@@ -9,10 +9,10 @@ run of one plugin:
 * start → registered: process start until ``Register`` reaches the kubelet, kubelet already up
   (``--startups`` starts, each a fresh process, after one uncounted warm-up start);
 * then one long-lived process: ``Allocate`` round trips as the kubelet sees them (two devices per
-  request, from the first ListAndWatch update); kubelet restart → ``Register`` received again;
-  idle CPU (every thread's scheduler time) and wake-ups (voluntary context switches of all its
-  threads) while registered with one ListAndWatch stream open and nothing else happening; RSS
-  at the end.
+  request, one on a one-GPU node, from the first ListAndWatch update); kubelet restart →
+  ``Register`` received again; idle CPU (every thread's scheduler time) and wake-ups (voluntary
+  context switches of all its threads) while registered with one ListAndWatch stream open and
+  nothing else happening; RSS at the end.
 
 ``--compare NAME=COMMAND`` (repeatable) measures other plugins beside gpuagent, runs interleaved
 (gpuagent, then each other, ``--runs`` times), and prints the median of the runs per figure.
@@ -20,6 +20,7 @@ run of one plugin:
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
@@ -49,12 +50,28 @@ class Plugin:
         return [arg.format(**values) for arg in self.argv]
 
 
-def gpuagent(gpus: int, python: str = sys.executable, extra: Sequence[str] = ()) -> Plugin:
+def gpuagent(
+    gpus: int,
+    python: str = sys.executable,
+    extra: Sequence[str] = (),
+    *,
+    sim_config: Path | None = None,
+) -> Plugin:
+    """gpuagent on ``gpus`` simulated GPUs, or on the node ``sim_config`` describes (a replay)."""
+    node = ("--sim-config", str(sim_config)) if sim_config else ("--simulate", str(gpus))
     return Plugin(
         "gpuagent",
-        (python, "-m", "gpuagent", "--simulate", str(gpus), "--socket-dir", "{socket_dir}",
+        (python, "-m", "gpuagent", *node, "--socket-dir", "{socket_dir}",
          "--metrics-address", "127.0.0.1:{port}", "--log-level", "warning", *extra),
     )  # fmt: skip
+
+
+def replay_config(capture: Path, directory: Path) -> Path:
+    """A ``--sim-config`` replaying ``capture`` (``scripts/nvml-capture``): the captured node, its
+    answers and each call's captured latency."""
+    path = directory / "replay.yaml"
+    path.write_text(f"version: v1\ncapture: {json.dumps(str(capture.resolve()))}\n")
+    return path
 
 
 def parse_compare(spec: str) -> Plugin:
@@ -206,12 +223,13 @@ def measure(
     with tempdir() as d, FakeKubelet(d, stubs) as kubelet, running(plugin, d, log=log) as p:
         (reg,) = kubelet.wait_for_registrations(1, 30)
         ids = [dev.ID for dev in reg.next_update(30).devices]
-        if len(ids) < 2:
-            raise SystemExit(f"{plugin.name} lists {len(ids)} device(s); the bench needs 2")
+        if not ids:
+            raise SystemExit(f"{plugin.name} lists no device; the bench needs one")
+        size = min(2, len(ids))  # two devices a request (one on a one-GPU node)
         for i in range(50):  # warm-up: connections, caches, the first responses
             kubelet.allocate([ids[i % len(ids)]])
         for i in range(allocations):
-            chosen = [ids[i % len(ids)], ids[(i + 1) % len(ids)]]
+            chosen = [ids[(i + k) % len(ids)] for k in range(size)]
             t0 = time.perf_counter()
             kubelet.allocate(chosen)
             figures.allocate.append(time.perf_counter() - t0)
