@@ -31,7 +31,7 @@ def test_the_overrides_were_written_for_the_required_and_installed_version(
 ) -> None:
     written_for = SpecifierSet(overrides.PINS[distribution])
     assert _required()[distribution] == written_for, (
-        f"pyproject.toml requires another {distribution} than gpuagent/overrides.py was written "
+        f"pyproject.toml requires another {distribution} than gpuagent/overrides/ was written "
         "against: check each of its uses of the library, then update PINS and the docstring"
     )
     assert written_for.contains(version(distribution), prereleases=True)

@@ -32,7 +32,7 @@ from gpuagent.gpu.mig import MIG_MINORS_FILE
 from gpuagent.gpu.monitor import GpuMonitor
 from gpuagent.kubehealth import NodeHealthWanted, wanted
 from gpuagent.kubelet.endpoints import PluginEndpoints
-from gpuagent.kubelet.registration import Timing
+from gpuagent.kubelet.timing import Timing
 from gpuagent.state.store import DeviceStore
 from gpuagent.web.listener import Listener
 

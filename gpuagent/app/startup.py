@@ -1,7 +1,8 @@
 """The start order: register first, then import, build and start the rest.
 
-With the metrics address bound, the agent discovers the GPUs (the device list must be true) and
-serves the kubelet; then it imports what the kubelet does not need on a thread (the loop keeps
+With the metrics address bound, the agent starts the driver and, while NVML initialises and the
+GPUs are discovered (the device list must be true), imports what serves the kubelet on a thread;
+it serves the kubelet; then it imports what the kubelet does not need on a thread (the loop keeps
 answering the kubelet meanwhile: :mod:`gpuagent.app.tuning`), builds it
 (:func:`~gpuagent.app.rest.build_rest`) and starts it.
 """
@@ -21,14 +22,14 @@ import structlog
 from gpuagent.app import policy
 from gpuagent.app.rest import Rest, cdi_keeper
 from gpuagent.app.supervisor import FatalError, Supervisor
-from gpuagent.app.tuning import import_deferred, import_modules
+from gpuagent.app.tuning import import_deferred, import_modules, import_off_loop
 from gpuagent.config import CDI_SPEC_TOOLKIT, ConfigError, Settings
 from gpuagent.config.planning import unresolved
 from gpuagent.domain.devices import CdiSpec
 from gpuagent.gpu.monitor import GpuMonitor
 from gpuagent.gpu.nvml import DriverUnavailable
 from gpuagent.kubehealth import WRITER_MODULE, NodeHealthWanted, say_off
-from gpuagent.kubelet.endpoints import PluginEndpoints
+from gpuagent.kubelet.endpoints import SERVING, PluginEndpoints
 from gpuagent.state.store import DeviceStore
 from gpuagent.web.listener import Listener
 
@@ -101,6 +102,8 @@ class Startup:
                 early_cdi = asyncio.create_task(self._cdi_keeper(), name="cdi-spec-import")
                 spawn("cdi-spec", _keep_cdi_spec(early_cdi))
             if self._endpoints is not None:
+                # gRPC's modules, imported while the driver starts: it waits on NVML, not the GIL.
+                await import_off_loop(SERVING, own_process=self._own_process)
                 spawn("kubelet-registration", self._endpoints.run())
             spawn("nvml-poller", self._drive(driver))
             if store.plan.dra.gpus.refs:

@@ -1,9 +1,10 @@
-"""Start-up tuning: the rest's modules imported off the loop, and the interpreter's knobs.
+"""Start-up tuning: modules imported off the loop, and the interpreter's knobs.
 
-What the kubelet does not need is imported on a thread once it has its device plugin (the loop
-keeps answering it meanwhile; BENCHMARKS.md measures the win). In its own process (the command
-line) the agent also tunes the interpreter for start-up: the cyclic collector stays off until the
-agent has started, and threads hand the GIL to the loop sooner while the rest is imported.
+What serves the kubelet is imported on a thread while the driver starts (NVML's initialisation
+and discovery wait on the driver, not on the GIL), and what the kubelet does not need once it has
+its device plugin (the loop keeps answering it meanwhile; BENCHMARKS.md measures both). In its own
+process (the command line) the agent also tunes the interpreter for start-up: the cyclic collector
+stays off until the agent has started, and an importing thread hands the GIL to the others sooner.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ import importlib
 import sys
 from collections.abc import Callable, Iterator
 
-__all__ = ["DEFERRED", "collector_held", "import_deferred", "import_modules"]
+__all__ = ["DEFERRED", "collector_held", "import_deferred", "import_modules", "import_off_loop"]
 
-# The GIL switch interval while the rest is imported on a thread (Python's default is 5 ms): the
-# import holds the GIL for ~150 ms of CPU in all, and with the default every call the loop answers
-# meanwhile would first wait up to 5 ms for it.
+# The GIL switch interval while modules are imported on a thread (Python's default is 5 ms): the
+# rest's import holds the GIL for ~150 ms of CPU in all, and with the default every call the loop
+# answers meanwhile (or every NVML call's return, while the driver starts) would first wait up to
+# 5 ms for it.
 IMPORT_SWITCH_INTERVAL = 0.0005
 # Imported off the loop once the kubelet has its device plugin: what the kubelet does not need.
 DEFERRED = (
@@ -63,13 +65,18 @@ def collector_held(*, own_process: bool) -> Iterator[Callable[[], None]]:
 
 
 async def import_deferred(*, own_process: bool, extra: tuple[str, ...] = ()) -> None:
-    """Import the rest's modules (and ``extra`` ones) on a thread, with short GIL slices in the
-    agent's own process (see :data:`IMPORT_SWITCH_INTERVAL`)."""
+    """Import the rest's modules (and ``extra`` ones) off the loop (see :func:`import_off_loop`)."""
+    await import_off_loop(DEFERRED + extra, own_process=own_process)
+
+
+async def import_off_loop(modules: tuple[str, ...], *, own_process: bool) -> None:
+    """Import ``modules`` on a thread, with short GIL slices in the agent's own process (see
+    :data:`IMPORT_SWITCH_INTERVAL`)."""
     switch = sys.getswitchinterval()
     if own_process:
         sys.setswitchinterval(min(switch, IMPORT_SWITCH_INTERVAL))
     try:
-        await asyncio.to_thread(import_modules, DEFERRED + extra)
+        await asyncio.to_thread(import_modules, modules)
     finally:
         sys.setswitchinterval(switch)
 

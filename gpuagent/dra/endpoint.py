@@ -23,7 +23,7 @@ from pathlib import Path
 import structlog
 
 from gpuagent._proto import pluginregistration as reg
-from gpuagent.overrides import IServable
+from gpuagent.overrides.grpc import IServable
 from gpuagent.sockets.dirwatch import DirectoryWatch, file_in_the_way
 from gpuagent.sockets.grpcserver import ServedSocket, socket_id
 

@@ -32,7 +32,7 @@ from gpuagent.dra.service import (
 )
 from gpuagent.kube.client import ApiError, ApiUnreachable, KubeApi, KubeConfigError, load_config
 from gpuagent.kube.slices import Backoff, Coalescing, SlicePublisher
-from gpuagent.overrides import IServable
+from gpuagent.overrides.grpc import IServable
 from gpuagent.state.counters import DraCounters
 from gpuagent.state.store import DeviceStore, per_snapshot
 

@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -19,15 +20,21 @@ from gpuagent.domain.devices import Registration
 from gpuagent.domain.naming import socket_name
 from gpuagent.domain.serving import ResourceView, awaits_cdi_spec
 from gpuagent.domain.snapshot import Snapshot
-from gpuagent.kubelet.plugin import DevicePluginService
-from gpuagent.kubelet.registration import PluginEndpoint, Timing
+from gpuagent.kubelet.timing import Timing
 from gpuagent.state.store import DeviceStore
 
-__all__ = ["PluginEndpoints"]
+if TYPE_CHECKING:  # the gRPC side: imported once a resource is served (see SERVING)
+    from gpuagent.kubelet.plugin import DevicePluginService
+    from gpuagent.kubelet.registration import PluginEndpoint
+
+__all__ = ["SERVING", "PluginEndpoints"]
 
 log = structlog.get_logger("gpuagent.registration")
 
 STARTING = "starting"  # an endpoint's state until its first attempt says more
+# What serves a resource (grpclib, h2, betterproto2, the protos): not imported with this module, so
+# the agent can import it off the loop while the driver starts (gpuagent.app.startup).
+SERVING = ("gpuagent.kubelet.registration",)
 
 
 @dataclass(slots=True)
@@ -123,6 +130,9 @@ class PluginEndpoints:
         for name in gone:
             log.info("resource no longer advertised; stopping its endpoint", resource=name)
             await self._withdraw(name)
+        from gpuagent.kubelet.plugin import DevicePluginService  # noqa: PLC0415 (SERVING)
+        from gpuagent.kubelet.registration import PluginEndpoint  # noqa: PLC0415
+
         for name in new:
             service = DevicePluginService(
                 self._store, self._view, name, self._stopping, on_allocate=self._on_allocate

@@ -23,7 +23,7 @@ from gpuagent.domain.preferred import preferred_allocation
 from gpuagent.domain.resources import Resource
 from gpuagent.domain.serving import ResourceView
 from gpuagent.domain.snapshot import Snapshot
-from gpuagent.overrides import ClosingServerStreams
+from gpuagent.overrides.grpc import ClosingServerStreams
 from gpuagent.state.store import DeviceStore
 
 log = structlog.get_logger("gpuagent.plugin")

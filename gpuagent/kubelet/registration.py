@@ -12,7 +12,6 @@ backoff while the kubelet socket is absent). The socket is served and closed by
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
@@ -23,6 +22,7 @@ from grpclib.exceptions import StreamTerminatedError
 from gpuagent._proto import v1beta1 as pb
 from gpuagent.domain.devices import Registration
 from gpuagent.kubelet.plugin import DevicePluginService, ResponseCodec
+from gpuagent.kubelet.timing import Timing
 from gpuagent.sockets.dirwatch import DirectoryWatch, file_in_the_way
 from gpuagent.sockets.grpcserver import ServedSocket, SocketId, socket_id
 from gpuagent.state.store import DeviceStore
@@ -37,27 +37,6 @@ MAX_REASON = 300  # characters of a registration error kept for /readyz
 KUBELET_RESTARTED = "kubelet restart detected; serving and registering again"
 SOCKET_REMOVED = "our plugin socket was removed; serving and registering again"
 TAKEN_OVER_GONE = "the plugin that took over our socket is gone; serving and registering again"
-
-
-@dataclass(frozen=True, slots=True)
-class Timing:
-    """Intervals of the registration cycle, injectable so tests never wait on wall time."""
-
-    # Polling, where inotify is unavailable: how often both sockets are looked at.
-    watch_interval: float = 0.1
-    # Longer than the kubelet's own 10 s blocking dial of our socket inside Register.
-    register_timeout: float = 12.0
-    backoff_initial: float = 0.01  # a kubelet socket bound but not listening yet: soon again
-    backoff_max: float = 1.0
-    register_retry_max: float = 30.0
-    close_timeout: float = 1.0
-    # How long the kubelet socket may be absent before a warning names the setting to check.
-    kubelet_grace: float = 30.0
-    # Watch the socket directories with inotify when the kernel allows it (False: poll only).
-    inotify: bool = True
-    # How long our socket may be gone, the kubelet's staying, before we serve again: another
-    # plugin taking our path, or a restarting kubelet, shows within it.
-    settle: float = 0.5
 
 
 class PluginEndpoint:

@@ -1,4 +1,7 @@
-"""Every use the agent makes of a library's private API, in one place.
+"""Every use the agent makes of a library's private API, in one place: this package, a module
+per library (:mod:`~gpuagent.overrides.grpc` for grpclib and betterproto2, imported only where gRPC
+is spoken; :mod:`~gpuagent.overrides.nvml` for pynvml), so a part that needs one library's does not
+import the others (the simulated driver, which starts before the kubelet side, imports no gRPC).
 
 A library may change what it does not document in any release; each use below says what it
 reaches, why, and the version it was written against (:data:`PINS`, the requirements of
@@ -48,29 +51,10 @@ lightkube 1.0.1 (``lightkube>=1.0.1,<2``)
 
 from __future__ import annotations
 
-import weakref
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-import pynvml
-from betterproto2.grpclib.grpclib_server import ServiceBase
-from grpclib._typing import IServable
-from grpclib.encoding.base import CodecBase
-from grpclib.protocol import H2Protocol
-from grpclib.server import Server
-
-__all__ = [
-    "PINS",
-    "PRIVATE",
-    "ClosingServerStreams",
-    "IServable",
-    "TrackedServer",
-    "nvml_error_text",
-    "nvml_function",
-    "lightkube_http",
-    "nvml_library_users",
-    "use_nvml_library",
-]
+__all__ = ["PINS", "PRIVATE", "lightkube_http"]
 
 # The requirements (pyproject.toml) the uses below were written against, by distribution.
 PINS = {
@@ -98,71 +82,6 @@ PRIVATE: Sequence[tuple[str, str, tuple[str, ...] | None]] = (
     ("pynvml", "_nvmlGetFunctionPointer", ("name",)),
     ("lightkube.core.generic_client", "GenericAsyncClient._client", None),
 )
-
-
-class TrackedServer(Server):
-    """grpclib's server, each connection's protocol a ``protocol_class`` and closable at will."""
-
-    protocol_class: type[H2Protocol] = H2Protocol
-
-    def __init__(self, handlers: Sequence[IServable], *, codec: CodecBase | None = None) -> None:
-        super().__init__(list(handlers), codec=codec)
-        self._protocols: weakref.WeakSet[H2Protocol] = weakref.WeakSet()
-
-    def _protocol_factory(self) -> H2Protocol:
-        plain = super()._protocol_factory()
-        protocol = self.protocol_class(plain.handler, plain.config, plain.h2_config)
-        self._protocols.add(protocol)
-        return protocol
-
-    def drop_connections(self) -> None:
-        """Close every client connection (after :meth:`close`, whose handlers have finished)."""
-        for protocol in list(self._protocols):
-            connection = getattr(protocol, "connection", None)
-            if connection is not None:
-                connection.close()
-
-
-class ClosingServerStreams(ServiceBase):
-    """A betterproto2 service whose server streams are closed when their handler ends."""
-
-    async def _call_rpc_handler_server_stream(
-        self, handler: Callable[[Any], AsyncIterator[Any]], stream: Any, request: Any
-    ) -> None:
-        """betterproto2's streaming loop, with the stream closed when the handler ends."""
-        responses = handler(request)
-        try:
-            async for response in responses:
-                await stream.send_message(response)
-        finally:
-            await responses.aclose()  # type: ignore[attr-defined]
-
-
-def use_nvml_library(library: object | None) -> None:
-    """Make pynvml call ``library`` as its NVML library; ``None``: load the real one (and count
-    its users from nothing) at the next ``nvmlInit``."""
-    with pynvml.libLoadLock:
-        pynvml.nvmlLib = library
-        pynvml._nvmlGetFunctionPointer_cache.clear()
-        if library is None:
-            pynvml._nvmlLib_refcount = 0
-
-
-def nvml_error_text(code: int) -> str | None:
-    """pynvml's text for NVML return code ``code``, if it has one."""
-    text: str | None = pynvml.NVMLError._errcode_to_string.get(code)
-    return text
-
-
-def nvml_function(name: str) -> Any:
-    """The C function ``name`` of the library pynvml uses, as pynvml finds it."""
-    return pynvml._nvmlGetFunctionPointer(name)
-
-
-def nvml_library_users() -> int:
-    """How many ``nvmlInit`` calls pynvml counts without their ``nvmlShutdown``."""
-    users: int = pynvml._nvmlLib_refcount
-    return users
 
 
 def lightkube_http(client: Any) -> Any:

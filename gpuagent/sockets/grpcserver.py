@@ -2,7 +2,7 @@
 Unix socket, from bind to close.
 
 Two things are added to :class:`grpclib.server.Server` (through
-:class:`~gpuagent.overrides.TrackedServer`, which reaches into grpclib):
+:class:`~gpuagent.overrides.grpc.TrackedServer`, which reaches into grpclib):
 
 * **Corked writes.** grpclib writes a unary response's headers, message and trailers separately,
   so each call cost three system calls and woke the client three times; corked, the writes of one
@@ -32,7 +32,7 @@ from typing import Any, cast
 from grpclib.encoding.base import CodecBase
 from grpclib.protocol import H2Protocol
 
-from gpuagent.overrides import IServable, TrackedServer
+from gpuagent.overrides.grpc import IServable, TrackedServer
 
 __all__ = ["SOCKET_MODE", "GrpcServer", "ServedSocket", "SocketId", "socket_id"]
 

@@ -18,7 +18,7 @@ from gpuagent.app.agent import Agent
 from gpuagent.config import load_settings
 from gpuagent.config.planning import load_simulator
 from gpuagent.gpu.sim import SimDriver
-from gpuagent.kubelet.registration import Timing
+from gpuagent.kubelet.timing import Timing
 
 FAST = Timing(
     watch_interval=0.02,

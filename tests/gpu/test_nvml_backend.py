@@ -35,7 +35,7 @@ from gpuagent.gpu.nvml import (
 from gpuagent.gpu.sim import SimDriver, install, node_from_count, node_from_mapping, uninstall
 from gpuagent.gpu.sim import telemetry as sim_telemetry
 from gpuagent.nodefiles.labels import node_labels
-from gpuagent.overrides import nvml_library_users
+from gpuagent.overrides.nvml import nvml_library_users
 
 MIB = 1024 * 1024
 GPUS = 4

@@ -21,7 +21,7 @@ from support.simnvml import nvml_on
 from gpuagent.gpu.sim import SimDriver, node_from_mapping
 from gpuagent.gpu.sim._api_process import PROCESS_MODE_ALL_CUDA
 from gpuagent.gpu.sim.processes import SAMPLE_PERIOD_US
-from gpuagent.overrides import nvml_function
+from gpuagent.overrides.nvml import nvml_function
 
 MIB = 1024 * 1024
 NO_INSTANCE = 0xFFFF_FFFF

@@ -20,7 +20,8 @@ from gpuagent.domain.devices import Registration
 from gpuagent.domain.serving import ResourceView
 from gpuagent.kubelet import registration
 from gpuagent.kubelet.plugin import DevicePluginService
-from gpuagent.kubelet.registration import MAX_REASON, PluginEndpoint, Timing
+from gpuagent.kubelet.registration import MAX_REASON, PluginEndpoint
+from gpuagent.kubelet.timing import Timing
 from gpuagent.sockets.dirwatch import file_in_the_way
 from gpuagent.state.store import DeviceStore
 

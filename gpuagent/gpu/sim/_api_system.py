@@ -6,7 +6,7 @@ import pynvml
 
 from gpuagent.gpu.sim._abi import Symbol, as_bytes, as_int, out, write_str
 from gpuagent.gpu.sim.state import DriverState
-from gpuagent.overrides import nvml_error_text
+from gpuagent.overrides.nvml import nvml_error_text
 
 SUCCESS = int(pynvml.NVML_SUCCESS)
 

@@ -31,7 +31,7 @@ from gpuagent.gpu.sim.processes import new_process
 from gpuagent.gpu.sim.procfiles import SimProcFiles
 from gpuagent.gpu.sim.spec import SimNode
 from gpuagent.gpu.sim.state import FAULTS, RECOVERY_ACTION_NAMES, DriverState, GpuState, MigState
-from gpuagent.overrides import use_nvml_library
+from gpuagent.overrides.nvml import use_nvml_library
 
 #: Latencies below this are not slept: a shorter sleep takes 50-100 us on Linux, ten times what
 #: the real H200 took for such calls (2-10 us), so sleeping would make them the poll's cost.
