@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 import structlog
 from grpclib import GRPCError
 from grpclib.const import Status
-from grpclib.encoding.proto import ProtoCodec
 
 from gpuagent._proto import v1beta1 as pb
 from gpuagent.domain.allocation import (
@@ -23,6 +21,7 @@ from gpuagent.domain.preferred import preferred_allocation
 from gpuagent.domain.resources import Resource
 from gpuagent.domain.serving import ResourceView
 from gpuagent.domain.snapshot import Snapshot
+from gpuagent.kubelet.answers import Answers, Requested
 from gpuagent.overrides.grpc import ClosingServerStreams
 from gpuagent.state.store import DeviceStore
 
@@ -53,7 +52,7 @@ class DevicePluginService(ClosingServerStreams, pb.DevicePluginBase):
         self.resource_name = resource_name
         self._stopping = stopping
         self._on_allocate = on_allocate
-        self._responses = _Responses()
+        self._answers = Answers()
         self._streams = 0
         self._no_streams = asyncio.Event()
         self._no_streams.set()
@@ -104,10 +103,10 @@ class DevicePluginService(ClosingServerStreams, pb.DevicePluginBase):
         resource = self._view.resources(snapshot, serving).get(self.resource_name)
         containers = serving.containers
         requested = tuple(tuple(r.devices_ids) for r in message.container_requests)
-        response = self._responses.get(resource, containers, requested)
+        response = self._answers.get(resource, containers, requested)
         if response is None:
-            response = self._allocate(resource, containers, requested)
-            self._responses.put(resource, containers, requested, response)
+            allocations = self._allocate(resource, containers, requested)
+            response = self._answers.put(resource, containers, requested, allocations)
         for ids in requested:
             log.info("allocated", resource=self.resource_name, devices=list(ids))
         self._store.counters.allocated()
@@ -116,12 +115,10 @@ class DevicePluginService(ClosingServerStreams, pb.DevicePluginBase):
         return response
 
     def _allocate(
-        self,
-        resource: Resource | None,
-        containers: ContainerSettings,
-        requested: tuple[tuple[str, ...], ...],
-    ) -> pb.AllocateResponse:
-        responses = []
+        self, resource: Resource | None, containers: ContainerSettings, requested: Requested
+    ) -> list[ContainerAllocation]:
+        """What each container receives; a :class:`GRPCError` for a request that is refused."""
+        allocations = []
         for ids in requested:
             try:
                 if resource is None:
@@ -135,12 +132,13 @@ class DevicePluginService(ClosingServerStreams, pb.DevicePluginBase):
                 reason = _bounded(str(exc))
                 log.warning("allocate refused", reason=reason)
                 raise GRPCError(Status.INVALID_ARGUMENT, reason) from exc
-            responses.append(_container_response(allocation))
-        return pb.AllocateResponse(container_responses=responses)
+            allocations.append(allocation)
+        return allocations
 
     def encoded(self, message: object) -> bytes | None:
-        """The wire form of ``message`` if it is a cached response (see :class:`ResponseCodec`)."""
-        return self._responses.encoded(message)
+        """The wire form of ``message`` if it is a kept answer (see
+        :class:`~gpuagent.kubelet.answers.ResponseCodec`)."""
+        return self._answers.encoded(message)
 
     async def get_preferred_allocation(
         self, message: pb.PreferredAllocationRequest
@@ -175,66 +173,6 @@ class DevicePluginService(ClosingServerStreams, pb.DevicePluginBase):
 
 
 MAX_MESSAGE = 1024
-MAX_CACHED_RESPONSES = 256
-
-
-class _Responses:
-    """Allocate responses per requested device IDs, encoded once.
-
-    A response is a function of the resource (its devices' IDs, health and placement), the
-    plan's container settings and the request: the cache holds for one resource and one set of
-    container settings, compared on every call — by identity, then by value when a new snapshot
-    or plan brought new objects — and empties when either changes (a device turns unhealthy, a
-    reload). At most :data:`MAX_CACHED_RESPONSES` requests are kept.
-    """
-
-    def __init__(self) -> None:
-        self._resource: Resource | None = None
-        self._containers: ContainerSettings | None = None
-        self._responses: dict[tuple[tuple[str, ...], ...], pb.AllocateResponse] = {}
-        self._encoded: dict[int, bytes] = {}  # id of a response held above -> its wire form
-
-    def get(
-        self,
-        resource: Resource | None,
-        containers: ContainerSettings,
-        requested: tuple[tuple[str, ...], ...],
-    ) -> pb.AllocateResponse | None:
-        if resource is not self._resource or containers is not self._containers:
-            if resource != self._resource or containers != self._containers:
-                self._responses.clear()
-                self._encoded.clear()
-            self._resource, self._containers = resource, containers
-        return self._responses.get(requested)
-
-    def put(
-        self,
-        resource: Resource | None,
-        containers: ContainerSettings,
-        requested: tuple[tuple[str, ...], ...],
-        response: pb.AllocateResponse,
-    ) -> None:
-        if resource is not self._resource or containers is not self._containers:
-            return  # (get() for these was not the last call)
-        if len(self._responses) >= MAX_CACHED_RESPONSES:
-            self._responses.clear()
-            self._encoded.clear()
-        self._responses[requested] = response
-        self._encoded[id(response)] = bytes(response)
-
-    def encoded(self, message: object) -> bytes | None:
-        return self._encoded.get(id(message))
-
-
-class ResponseCodec(ProtoCodec):
-    """grpclib's protobuf codec, sending a cached response's wire form as it was encoded."""
-
-    def __init__(self, encoded: Callable[[object], bytes | None]) -> None:
-        self._encoded = encoded
-
-    def encode(self, message: Any, message_type: Any) -> bytes:
-        data = self._encoded(message)
-        return data if data is not None else super().encode(message, message_type)
 
 
 def _bounded(message: str) -> str:
@@ -254,22 +192,4 @@ def _response(devices: DeviceList) -> pb.ListAndWatchResponse:
             )
             for device_id, health, numa in devices
         ]
-    )
-
-
-def _container_response(allocation: ContainerAllocation) -> pb.ContainerAllocateResponse:
-    return pb.ContainerAllocateResponse(
-        envs=dict(allocation.envs),
-        mounts=[
-            pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
-            for m in allocation.mounts
-        ],
-        devices=[
-            pb.DeviceSpec(
-                container_path=d.container_path, host_path=d.host_path, permissions=d.permissions
-            )
-            for d in allocation.devices
-        ],
-        annotations=dict(allocation.annotations),
-        cdi_devices=[pb.CdiDevice(name=name) for name in allocation.cdi_devices],
     )

@@ -21,7 +21,8 @@ from grpclib.exceptions import StreamTerminatedError
 
 from gpuagent._proto import v1beta1 as pb
 from gpuagent.domain.devices import Registration
-from gpuagent.kubelet.plugin import DevicePluginService, ResponseCodec
+from gpuagent.kubelet.answers import ResponseCodec
+from gpuagent.kubelet.plugin import DevicePluginService
 from gpuagent.kubelet.timing import Timing
 from gpuagent.sockets.dirwatch import DirectoryWatch, file_in_the_way
 from gpuagent.sockets.grpcserver import ServedSocket, SocketId, socket_id

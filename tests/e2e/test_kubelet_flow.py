@@ -17,6 +17,7 @@ from e2e.agentrun import RunningAgent, first_stream, registered_agent, running_a
 from gpuagent.app.agent import Agent
 from gpuagent.config import load_settings
 from gpuagent.config.planning import load_simulator
+from gpuagent.domain.containers import DeviceListStrategy
 
 T = 10.0  # generous bound for anything that should take milliseconds
 
@@ -316,3 +317,57 @@ async def test_a_slow_driver_holds_neither_the_probes_nor_the_rest_up(
     finally:
         stop.set()
         await asyncio.wait_for(task, T)
+
+
+PASS_SPECS = "version: v1\npass-device-specs: true\n"
+
+
+def _envs(response: Any) -> dict[str, str]:
+    (container,) = response.container_responses
+    return dict(container.envs)
+
+
+async def test_answers_kept_for_a_device_set_follow_its_health_and_the_plan(
+    fake_kubelet: FakeKubelet, device_plugin_dir: Path, short_tmp_path: Path
+) -> None:
+    """Allocate answers a device set once and keeps the answer: a device turning unhealthy is
+    refused all the same (FAILED_PRECONDITION), an unknown one too (INVALID_ARGUMENT), the
+    device recovered is given again, and a reload's strategy is what the next answer carries."""
+    config = short_tmp_path / "gpuagent.yaml"
+    config.write_text(PASS_SPECS)
+    args = ("--simulate", "2", "--config", str(config))
+    async with registered_agent(fake_kubelet, device_plugin_dir, args) as run:
+        reg = fake_kubelet.latest()
+        uuid = run.uuids[1]
+        first = await asyncio.to_thread(fake_kubelet.allocate, [uuid])
+        assert first == await asyncio.to_thread(fake_kubelet.allocate, [uuid])
+        assert _envs(first) == {"NVIDIA_VISIBLE_DEVICES": uuid}
+        assert "/dev/nvidia1" in [d.container_path for d in first.container_responses[0].devices]
+
+        await run.fault({"gpu": 1, "fault": "xid", "xid": 79})
+        await asyncio.to_thread(reg.wait_until, lambda u: health_of(u)[uuid] == "Unhealthy", T)
+        code, details = await asyncio.to_thread(fake_kubelet.allocate_error, [uuid])
+        assert (code, uuid in details) == (grpc.StatusCode.FAILED_PRECONDITION, True)
+        code, details = await asyncio.to_thread(fake_kubelet.allocate_error, [uuid, "GPU-nope"])
+        assert (code, "GPU-nope" in details) == (grpc.StatusCode.INVALID_ARGUMENT, True)
+
+        await run.fault({"gpu": 1, "fault": "recover"})
+        await asyncio.to_thread(reg.wait_until, lambda u: health_of(u)[uuid] == "Healthy", T)
+        assert await asyncio.to_thread(fake_kubelet.allocate, [uuid]) == first
+
+        config.write_text(
+            "version: v1\npass-device-specs: true\ndevice-list-strategy: volume-mounts\n"
+        )
+        await eventually(
+            lambda: run.agent.store.plan.serving.containers.uses(DeviceListStrategy.VOLUME_MOUNTS),
+            what="the reloaded strategy",
+        )
+        response = await asyncio.to_thread(fake_kubelet.allocate, [uuid])
+        (container,) = response.container_responses
+        assert dict(container.envs) == {
+            "NVIDIA_VISIBLE_DEVICES": "/var/run/nvidia-container-devices"
+        }
+        assert [m.container_path for m in container.mounts] == [
+            f"/var/run/nvidia-container-devices/{uuid}"
+        ]
+        assert list(container.devices) == list(first.container_responses[0].devices)

@@ -20,7 +20,8 @@ from gpuagent._proto import v1beta1 as pb
 from gpuagent.domain.containers import ContainerSettings, DeviceListStrategy
 from gpuagent.domain.devices import Telemetry
 from gpuagent.domain.serving import ResourceView
-from gpuagent.kubelet.plugin import MAX_CACHED_RESPONSES, DevicePluginService, ResponseCodec
+from gpuagent.kubelet.answers import MAX_CACHED_RESPONSES, ResponseCodec
+from gpuagent.kubelet.plugin import DevicePluginService
 from gpuagent.sockets.grpcserver import GrpcServer
 from gpuagent.state.store import DeviceStore
 
@@ -148,5 +149,5 @@ async def test_the_cache_is_bounded() -> None:
         for start in range(9):
             for _ in range(2):
                 await service.allocate(_request(*(ids[(start + k) % 9] for k in range(size))))
-    assert len(service._responses._responses) <= MAX_CACHED_RESPONSES
-    assert len(service._responses._encoded) == len(service._responses._responses)
+    assert len(service._answers._responses) <= MAX_CACHED_RESPONSES
+    assert len(service._answers._encoded) == len(service._answers._responses)
