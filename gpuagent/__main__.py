@@ -35,6 +35,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(args: list[str]) -> int:
+    # Before anything imports betterproto2: its version without importlib.metadata's imports.
+    from gpuagent.overrides import protoversion  # noqa: PLC0415
+
+    protoversion.install()
     # Imported here, with the collector off (see main).
     import uvloop  # noqa: PLC0415
 

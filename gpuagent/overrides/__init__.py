@@ -1,7 +1,8 @@
 """Every use the agent makes of a library's private API, in one place: this package, a module
 per library (:mod:`~gpuagent.overrides.grpc` for grpclib and betterproto2, imported only where gRPC
-is spoken; :mod:`~gpuagent.overrides.nvml` for pynvml), so a part that needs one library's does not
-import the others (the simulated driver, which starts before the kubelet side, imports no gRPC).
+is spoken; :mod:`~gpuagent.overrides.protoversion` for betterproto2's version;
+:mod:`~gpuagent.overrides.nvml` for pynvml), so a part that needs one library's does not import the
+others (the simulated driver, which starts before the kubelet side, imports no gRPC).
 
 A library may change what it does not document in any release; each use below says what it
 reaches, why, and the version it was written against (:data:`PINS`, the requirements of
@@ -27,6 +28,11 @@ betterproto2 0.10.0 (``betterproto2[grpclib]==0.10.0``)
   message is being sent, e.g. the kubelet went away) to the garbage collector, so the stream's
   ``finally`` — its count of open streams, its waiter's cancellation — would run at some later
   collection, not then.
+* ``betterproto2._version``, its ``__version__`` and ``check_compiler_version()``: the module is
+  put in place before betterproto2 is first imported (:mod:`~gpuagent.overrides.protoversion`,
+  by the command line), the version read from the distribution's ``METADATA`` file, because
+  betterproto2's own reads it with :mod:`importlib.metadata`, whose imports cost ~11 ms of the
+  start the kubelet waits for; the compiler check is betterproto2's rule.
 
 nvidia-ml-py 13.615 (``nvidia-ml-py>=13.615,<14``)
 
@@ -74,6 +80,8 @@ PRIVATE: Sequence[tuple[str, str, tuple[str, ...] | None]] = (
         "ServiceBase._call_rpc_handler_server_stream",
         ("self", "handler", "stream", "request"),
     ),
+    ("betterproto2._version", "__version__", None),
+    ("betterproto2._version", "check_compiler_version", ("compiler_version",)),
     ("pynvml", "nvmlLib", None),
     ("pynvml", "libLoadLock", None),
     ("pynvml", "_nvmlGetFunctionPointer_cache", None),

@@ -36,6 +36,7 @@ NOT_BEFORE_REGISTRATION = (
     "gpuagent.kube.nodehealth",
     "lightkube",
     "bcrypt",
+    "importlib.metadata",  # (betterproto2's version is read without it: overrides.protoversion)
 )
 # What registration needs: imported before it (a check that the imports are read as they should).
 # (A module imported with importlib.import_module, as the agent imports a list of modules off the
