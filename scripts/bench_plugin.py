@@ -149,6 +149,7 @@ class Figures:
     """One run's figures, seconds (or MiB, %, per second)."""
 
     start: list[float] = field(default_factory=list)
+    start_cpu: list[float] = field(default_factory=list)  # the process's CPU time until then
     reregistered: list[float] = field(default_factory=list)
     allocate: list[float] = field(default_factory=list)
     idle_cpu_percent: float = 0.0
@@ -167,15 +168,26 @@ def start_times(
     plugin: Plugin, stubs: Any, tempdir: Any, *, startups: int, log: Path | None = None
 ) -> list[float]:
     """Process start → ``Register`` received, ``startups`` times, the kubelet already up."""
+    return start_figures(plugin, stubs, tempdir, startups=startups, log=log)[0]
+
+
+def start_figures(
+    plugin: Plugin, stubs: Any, tempdir: Any, *, startups: int, log: Path | None = None
+) -> tuple[list[float], list[float]]:
+    """Process start → ``Register`` received, and the CPU time the process (every thread) had
+    used by then, ``startups`` times, the kubelet already up. The CPU time is the steadier figure
+    on a busy machine: the wall time counts the other processes' turns too."""
     from support.fake_kubelet import FakeKubelet  # noqa: PLC0415
 
-    times = []
+    times, cpu = [], []
     for n in range(startups + 1):  # the first start is a warm-up (page cache, bytecode cache)
         with tempdir() as d, FakeKubelet(d, stubs) as kubelet, running(plugin, d, log=log) as p:
             (reg,) = kubelet.wait_for_registrations(1, 30)
+            used = p.cpu_seconds()
             if n:
                 times.append(reg.received_at - p.started)
-    return times
+                cpu.append(used)
+    return times, cpu
 
 
 def bytecode_cache(directory: Path) -> None:
@@ -219,7 +231,8 @@ def measure(
 ) -> Figures:
     from support.fake_kubelet import FakeKubelet  # noqa: PLC0415
 
-    figures = Figures(start=start_times(plugin, stubs, tempdir, startups=startups, log=log))
+    start, start_cpu = start_figures(plugin, stubs, tempdir, startups=startups, log=log)
+    figures = Figures(start=start, start_cpu=start_cpu)
     with tempdir() as d, FakeKubelet(d, stubs) as kubelet, running(plugin, d, log=log) as p:
         (reg,) = kubelet.wait_for_registrations(1, 30)
         ids = [dev.ID for dev in reg.next_update(30).devices]
@@ -250,8 +263,9 @@ def measure(
 
 # Each figure: its label, how it is read from one run, its format, and gpuagent's target.
 FIGURES: list[tuple[str, Any, str, tuple[str, Any] | None]] = [
-    ("start → registered p50", lambda f: statistics.median(f.start), "ms", ("< 300 ms", 0.3)),
+    ("start → registered p50", lambda f: statistics.median(f.start), "ms", ("< 250 ms", 0.25)),
     ("start → registered max", lambda f: max(f.start), "ms", None),
+    ("start → registered, CPU used p50", lambda f: statistics.median(f.start_cpu), "ms", None),
     ("kubelet restart → re-registered p50", lambda f: statistics.median(f.reregistered), "ms",
      None),
     ("kubelet restart → re-registered p99", lambda f: percentile(f.reregistered, 99), "ms",
