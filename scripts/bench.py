@@ -3,8 +3,9 @@
 Measures, on simulated GPUs, the device-plugin figures of ``bench_plugin.py`` (start →
 registered, kubelet restart → registered again, Allocate round trip, RSS, idle CPU and wake-ups:
 the same for any plugin binary given with ``--compare``), then gpuagent's own: preferred
-allocation, fault injected → Unhealthy seen on the ListAndWatch stream, ``/metrics``, DRA,
-per-container accounting, and what a poll round costs the store's consumers. Prints a table
+allocation, the agent's own part of an ``Allocate``, fault injected → Unhealthy seen on the
+ListAndWatch stream, ``/metrics``, DRA, per-container accounting, and what a poll round costs
+the store's consumers. Prints a table
 with each target; exits 0 even when a target is missed (the numbers are for people, not a gate:
 shared machines are noisy).
 """
@@ -32,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 import bench_accounting  # noqa: E402
+import bench_answers  # noqa: E402
 import bench_dra  # noqa: E402
 import bench_fleet  # noqa: E402
 import bench_health  # noqa: E402
@@ -339,6 +341,7 @@ def main() -> int:
             return 0
         rows += bench_running(stubs, args)
         rows += bench_preferred_search()
+        rows += bench_answers.rows(Row)
         rows += bench_metrics.rows(stubs, args, agent, tempdir, Row)
         rows += bench_series.rows(args, agent, tempdir, Row)
         rows += bench_fleet.rows(args, agent, tempdir, Row)
