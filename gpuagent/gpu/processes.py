@@ -1,7 +1,7 @@
 """Per-process readings of one GPU through NVML: who runs on it, with how much memory and SM time.
 
-Per GPU and poll, on a driver that offers everything, this makes two NVML calls (each is a sizing
-call plus a reading call while processes run):
+Per GPU and poll, on a driver that offers everything, this makes two NVML calls while processes
+run (each is a sizing call plus a reading call), one while none does:
 
 * ``nvmlDeviceGetRunningProcessDetailList`` with mode ALL (compute, graphics and MPS processes in
   one list, Hopper and newer). Where the driver or GPU does not offer it, the three lists
@@ -14,6 +14,10 @@ call plus a reading call while processes run):
   utilisation per process since the previous poll. NOT_FOUND means no process used the GPU in
   that time. NVML does not offer per-process utilisation on MIG-enabled GPUs: there (as on any GPU
   answering NOT_SUPPORTED) the samples are absent (``None``), logged once, and not asked again.
+  Asked only while the GPU lists a process (and once at first, to learn whether the GPU offers
+  it): a sample names a process, and only listed processes are accounted, so a GPU without one
+  has none to give — and the call costs 2.3-2.9 ms even then on a real H200 (it answers
+  NOT_FOUND), against 0.01 ms for a list.
 
 Errors: a lost GPU raises ``NVMLError_GpuIsLost`` (the probe reports the GPU lost); any other
 error leaves that part of the reading absent for this poll and is logged when it first appears,
@@ -58,6 +62,7 @@ class ProcessReader:
         self._lists_only: set[int] = set()  # GPUs without the detail list
         self._old_utilization: set[int] = set()  # GPUs with only nvmlDeviceGetProcessUtilization
         self._no_samples: set[int] = set()  # GPUs without per-process utilisation
+        self._offered: set[int] = set()  # GPUs known to answer the utilisation read
         self._last_seen: dict[int, int] = {}
         self._errors: dict[tuple[int, str], int] = {}
 
@@ -66,6 +71,8 @@ class ProcessReader:
         processes = self._processes(index, handle)
         if processes is None:
             return None
+        if not processes and index in self._offered:
+            return ProcessReading(processes=(), samples=())  # no process, so no sample to ask
         return ProcessReading(processes=processes, samples=self._samples(index, handle))
 
     # ----- processes -------------------------------------------------------------------------
@@ -117,6 +124,7 @@ class ProcessReader:
         except pynvml.NVMLError as exc:
             if exc.value == pynvml.NVML_ERROR_NOT_FOUND:
                 self._recovered(index, "process_utilization")
+                self._offer(index)
                 return ()  # nothing used the GPU since the last sample seen
             if exc.value in _ABSENT:
                 with self._lock:
@@ -130,6 +138,7 @@ class ProcessReader:
         newest = max((int(s.timeStamp) for s in raw), default=last_seen)
         with self._lock:
             self._last_seen[index] = max(newest, last_seen)
+            self._offered.add(index)
         return tuple(
             ProcessSample(
                 pid=int(s.pid),
@@ -161,6 +170,11 @@ class ProcessReader:
                 answers=_NO_SAMPLE,
             )
         )  # fmt: skip
+
+    def _offer(self, index: int) -> None:
+        if index not in self._offered:
+            with self._lock:
+                self._offered.add(index)
 
     # ----- errors ------------------------------------------------------------------------------
     def _failed(self, index: int, what: str, exc: pynvml.NVMLError) -> None:

@@ -14,7 +14,7 @@ import pytest
 import structlog.testing
 from support.clock import FakeClock
 
-from gpuagent.domain.usage import GpuProcess, ProcessSample
+from gpuagent.domain.usage import GpuProcess, ProcessReading, ProcessSample
 from gpuagent.gpu.calls import NvmlCalls
 from gpuagent.gpu.nvml import Nvml
 from gpuagent.gpu.processes import ProcessReader
@@ -130,27 +130,48 @@ def test_two_nvml_functions_per_poll(
         )
 
 
-def test_an_idle_gpu_costs_one_call_each(driver: tuple[SimDriver, ProcessReader]) -> None:
+def test_an_idle_gpu_asks_for_utilisation_once(
+    driver: tuple[SimDriver, ProcessReader], clock: FakeClock
+) -> None:
+    """Without a process, the utilisation read (2.3-2.9 ms on a real H200, answering NOT_FOUND)
+    is made once, to learn that the GPU offers it; then only the list (0.01 ms) until a process
+    runs, whose samples are read from then on."""
     sim, reader = driver
     h = handle(H100)
-    before = Counter(sim.calls)
+    per_read = []
+    for _ in range(4):
+        next_sample(clock)
+        before = Counter(sim.calls)
+        reading = reader.read(H100, h)
+        assert reading is not None
+        assert (reading.processes, reading.samples) == ((), ())
+        calls = Counter(sim.calls)
+        calls.subtract(before)
+        per_read.append(+calls)
+    list_call = Counter({"nvmlDeviceGetRunningProcessDetailList": 1})
+    assert (
+        per_read
+        == [list_call + Counter({"nvmlDeviceGetProcessesUtilizationInfo": 1})] + [list_call] * 3
+    )
+    sim.add_process(H100, 300, 1024, 30)
+    next_sample(clock)
     reading = reader.read(H100, h)
     assert reading is not None
-    assert reading.processes == ()
-    assert reading.samples == ()
-    calls = Counter(sim.calls)
-    calls.subtract(before)
-    assert +calls == Counter(
-        {"nvmlDeviceGetRunningProcessDetailList": 1, "nvmlDeviceGetProcessesUtilizationInfo": 1}
-    )
+    assert [s.pid for s in reading.samples or ()] == [300]
+    sim.remove_process(300)
+    asked = sim.calls["nvmlDeviceGetProcessesUtilizationInfo"]
+    assert reader.read(H100, h) == ProcessReading(processes=(), samples=())
+    assert sim.calls["nvmlDeviceGetProcessesUtilizationInfo"] == asked
 
 
 def test_no_sample_since_the_last_is_an_answer_not_an_error(
     driver: tuple[SimDriver, ProcessReader],
 ) -> None:
-    """An idle GPU's utilisation read answers NOT_FOUND ("no sample since"): not counted as a
-    failed NVML call (what gpuagent_nvml_calls_total{result="error"} sums)."""
+    """A utilisation read answering NOT_FOUND ("no sample since": here a process that used no
+    SM time) is not counted as a failed NVML call (what gpuagent_nvml_calls_total{result="error"}
+    sums)."""
     sim, _ = driver
+    sim.add_process(H100, 300, 1024, 0)
     calls = NvmlCalls()
     reader = ProcessReader(calls)
     for _ in range(3):
