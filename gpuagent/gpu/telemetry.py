@@ -1,22 +1,31 @@
 """One GPU's telemetry through NVML, in dcgm-exporter's units (the backend's probe reads it).
 
-Per GPU and poll cycle (on a GPU that offers everything, after the first cycle) this makes 12 NVML
-calls: ``nvmlDeviceGetTemperature``, ``nvmlDeviceGetPowerUsage``,
-``nvmlDeviceGetTotalEnergyConsumption``, ``nvmlDeviceGetClockInfo`` (SM, memory),
-``nvmlDeviceGetUtilizationRates``, ``nvmlDeviceGetEncoderUtilization``,
+Per GPU and poll cycle (on a GPU that offers everything, after the first cycle) this makes 11 NVML
+calls: ``nvmlDeviceGetTemperature``, ``nvmlDeviceGetPowerUsage``, ``nvmlDeviceGetClockInfo``
+(SM, memory), ``nvmlDeviceGetUtilizationRates``, ``nvmlDeviceGetEncoderUtilization``,
 ``nvmlDeviceGetDecoderUtilization``, ``nvmlDeviceGetMemoryInfo_v2`` (v1 where v2 is missing),
 ONE ``nvmlDeviceGetFieldValues`` for every field-based value (:data:`FIELDS`, the driver's
-recovery action included), and on Hopper and newer ``nvmlGpmSampleGet`` + ``nvmlGpmMetricsGet``.
-Where the driver does not offer a field value that has a call of its own, that call reads it
-instead (:data:`FALLBACKS`: row remapping through ``nvmlDeviceGetRemappedRows``, PCIe replays,
-volatile ECC totals, clock-violation times), so e.g. a failed remap never goes unseen. On a
-MIG-enabled GPU each MIG device's framebuffer is read through its own handle, and GPM per GPU
-instance (``nvmlGpmMigSampleGet``), as DCGM serves them (:meth:`TelemetryReader.read_instances`).
+recovery action included), and on Hopper and newer ``nvmlGpmSampleGet`` + ``nvmlGpmMetricsGet``;
+and once in :data:`~gpuagent.gpu.cadence.ENERGY`'s period ``nvmlDeviceGetTotalEnergyConsumption``
+(3.2 ms on a real H200: between reads the energy figure advances by the power read each poll,
+:class:`~gpuagent.gpu.cadence.EnergyCounter`). Where the driver does not offer a field value that
+has a call of its own, that call reads it instead (:data:`FALLBACKS`: row remapping through
+``nvmlDeviceGetRemappedRows``, PCIe replays and volatile ECC totals every poll, so e.g. a failed
+remap never goes unseen; the throttling times once in :data:`~gpuagent.gpu.cadence.VIOLATIONS`'s
+period, their last values served between). On a MIG-enabled GPU each MIG device's framebuffer is
+read through its own handle, and GPM per GPU instance (``nvmlGpmMigSampleGet``), as DCGM serves
+them (:meth:`TelemetryReader.read_instances`).
+
+What the field values do not carry, on purpose: the energy counter (its field,
+``NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION``, costs the same 3.2 ms as the call: in the batch it would
+cost every poll what the cadence saves) and the power draw (``nvmlDeviceGetPowerUsage`` is what
+DCGM reports; 0.002 ms). Every other reading with a field id is in the one call.
 
 Units:
 
 - temperatures °C (readings above :data:`MAX_TEMPERATURE_C` are sensor errors and dropped, as DCGM
-  does); power W (NVML: mW); energy mJ since the driver loaded; clocks MHz; ``*_util_pct`` percent;
+  does); power W (NVML: mW); energy mJ since the driver loaded (the counter as read, advanced by
+  the power between reads); clocks MHz; ``*_util_pct`` percent;
   framebuffer in **whole** MiB, rounded down, as DCGM reports it (``fb_used_mib`` excludes the
   driver's reservation when v2 reports it separately; with v1 it includes it and
   ``fb_reserved_mib`` is absent).
@@ -38,13 +47,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pynvml
 import structlog
 
 from gpuagent.domain.devices import Telemetry
+from gpuagent.gpu.cadence import ENERGY, VIOLATIONS, Cadence, EnergyCounter
 from gpuagent.gpu.calls import ABSENT, NvmlCalls
 from gpuagent.gpu.gpm import GpmSampler
 
@@ -97,6 +107,10 @@ _REMAP_KEYS = (
     "row_remap_pending",
     "row_remap_failure",
 )
+#: Field values read into the Telemetry field of the same name.
+_SAME_NAME = ("pcie_replays", *_REMAP_KEYS, "ecc_sbe_volatile", "ecc_dbe_volatile", *PLAIN_FIELDS)
+#: Field values whose call of their own is costly: read once in a cadence's period.
+_VIOLATION_KEYS = frozenset({"power_violation_ns", "thermal_violation_ns"})
 
 
 def _ecc_total(kind: int) -> Callable[[Any], float]:
@@ -150,6 +164,17 @@ class Reading:
     taken_at: float = 0.0
 
 
+@dataclass(slots=True)
+class _Costly:
+    """One GPU's costly readings: the energy figure, the throttling times as last read (their
+    call stands in for missing field values), and the cadence windows they were last read in."""
+
+    energy: EnergyCounter = field(default_factory=EnergyCounter)
+    energy_window: int | None = None
+    violations: dict[str, float | None] = field(default_factory=dict)
+    violations_window: int | None = None
+
+
 def field_value(slot: Any) -> float:
     """The number in one ``nvmlFieldValue_t`` slot, by its value type."""
     member = _VALUE_MEMBER.get(int(slot.valueType), "ullVal")
@@ -190,40 +215,47 @@ def _temperature(value: float | None) -> float | None:
 
 
 class TelemetryReader:
-    """Reads :class:`Telemetry` for GPUs through pynvml; keeps each GPU's last GPM sample.
+    """Reads :class:`Telemetry` for GPUs through pynvml; keeps each GPU's last GPM sample, its
+    energy figure and when its costly readings were last taken (:mod:`~gpuagent.gpu.cadence`).
 
     Safe for concurrent ``read`` calls on different GPUs (the backend probes each GPU on its own
     thread); ``close`` frees the GPM samples and must run before ``nvmlShutdown``. ``clock``
-    spaces GPM samples (the driver's clock: monotonic seconds).
+    spaces GPM samples and the costly readings (the driver's clock: monotonic seconds).
+    ``energy`` and ``violations``: how often those are read (a period of 0: every poll).
     """
 
-    def __init__(self, calls: NvmlCalls, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        calls: NvmlCalls,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        energy: Cadence = ENERGY,
+        violations: Cadence = VIOLATIONS,
+    ) -> None:
         self._calls = calls
         self._clock = clock
+        self._energy_cadence = energy
+        self._violation_cadence = violations
         self._gpm = GpmSampler(calls, clock)
         self._lock = threading.Lock()
         self._memory_v1_only: set[int] = set()
+        self._costly: dict[int, _Costly] = {}
 
     def read(self, index: int, handle: Any) -> Reading:
-        """Every value NVML offers for GPU ``index`` now."""
+        """Every value NVML offers for GPU ``index`` now (the costly ones when due)."""
+        now = self._clock()
         r = self._calls.reading
         temperature = r(index, pynvml.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU)
         power = r(index, pynvml.nvmlDeviceGetPowerUsage, handle)
-        energy = r(index, pynvml.nvmlDeviceGetTotalEnergyConsumption, handle)
+        power_w = None if power is None else power / 1000.0
+        energy = self._energy(index, handle, power_w, now)
         sm_clock = r(index, pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_SM)
         mem_clock = r(index, pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_MEM)
         util = r(index, pynvml.nvmlDeviceGetUtilizationRates, handle)
         enc = r(index, pynvml.nvmlDeviceGetEncoderUtilization, handle)
         dec = r(index, pynvml.nvmlDeviceGetDecoderUtilization, handle)
         used, free, reserved = self._memory(index, handle)
-        fields = read_fields(self._calls, index, handle, FIELDS)
-        if any(key not in fields for key in _REMAP_KEYS):
-            fields.update(self._remapped_rows(index, handle))
-        for key, call in FALLBACKS:
-            if key not in fields:
-                value = self._calls.reading(index, call, handle)
-                if value is not None:
-                    fields[key] = float(value)
+        fields = self._fields(index, handle, now)
         taken_at = self._clock()
         gpm = self._gpm.read(index, handle)
         tx, rx = fields.get("nvlink_tx"), fields.get("nvlink_rx")
@@ -231,8 +263,8 @@ class TelemetryReader:
         telemetry = Telemetry(
             temperature_c=_temperature(temperature),
             memory_temperature_c=_temperature(fields.get("memory_temperature")),
-            power_w=None if power is None else power / 1000.0,
-            energy_mj=None if energy is None else float(energy),
+            power_w=power_w,
+            energy_mj=energy,
             sm_clock_mhz=None if sm_clock is None else float(sm_clock),
             mem_clock_mhz=None if mem_clock is None else float(mem_clock),
             gpu_util_pct=None if util is None else float(util.gpu),
@@ -242,14 +274,7 @@ class TelemetryReader:
             fb_used_mib=used,
             fb_free_mib=free,
             fb_reserved_mib=reserved,
-            pcie_replays=fields.get("pcie_replays"),
-            remapped_rows_correctable=fields.get("remapped_rows_correctable"),
-            remapped_rows_uncorrectable=fields.get("remapped_rows_uncorrectable"),
-            row_remap_pending=fields.get("row_remap_pending"),
-            row_remap_failure=fields.get("row_remap_failure"),
-            ecc_sbe_volatile=fields.get("ecc_sbe_volatile"),
-            ecc_dbe_volatile=fields.get("ecc_dbe_volatile"),
-            **{key: fields.get(key) for key in PLAIN_FIELDS},
+            **{key: fields.get(key) for key in _SAME_NAME},
             **gpm,
         )
         return Reading(
@@ -258,6 +283,59 @@ class TelemetryReader:
             nvlink_kib=None if tx is None or rx is None else tx + rx,
             taken_at=taken_at,
         )
+
+    # ----- the field values, and the calls that stand in for missing ones -----------------------
+    def _fields(self, index: int, handle: Any, now: float) -> dict[str, float]:
+        """The one field-values call, and where a slot is missing the call of its own: every poll
+        for the health-relevant ones (row remapping, ECC) and PCIe replays; the throttling times
+        when due, their last values in between."""
+        fields = read_fields(self._calls, index, handle, FIELDS)
+        if any(key not in fields for key in _REMAP_KEYS):
+            fields.update(self._remapped_rows(index, handle))
+        costly = self._costly_of(index)
+        due = self._violation_cadence.due(index, now, costly.violations_window)
+        for key, call in FALLBACKS:
+            if key in fields:
+                continue
+            if key in _VIOLATION_KEYS and not due:
+                last = costly.violations.get(key)
+                if last is not None:
+                    fields[key] = last
+                continue
+            value = self._calls.reading(index, call, handle)
+            if value is not None:
+                fields[key] = float(value)
+            if key in _VIOLATION_KEYS:
+                costly.violations[key] = fields.get(key)
+        if due:
+            costly.violations_window = self._window(self._violation_cadence, index, now)
+        return fields
+
+    # ----- energy ------------------------------------------------------------------------------
+    def _energy(self, index: int, handle: Any, power_w: float | None, now: float) -> float | None:
+        """The energy figure (mJ): the driver's counter when due (or when the power cannot carry
+        the figure forward), else the last figure advanced by the power since."""
+        costly = self._costly_of(index)
+        if not self._energy_cadence.due(index, now, costly.energy_window):
+            estimate = costly.energy.advance(power_w, now)
+            if estimate is not None or costly.energy.counted_mj is None:
+                return estimate  # None: the counter could not be read in this period
+        costly.energy_window = self._window(self._energy_cadence, index, now)
+        counter = self._calls.reading(index, pynvml.nvmlDeviceGetTotalEnergyConsumption, handle)
+        if counter is None:
+            return None
+        return costly.energy.read(float(counter), power_w, now)
+
+    def _costly_of(self, index: int) -> _Costly:
+        costly = self._costly.get(index)
+        if costly is None:
+            with self._lock:
+                costly = self._costly.setdefault(index, _Costly())
+        return costly
+
+    @staticmethod
+    def _window(cadence: Cadence, index: int, now: float) -> int | None:
+        return None if cadence.period_s <= 0 else cadence.window(index, now)
 
     def read_instances(
         self, index: int, handle: Any, migs: Sequence[tuple[str, int, Any]]
