@@ -1,7 +1,7 @@
 """Per-process readings of one GPU through NVML: who runs on it, with how much memory and SM time.
 
-Per GPU and poll, on a driver that offers everything, this makes two NVML calls while processes
-run (each is a sizing call plus a reading call), one while none does:
+Per GPU and poll, on a driver that offers everything, this makes two NVML functions' calls while
+processes run, one while none does:
 
 * ``nvmlDeviceGetRunningProcessDetailList`` with mode ALL (compute, graphics and MPS processes in
   one list, Hopper and newer). Where the driver or GPU does not offer it, the three lists
@@ -10,7 +10,8 @@ run (each is a sizing call plus a reading call), one while none does:
   process in several lists (compute and graphics contexts) is one process. On a MIG-enabled GPU
   each process carries its GPU and compute instance.
 * ``nvmlDeviceGetProcessesUtilizationInfo`` (``nvmlDeviceGetProcessUtilization`` on older drivers)
-  for the samples newer than the last one seen on this GPU: SM, memory, encoder and decoder
+  for the samples newer than the last one seen on this GPU, in one call (with room for twice the
+  samples of the GPU's last read; :func:`utilization_info`): SM, memory, encoder and decoder
   utilisation per process since the previous poll. NOT_FOUND means no process used the GPU in
   that time. NVML does not offer per-process utilisation on MIG-enabled GPUs: there (as on any GPU
   answering NOT_SUPPORTED) the samples are absent (``None``), logged once, and not asked again.
@@ -26,6 +27,7 @@ so per-process accounting never makes a GPU unhealthy.
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
@@ -35,11 +37,14 @@ import structlog
 
 from gpuagent.domain.usage import GpuProcess, ProcessReading, ProcessSample
 from gpuagent.gpu.calls import ABSENT, NvmlCalls
+from gpuagent.overrides.nvml import nvml_function
 
 log = structlog.get_logger("gpuagent.nvml")
 T = TypeVar("T")
 
 NO_INSTANCE = 0xFFFF_FFFF
+#: Room for this many utilisation samples at least (each GPU: twice its last read's).
+MIN_SAMPLE_ROOM = 64
 _ABSENT = ABSENT
 # A driver that knows the detail list but not mode ALL answers INVALID_ARGUMENT.
 _NO_DETAIL_LIST = (*_ABSENT, pynvml.NVML_ERROR_INVALID_ARGUMENT)
@@ -63,6 +68,7 @@ class ProcessReader:
         self._old_utilization: set[int] = set()  # GPUs with only nvmlDeviceGetProcessUtilization
         self._no_samples: set[int] = set()  # GPUs without per-process utilisation
         self._offered: set[int] = set()  # GPUs known to answer the utilisation read
+        self._sample_counts: dict[int, int] = {}  # samples in each GPU's last utilisation read
         self._last_seen: dict[int, int] = {}
         self._errors: dict[tuple[int, str], int] = {}
 
@@ -152,18 +158,21 @@ class ProcessReader:
 
     def _utilization(self, index: int, handle: Any, last_seen: int) -> list[Any]:
         if index not in self._old_utilization:
+            room = max(MIN_SAMPLE_ROOM, 2 * self._sample_counts.get(index, 0))
             try:
-                return list(
-                    self._calls.call(
-                        index, pynvml.nvmlDeviceGetProcessesUtilizationInfo, handle, last_seen,
-                        answers=_NO_SAMPLE,
-                    )
+                found = self._calls.call(
+                    index, utilization_info, handle, last_seen, room,
+                    name="nvmlDeviceGetProcessesUtilizationInfo", answers=_NO_SAMPLE,
                 )  # fmt: skip
             except pynvml.NVMLError as exc:
                 if exc.value != pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
                     raise
                 with self._lock:
                     self._old_utilization.add(index)
+            else:
+                with self._lock:
+                    self._sample_counts[index] = len(found)
+                return found
         return list(
             self._calls.call(
                 index, pynvml.nvmlDeviceGetProcessUtilization, handle, last_seen,
@@ -195,6 +204,27 @@ class ProcessReader:
         if self._errors:
             with self._lock:
                 self._errors.pop((index, what), None)
+
+
+def utilization_info(handle: Any, last_seen: int, room: int) -> list[Any]:
+    """``nvmlDeviceGetProcessesUtilizationInfo``'s samples newer than ``last_seen``, in one call
+    when ``room`` samples are enough (pynvml's wrapper always makes two, the first with no room
+    to learn how many there are; on a real H200 each takes 2.3 ms); raises :class:`NVMLError`."""
+    function = nvml_function("nvmlDeviceGetProcessesUtilizationInfo")
+    info = pynvml.c_nvmlProcessesUtilizationInfo_v1_t()
+    info.version = pynvml.ProcessesUtilizationInfo_v1
+    info.lastSeenTimeStamp = last_seen
+    for _ in range(2):
+        samples = (pynvml.c_nvmlProcessUtilizationInfo_v1_t * room)()
+        info.processSamplesCount = room
+        info.procUtilArray = samples
+        code = function(handle, ctypes.byref(info))
+        if code == pynvml.NVML_SUCCESS:
+            return list(samples[: min(room, int(info.processSamplesCount))])
+        if code != pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
+            raise pynvml.NVMLError(code)
+        room = int(info.processSamplesCount)  # the driver says how many there are
+    raise pynvml.NVMLError(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
 
 
 def _merged(found: Iterable[Any]) -> tuple[GpuProcess, ...]:

@@ -44,7 +44,9 @@ nvidia-ml-py 13.615 (``nvidia-ml-py>=13.615,<14``)
   ``nvmlErrorString`` answers with pynvml's own texts.
 * ``_nvmlGetFunctionPointer()`` (:func:`nvml_function`) and ``_nvmlLib_refcount``
   (:func:`nvml_library_users`): the tests call a C symbol as pynvml finds it, and check that
-  the backend let go of the library.
+  the backend let go of the library. The backend calls ``nvmlDeviceGetProcessesUtilizationInfo``
+  through it with a buffer sized beforehand (:func:`gpuagent.gpu.processes.utilization_info`):
+  pynvml's wrapper always makes a sizing call first, which costs as much as the read.
 
 lightkube 1.0.1 (``lightkube>=1.0.1,<2``)
 
