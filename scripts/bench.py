@@ -4,10 +4,10 @@ Measures, on simulated GPUs, the device-plugin figures of ``bench_plugin.py`` (s
 registered, kubelet restart → registered again, Allocate round trip, RSS, idle CPU and wake-ups:
 the same for any plugin binary given with ``--compare``), then gpuagent's own: preferred
 allocation, the agent's own part of an ``Allocate``, fault injected → Unhealthy seen on the
-ListAndWatch stream, ``/metrics``, DRA, per-container accounting, and what a poll round costs
-the store's consumers. Prints a table
-with each target; exits 0 even when a target is missed (the numbers are for people, not a gate:
-shared machines are noisy).
+ListAndWatch stream, ``/metrics``, DRA, per-container accounting, what a poll round costs the
+store's consumers, and what a poll costs on the replayed real H200 (NVML time, idle CPU). Prints
+a table with each target; exits 0 even when a target is missed (the numbers are for people, not
+a gate: shared machines are noisy).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ import bench_health  # noqa: E402
 import bench_kube  # noqa: E402
 import bench_metrics  # noqa: E402
 import bench_plugin  # noqa: E402
+import bench_poll  # noqa: E402
 import bench_series  # noqa: E402
 import bench_watch  # noqa: E402
 from bench_preferred import bench_preferred  # noqa: E402
@@ -290,6 +291,9 @@ def main() -> int:
                         help="run the health, start-up and poll-round rows only")  # fmt: skip
     bench_health.add_arguments(parser)
     bench_watch.add_arguments(parser)
+    parser.add_argument("--only-poll", action="store_true",
+                        help="the poll cost on the replayed real H200, idle CPU")  # fmt: skip
+    bench_poll.add_arguments(parser)
     args = parser.parse_args()
 
     if args.only_dra:
@@ -313,6 +317,10 @@ def main() -> int:
                 bench_plugin.warm_bytecode(args.agent_python)
         if args.only_accounting:
             print(table(bench_accounting.rows(stubs, args, agent, tempdir, Row)))
+            return 0
+        if args.only_poll:
+            print(table(bench_poll.rows(stubs, args, agent, tempdir, Row)))
+            print(bench_poll.breakdown(args))
             return 0
         if args.only_health:
             startup = bench_plugin.start_times(
@@ -350,6 +358,7 @@ def main() -> int:
         rows += bench_accounting.rows(stubs, args, agent, tempdir, Row)
         rows += bench_health.rows(stubs, args, agent, tempdir, Row)
         rows += bench_watch.rows(args, Row)
+        rows += bench_poll.rows(stubs, args, agent, tempdir, Row)
     print(f"gpuagent bench: {args.gpus} simulated GPUs, Python {sys.version.split()[0]}, "
           f"{os.cpu_count()} CPUs")  # fmt: skip
     print(table(rows))
