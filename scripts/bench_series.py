@@ -3,7 +3,8 @@
 Counts, not timings (they do not depend on this machine's speed), for the node shapes of issue 24:
 
 * **8 GPUs**: a real agent's whole page on 8 simulated GPUs (``--simulate 8``, per-container
-  accounting on, no API server: the node condition's families absent), after its first polls;
+  accounting on, no API server: the node condition's families absent), once every GPU has been
+  probed twice (the GPM ratios and the NVLink rate are there from the second probe);
 * **8 GPUs x 10 / x 50 containers**: the device part — every ``DCGM_FI_*`` series and the per-GPU
   and per-container families — rendered in process from a synthetic snapshot of 8 GPUs with every
   field NVML offers (more than the simulator's), each GPU time-sliced among 10 or 50 containers
@@ -68,6 +69,14 @@ def device_part(replicas: int, compatible: bool) -> str:
     return renderer.devices(snapshot).text.decode()
 
 
+def _complete(page: str) -> bool:
+    """Every GPU read twice (the GPM ratios and the NVLink rate need two probes: at the default
+    poll, 5 s after the first), and an earlier scrape timed."""
+    lines = page.splitlines()
+    twice = sum(line.startswith("DCGM_FI_PROF_GR_ENGINE_ACTIVE{") for line in lines) == 8
+    return twice and "gpuagent_scrape_duration_seconds_count" in page
+
+
 def real_agent_pages(agent: Callable[..., Any], tempdir: Callable[[], Any]) -> dict[bool, str]:
     """A real agent's /metrics on 8 simulated GPUs, by ``--detailed-agent-metrics``."""
     pages = {}
@@ -83,10 +92,9 @@ def real_agent_pages(agent: Callable[..., Any], tempdir: Callable[[], Any]) -> d
                     page = a.get("/metrics").decode()
                 except (OSError, http.client.HTTPException):
                     page = ""
-                if 'call="probe"' in page and "gpuagent_scrape_duration_seconds_count" in page:
+                if _complete(page):
                     break
                 time.sleep(0.2)
-            time.sleep(2.0)  # a few more polls: every NVML function has been called
             pages[detailed] = a.get("/metrics").decode()
     return pages
 

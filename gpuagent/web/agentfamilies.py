@@ -131,13 +131,15 @@ def nvml_families(calls: tuple[NvmlCallStats, ...], *, detailed: bool) -> list[F
     made = Family(
         "gpuagent_nvml_calls_total",
         "counter",
-        "Calls of NVML functions, by result (ok, error); which function failed is in the log "
-        "(and in gpuagent_nvml_call_errors_total with --detailed-agent-metrics).",
+        "Calls of NVML functions that failed (result=error; with --detailed-agent-metrics also "
+        "those that succeeded, result=ok); which function failed is in the log (and in "
+        "gpuagent_nvml_call_errors_total with --detailed-agent-metrics).",
     )
     functions = [c for c in calls if c.call not in NVML_WORK]
     failed = sum(c.errors for c in functions)
     made.add((("result", "error"),), failed)
-    made.add((("result", "ok"),), sum(c.count for c in functions) - failed)
+    if detailed:  # an activity counter
+        made.add((("result", "ok"),), sum(c.count for c in functions) - failed)
     seconds = Family(
         "gpuagent_nvml_call_duration_seconds",
         "summary",

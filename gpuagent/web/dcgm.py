@@ -28,17 +28,24 @@ INSTANCE_SCOPE = "instance"  # a reading of the GPU instance: a MIG series shows
 
 @dataclass(frozen=True, slots=True)
 class DcgmMetric:
-    """A dcgm-exporter family: name, type and HELP as dcgm-exporter writes them; its reading."""
+    """A dcgm-exporter family: name, type and HELP as dcgm-exporter writes them; its reading.
+
+    ``detailed``: exported only with ``--detailed-agent-metrics`` (off in dcgm-exporter's
+    default lists, and used by no dashboard or rule the project ships).
+    """
 
     name: str
     kind: str
     help: str
     read: Callable[[Telemetry], float | None]
     scope: str = GPU_SCOPE
+    detailed: bool = False
 
 
 # dcgm-exporter's default counters (etc/default-counters.csv) that Telemetry carries, in that
-# file's order, then off-by-default ones we have values for (ECC, SM activity, remap pending).
+# file's order, then off-by-default ones we have values for: ECC and remap pending (the shipped
+# alerts and dashboard use them), SM activity (only with --detailed-agent-metrics), throttling
+# and NVLink errors (the shipped alerts).
 DCGM_METRICS: tuple[DcgmMetric, ...] = (
     DcgmMetric("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz).",
                lambda t: t.sm_clock_mhz),
@@ -103,10 +110,10 @@ DCGM_METRICS: tuple[DcgmMetric, ...] = (
                lambda t: t.row_remap_pending),
     DcgmMetric("DCGM_FI_PROF_SM_ACTIVE", "gauge",
                "The ratio of cycles an SM has at least 1 warp assigned.",
-               lambda t: t.sm_active, INSTANCE_SCOPE),
+               lambda t: t.sm_active, INSTANCE_SCOPE, detailed=True),
     DcgmMetric("DCGM_FI_PROF_SM_OCCUPANCY", "gauge",
                "The ratio of number of warps resident on an SM.",
-               lambda t: t.sm_occupancy, INSTANCE_SCOPE),
+               lambda t: t.sm_occupancy, INSTANCE_SCOPE, detailed=True),
     # Off by default in dcgm-exporter too; what the shipped alerts watch (throttling, NVLink).
     DcgmMetric("DCGM_FI_DEV_POWER_VIOLATION", "counter",
                "Throttling duration due to power constraints (in ns).",

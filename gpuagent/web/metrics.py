@@ -64,7 +64,7 @@ class MetricsRenderer:
     see :mod:`gpuagent.web.usage`). ``accounting``: whether per-container accounting runs
     (``--container-accounting``), as ``gpuagent_container_accounting_enabled`` says.
     ``detailed``: the agent's own families in full (``--detailed-agent-metrics``, see
-    :mod:`gpuagent.web.agentfamilies`).
+    :mod:`gpuagent.web.agentfamilies`), and the dcgm-exporter families marked ``detailed``.
     """
 
     def __init__(
@@ -88,6 +88,7 @@ class MetricsRenderer:
         self.container_shares = container_shares
         self.series_per_container = series_per_container or container_shares
         self.detailed = detailed
+        self.dcgm_metrics = tuple(m for m in DCGM_METRICS if detailed or not m.detailed)
         self.version = version
         self.hostname_label = hostname_label
         self.monotonic = monotonic
@@ -231,7 +232,7 @@ class MetricsRenderer:
             for s in layout.series
         ]
         shares = self._shares(snapshot, layout) if self.container_shares else {}
-        for metric in DCGM_METRICS:
+        for metric in self.dcgm_metrics:
             name, read, own = metric.name.encode(), metric.read, metric.scope == INSTANCE_SCOPE
             share = SHARED_DCGM.get(metric.name)
             parts: list[bytes] = []

@@ -47,7 +47,7 @@ def profiled(text: str) -> bool:
     wanted = {("0", profile) for profile in INSTANCE_MIB} | {("1", None)}
     return all(
         wanted <= {(labels["gpu"], labels.get("GPU_I_PROFILE")) for labels, _ in series(text, name)}
-        for name in ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_SM_ACTIVE")
+        for name in ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE")
     )
 
 
@@ -79,7 +79,7 @@ async def test_each_mig_instance_has_its_own_profiling_ratios(
     device_plugin_dir: Path, short_tmp_path: Path
 ) -> None:
     text = await mig_metrics(device_plugin_dir, short_tmp_path)
-    for name in ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_SM_ACTIVE"):
+    for name in ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"):
         profiles = {
             labels["GPU_I_PROFILE"]
             for labels, value in series(text, name)

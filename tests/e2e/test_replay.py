@@ -95,7 +95,10 @@ async def replay(
     config = short_tmp_path / "node.yaml"
     config.write_text(f"version: v1\ncapture: {CAPTURE}\n")
     labels = short_tmp_path / "features.d" / "gpuagent"
-    args = ("--sim-config", str(config), "--kubernetes=false", "--node-labels-file", str(labels))
+    args = (
+        "--sim-config", str(config), "--kubernetes=false", "--node-labels-file", str(labels),
+        "--detailed-agent-metrics",  # as the agent ran on the real node (agent-metrics.txt)
+    )  # fmt: skip
     async with running_agent(device_plugin_dir, args) as run:
         await run.metrics_until(lambda text: "DCGM_FI_PROF_SM_ACTIVE{" in text)
         yield run, labels

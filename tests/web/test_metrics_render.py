@@ -82,7 +82,7 @@ def assert_unique_series(text: str) -> None:
 
 def test_every_dcgm_family_with_its_type_help_and_value() -> None:
     snapshot = synthetic_snapshot(2)
-    text = renderer().render(snapshot, AgentCounters())
+    text = renderer(detailed=True).render(snapshot, AgentCounters())
     parsed = families(text)
     telemetry = snapshot.gpus[1].telemetry
     for metric in DCGM_METRICS:
@@ -92,6 +92,19 @@ def test_every_dcgm_family_with_its_type_help_and_value() -> None:
         by_gpu = {s.labels["gpu"]: s.value for s in family.samples}  # type: ignore[attr-defined]
         assert by_gpu["1"] == metric.read(telemetry)
     assert_unique_series(text)
+
+
+def test_by_default_only_the_dcgm_families_a_shipped_list_or_rule_uses() -> None:
+    """DCGM_FI_PROF_SM_ACTIVE and _SM_OCCUPANCY (off in dcgm-exporter's default and DCP lists,
+    read by no shipped dashboard or rule) only with --detailed-agent-metrics: 16 series fewer on
+    a plain 8-GPU page."""
+    snapshot = synthetic_snapshot(2)
+    default = set(families(renderer().render(snapshot, AgentCounters())))
+    detailed = set(families(renderer(detailed=True).render(snapshot, AgentCounters())))
+    extras = {"DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_SM_OCCUPANCY"}
+    assert {f for f in detailed - default if f.startswith("DCGM_")} == extras
+    assert {m.name for m in DCGM_METRICS if m.detailed} == extras
+    assert {m.name for m in renderer().dcgm_metrics} == {m.name for m in DCGM_METRICS} - extras
 
 
 def test_dcgm_names_help_and_types_match_dcgm_exporter() -> None:
@@ -198,7 +211,7 @@ def test_a_shared_gpu_has_one_series_with_empty_pod_labels() -> None:
     held_alone = PodRef("solo", "train", "main")
     pods = snapshot.pods.allocated[:3] + pods_by_device({gpu_uuid(1): (held_alone,)}).allocated
     snapshot = replace(snapshot, pods=replace(snapshot.pods, allocated=pods))
-    text = renderer().render(snapshot, AgentCounters())
+    text = renderer(detailed=True).render(snapshot, AgentCounters())
     parsed = {f.name: f.samples for f in text_string_to_metric_families(text)}
     for metric in DCGM_METRICS:
         # GPU 0, time-sliced among three pods: once, with empty pod labels; GPU 1, held by one
@@ -577,9 +590,9 @@ NVML_CALLS = (
 def test_nvml_calls_are_aggregated_unless_detailed() -> None:
     counters = AgentCounters(nvml=NVML_CALLS)
     text = renderer().render(synthetic_snapshot(1), counters)
-    # NVML functions by result (the pieces of work are not calls); the poll's probe timed.
+    # NVML functions that failed (the pieces of work are not calls); the poll's probe timed.
     made = samples(text, "gpuagent_nvml_calls_total")
-    assert {s[0]["result"]: s[1] for s in made} == {"ok": 27, "error": 5}
+    assert {s[0]["result"]: s[1] for s in made} == {"error": 5}
     assert samples(text, "gpuagent_nvml_call_duration_seconds_count") == [({"call": "probe"}, 16)]
     assert samples(text, "gpuagent_nvml_call_errors_total") == [({"call": "probe"}, 1)]
     detailed = renderer(detailed=True).render(synthetic_snapshot(1), counters)
@@ -587,7 +600,8 @@ def test_nvml_calls_are_aggregated_unless_detailed() -> None:
     assert {s[0]["call"]: s[1] for s in counts} == {c.call: c.count for c in NVML_CALLS}
     errors = samples(detailed, "gpuagent_nvml_call_errors_total")
     assert {s[0]["call"]: s[1] for s in errors} == {c.call: c.errors for c in NVML_CALLS}
-    assert samples(detailed, "gpuagent_nvml_calls_total") == made
+    made = samples(detailed, "gpuagent_nvml_calls_total")  # the successes too (activity)
+    assert {s[0]["result"]: s[1] for s in made} == {"ok": 27, "error": 5}
 
 
 def test_kube_requests_by_result_unless_detailed() -> None:

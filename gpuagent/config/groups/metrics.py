@@ -33,6 +33,8 @@ DETAILED_AGENT_METRICS = Option(
     "detailed-agent-metrics",
     parse_bool,
     "the agent's own metrics in full: each NVML function, API requests by object, request and "
-    "event counts; by default what an operator acts on, in about 30 series (default false)",
+    "event counts; by default what an operator acts on, in about 30 series. Also "
+    "DCGM_FI_PROF_SM_ACTIVE and DCGM_FI_PROF_SM_OCCUPANCY, off in dcgm-exporter's default "
+    "counters too (default false)",
     is_bool=True,
 )
