@@ -314,7 +314,8 @@ class TelemetryReader:
     # ----- energy ------------------------------------------------------------------------------
     def _energy(self, index: int, handle: Any, power_w: float | None, now: float) -> float | None:
         """The energy figure (mJ): the driver's counter when due (or when the power cannot carry
-        the figure forward), else the last figure advanced by the power since."""
+        the figure forward: not read, or swinging), else the last figure advanced by the power
+        since."""
         costly = self._costly_of(index)
         if not self._energy_cadence.due(index, now, costly.energy_window):
             estimate = costly.energy.advance(power_w, now)
@@ -358,8 +359,11 @@ class TelemetryReader:
         return found
 
     def close(self) -> None:
-        """Free every GPM sample (errors are logged); later reads start afresh."""
+        """Free every GPM sample (errors are logged); later reads start afresh (the energy
+        counter and the throttling times read again at once)."""
         self._gpm.close()
+        with self._lock:
+            self._costly = {}
 
     # ----- framebuffer -------------------------------------------------------------------------
     def _memory(

@@ -411,3 +411,24 @@ def test_every_poll_cadence_reads_every_poll(
         assert drv.calls["nvmlDeviceGetTotalEnergyConsumption"] - before == 10
     finally:
         reference.telemetry.close()
+
+
+def test_a_closed_reader_reads_the_counter_at_once_when_used_again(
+    node: tuple[SimDriver, list[Any], NvmlCalls], clock: FakeClock
+) -> None:
+    """After close (NVML shut down and initialised again) nothing estimated before is carried
+    over: the first read takes the counter again."""
+    drv, handles, calls = node
+    agent, _ = pipelines(calls, clock)
+    try:
+        agent.telemetry.read(0, handles[0])
+        clock.now += POLL_S
+        before = drv.calls["nvmlDeviceGetTotalEnergyConsumption"]
+        agent.telemetry.read(0, handles[0])
+        assert drv.calls["nvmlDeviceGetTotalEnergyConsumption"] == before  # estimated
+        agent.telemetry.close()
+        clock.now += POLL_S
+        agent.telemetry.read(0, handles[0])
+        assert drv.calls["nvmlDeviceGetTotalEnergyConsumption"] == before + 1
+    finally:
+        agent.telemetry.close()
