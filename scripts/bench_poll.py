@@ -6,13 +6,14 @@ captured, made 8 GPUs by copying the captured one (``--gpus``).
 
 * **NVML time per GPU poll**: every GPU's probe as the poller makes it (liveness, telemetry,
   per-process readings), in process, ``--replay-polls`` polls ``--replay-poll-interval`` apart on
-  the
-  driver's clock; the simulated driver records each call's latency instead of sleeping it, so
+  the driver's clock; the simulated driver records each call's latency instead of sleeping it, so
   the figure is exact: the sum of the captured latencies of the calls a poll makes, per GPU
   (mean, and the dearest GPU poll). Twice: with the capture's latencies, and with the per-call
   means the agent measured on that node (:data:`REAL_MEANS_MS`: the capture's are single warm
   calls; the energy counter's mean is nearly twice its median). Idle, and with one process on
-  every GPU. Also the CPU time per GPU poll (the agent's Python and the simulated driver's).
+  every GPU. Also the CPU time per GPU poll (the agent's Python and the simulated driver's), and
+  on one replayed GPU the wall time of a probe with the latencies slept (as the issue measured it:
+  each sleep overshoots, and the simulated driver's Python adds its own; a timing of this machine).
 * **Idle CPU**: a real agent process on the 8 replayed GPUs at the default poll interval,
   registered with the kubelet stand-in, nothing else happening: every thread's scheduler time
   over ``--poll-idle-seconds`` (after ``--poll-settle-seconds`` for start-up to finish).
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -105,11 +107,12 @@ class _Spent:
 
 
 def poll_cost(
-    node: sim.SimNode, cycles: int, interval: float, *, processes: bool
+    node: sim.SimNode, cycles: int, interval: float, *, processes: bool, slept: bool = False
 ) -> dict[str, Any]:
-    """NVML time per GPU poll (mean, max), calls per GPU poll, CPU per GPU poll, by call."""
+    """NVML time per GPU poll (mean, max), calls per GPU poll, CPU per GPU poll, by call;
+    ``slept``: the latencies slept, and ``wall_ms`` each probe's wall time (machine-dependent)."""
     clock, spent = FakeClock(1000.0), _Spent()
-    driver = sim.SimDriver(node, clock=clock, sleep=spent)
+    driver = sim.SimDriver(node, clock=clock, sleep=time.sleep if slept else spent)
     gpus = len(node.gpus)
     with tempfile.TemporaryDirectory() as sysfs, sim.installed(driver):
         backend = Nvml(Path(sysfs), clock=clock)
@@ -123,12 +126,14 @@ def poll_cost(
                 backend.probe(index)
             before = Counter(driver.calls)
             per_poll: list[float] = []
+            wall: list[float] = []
             cpu = time.process_time()
             for _ in range(cycles):
                 clock.now += interval
                 for index in range(gpus):
-                    spent.seconds = 0.0
+                    spent.seconds, started = 0.0, time.perf_counter()
                     backend.probe(index)
+                    wall.append(time.perf_counter() - started)
                     per_poll.append(spent.seconds)
             cpu = time.process_time() - cpu
             calls = Counter(driver.calls)
@@ -141,6 +146,8 @@ def poll_cost(
         "max_ms": max(per_poll) * 1000,
         "calls": calls.total() / polls,
         "cpu_ms": cpu / polls * 1000,
+        "wall_ms": statistics.mean(wall) * 1000,
+        "wall_p50_ms": statistics.median(wall) * 1000,
         "by_call": {
             name: (n / polls, node.latency.of(name) * 1000) for name, n in (+calls).items()
         },
@@ -196,6 +203,13 @@ def rows(
                     f"CPU {cost['cpu_ms']:.2f} ms", f"≤ {TARGET_MS:g} ms",
                     met if not real_means and not processes else None,
                 ))  # fmt: skip
+        one = _node(replay_config(args.capture, 1, config.parent), False)
+        cost = poll_cost(one, 60, args.replay_poll_interval, processes=False, slept=True)
+        out.append(row(
+            "wall time per GPU probe, 1 replayed H200, captured latencies slept (this machine): "
+            "mean / p50",
+            f"{cost['wall_ms']:.2f} / {cost['wall_p50_ms']:.2f} ms", "", None,
+        ))  # fmt: skip
         cpu = idle_cpu(
             stubs, config, agent, tempdir, args.poll_settle_seconds, args.poll_idle_seconds
         )
