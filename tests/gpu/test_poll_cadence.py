@@ -397,6 +397,40 @@ def test_throttling_times_by_their_own_call_once_a_period(
     assert 2 * periods <= made <= 2 * (periods + 1)
 
 
+def test_throttling_fields_in_the_batch_once_a_period(
+    node: tuple[SimDriver, list[Any], NvmlCalls],
+    clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where the field values carry the throttling times, their slots (~0.5 ms each in the real
+    H200's batch) are asked once a period; the last values are served in between."""
+    asked: list[list[int]] = []
+    real = pynvml.nvmlDeviceGetFieldValues
+
+    def spy(handle: Any, ids: list[Any]) -> Any:
+        asked.append([i[0] if isinstance(i, tuple) else i for i in ids])
+        return real(handle, ids)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetFieldValues", spy)
+    drv, handles, calls = node
+    agent, _ = pipelines(calls, clock)
+    policies = {pynvml.NVML_FI_DEV_PERF_POLICY_POWER, pynvml.NVML_FI_DEV_PERF_POLICY_THERMAL}
+    polls = 36
+    try:
+        for _ in range(polls):
+            clock.now += POLL_S
+            t = agent.telemetry.read(0, handles[0]).telemetry
+            assert t.power_violation_ns is not None
+            assert t.thermal_violation_ns is not None
+    finally:
+        agent.telemetry.close()
+    assert len(asked) == polls
+    with_policies = sum(policies <= set(ids) for ids in asked)
+    periods = polls * POLL_S / VIOLATIONS.period_s
+    assert periods <= with_policies <= periods + 1
+    assert drv.calls["nvmlDeviceGetViolationStatus"] == 0
+
+
 def test_every_poll_cadence_reads_every_poll(
     node: tuple[SimDriver, list[Any], NvmlCalls], clock: FakeClock
 ) -> None:
