@@ -1,8 +1,9 @@
 """What a poll costs on a replayed real node: the poll part of scripts/bench (also runnable alone).
 
 The node is the real H200 of ``../shared/reference/real-h200/`` (driver 580.159) replayed from its
-capture (``--capture``): its answers, what it did not support, and each call's latency as it was
-captured, made 8 GPUs by copying the captured one (``--gpus``).
+capture (``--capture``, by default its copy in tests/data/captures): its answers, what it did not
+support, and each call's latency as it was captured, made 8 GPUs by copying the captured one
+(``--gpus``).
 
 * **NVML time per GPU poll**: every GPU's probe as the poller makes it (liveness, telemetry,
   per-process readings), in process, ``--replay-polls`` polls ``--replay-poll-interval`` apart on
@@ -10,8 +11,9 @@ captured, made 8 GPUs by copying the captured one (``--gpus``).
   the figure is exact: the sum of the captured latencies of the calls a poll makes, per GPU
   (mean, and the dearest GPU poll). Twice: with the capture's latencies, and with the per-call
   means the agent measured on that node (:data:`REAL_MEANS_MS`: the capture's are single warm
-  calls; the energy counter's mean is nearly twice its median). Idle, and with one process on
-  every GPU. Also the CPU time per GPU poll (the agent's Python and the simulated driver's), and
+  calls; the energy counter's mean is nearly twice its median). A field-values call costs what
+  each of its fields adds (the replay's per-field costs). Idle, and with one process on every
+  GPU. Also the CPU time per GPU poll (the agent's Python and the simulated driver's), and
   on one replayed GPU the wall time of a probe with the latencies slept (as the issue measured it:
   each sleep overshoots, and the simulated driver's Python adds its own; a timing of this machine).
 * **Idle CPU**: a real agent process on the 8 replayed GPUs at the default poll interval,
@@ -46,17 +48,19 @@ from support.grpcstubs import StubModules  # noqa: E402
 
 from gpuagent.gpu import sim  # noqa: E402
 from gpuagent.gpu.nvml import Nvml  # noqa: E402
+from gpuagent.gpu.sim import driver as sim_driver  # noqa: E402
+from gpuagent.logs import configure  # noqa: E402
 
-CAPTURE = ROOT.parent / "shared" / "reference" / "real-h200" / "capture-h200.json"
+CAPTURE = ROOT / "tests" / "data" / "captures" / "real-1xh200.json"  # the reference's, as a fixture
 TARGET_MS = 5.0
 IDLE_TARGET_PCT = 0.5
 #: Per-call means the agent measured on the real H200 (mean of 63 polls; the reference's README),
-#: where they differ from the capture's single warm call.
+#: where they differ from the capture's single warm call. (Its field-values mean, 1.4 ms, is what
+#: the replay's per-field costs make of the agent's fields: not set here.)
 REAL_MEANS_MS = {
     "nvmlDeviceGetTotalEnergyConsumption": 5.8,
     "nvmlDeviceGetProcessesUtilizationInfo": 2.3,
     "nvmlGpmMetricsGet": 1.6,
-    "nvmlDeviceGetFieldValues": 1.4,
     "nvmlDeviceGetViolationStatus": 0.61,
 }
 
@@ -97,7 +101,8 @@ def _node(config: Path, real_means: bool) -> sim.SimNode:
 
 
 class _Spent:
-    """The simulated driver's ``sleep``: adds each latency up instead of sleeping it."""
+    """The simulated driver's ``sleep``: adds each latency up instead of sleeping it (those under
+    the driver's floor too, which it leaves unslept because a sleep that short overshoots)."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
@@ -113,6 +118,7 @@ def poll_cost(
     ``slept``: the latencies slept, and ``wall_ms`` each probe's wall time (machine-dependent)."""
     clock, spent = FakeClock(1000.0), _Spent()
     driver = sim.SimDriver(node, clock=clock, sleep=time.sleep if slept else spent)
+    floor, sim_driver.MIN_SLEEP_S = sim_driver.MIN_SLEEP_S, sim_driver.MIN_SLEEP_S if slept else 0.0
     gpus = len(node.gpus)
     with tempfile.TemporaryDirectory() as sysfs, sim.installed(driver):
         backend = Nvml(Path(sysfs), clock=clock)
@@ -140,6 +146,7 @@ def poll_cost(
             calls.subtract(before)
         finally:
             backend.shutdown()
+            sim_driver.MIN_SLEEP_S = floor
     polls = cycles * gpus
     return {
         "mean_ms": sum(per_poll) / polls * 1000,
@@ -148,10 +155,21 @@ def poll_cost(
         "cpu_ms": cpu / polls * 1000,
         "wall_ms": statistics.mean(wall) * 1000,
         "wall_p50_ms": statistics.median(wall) * 1000,
-        "by_call": {
-            name: (n / polls, node.latency.of(name) * 1000) for name, n in (+calls).items()
-        },
+        "by_call": _by_call(node, calls, polls, sum(per_poll) / polls),
     }
+
+
+def _by_call(
+    node: sim.SimNode, calls: Counter[str], polls: int, mean_s: float
+) -> dict[str, tuple[float, float]]:
+    """Calls per GPU poll and ms per call, by call; a field-values call's ms is what is left of
+    the poll's time by the others (it depends on the fields asked)."""
+    found = {name: (n / polls, node.latency.of(name) * 1000) for name, n in (+calls).items()}
+    fields = found.pop("nvmlDeviceGetFieldValues", None)
+    if fields is not None:
+        rest = sum(per_poll * ms for per_poll, ms in found.values())
+        found["nvmlDeviceGetFieldValues"] = (fields[0], (mean_s * 1000 - rest) / fields[0])
+    return found
 
 
 def idle_cpu(
@@ -185,6 +203,7 @@ def rows(
     tempdir: Callable[[], AbstractContextManager[Path]],
     row: Callable[..., Any],
 ) -> list[Any]:
+    configure("console", "warning")  # the replayed GPUs' absent values are logged at info
     out = []
     with _replay(args) as config:
         for real_means in (False, True):
@@ -221,7 +240,9 @@ def rows(
 
 
 def breakdown(args: argparse.Namespace) -> str:
-    """Per call: calls per GPU poll, latency, ms per GPU poll (captured latencies, idle)."""
+    """Per call: calls per GPU poll, latency, ms per GPU poll (captured latencies, idle; a
+    field-values call's figure includes what its fields add, on average)."""
+    configure("console", "warning")
     with _replay(args) as config:
         node = _node(config, False)
         cost = poll_cost(node, args.replay_polls, args.replay_poll_interval, processes=False)
