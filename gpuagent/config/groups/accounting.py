@@ -3,6 +3,8 @@ dcgm-exporter's series show them."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from gpuagent.config.option import Option
 from gpuagent.config.values import parse_bool, parse_path
 
@@ -13,6 +15,7 @@ CONTAINER_ACCOUNTING = Option(
     "namespace (default true; the DaemonSet sets false unless the accounting component adds "
     "hostPID)",
     is_bool=True,
+    default=True,
 )
 PROC_ROOT = Option(
     "proc-root",
@@ -20,6 +23,7 @@ PROC_ROOT = Option(
     "the /proc of the host's processes: PID/cgroup tells a GPU process's container, for "
     "per-container GPU accounting (default /proc)",
     "DIR",
+    default=Path("/proc"),
 )
 CONTAINER_LOGS_DIR = Option(
     "container-logs-dir",
@@ -27,6 +31,7 @@ CONTAINER_LOGS_DIR = Option(
     "the kubelet's container log links, whose names (<pod>_<namespace>_<container>-<id>.log) "
     "name the containers using GPUs; only the names are read (default /var/log/containers)",
     "DIR",
+    default=Path("/var/log/containers"),
 )
 CRI_SOCKET = Option(
     "cri-socket",
@@ -34,6 +39,7 @@ CRI_SOCKET = Option(
     "the container runtime's CRI socket, for the names of containers the log links do not name; "
     "optional (default containerd's or CRI-O's, whichever exists)",
     "PATH",
+    default=None,
 )
 DCGM_SERIES_PER_CONTAINER = Option(
     "dcgm-series-per-container",
@@ -42,6 +48,7 @@ DCGM_SERIES_PER_CONTAINER = Option(
     "container, with its pod labels; by default one series, with empty pod labels (default "
     "false)",
     is_bool=True,
+    default=False,
 )
 DCGM_CONTAINER_SHARES = Option(
     "dcgm-container-shares",
@@ -51,4 +58,5 @@ DCGM_CONTAINER_SHARES = Option(
     "--dcgm-series-per-container; default false)",
     env_aliases=("KUBERNETES_VIRTUAL_GPUS",),
     is_bool=True,
+    default=False,
 )

@@ -13,6 +13,7 @@ CONFIG = Option(
     aliases=("--config-file",),
     env_aliases=("CONFIG_FILE",),
     in_file=False,
+    default=None,
 )
 
 LOG_FORMATS = ("json", "console")
@@ -23,12 +24,14 @@ LOG_FORMAT = Option(
     choice(LOG_FORMATS),
     "json or console (default console on a TTY, else json; console is in colour only on a TTY)",
     "FORMAT",
+    default="json",
 )
 LOG_LEVEL = Option(
     "log-level",
     choice(LOG_LEVELS, fold_case=True),
     "debug, info, warning or error (default info)",
     "LEVEL",
+    default="info",
 )
 KUBERNETES = Option(
     "kubernetes",
@@ -36,6 +39,7 @@ KUBERNETES = Option(
     "false: no kubelet registration and no pod-resources client, only metrics, health and node "
     "labels (a Docker host, bare metal); ready once the GPUs are discovered (default true)",
     is_bool=True,
+    default=True,
 )
 CHECK_CONFIG = Option(
     "check-config",
@@ -44,4 +48,5 @@ CHECK_CONFIG = Option(
     "effective settings and exit: 0 when valid, 2 when not; starts nothing",
     "FILE",
     in_file=False,
+    default=None,
 )

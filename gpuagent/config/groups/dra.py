@@ -3,6 +3,8 @@ demand, and the kubelet's plugin folders."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from gpuagent.config.option import Option
 from gpuagent.config.values import one_of, parse_dra_gpus, parse_driver_name, parse_path
 from gpuagent.domain.dra import DraMig
@@ -13,6 +15,7 @@ DRA_GPUS = Option(
     "GPUs served through Dynamic Resource Allocation instead of the device plugin: none, all, "
     "or a comma list of GPU indexes and UUIDs (default none)",
     "none|all|LIST",
+    default="none",
 )
 DRA_DRIVER_NAME = Option(
     "dra-driver-name",
@@ -20,6 +23,7 @@ DRA_DRIVER_NAME = Option(
     "the DRA driver name; NVIDIA's by default, so its DeviceClasses and claims select our "
     "devices (default gpu.nvidia.com)",
     "NAME",
+    default="gpu.nvidia.com",
 )
 DRA_MIG = Option(
     "dra-mig",
@@ -28,6 +32,7 @@ DRA_MIG = Option(
     "every MIG profile at every placement as partitionable devices, each made when a claim is "
     "prepared and destroyed when it is unprepared (needs CAP_SYS_ADMIN) (default static)",
     "static|dynamic",
+    default=DraMig.STATIC,
 )
 PLUGINS_REGISTRY_DIR = Option(
     "plugins-registry-dir",
@@ -35,6 +40,7 @@ PLUGINS_REGISTRY_DIR = Option(
     "where the DRA registration socket <driver>-reg.sock is created "
     "(default /var/lib/kubelet/plugins_registry)",
     "DIR",
+    default=Path("/var/lib/kubelet/plugins_registry"),
 )
 PLUGINS_DIR = Option(
     "plugins-dir",
@@ -42,4 +48,5 @@ PLUGINS_DIR = Option(
     "the DRA service socket is <DIR>/<driver>/dra.sock, beside the claims' checkpoint "
     "(default /var/lib/kubelet/plugins)",
     "DIR",
+    default=Path("/var/lib/kubelet/plugins"),
 )

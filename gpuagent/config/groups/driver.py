@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from gpuagent.config.option import Option
 from gpuagent.config.values import (
     parse_bool,
@@ -12,14 +14,17 @@ from gpuagent.config.values import (
     parse_simulate,
 )
 
-SIMULATE = Option("simulate", parse_simulate, "run on N simulated GPUs (1-64)", "N")
-SIM_CONFIG = Option("sim-config", parse_path, "run on the simulated node described in FILE", "FILE")
+SIMULATE = Option("simulate", parse_simulate, "run on N simulated GPUs (1-64)", "N", default=None)
+SIM_CONFIG = Option(
+    "sim-config", parse_path, "run on the simulated node described in FILE", "FILE", default=None
+)
 FAIL_ON_INIT_ERROR = Option(
     "fail-on-init-error",
     parse_bool,
     "exit when the driver is unusable; false: serve probes and metrics and wait (default true)",
     env_aliases=("FAIL_ON_INIT_ERROR",),
     is_bool=True,
+    default=True,
 )
 NVIDIA_DRIVER_ROOT = Option(
     "nvidia-driver-root",
@@ -28,6 +33,7 @@ NVIDIA_DRIVER_ROOT = Option(
     "DIR",
     aliases=("--driver-root",),
     env_aliases=("NVIDIA_DRIVER_ROOT",),
+    default=Path("/"),
 )
 DISABLE_HEALTHCHECKS = Option(
     "disable-healthchecks",
@@ -36,6 +42,7 @@ DISABLE_HEALTHCHECKS = Option(
     "LIST",
     env_aliases=("DP_DISABLE_HEALTHCHECKS",),
     live=True,
+    default="",
 )
 ENABLE_HEALTHCHECKS = Option(
     "enable-healthchecks",
@@ -44,12 +51,14 @@ ENABLE_HEALTHCHECKS = Option(
     "LIST",
     env_aliases=("DP_ENABLE_HEALTHCHECKS",),
     live=True,
+    default="",
 )
 POLL_INTERVAL = Option(
     "poll-interval",
     parse_poll_interval,
     "seconds between telemetry and liveness polls of each GPU (default 5)",
     "SECONDS",
+    default=5.0,
 )
 NVML_TIMEOUT = Option(
     "nvml-timeout",
@@ -57,4 +66,5 @@ NVML_TIMEOUT = Option(
     "time limit for NVML work at start-up, in seconds "
     "(default 10 plus 5 per GPU; each NVML call also has its own limit)",
     "SECONDS",
+    default=None,
 )

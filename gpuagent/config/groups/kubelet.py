@@ -3,6 +3,8 @@ receives them."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from gpuagent.config.option import Option
 from gpuagent.config.values import (
     one_of,
@@ -17,12 +19,14 @@ from gpuagent.domain.containers import DeviceListStrategy
 from gpuagent.domain.devices import IdStrategy
 from gpuagent.domain.preferred import SharedAllocationPolicy
 from gpuagent.domain.resources import MigStrategy
+from gpuagent.domain.timeslicing import TimeSlicing
 
 SOCKET_DIR = Option(
     "socket-dir",
     parse_path,
     "where plugin sockets are created (default /var/lib/kubelet/device-plugins)",
     "DIR",
+    default=Path("/var/lib/kubelet/device-plugins"),
 )
 KUBELET_SOCKET = Option(
     "kubelet-socket",
@@ -30,12 +34,14 @@ KUBELET_SOCKET = Option(
     "kubelet Registration socket (default <socket-dir>/kubelet.sock)",
     "PATH",
     env_aliases=("KUBELET_SOCKET",),
+    default=SOCKET_DIR.default / "kubelet.sock",
 )
 POD_RESOURCES_SOCKET = Option(
     "pod-resources-socket",
     parse_path,
     "kubelet pod-resources socket (default /var/lib/kubelet/pod-resources/kubelet.sock)",
     "PATH",
+    default=Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
 )
 RESOURCE_NAME = Option(
     "resource-name",
@@ -43,14 +49,16 @@ RESOURCE_NAME = Option(
     "extended resource for full GPUs (default nvidia.com/gpu)",
     "NAME",
     live=True,
+    default="nvidia.com/gpu",
 )
-DEVICE_LIST_STRATEGY = Option(
+DEVICE_LIST_STRATEGY: Option[tuple[DeviceListStrategy, ...]] = Option(
     "device-list-strategy",
     parse_device_list_strategy,
     f"comma list of {', '.join(s.value for s in DeviceListStrategy)} (default envvar)",
     "LIST",
     env_aliases=("DEVICE_LIST_STRATEGY",),
     live=True,
+    default=(DeviceListStrategy.ENVVAR,),
 )
 DEVICE_ID_STRATEGY = Option(
     "device-id-strategy",
@@ -59,6 +67,7 @@ DEVICE_ID_STRATEGY = Option(
     "STRATEGY",
     env_aliases=("DEVICE_ID_STRATEGY",),
     live=True,
+    default=IdStrategy.UUID,
 )
 MIG_STRATEGY = Option(
     "mig-strategy",
@@ -67,6 +76,7 @@ MIG_STRATEGY = Option(
     "STRATEGY",
     env_aliases=("MIG_STRATEGY",),
     live=True,
+    default=MigStrategy.NONE,
 )
 PASS_DEVICE_SPECS = Option(
     "pass-device-specs",
@@ -76,12 +86,14 @@ PASS_DEVICE_SPECS = Option(
     env_aliases=("PASS_DEVICE_SPECS",),
     is_bool=True,
     live=True,
+    default=False,
 )
 POD_RESOURCES_INTERVAL = Option(
     "pod-resources-interval",
     parse_pod_resources_interval,
     "seconds between pod-resources List calls at rest; Allocate triggers one sooner (default 30)",
     "SECONDS",
+    default=30.0,
 )
 SHARING = Option(
     "sharing",
@@ -90,6 +102,7 @@ SHARING = Option(
     "failRequestsGreaterThanOne, resources: [{name, replicas, devices, rename}]}}",
     "YAML",
     live=True,
+    default=TimeSlicing(),
 )
 SHARED_DEVICES_ALLOCATION_POLICY = Option(
     "shared-devices-allocation-policy",
@@ -98,4 +111,5 @@ SHARED_DEVICES_ALLOCATION_POLICY = Option(
     "POLICY",
     env_aliases=("SHARED_DEVICES_ALLOCATION_POLICY",),
     live=True,
+    default=SharedAllocationPolicy.DISTRIBUTED,
 )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from gpuagent.config.option import Option
 from gpuagent.config.values import (
     choice,
@@ -21,12 +23,14 @@ CDI_ANNOTATION_PREFIX = Option(
     "PREFIX",
     env_aliases=("CDI_ANNOTATION_PREFIX",),
     live=True,
+    default="cdi.k8s.io/",
 )
 CDI_SPEC_DIR = Option(
     "cdi-spec-dir",
     parse_path,
     "where the node's CDI spec is written with a cdi-* strategy (default /var/run/cdi)",
     "DIR",
+    default=Path("/var/run/cdi"),
 )
 CDI_SPEC = Option(
     "cdi-spec",
@@ -34,6 +38,7 @@ CDI_SPEC = Option(
     "with a cdi-* strategy: write the agent's own CDI spec (write), or hand out the NVIDIA "
     "container toolkit's devices nvidia.com/gpu=<id> and write none (toolkit) (default write)",
     "MODE",
+    default="write",
 )
 NVIDIA_CDI_HOOK_PATH = Option(
     "nvidia-cdi-hook-path",
@@ -43,6 +48,7 @@ NVIDIA_CDI_HOOK_PATH = Option(
     "PATH",
     aliases=("--nvidia-ctk-path",),
     env_aliases=("NVIDIA_CDI_HOOK_PATH", "NVIDIA_CTK_PATH"),
+    default=Path("/usr/bin/nvidia-ctk"),
 )
 DRIVER_ROOT_CTR_PATH = Option(
     "driver-root-ctr-path",
@@ -52,12 +58,14 @@ DRIVER_ROOT_CTR_PATH = Option(
     "DIR",
     aliases=("--container-driver-root",),
     env_aliases=("DRIVER_ROOT_CTR_PATH", "CONTAINER_DRIVER_ROOT"),
+    default=None,
 )
 NODE_LABELS = Option(
     "node-labels",
     parse_bool,
     "write GPU feature labels for node-feature-discovery (default true)",
     is_bool=True,
+    default=True,
 )
 NODE_LABELS_FILE = Option(
     "node-labels-file",
@@ -65,6 +73,7 @@ NODE_LABELS_FILE = Option(
     "the node-feature-discovery feature file "
     "(default /etc/kubernetes/node-feature-discovery/features.d/gpuagent)",
     "FILE",
+    default=Path("/etc/kubernetes/node-feature-discovery/features.d/gpuagent"),
 )
 MACHINE_TYPE_FILE = Option(
     "machine-type-file",
@@ -72,4 +81,5 @@ MACHINE_TYPE_FILE = Option(
     "the machine's product name for the gpu.machine label (default /sys/class/dmi/id/product_name)",
     "FILE",
     env_aliases=("GFD_MACHINE_TYPE_FILE",),
+    default=Path("/sys/class/dmi/id/product_name"),
 )
