@@ -1,8 +1,9 @@
 """Regenerate the files derived from others, so they cannot drift from their source.
 
 - ``docs/configuration.md``, between its ``BEGIN/END GENERATED`` markers: the table of every
-  option (flag, environment names, config key, default, meaning), from ``gpuagent.config.OPTIONS``,
-  and the command line's own flags (``--version``, ``--help``) from its parser.
+  option (flag, environment names, config key, default, meaning), from the option table
+  (``gpuagent.config.OPTIONS``: the options of ``Settings``' fields), and the command line's own
+  flags (``--version``, ``--help``) from its parser.
 - ``manifests/overlays/prometheus-operator/prometheusrule.yaml``: the Prometheus rule groups of
   ``manifests/monitoring/alerts.yaml`` wrapped in a Prometheus Operator ``PrometheusRule``.
 - ``deploy/helm/gpuagent/files/alerts.yaml``: a copy of ``manifests/monitoring/alerts.yaml`` (Helm
@@ -25,8 +26,10 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gpuagent.config import OPTIONS, load_settings  # noqa: E402
+from gpuagent.config import Settings  # noqa: E402
 from gpuagent.config.cli import build_parser  # noqa: E402
+from gpuagent.config.load import load_as  # noqa: E402
+from gpuagent.config.option import Option, options_of  # noqa: E402
 
 CONFIGURATION_MD = ROOT / "docs" / "configuration.md"
 ALERTS = ROOT / "manifests" / "monitoring" / "alerts.yaml"
@@ -42,9 +45,9 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def _computed_defaults() -> dict[str, str]:
+def _computed_defaults(kind: type[Settings]) -> dict[str, str]:
     """Each option's default as the agent resolves it with no flag, environment or file."""
-    settings = load_settings([], {}).as_dict()
+    settings = load_as(kind, [], {}).as_dict()
     out: dict[str, str] = {}
     for name, value in settings.items():
         if value is None or value in ("", []):
@@ -63,14 +66,15 @@ def _computed_defaults() -> dict[str, str]:
     return out
 
 
-def options_table() -> str:
-    """The Markdown table of every option, in ``OPTIONS`` order."""
-    computed = _computed_defaults()
+def options_table(kind: type[Settings] = Settings) -> str:
+    """The Markdown table of every option of ``kind``'s fields, in the option table's order."""
+    options = options_of(kind)
+    computed = _computed_defaults(kind)
     rows = [
         "| flag | environment | config key | default | meaning |",
         "|---|---|---|---|---|",
     ]
-    for opt in OPTIONS:
+    for opt in options:
         value = "[=true|false]" if opt.is_bool else f" {opt.metavar or 'VALUE'}"
         flags = "<br>".join(
             f"`{_cell(spelling + value)}`" for spelling in (f"--{opt.name}", *opt.aliases)
@@ -92,16 +96,18 @@ def options_table() -> str:
         else:
             shown = f"`{_cell(default)}`"
         rows.append(f"| {flags} | {env} | {key} | {shown} | {_cell(meaning)} |")
-    rows += [f"| {flags} | — | — | — | {_cell(meaning)} |" for flags, meaning in _parser_only()]
+    rows += [
+        f"| {flags} | — | — | — | {_cell(meaning)} |" for flags, meaning in _parser_only(options)
+    ]
     return "\n".join(rows) + "\n"
 
 
-def _parser_only() -> list[tuple[str, str]]:
+def _parser_only(options: tuple[Option[Any], ...]) -> list[tuple[str, str]]:
     """The command line's flags that are no setting (``--version``, ``--help``): spellings, help."""
-    settings = {spelling for opt in OPTIONS for spelling in (f"--{opt.name}", *opt.aliases)}
+    settings = {spelling for opt in options for spelling in (f"--{opt.name}", *opt.aliases)}
     return [
         ("<br>".join(f"`{s}`" for s in action.option_strings), str(action.help))
-        for action in build_parser()._actions  # argparse has no public list of its actions
+        for action in build_parser(options)._actions  # argparse has no public list of its actions
         if action.option_strings and not settings & set(action.option_strings)
     ]
 

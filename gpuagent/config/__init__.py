@@ -1,10 +1,12 @@
 """Command line, environment and config-file settings, resolved with flag > env > file > default.
 
-The package by noun: :mod:`.option` (what an option is: flag, key, environment names, help),
-:mod:`.groups` (the options, by the subsystem they configure), :mod:`.options` (all of them),
+The package by noun: :mod:`.option` (what an option is: flag, key, environment names, parser,
+default, help; and how a field of the settings takes its value from one), :mod:`.groups` (the
+options, by the subsystem they configure), :mod:`.settings` (the resolved type: a field per
+option, in ``--help`` order), :mod:`.options` (the option table, read off those fields),
 :mod:`.values` (parsers of one raw value), :mod:`.sharing` (NVIDIA's time-slicing block),
 :mod:`.cli` (the argument parser), :mod:`.sources` (flags, environment, the config file),
-:mod:`.errors`, :mod:`.settings` (the resolved type) and :mod:`.load` (putting them together);
+:mod:`.errors` and :mod:`.load` (putting them together, and the rules between settings);
 :mod:`.planning` says what resolved settings mean for the agent (the plan the store keeps).
 """
 

@@ -1,4 +1,5 @@
-"""The command line: the argument parser built from :data:`OPTIONS` and ``--version``."""
+"""The command line: the argument parser built from an option table (:data:`OPTIONS`, unless
+given) and ``--version``."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from gpuagent.config.option import CONFIG_VERSION
+from gpuagent.config.option import CONFIG_VERSION, Option
 from gpuagent.config.options import OPTIONS
 from gpuagent.config.spellings import closest_flag
 
@@ -76,7 +77,7 @@ class _Parser(argparse.ArgumentParser):
         return ""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(options: Sequence[Option[Any]] = OPTIONS) -> argparse.ArgumentParser:
     parser = _Parser(
         prog="gpuagent",
         description="Kubernetes GPU node agent: device plugin, GPU health and metrics.",
@@ -87,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     parser.add_argument("--version", action=_Version, help="show program's version number and exit")
-    for opt in OPTIONS:
+    for opt in options:
         help_text = f"{opt.help} [env {', '.join(opt.env_names)}]"
         parser.add_argument(
             f"--{opt.name}",
@@ -101,10 +102,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def normalize_bool_flags(argv: Sequence[str]) -> list[str]:
+def normalize_bool_flags(
+    argv: Sequence[str], options: Sequence[Option[Any]] = OPTIONS
+) -> list[str]:
     """Rewrite a bare boolean flag to ``--name=true`` so it never consumes the next argument."""
     bare = {
-        spelling for opt in OPTIONS if opt.is_bool for spelling in (f"--{opt.name}", *opt.aliases)
+        spelling for opt in options if opt.is_bool for spelling in (f"--{opt.name}", *opt.aliases)
     }
     out: list[str] = []
     for i, arg in enumerate(argv):

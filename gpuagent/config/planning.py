@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from gpuagent.config.errors import ConfigError
 from gpuagent.config.groups.nodefiles import CDI_SPEC_TOOLKIT
+from gpuagent.config.option import bindings
 from gpuagent.config.options import OPTIONS
 from gpuagent.config.settings import Settings
 from gpuagent.domain.containers import CDI_KIND, CONTROL_NODES, TOOLKIT_CDI_KIND, ContainerSettings
@@ -54,8 +55,9 @@ __all__ = [
     "use_web_config",
 ]
 
-# Settings the plan holds: a reload applies them without a restart.
-LIVE = frozenset(opt.dest for opt in OPTIONS if opt.live)
+# Settings the plan holds (the fields of the options declared live): a reload applies them
+# without a restart.
+LIVE = frozenset(bound.field for bound in bindings(Settings) if bound.option.live)
 _SPELLING = {opt.dest: opt.name for opt in OPTIONS}
 
 

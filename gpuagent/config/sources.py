@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import functools
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -54,9 +54,11 @@ def _yaml_loader() -> type[yaml.SafeLoader]:
     return SafeLoaderNoDuplicates
 
 
-def read_config_file(path: Path, named: str = "--config") -> dict[str, object]:
-    """Read and check the config file (chosen by ``named``: the flag or variable as given);
-    return its settings keyed by option name."""
+def read_config_file(
+    path: Path, named: str = "--config", keys: Sequence[str] = FILE_KEYS
+) -> dict[str, object]:
+    """Read and check the config file (chosen by ``named``: the flag or variable as given), whose
+    settings are ``keys``; return them keyed by option name."""
     try:
         document = read_yaml(path, _yaml_loader())
     except YamlFileError as exc:
@@ -74,7 +76,7 @@ def read_config_file(path: Path, named: str = "--config") -> dict[str, object]:
             f"unsupported version {version!r} in {path}; expected {CONFIG_VERSION!r}",
         )
     for key in document:
-        if key not in FILE_KEYS:
+        if key not in keys:
             raise ConfigError(_FILE_KEY.format(key), _unknown_key_reason(key, path))
     return document
 
@@ -88,16 +90,24 @@ def _unknown_key_reason(key: object, path: Path) -> str:
 
 
 class Sources:
-    """Finds each option's raw value and where it came from, by precedence."""
+    """Finds each option's raw value and where it came from, by precedence (of ``options``,
+    the option table: :data:`OPTIONS` unless given)."""
 
-    def __init__(self, flags: argparse.Namespace, environ: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        flags: argparse.Namespace,
+        environ: Mapping[str, str],
+        options: Sequence[Option[Any]] = OPTIONS,
+    ) -> None:
         self._flags = flags
         self._environ = environ
+        self._options = options
         self._file: dict[str, object] = {}
 
     def load_file(self, path: Path, named: str) -> None:
         """Read the config file ``path``, chosen by ``named`` (the flag or variable as given)."""
-        self._file = read_config_file(path, named)
+        keys = [opt.name for opt in self._options if opt.in_file]
+        self._file = read_config_file(path, named, keys)
 
     def find(self, opt: Option[Any]) -> tuple[object, str] | None:
         given = getattr(self._flags, opt.dest, None)
@@ -125,6 +135,11 @@ class Sources:
         found = self.find(opt)
         return found[1] if found else f"--{opt.name}"
 
+    def origins(self) -> dict[str, str]:
+        """Where each option given came from, by its dest: the flag as typed, the variable as
+        set, or the config file's key."""
+        return {opt.dest: found[1] for opt in self._options if (found := self.find(opt))}
+
 
 # Kubernetes' service links for a Service named "gpuagent" (when enableServiceLinks is on).
 _SERVICE_LINK = re.compile(
@@ -132,9 +147,10 @@ _SERVICE_LINK = re.compile(
 )
 
 
-def check_environment(environ: Mapping[str, str]) -> None:
-    """Refuse a ``GPUAGENT_*`` variable that names no option: a typo must not pass silently."""
-    known = {name for opt in OPTIONS for name in opt.env_names}
+def check_environment(environ: Mapping[str, str], options: Sequence[Option[Any]] = OPTIONS) -> None:
+    """Refuse a ``GPUAGENT_*`` variable that names no option (of ``options``): a typo must not
+    pass silently."""
+    known = {name for opt in options for name in opt.env_names}
     for name in sorted(environ):
         if not name.startswith("GPUAGENT_") or name in known or _SERVICE_LINK.fullmatch(name):
             continue

@@ -3,8 +3,9 @@ plugin), :mod:`.driver`, :mod:`.metrics` (the HTTP server), :mod:`.nodefiles` (t
 node labels), :mod:`.dra`, :mod:`.apiserver` (credentials, the node's health), :mod:`.accounting`
 (per-container GPU use) and :mod:`.agent` (the config file, logging, the switches).
 
-To add an option, add it to the group that owns it (its subsystem's module; a new subsystem gets a
-new module here and a place in the groups' import-linter contract), then list it in
-:data:`gpuagent.config.options.OPTIONS` at its place in ``--help``; a test fails if an option of a
-group is missing there. The groups import only :mod:`gpuagent.config.option`,
+A setting is its option here, in the group that owns it (its subsystem's module; a new subsystem
+gets a new module here and a place in the groups' import-linter contract), with its parser and
+default, and its field in :class:`~gpuagent.config.settings.Settings`, at its place in ``--help``
+(``example: float = setting(driver.EXAMPLE)``); docs/architecture.md has the recipe, and a test
+fails if an option of a group has no field. The groups import only :mod:`gpuagent.config.option`,
 :mod:`gpuagent.config.values` and the domain, never each other."""
