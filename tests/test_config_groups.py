@@ -1,6 +1,6 @@
 """The option table: the options of the groups, each taken by one field of ``Settings``, whose
-order is the table's; each option's default as its help says it; and a setting added, walked
-with a throwaway option through the same mechanism."""
+order is the table's; each option's default as its help says it; and the recipe for adding a
+setting (docs/architecture.md), walked with a throwaway option through the same mechanism."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, fields
 from enum import StrEnum
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
@@ -113,7 +113,7 @@ def test_the_help_check_sees_defaults() -> None:
     assert len(checked) > 30
 
 
-# A setting added, step 1: the option, in its group.
+# The recipe (docs/architecture.md, "How to add a setting"), step 1: the option, in its group.
 EXAMPLE_INTERVAL = Option(
     "example-interval",
     parse_poll_interval,
@@ -144,6 +144,29 @@ def gen_files() -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def recipe_blocks() -> list[str]:
+    """The code of docs/architecture.md's "How to add a setting", block by block."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = text.split("## How to add a setting\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
+
+
+def test_the_recipe_is_what_this_test_walks() -> None:
+    """The option and the field in docs/architecture.md are the ones walked here."""
+    option_block, field_block = recipe_blocks()
+    declared: dict[str, Any] = {"Option": Option, "parse_poll_interval": parse_poll_interval}
+    exec(option_block, declared)
+    assert declared["EXAMPLE_INTERVAL"] == EXAMPLE_INTERVAL
+    body: dict[str, Any] = {
+        "setting": setting,
+        "driver": SimpleNamespace(EXAMPLE_INTERVAL=EXAMPLE_INTERVAL),
+    }
+    exec(f"class Fields:\n{field_block}", body)
+    documented = dataclass(frozen=True)(body["Fields"])
+    assert bindings(documented) == bindings(WithExample)[-1:]
+    assert [f.type for f in fields(documented)] == [fields(WithExample)[-1].type]
 
 
 def test_a_new_setting_joins_the_table_at_its_fields_place() -> None:
