@@ -10,6 +10,7 @@ import pytest
 
 from gpuagent.config import ConfigError, Settings, load_settings
 from gpuagent.config.planning import make_plan
+from gpuagent.domain.sharing import Sharing
 from gpuagent.domain.timeslicing import ReplicaRule, TimeSlicing
 
 
@@ -86,6 +87,8 @@ def test_defaults() -> None:
         "node_name": socket.gethostname(),
         "check_config": None,
         "nvml_timeout": None,
+        "mps_root": "/run/nvidia/mps",
+        "mps_compute_mode": "exclusive-process",
     }
 
 
@@ -764,6 +767,8 @@ sharing:
     renameByDefault: true
     resources: [{name: nvidia.com/gpu, replicas: 4}]
 shared-devices-allocation-policy: packed
+mps-root: /var/run/mps
+mps-compute-mode: unchanged
 cdi-annotation-prefix: example.com/
 cdi-spec-dir: /etc/cdi
 cdi-spec: toolkit
@@ -854,6 +859,8 @@ nvml-timeout: 120
         "node_name": "node-7",
         "check_config": None,
         "nvml_timeout": 120.0,
+        "mps_root": "/var/run/mps",
+        "mps_compute_mode": "unchanged",
     }
 
 
@@ -1050,7 +1057,13 @@ def test_web_config_file_in_file_must_be_a_path(tmp_path: Path) -> None:
     ("value", "message"),
     [
         pytest.param("[1, 2]", "expected a mapping", id="not-a-mapping"),
-        pytest.param("{mps: {}}", "unknown keys", id="mps-not-supported"),
+        pytest.param("{mig: {}}", "unknown keys", id="unknown-block"),
+        pytest.param(
+            "{mps: {resources: [{name: gpu, replicas: 4}]},"
+            " timeSlicing: {resources: [{name: gpu, replicas: 2}]}}",
+            "timeSlicing and mps both share devices",
+            id="mps-and-time-slicing",
+        ),
         pytest.param("{timeSlicing: [", "not valid YAML", id="bad-yaml"),
     ],
 )
@@ -1060,13 +1073,23 @@ def test_bad_sharing_flag(value: str, message: str) -> None:
     assert info.value.key == "--sharing"
 
 
+def test_mps_with_mig_strategy_mixed_names_both_as_given() -> None:
+    mps = "{mps: {resources: [{name: gpu, replicas: 2}]}}"
+    error = config_error(["--sharing", mps], {"MIG_STRATEGY": "mixed"})
+    assert str(error) == (
+        "--sharing mps: cannot be combined with MIG_STRATEGY mixed: MIG devices cannot be "
+        "shared through MPS (NVIDIA's plugin refuses it too)"
+    )
+    assert load(["--sharing", mps], {"MIG_STRATEGY": "single"}).sharing.mps.enabled
+
+
 def test_sharing_from_env_json() -> None:
     settings = load([], {"GPUAGENT_SHARING": '{"timeSlicing": {"resources": []}}'})
-    assert settings.sharing == TimeSlicing()
+    assert settings.sharing == Sharing()
     shared = load(
         [], {"GPUAGENT_SHARING": '{"timeSlicing": {"resources": [{"name": "gpu", "replicas": 2}]}}'}
     )
-    assert shared.sharing == TimeSlicing((ReplicaRule("nvidia.com/gpu", 2),))
+    assert shared.sharing.time_slicing == TimeSlicing((ReplicaRule("nvidia.com/gpu", 2),))
 
 
 def test_node_name_comes_from_node_name_else_the_host_name() -> None:

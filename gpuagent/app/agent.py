@@ -179,14 +179,34 @@ class Agent:
             from gpuagent.gpu import sim  # noqa: PLC0415
 
             sim.install(self.simulator)
+        startup, monitor = self._startup(settings)
+        try:
+            with collector_held(own_process=self._own_process) as started:
+                self._rest = rest = await startup.start()
+                if self.reloads.enabled:
+                    self.supervisor.spawn("config-reload", self.reloads.run(rest))
+                started()
+                self.started.set()
+                await self.supervisor.supervise(stop)
+        finally:
+            await self.supervisor.shut_down(
+                stopping=self.stopping,
+                endpoints=self.endpoints,
+                http=self._rest.http if self._rest is not None else None,
+                node_health_api=self._rest.node_health_api if self._rest is not None else None,
+                listener=self.listener,
+                dra=self.dra,
+                monitor=monitor,
+                simulator=self.simulator,
+            )
+
+    def _startup(self, settings: Settings) -> tuple[Startup, GpuMonitor]:
+        """The start of the agent on the driver's backend, and the backend's poller."""
         nvml = policy.driver(settings, self.store, self.dra, self._sysfs_root, self._mig_minors)
         monitor = GpuMonitor(
-            self.store,
-            nvml,
-            poll_interval=settings.poll_interval,
-            call_timeout=self._nvml_call_timeout,
-            nvml_timeout=settings.nvml_timeout,
-        )
+            self.store, nvml, poll_interval=settings.poll_interval,
+            call_timeout=self._nvml_call_timeout, nvml_timeout=settings.nvml_timeout,
+        )  # fmt: skip
         startup = Startup(
             self.store,
             settings,
@@ -194,6 +214,7 @@ class Agent:
             monitor,
             endpoints=self.endpoints,
             dra=self.dra,
+            mps=policy.mps_daemons(settings, self.store, self.view, nvml),
             dra_unusable=self._dra_unusable,
             stopping=self.stopping,
             keeps_cdi_spec=policy.keeps_cdi_spec(settings, simulated=self.simulator is not None),
@@ -215,25 +236,7 @@ class Agent:
                 node_health_options=self._node_health_options,
             ),
         )
-        try:
-            with collector_held(own_process=self._own_process) as started:
-                self._rest = rest = await startup.start()
-                if self.reloads.enabled:
-                    self.supervisor.spawn("config-reload", self.reloads.run(rest))
-                started()
-                self.started.set()
-                await self.supervisor.supervise(stop)
-        finally:
-            await self.supervisor.shut_down(
-                stopping=self.stopping,
-                endpoints=self.endpoints,
-                http=self._rest.http if self._rest is not None else None,
-                node_health_api=self._rest.node_health_api if self._rest is not None else None,
-                listener=self.listener,
-                dra=self.dra,
-                monitor=monitor,
-                simulator=self.simulator,
-            )
+        return startup, monitor
 
     # ----- reload ------------------------------------------------------------------------------
     def request_reload(self) -> None:

@@ -1,7 +1,7 @@
 """What the agent decides from its settings and its node, apart from the wiring: which GPUs
 ``--dra-gpus`` names that the node lacks, which of the host's files simulated GPUs may reach,
-where the CDI spec goes, what container accounting cannot see, and the driver backend (with MIG
-made on demand, the DRA side's too)."""
+where the CDI spec goes, what container accounting cannot see, the driver backend (with MIG
+made on demand, the DRA side's too), and the MPS control daemons' keeper."""
 
 from __future__ import annotations
 
@@ -16,11 +16,15 @@ from gpuagent.config import Settings
 from gpuagent.config.planning import driver_root_as_read
 from gpuagent.domain.containers import CDI_SPEC_DIR
 from gpuagent.domain.dra import DraMig
+from gpuagent.domain.mps import ComputeModeChoice, MpsDirs
+from gpuagent.gpu.computemode import ComputeModes
 from gpuagent.gpu.migcontrol import MigControl
 from gpuagent.gpu.nvml import Nvml
+from gpuagent.mps.manager import MpsDaemons
 
 if TYPE_CHECKING:  # the node files' modules are imported off the loop (see startup.py)
     from gpuagent.domain.dra import DraGpus
+    from gpuagent.domain.serving import ResourceView
     from gpuagent.domain.snapshot import Snapshot
     from gpuagent.dra.side import DraSide
     from gpuagent.gpu import sim
@@ -33,6 +37,7 @@ __all__ = [
     "cdi_target",
     "dra_node_spec",
     "keeps_cdi_spec",
+    "mps_daemons",
     "node_files",
     "warn_of_a_pid_namespace",
 ]
@@ -147,3 +152,23 @@ def driver(
     if dynamic and dra is not None:
         dra.manage_mig(MigControl(nvml, store))
     return nvml
+
+
+def mps_daemons(
+    settings: Settings, store: DeviceStore, view: ResourceView, nvml: Nvml
+) -> MpsDaemons | None:
+    """The keeper of the MPS control daemons the device plugin's resources need (none without
+    Kubernetes; with it, one that idles until the plan shares a resource through MPS, which a
+    reload may do). The GPUs' compute modes are set through ``nvml`` unless left as they are."""
+    if not settings.kubernetes:
+        return None
+    modes = None
+    if settings.mps_compute_mode is ComputeModeChoice.EXCLUSIVE_PROCESS:
+        modes = ComputeModes(nvml)
+    return MpsDaemons(
+        store,
+        view,
+        dirs=MpsDirs(str(settings.mps_root)),
+        driver_root=driver_root_as_read(settings),
+        compute_modes=modes,
+    )

@@ -35,6 +35,7 @@ from gpuagent.web.listener import Listener
 
 if TYPE_CHECKING:  # imported only when used (DRA's API client costs memory; see DEFERRED)
     from gpuagent.dra.side import DraSide
+    from gpuagent.mps.manager import MpsDaemons
     from gpuagent.nodefiles.cdikeeper import CdiSpecKeeper
 
 __all__ = ["Startup", "listen"]
@@ -51,6 +52,8 @@ class Startup:
     """One start of the agent: its root tasks in order, then the rest.
 
     ``build_rest`` builds the rest once its modules are imported, given the CDI spec's keeper.
+    ``mps``: the MPS control daemons' keeper, started with the registration (a shared device is
+    unhealthy until its daemon is up).
     ``keeps_cdi_spec``: this agent keeps the node's CDI spec (written before the device plugin
     registers when the plan starts with CDI, else started with the rest: a reload may turn CDI
     on). ``dra_unusable``: why the DRA side could not be built, said once the GPUs
@@ -67,6 +70,7 @@ class Startup:
         endpoints: PluginEndpoints | None,
         dra: DraSide | None,
         dra_unusable: ConfigError | None = None,
+        mps: MpsDaemons | None = None,
         stopping: asyncio.Event,
         keeps_cdi_spec: bool,
         node_health: NodeHealthWanted | str | None,
@@ -80,6 +84,7 @@ class Startup:
         self._endpoints = endpoints
         self._dra = dra
         self._dra_unusable = dra_unusable
+        self._mps = mps
         self._stopping = stopping
         self._keeps_cdi_spec = keeps_cdi_spec
         self._node_health = node_health
@@ -105,6 +110,8 @@ class Startup:
                 # gRPC's modules, imported while the driver starts: it waits on NVML, not the GIL.
                 await import_off_loop(SERVING, own_process=self._own_process)
                 spawn("kubelet-registration", self._endpoints.run())
+            if self._mps is not None:
+                spawn("mps-daemons", self._mps.run())
             spawn("nvml-poller", self._drive(driver))
             if store.plan.dra.gpus.refs:
                 spawn("dra-gpus-check", self._check_dra_gpus())

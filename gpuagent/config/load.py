@@ -21,6 +21,7 @@ from gpuagent.config.option import bindings, options_of
 from gpuagent.config.settings import Settings
 from gpuagent.config.sources import Sources, check_environment
 from gpuagent.domain.dra import DraMig
+from gpuagent.domain.resources import MigStrategy
 
 __all__ = ["load_as", "load_settings"]
 
@@ -54,6 +55,7 @@ def load_as(
     settings = _followed(settings, stderr_isatty=stderr_isatty)
     _check_simulation(settings)
     _check_dra(settings)
+    _check_mps(settings)
     return _node_health(settings)
 
 
@@ -111,6 +113,17 @@ def _check_dra(settings: Settings) -> None:
             settings.named("dra_mig"),
             f"dynamic cannot be combined with {settings.named('dra_gpus')} none: MIG devices are "
             "made on demand only for GPUs served through DRA",
+        )
+
+
+def _check_mps(settings: Settings) -> None:
+    """MPS sharing is refused with ``--mig-strategy mixed``, as NVIDIA's plugin refuses it: MIG
+    devices cannot be shared through MPS."""
+    if settings.sharing.mps.enabled and settings.mig_strategy is MigStrategy.MIXED:
+        raise ConfigError(
+            f"{settings.named('sharing')} mps",
+            f"cannot be combined with {settings.named('mig_strategy')} mixed: MIG devices cannot "
+            "be shared through MPS (NVIDIA's plugin refuses it too)",
         )
 
 

@@ -29,6 +29,7 @@ from gpuagent.domain.containers import CDI_KIND, CONTROL_NODES, TOOLKIT_CDI_KIND
 from gpuagent.domain.dra import DraGpus, DraPlan
 from gpuagent.domain.errors import SettingError
 from gpuagent.domain.health import HealthCheckSpecError, HealthPolicy
+from gpuagent.domain.mps import MpsDirs
 from gpuagent.domain.plan import Plan
 from gpuagent.domain.resources import ResourceSettings
 from gpuagent.domain.serving import ServingPolicy
@@ -83,7 +84,8 @@ def make_plan(settings: Settings, *, control_nodes: tuple[str, ...] | None = Non
             resources=ResourceSettings(
                 resource_name=settings.resource_name,
                 mig_strategy=settings.mig_strategy,
-                time_slicing=settings.sharing,
+                time_slicing=settings.sharing.time_slicing,
+                mps=settings.sharing.mps,
             ),
             containers=ContainerSettings(
                 strategies=settings.device_list_strategy,
@@ -93,6 +95,7 @@ def make_plan(settings: Settings, *, control_nodes: tuple[str, ...] | None = Non
                 control_nodes=control_nodes,
                 cdi_annotation_prefix=settings.cdi_annotation_prefix,
                 cdi_kind=TOOLKIT_CDI_KIND if settings.cdi_spec == CDI_SPEC_TOOLKIT else CDI_KIND,
+                mps=MpsDirs(str(settings.mps_root)),
             ),
             shared_allocation=settings.shared_devices_allocation_policy,
             dra_gpus=DraGpus.parse(settings.dra_gpus),

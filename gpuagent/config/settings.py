@@ -21,6 +21,7 @@ from gpuagent.config.groups import (
     driver,
     kubelet,
     metrics,
+    mps,
     nodefiles,
 )
 from gpuagent.config.option import setting
@@ -28,9 +29,10 @@ from gpuagent.config.sharing import sharing_block
 from gpuagent.domain.containers import DeviceListStrategy
 from gpuagent.domain.devices import IdStrategy
 from gpuagent.domain.dra import DraMig
+from gpuagent.domain.mps import ComputeModeChoice
 from gpuagent.domain.preferred import SharedAllocationPolicy
 from gpuagent.domain.resources import MigStrategy
-from gpuagent.domain.timeslicing import TimeSlicing
+from gpuagent.domain.sharing import Sharing
 
 __all__ = ["Settings"]
 
@@ -79,10 +81,14 @@ class Settings:
     hostname_label: str = setting(metrics.HOSTNAME_LABEL)
     no_hostname: bool = setting(metrics.NO_HOSTNAME)
     pod_resources_interval: float = setting(kubelet.POD_RESOURCES_INTERVAL)
-    sharing: TimeSlicing = setting(kubelet.SHARING)
+    sharing: Sharing = setting(kubelet.SHARING)
     shared_devices_allocation_policy: SharedAllocationPolicy = setting(
         kubelet.SHARED_DEVICES_ALLOCATION_POLICY
     )
+    # MPS sharing: the daemons' directories (a host path the agent sees at the same path), and
+    # what is done to a shared GPU's compute mode.
+    mps_root: Path = setting(mps.MPS_ROOT)
+    mps_compute_mode: ComputeModeChoice = setting(mps.MPS_COMPUTE_MODE)
     cdi_annotation_prefix: str = setting(nodefiles.CDI_ANNOTATION_PREFIX)
     cdi_spec_dir: Path = setting(nodefiles.CDI_SPEC_DIR)
     cdi_spec: str = setting(nodefiles.CDI_SPEC)
@@ -140,6 +146,6 @@ def _shown(value: object) -> object:
         return value.value
     if isinstance(value, tuple):
         return [v.value if isinstance(v, StrEnum) else v for v in value]
-    if isinstance(value, TimeSlicing):
+    if isinstance(value, Sharing):
         return sharing_block(value)
     return value

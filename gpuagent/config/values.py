@@ -18,7 +18,7 @@ from gpuagent.domain.containers import DeviceListStrategy
 from gpuagent.domain.errors import SettingError
 from gpuagent.domain.health import HealthCheckSpecError, HealthPolicy
 from gpuagent.domain.naming import resource_name
-from gpuagent.domain.timeslicing import TimeSlicing
+from gpuagent.domain.sharing import Sharing
 from gpuagent.yamlerror import one_line
 
 E = TypeVar("E", bound=StrEnum)
@@ -135,7 +135,7 @@ def parse_heartbeat(raw: object) -> float:
     return seconds
 
 
-def parse_sharing_value(raw: object) -> TimeSlicing:
+def parse_sharing_value(raw: object) -> Sharing:
     """NVIDIA's ``sharing`` block: a mapping in the file, YAML/JSON text in a flag or env."""
     value = raw
     if isinstance(raw, str):
@@ -146,9 +146,12 @@ def parse_sharing_value(raw: object) -> TimeSlicing:
         except yaml.YAMLError as exc:
             raise Invalid(f"not valid YAML or JSON: {one_line(exc, text=raw)}") from None
     if value is None:
-        return TimeSlicing()
+        return Sharing()
     if not isinstance(value, dict):
-        raise Invalid(f"expected a mapping such as {{timeSlicing: ...}}, got {type_name(value)}")
+        raise Invalid(
+            f"expected a mapping such as {{timeSlicing: ...}} or {{mps: ...}}, "
+            f"got {type_name(value)}"
+        )
     try:
         return parse_sharing(value)
     except SettingError as exc:

@@ -19,7 +19,9 @@ runtime) into :class:`Usage`:
 
 Containers the kubelet allocated a GPU to appear even while they run nothing there (zero memory,
 zero share): an idle allocation is the first thing to look for. Processes whose container is not
-known are grouped under empty names, never dropped. Nothing here performs I/O.
+known are grouped under empty names, never dropped. An MPS server is no container's work: with MPS
+each client is accounted to its own container, and the server (which runs in the agent's cgroup,
+its daemon being the agent's child) is left out. Nothing here performs I/O.
 """
 
 from __future__ import annotations
@@ -157,6 +159,8 @@ def _groups(
     samples = _mean_samples(reading.samples or ())
     groups: dict[tuple[int | None, PodRef], _Group] = {}
     for process in reading.processes:
+        if process.mps_server:
+            continue
         instance = process.gpu_instance if gpu.mig_enabled else None
         owner = owners.get(process.pid)
         ref = names.get(owner.container_id, UNKNOWN) if owner is not None else UNKNOWN
@@ -182,7 +186,7 @@ def _pod_uids(
         if gpu.processes is None:
             continue
         for process in gpu.processes.processes:
-            owner = owners.get(process.pid)
+            owner = None if process.mps_server else owners.get(process.pid)
             if owner is None or not owner.pod_uid:
                 continue
             ref = names.get(owner.container_id)

@@ -15,6 +15,11 @@ concatenated. So ``cdi-cri``, ``cdi-annotations`` (one key per response) and ``v
 (one mount per device, same variable value) carry every device, while with ``envvar`` alone the
 second resource's ``NVIDIA_VISIBLE_DEVICES`` is dropped by the kubelet: use a CDI strategy or
 ``volume-mounts`` for containers that mix MIG profiles.
+
+A device shared through MPS (``sharing.mps``) brings NVIDIA's additions whatever the strategy,
+CDI alone included (``internal/plugin/mps.go`` ``updateReponse``, before ``AllCDIEnabled``
+returns): ``CUDA_MPS_PIPE_DIRECTORY`` set to ``/mps/<resource>/pipe``, that directory mounted
+from ``<mps-root>/<resource>/pipe`` and ``/dev/shm`` from ``<mps-root>/shm``, both writable.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import re
 import uuid
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from gpuagent.domain.allocation import (
@@ -42,6 +47,7 @@ from gpuagent.domain.allocation import (
 )
 from gpuagent.domain.devices import Device, IdStrategy
 from gpuagent.domain.errors import SettingError
+from gpuagent.domain.mps import CONTAINER_SHM, PIPE_ENV, MpsDirs
 from gpuagent.domain.resources import Resource
 
 __all__ = [
@@ -102,6 +108,7 @@ class ContainerSettings:
     exist there, found once by the caller (the domain does no I/O). ``cdi_kind`` is the kind of
     the CDI names handed out: the agent's own spec's, or the container toolkit's
     (:data:`TOOLKIT_CDI_KIND`) when the devices of its generated spec are used instead.
+    ``mps``: the MPS root's layout, for the devices shared through MPS.
     """
 
     strategies: tuple[DeviceListStrategy, ...] = (DeviceListStrategy.ENVVAR,)
@@ -111,6 +118,7 @@ class ContainerSettings:
     control_nodes: tuple[str, ...] = CONTROL_NODES
     cdi_annotation_prefix: str = CDI_ANNOTATION_PREFIX
     cdi_kind: str = CDI_KIND
+    mps: MpsDirs = field(default_factory=MpsDirs)
 
     def __post_init__(self) -> None:
         if not self.strategies:
@@ -226,6 +234,11 @@ def container_allocation(
         annotations[key] = ",".join(qualified)
     if settings.uses(DeviceListStrategy.CDI_CRI):
         cdi_devices = qualified
+    if resource.mps:
+        pipe = settings.mps.container_pipe(resource.name)
+        envs[PIPE_ENV] = pipe
+        mounts.append(MountSpec(pipe, settings.mps.pipe(resource.name), read_only=False))
+        mounts.append(MountSpec(CONTAINER_SHM, settings.mps.shm, read_only=False))
     # CDI names alone when every strategy is CDI: the spec brings the device nodes (NVIDIA's).
     passed = settings.pass_device_specs and not settings.only_cdi
     specs = _device_specs(devices, settings) if passed else ()

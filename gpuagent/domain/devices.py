@@ -9,6 +9,7 @@ from enum import IntEnum, StrEnum
 from types import MappingProxyType
 
 from gpuagent.domain.migshapes import MigPartitions, Placement
+from gpuagent.domain.mps import MpsState
 from gpuagent.domain.usage import ProcessReading, Usage
 
 HEALTHY = "Healthy"
@@ -328,6 +329,8 @@ class NodeState:
     usage: Usage = field(default_factory=Usage)
     # The CDI spec this agent writes, as on disk; None when it writes none (so nothing waits).
     cdi: CdiSpec | None = None
+    # The MPS control daemons the agent keeps, and how each is doing.
+    mps: MpsState = field(default_factory=MpsState)
 
     @property
     def registered(self) -> bool:

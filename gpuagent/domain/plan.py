@@ -29,11 +29,11 @@ class Plan:
 
     @property
     def served_resources(self) -> frozenset[str]:
-        """The resource names this agent may advertise (time-slicing targets included), by
+        """The resource names this agent may advertise (sharing targets included), by
         which pods are attributed; MIG resources (``<domain>/mig-…``) are recognised anyway."""
         resources = self.serving.resources
         return frozenset(
-            {resources.resource_name, *resources.time_slicing.names()}
+            {resources.resource_name, *resources.replication.names()}
             | {f"{resources.resource_name}.shared"}
         )
 

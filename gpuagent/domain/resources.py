@@ -26,6 +26,7 @@ from gpuagent.domain.naming import (
     resource_name,
     socket_name,
 )
+from gpuagent.domain.sharing import MPS_KEY, MpsSharing
 from gpuagent.domain.timeslicing import TimeSlicing
 
 __all__ = [
@@ -56,6 +57,9 @@ class ResourceSettings:
     ``kubelet_ids`` is how devices are named *to the kubelet*. NVIDIA always advertises UUIDs and
     applies ``--device-id-strategy`` only to what the container receives (UUIDs stay stable when
     GPUs are renumbered, which matters for the kubelet's checkpoint).
+
+    ``time_slicing`` and ``mps`` are the two ways of sharing (at most one of them enabled:
+    :class:`~gpuagent.domain.sharing.Sharing` checks); :attr:`replication` is the one in use.
     """
 
     resource_name: str = DEFAULT_RESOURCE
@@ -63,16 +67,28 @@ class ResourceSettings:
     kubelet_ids: IdStrategy = IdStrategy.UUID
     time_slicing: TimeSlicing = field(default_factory=TimeSlicing)
     mig_enabled_gpus_as_full: bool = False
+    mps: MpsSharing = field(default_factory=MpsSharing)
 
     def __post_init__(self) -> None:
         try:
             object.__setattr__(self, "resource_name", resource_name(self.resource_name))
         except ValueError as exc:
             raise SettingError("resource-name", str(exc)) from None
+        if self.mps.enabled and self.mig_strategy is MigStrategy.MIXED:
+            raise SettingError(
+                MPS_KEY,
+                "cannot be combined with mig-strategy mixed: MIG devices cannot be shared "
+                "through MPS (NVIDIA's plugin refuses it too)",
+            )
 
     @property
     def domain(self) -> str:
         return self.resource_name.partition("/")[0]
+
+    @property
+    def replication(self) -> TimeSlicing:
+        """The rules replicating devices: MPS's when MPS shares them, else time-slicing's."""
+        return self.mps.rules if self.mps.enabled else self.time_slicing
 
 
 def _frozen_devices() -> Mapping[str, Device]:
@@ -83,7 +99,8 @@ def _frozen_devices() -> Mapping[str, Device]:
 class Resource:
     """One extended resource: its name and devices, in GPU order.
 
-    ``origin`` is the name before a time-slicing rename (equal to ``name`` otherwise). Equality
+    ``origin`` is the name before a time-slicing rename (equal to ``name`` otherwise). ``mps``:
+    its replicas are shared through an MPS control daemon named after the resource. Equality
     covers the devices' IDs, health and placement, never telemetry.
     """
 
@@ -91,6 +108,7 @@ class Resource:
     devices: tuple[Device, ...]
     origin: str = ""
     fail_requests_greater_than_one: bool = False
+    mps: bool = False
     _by_id: Mapping[str, Device] = field(
         default_factory=_frozen_devices, init=False, repr=False, compare=False
     )
@@ -157,7 +175,7 @@ def build_resources(
     """
     notes: list[str] = []
     base = _base_devices(snapshot, settings, notes)
-    resources = _apply_time_slicing(base, settings.time_slicing)
+    resources = _apply_time_slicing(base, settings.replication, mps=settings.mps.enabled)
     return NodeResources(
         resources=tuple(sorted(resources, key=lambda r: r.name)), notes=tuple(notes)
     )
@@ -263,7 +281,7 @@ def _base_devices(
 
 
 def _apply_time_slicing(
-    base: Mapping[str, Sequence[Device]], sharing: TimeSlicing
+    base: Mapping[str, Sequence[Device]], sharing: TimeSlicing, *, mps: bool = False
 ) -> list[Resource]:
     by_target: dict[str, list[Device]] = {}
     origin_of: dict[str, str] = {}
@@ -283,12 +301,26 @@ def _apply_time_slicing(
         except ValueError as exc:
             raise ResourceError(f"shared resource name: {exc}") from None
         shared = any(d.is_replica for d in devices)
+        if shared and mps:
+            _no_mig_through_mps(target, devices)
         resources.append(
             Resource(
                 name=target,
                 devices=tuple(devices),
                 origin=origin_of[target],
                 fail_requests_greater_than_one=shared and sharing.fail_requests_greater_than_one,
+                mps=shared and mps,
             )
         )
     return resources
+
+
+def _no_mig_through_mps(name: str, devices: Sequence[Device]) -> None:
+    """NVIDIA: "sharing using MPS is not supported for MIG devices" (mig-strategy single)."""
+    migs = sorted({d.index for d in devices if d.is_replica and d.is_mig})
+    if migs:
+        raise ResourceError(
+            f"{MPS_KEY}: {name} would share MIG devices {', '.join(migs)} through MPS, which "
+            "cannot run on MIG devices (mig-strategy single); share full GPUs, or use "
+            "time-slicing"
+        )

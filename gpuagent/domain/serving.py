@@ -8,7 +8,8 @@ Nothing is advertised before a container given it can start: where containers ar
 names and the agent writes the CDI spec, a device is in the resources only once the spec on disk
 defines it (:attr:`NodeState.cdi <gpuagent.domain.devices.NodeState.cdi>`), and the first device
 list waits for the first spec (:func:`awaits_cdi_spec`) — as NVIDIA's plugin writes its spec
-before it registers.
+before it registers. Nor is a replica shared through MPS while its control daemon is down
+(:mod:`gpuagent.domain.mpsplan`): it is advertised unhealthy.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from gpuagent.domain.containers import CDI_KIND, ContainerSettings
 from gpuagent.domain.devices import CdiSpec, NodeState, Topology
 from gpuagent.domain.dra import DraGpus
 from gpuagent.domain.errors import ResourceError
+from gpuagent.domain.mps import MpsDaemon
+from gpuagent.domain.mpsplan import gate_mps, mps_daemons
 from gpuagent.domain.naming import mig_index
 from gpuagent.domain.preferred import PairScores, SharedAllocationPolicy
 from gpuagent.domain.resources import NodeResources, ResourceSettings, build_resources
@@ -51,6 +54,7 @@ class ResourceView:
         self._state: NodeState | None = None
         self._policy: ServingPolicy | None = None
         self._resources = NodeResources()
+        self._daemons: tuple[MpsDaemon, ...] = ()
         self._error = ""
         self._topology: Topology | None = None
         self._scores = PairScores()
@@ -60,17 +64,26 @@ class ResourceView:
         they are invalid."""
         if snapshot is not self._state or policy is not self._policy:
             try:
-                self._resources = build_resources(
+                built = build_resources(
                     _device_plugin_gpus(snapshot, policy.dra_gpus), policy.resources
                 )
+                self._daemons = mps_daemons(built)
+                self._resources = gate_mps(built, snapshot.mps, self._daemons)
                 if snapshot.cdi is not None and cdi_gated(snapshot, policy.containers):
                     self._resources = _in_spec(self._resources, snapshot.cdi)
                 self._error = ""
             except ResourceError as exc:
                 self._resources = NodeResources()
+                self._daemons = ()
                 self._error = str(exc)
             self._state, self._policy = snapshot, policy
         return self._resources
+
+    def mps_daemons(self, snapshot: NodeState, policy: ServingPolicy) -> tuple[MpsDaemon, ...]:
+        """The MPS control daemons the resources of ``snapshot`` under ``policy`` need (from
+        every device, whatever its health or the CDI spec's)."""
+        self.resources(snapshot, policy)
+        return self._daemons
 
     @property
     def error(self) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from gpuagent.domain.devices import Device
 from gpuagent.domain.errors import ResourceError, SettingError
@@ -46,15 +46,19 @@ class ReplicaRule:
 class TimeSlicing:
     """``sharing.timeSlicing``, validated and normalised on construction (resource names get
     ``nvidia.com/`` when they lack a domain); a :class:`SettingError` names the offending key.
+
+    The same rules replicate MPS's devices (:class:`gpuagent.domain.mps.MpsSharing`): ``key``
+    is where they were written, for the errors.
     """
 
     resources: tuple[ReplicaRule, ...] = ()
     rename_by_default: bool = False
     fail_requests_greater_than_one: bool = False
+    key: str = field(default=KEY, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         rules = tuple(
-            _check_rule(rule, f"{KEY}.resources[{i}]") for i, rule in enumerate(self.resources)
+            _check_rule(rule, f"{self.key}.resources[{i}]") for i, rule in enumerate(self.resources)
         )
         object.__setattr__(self, "resources", rules)
 
@@ -80,7 +84,7 @@ class TimeSlicing:
         replicated: dict[str, ReplicaRule] = {}
         for i, rule in enumerate(self.resources):
             if rule.name == name:
-                for device in _select(rule, devices, set(replicated), f"{KEY}.resources[{i}]"):
+                for device in _select(rule, devices, set(replicated), f"{self.key}.resources[{i}]"):
                     replicated[device.uuid] = rule
         out: list[tuple[str, Device]] = []
         for device in devices:

@@ -24,13 +24,15 @@ class GpuProcess:
 
     ``used_memory_bytes`` is ``None`` where the driver does not say (``NVML_VALUE_NOT_AVAILABLE``).
     On a MIG-enabled GPU ``gpu_instance`` and ``compute_instance`` name the MIG device the process
-    runs on; elsewhere they are ``None``.
+    runs on; elsewhere they are ``None``. ``mps_server``: an MPS server (``nvidia-cuda-mps-server``,
+    which NVML lists among compute processes beside its clients): no container's work.
     """
 
     pid: int
     used_memory_bytes: int | None
     gpu_instance: int | None = None
     compute_instance: int | None = None
+    mps_server: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,13 @@ processes run, one while none does:
   ``…MPSComputeRunningProcesses_v3`` instead (the GPU is switched for good, logged once). A
   process in several lists (compute and graphics contexts) is one process. On a MIG-enabled GPU
   each process carries its GPU and compute instance.
+* MPS: NVML lists an MPS server among the compute processes, beside its clients, which the MPS
+  list names (read with the three lists; with the detail list, a second detail list in MPS mode
+  when several processes share the GPU — a server has a client). The server is no container's
+  work: on a GPU that has had MPS clients, a process the MPS list does not name is asked its
+  name once (``nvmlSystemGetProcessName``, remembered while the pid stays on the GPU), and
+  ``nvidia-cuda-mps-server`` is marked :attr:`~gpuagent.domain.usage.GpuProcess.mps_server`.
+  A GPU without MPS clients costs nothing more.
 * ``nvmlDeviceGetProcessesUtilizationInfo`` (``nvmlDeviceGetProcessUtilization`` on older drivers)
   for the samples newer than the last one seen on this GPU, in one call (with room for twice the
   samples of the GPU's last read; :func:`utilization_info`): SM, memory, encoder and decoder
@@ -29,7 +36,8 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import pynvml
@@ -45,6 +53,7 @@ T = TypeVar("T")
 NO_INSTANCE = 0xFFFF_FFFF
 #: Room for this many utilisation samples at least (each GPU: twice its last read's).
 MIN_SAMPLE_ROOM = 64
+MPS_SERVER = "nvidia-cuda-mps-server"
 _ABSENT = ABSENT
 # A driver that knows the detail list but not mode ALL answers INVALID_ARGUMENT.
 _NO_DETAIL_LIST = (*_ABSENT, pynvml.NVML_ERROR_INVALID_ARGUMENT)
@@ -71,6 +80,8 @@ class ProcessReader:
         self._sample_counts: dict[int, int] = {}  # samples in each GPU's last utilisation read
         self._last_seen: dict[int, int] = {}
         self._errors: dict[tuple[int, str], int] = {}
+        self._mps_seen: set[int] = set()  # GPUs that have had MPS clients
+        self._servers: dict[int, dict[int, bool]] = {}  # per GPU: pid -> an MPS server?
 
     def read(self, index: int, handle: Any) -> ProcessReading | None:
         """The GPU's processes and their samples since the last read; ``None`` without a list."""
@@ -80,6 +91,44 @@ class ProcessReader:
         if not processes and index in self._offered:
             return ProcessReading(processes=(), samples=())  # no process, so no sample to ask
         return ProcessReading(processes=processes, samples=self._samples(index, handle))
+
+    def _mark_servers(
+        self, index: int, processes: tuple[GpuProcess, ...], clients: Collection[int]
+    ) -> tuple[GpuProcess, ...]:
+        """``processes`` with the MPS servers marked (see the module's doc)."""
+        with self._lock:
+            if clients:
+                self._mps_seen.add(index)
+            elif index not in self._mps_seen:
+                return processes
+            known = self._servers.setdefault(index, {})
+            for gone in known.keys() - {p.pid for p in processes}:
+                del known[gone]
+        marked = []
+        for process in processes:
+            server = False if process.pid in clients else known.get(process.pid)
+            if server is None:
+                name = self._calls.reading(index, pynvml.nvmlSystemGetProcessName, process.pid)
+                text = name.decode(errors="replace") if isinstance(name, bytes) else name or ""
+                server = text.rsplit("/", 1)[-1] == MPS_SERVER
+                with self._lock:
+                    known[process.pid] = server
+            marked.append(replace(process, mps_server=True) if server else process)
+        return tuple(marked)
+
+    def _detail_clients(self, index: int, handle: Any, found: list[Any]) -> set[int]:
+        """The MPS clients among ``found`` (the detail list's every process): asked only when
+        several processes share the GPU (a server has at least one client)."""
+        if len(found) < 2:
+            return set()
+        clients = self._calls.reading(
+            index,
+            pynvml.nvmlDeviceGetRunningProcessDetailList,
+            handle,
+            pynvml.nvmlProcessDetailList_v1,
+            pynvml.NVML_PROCESS_MODE_MPS,
+        )
+        return {int(info.pid) for info in clients or ()}
 
     # ----- processes -------------------------------------------------------------------------
     def _processes(self, index: int, handle: Any) -> tuple[GpuProcess, ...] | None:
@@ -105,10 +154,12 @@ class ProcessReader:
                 )
             else:
                 self._recovered(index, "processes")
-                return _merged(found)
+                mps_clients = self._detail_clients(index, handle, found)
+                return self._mark_servers(index, _merged(found), mps_clients)
         lists: list[Any] = []
+        clients: set[int] = set()
         offered = False
-        for _name, fn in _LISTS:
+        for name, fn in _LISTS:
             try:
                 found = self._calls.optional(index, fn, handle)
             except pynvml.NVMLError as exc:
@@ -117,8 +168,10 @@ class ProcessReader:
             if found is not None:
                 offered = True
                 lists.extend(found)
+                if name == "mps_processes":
+                    clients.update(int(info.pid) for info in found)
         self._recovered(index, "processes")
-        return _merged(lists) if offered else None
+        return self._mark_servers(index, _merged(lists), clients) if offered else None
 
     # ----- utilisation samples ----------------------------------------------------------------
     def _samples(self, index: int, handle: Any) -> tuple[ProcessSample, ...] | None:

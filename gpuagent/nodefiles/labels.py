@@ -88,9 +88,11 @@ def node_labels(
     if host is not None:
         labels.update(_host_labels(gpus, host))
     labels["nvidia.com/mig.capable"] = str(_mig_capable(gpus)).lower()
-    labels["nvidia.com/mps.capable"] = "false"
-    sharing = settings.time_slicing
-    labels["nvidia.com/gpu.sharing-strategy"] = "time-slicing" if sharing.enabled else "none"
+    mps = settings.mps.enabled
+    # GFD: true with MPS sharing unless a GPU is in MIG mode (it then fails as a whole).
+    labels["nvidia.com/mps.capable"] = str(mps and not any(g.mig_enabled for g in gpus)).lower()
+    strategy = "mps" if mps else "time-slicing" if settings.time_slicing.enabled else "none"
+    labels["nvidia.com/gpu.sharing-strategy"] = strategy
     labels.update(_gpu_labels(gpus, settings))
     if settings.mig_strategy is MigStrategy.SINGLE:
         labels["nvidia.com/mig.strategy"] = "single"
@@ -178,11 +180,13 @@ def _mig_capable(gpus: Sequence[Gpu]) -> bool:
 
 
 def _sharing(settings: ResourceSettings, name: str) -> tuple[int, bool]:
-    """(replicas, renamed) for a resource, from the time-slicing rules naming it."""
-    rules = [r for r in settings.time_slicing.resources if r.name == name]
+    """(replicas, renamed) for a resource, from the sharing rules naming it (MPS's or
+    time-slicing's)."""
+    sharing = settings.replication
+    rules = [r for r in sharing.resources if r.name == name]
     if not rules:
         return 1, False
-    renamed = settings.time_slicing.rename_by_default or any(r.rename for r in rules)
+    renamed = sharing.rename_by_default or any(r.rename for r in rules)
     return min(r.replicas for r in rules), renamed
 
 

@@ -43,6 +43,7 @@ from gpuagent.web.exposition import Family, escape_label, format_value, header, 
 from gpuagent.web.gpufamilies import health_families
 from gpuagent.web.histogram import SCRAPE_BUCKETS, Histogram
 from gpuagent.web.layout import Layout, build_layout, identity, layout_steps
+from gpuagent.web.mpsfamilies import mps_families
 from gpuagent.web.usage import SHARED_DCGM, accounting_families, render_usage
 
 __all__ = ["SLICE_S", "MetricsRenderer"]
@@ -335,6 +336,7 @@ class MetricsRenderer:
             )
         )  # fmt: skip
         families.extend(nvml_families(counters.nvml, detailed=detailed))
+        families.extend(mps_families(snapshot.mps))
         api = counters.api
         families.extend(dra_families(counters.dra, api.get("resource_slices"), detailed=detailed))
         families.extend(kube_families(counters.kube, api.get("node_health"), detailed=detailed))

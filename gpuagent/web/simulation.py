@@ -6,9 +6,15 @@
   their parameters in DESIGN.md and the README) → 200 with the GPU's new state; 404 for an unknown
   GPU, 400 for a malformed body or an unknown kind (the error lists every kind).
 * ``POST /sim/processes`` ``{"gpu": i, "pid": p, "memory_mib": m, "sm_util": percent}``, optional
-  ``"gpu_instance"``, ``"compute_instance"`` (MIG) and ``"type"`` (``compute``, ``graphics``,
-  ``mps``): starts the process on that GPU (or updates it) → 200 with the process as JSON;
-  400 for a malformed body or value (too much memory included), 404 for an unknown GPU.
+  ``"gpu_instance"``, ``"compute_instance"`` (MIG), ``"type"`` (``compute``, ``graphics``,
+  ``mps``), ``"name"`` (what ``nvmlSystemGetProcessName`` answers) and ``"mps"``
+  (``{"pipe_directory": dir}``, optionally the client's own ``"pinned_mem_limit_mib"`` and
+  ``"active_thread_percentage"``: a client of the MPS daemon on that pipe directory): starts the
+  process on that GPU (or updates it) → 200 with the process as JSON; 409 with the CUDA error
+  (``{"error", "cuda_error"}``) when the driver refuses it — past an MPS client's pinned memory
+  limit (``cudaErrorMemoryAllocation``), or a GPU whose exclusive compute mode another process
+  holds (``cudaErrorDevicesUnavailable``); 400 for a malformed body or value (more memory than
+  the GPU has included), 404 for an unknown GPU.
 * ``DELETE /sim/processes/<pid>``: the process exits, on every GPU → 200 with what was removed;
   404 when no such process runs, 400 for a pid that is not a number.
 * ``GET /sim/processes``: every simulated process.
@@ -16,6 +22,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Protocol
 
@@ -27,7 +34,7 @@ __all__ = ["SimulatorControl", "add_simulation_routes"]
 log = structlog.get_logger("gpuagent.http")
 
 _REQUIRED = ("gpu", "pid", "memory_mib", "sm_util")
-_OPTIONAL = ("gpu_instance", "compute_instance", "type")
+_OPTIONAL = ("gpu_instance", "compute_instance", "type", "name", "mps")
 # Parameters of /sim/faults beside gpu, fault and xid (the simulator checks their values).
 _FAULT_PARAMETERS = ("seconds", "symbol", "error", "action", "gpu_instance", "compute_instance")
 
@@ -61,6 +68,8 @@ class SimulatorControl(Protocol):
         gpu_instance: object = None,
         compute_instance: object = None,
         kind: object = "compute",
+        name: object = "python3",
+        mps_client: object = None,
     ) -> dict[str, object]: ...
 
     def remove_process(self, pid: int) -> list[dict[str, object]]: ...
@@ -95,6 +104,14 @@ def add_simulation_routes(app: web.Application, simulator: SimulatorControl) -> 
         log.info("fault injected", **{k: v for k, v in body.items() if v is not None})
         return web.json_response(state)
 
+    app.router.add_get("/sim/gpus", gpus)
+    app.router.add_post("/sim/faults", faults)
+    _add_process_routes(app, simulator)
+
+
+def _add_process_routes(app: web.Application, simulator: SimulatorControl) -> None:
+    """``/sim/processes``: list, start (or update) and end simulated processes."""
+
     async def listing(request: web.Request) -> web.Response:
         return web.json_response(simulator.processes())
 
@@ -106,7 +123,9 @@ def add_simulation_routes(app: web.Application, simulator: SimulatorControl) -> 
         if missing:
             return _error(400, f"missing keys: {', '.join(missing)}")
         try:
-            process = simulator.add_process(
+            # Off the loop: an MPS client's start asks its daemon over a socket.
+            process = await asyncio.to_thread(
+                simulator.add_process,
                 body["gpu"],
                 body["pid"],
                 body["memory_mib"],
@@ -114,10 +133,17 @@ def add_simulation_routes(app: web.Application, simulator: SimulatorControl) -> 
                 gpu_instance=body.get("gpu_instance"),
                 compute_instance=body.get("compute_instance"),
                 kind=body.get("type", "compute"),
+                name=body.get("name", "python3"),
+                mps_client=body.get("mps"),
             )
         except LookupError as exc:
             return _error(404, str(exc))
         except ValueError as exc:
+            cuda_error = getattr(exc, "cuda_error", None)  # the driver refused it
+            if isinstance(cuda_error, str):
+                log.info("simulated process refused", pid=body.get("pid"), error=str(exc))
+                refused = {"error": str(exc), "cuda_error": cuda_error}
+                return web.json_response(refused, status=409)
             return _error(400, str(exc))
         log.info("simulated process started", **{k: process[k] for k in ("gpu", "pid")})
         return web.json_response(process)
@@ -133,8 +159,6 @@ def add_simulation_routes(app: web.Application, simulator: SimulatorControl) -> 
         log.info("simulated process ended", pid=int(text))
         return web.json_response(removed)
 
-    app.router.add_get("/sim/gpus", gpus)
-    app.router.add_post("/sim/faults", faults)
     app.router.add_get("/sim/processes", listing)
     app.router.add_post("/sim/processes", start)
     app.router.add_delete("/sim/processes/{pid}", stop)

@@ -50,6 +50,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "pod-resources-interval": ("10",),
     "sharing": (SHARED,),
     "shared-devices-allocation-policy": ("packed",),
+    "mps-root": ("/var/run/mps",),
+    "mps-compute-mode": ("unchanged",),
     "cdi-annotation-prefix": ("example.com/",),
     "cdi-spec-dir": ("/etc/cdi",),
     "cdi-spec": ("toolkit",),

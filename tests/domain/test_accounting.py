@@ -58,6 +58,28 @@ def by_name(usages: tuple[ContainerUsage, ...]) -> dict[PodRef, ContainerUsage]:
     return {PodRef(u.namespace, u.pod, u.container): u for u in usages}
 
 
+def test_mps_clients_are_their_containers_and_the_server_nobodys() -> None:
+    """NVML lists the MPS server among the compute processes beside its clients; the server runs
+    in the agent's cgroup (its daemon is the agent's child) and is no container's work."""
+    agent = CgroupOwner(cid(7), "uid-agent")
+    reading = ProcessReading(
+        processes=(
+            GpuProcess(101, 4 * GIB),
+            GpuProcess(201, 2 * GIB),
+            GpuProcess(700, 66 * 1024 * 1024, mps_server=True),
+        ),
+        samples=(ProcessSample(101, 30, 10), ProcessSample(201, 20, 5)),
+    )
+    names = {**NAMES, cid(7): PodRef("gpuagent", "gpuagent-x1", "agent")}
+    usage, _ = account(node(reading), {**OWNERS, 700: agent}, names)
+    got = by_name(usage.containers)
+    assert set(got) == {A, B}
+    assert (got[A].processes, got[A].memory_bytes) == (1, 4 * GIB)
+    assert (got[B].processes, got[B].memory_bytes) == (1, 2 * GIB)
+    assert not any(u.unallocated for u in usage.containers)
+    assert ("gpuagent", "gpuagent-x1", "uid-agent") not in usage.pod_uids
+
+
 def test_time_sliced_containers_get_their_own_share() -> None:
     reading = ProcessReading(
         processes=(

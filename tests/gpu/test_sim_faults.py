@@ -461,6 +461,7 @@ class TestControlPlane:
             "mig": [],
             "mig_mode": "disabled",
             "mig_mode_pending": "disabled",
+            "compute_mode": "default",
             "mig_devices": [],
             "gpu_instances_without_compute_instance": [],
             "state": "ok",

@@ -9,6 +9,7 @@ import pytest
 from support.nodes import gpu, mig, node
 
 from gpuagent.domain.resources import MigStrategy, ResourceSettings
+from gpuagent.domain.sharing import MpsSharing
 from gpuagent.domain.snapshot import Snapshot
 from gpuagent.domain.timeslicing import ReplicaRule, TimeSlicing
 from gpuagent.nodefiles.hostfacts import HostFacts, Vgpu
@@ -47,6 +48,12 @@ def shared(replicas: int, *, rename: bool = False, rule_rename: str = "") -> Res
     )
 
 
+def through_mps(replicas: int, *, rename: bool = False) -> ResourceSettings:
+    return ResourceSettings(
+        mps=MpsSharing(resources=(ReplicaRule("gpu", replicas),), rename_by_default=rename)
+    )
+
+
 MIG_NODE = node(
     gpu(0, migs=[mig(0, 7), mig(0, 8), mig(0, 3, "2g.20gb", 19968)]),
     gpu(1, migs=[mig(1, 7), mig(1, 1, "1g.20gb+me", 19968)]),
@@ -74,6 +81,27 @@ UNIFORM = node(gpu(0, migs=[mig(0, 7), mig(0, 8)]), gpu(1, migs=[mig(1, 7)]))
             H100_NODE, shared(2, rule_rename="gpu.half"),
             {"nvidia.com/gpu.replicas": "2", "nvidia.com/gpu.sharing-strategy": "time-slicing"},
             id="time-slicing-rule-rename",
+        ),
+        pytest.param(
+            H100_NODE, through_mps(4),
+            {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3-SHARED",
+             "nvidia.com/gpu.replicas": "4",
+             "nvidia.com/gpu.sharing-strategy": "mps",
+             "nvidia.com/mps.capable": "true"},
+            id="mps",
+        ),
+        pytest.param(
+            H100_NODE, through_mps(10, rename=True),
+            {"nvidia.com/gpu.replicas": "10",
+             "nvidia.com/gpu.sharing-strategy": "mps",
+             "nvidia.com/mps.capable": "true"},
+            id="mps-renamed",
+        ),
+        pytest.param(
+            MIG_NODE, through_mps(2),
+            {"nvidia.com/gpu.replicas": "0",
+             "nvidia.com/gpu.sharing-strategy": "mps"},
+            id="mps-with-mig-mode-gpus-not-capable",
         ),
         pytest.param(
             H100_NODE, ResourceSettings(mig_strategy=MigStrategy.MIXED),

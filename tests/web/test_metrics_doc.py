@@ -11,6 +11,7 @@ from support.synthetic import synthetic_snapshot
 
 from gpuagent.config import OPTIONS
 from gpuagent.domain.devices import Condition, GpuHealth
+from gpuagent.domain.mps import MpsState, MpsStatus
 from gpuagent.domain.usage import ContainerUsage, ProcessReading, Usage
 from gpuagent.state.counters import (
     AgentCounters,
@@ -44,8 +45,12 @@ def rendered() -> str:
         processes=ProcessReading(samples=()),
     )
     used = ContainerUsage(0, None, "ns", "pod", "c", 1, 2**30, 0.5, 0.1, 0, 0, 12.5, True)
+    mps = MpsState().with_status("nvidia.com/gpu", MpsStatus(up=True, error="", starts=1))
     snapshot = replace(
-        snapshot, gpus=(gpu, snapshot.gpus[1]), usage=Usage(containers=(used,), judged=True)
+        snapshot,
+        gpus=(gpu, snapshot.gpus[1]),
+        usage=Usage(containers=(used,), judged=True),
+        mps=mps,
     )
     counters = AgentCounters(
         pod_resources=PodResourcesStats(1, 0, True),

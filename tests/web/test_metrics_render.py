@@ -23,6 +23,7 @@ from gpuagent.domain.devices import (
     PodRef,
     Telemetry,
 )
+from gpuagent.domain.mps import MpsState, MpsStatus
 from gpuagent.state.counters import (
     AgentCounters,
     ApiReach,
@@ -649,6 +650,20 @@ def test_the_agents_own_series_fit_a_fleet() -> None:
     assert len(series) <= 30, "\n".join(series)
     detailed = renderer(detailed=True).agent(snapshot, counters).decode()
     assert len([line for line in detailed.splitlines() if not line.startswith("#")]) > 250
+
+
+def test_mps_adds_two_series_per_shared_resource() -> None:
+    """Whether each MPS daemon is up, and how often it was started: what an operator alerts on
+    (a daemon down: its replicas are unhealthy; a daemon that keeps failing)."""
+    snapshot = synthetic_snapshot(2)
+    plain = renderer().agent(snapshot, AgentCounters()).decode()
+    assert "gpuagent_mps_" not in plain
+    state = MpsState().with_status("nvidia.com/gpu", MpsStatus(up=False, error="x", starts=3))
+    shared = renderer().agent(replace(snapshot, mps=state), AgentCounters()).decode()
+    count = [line for line in shared.splitlines() if line and not line.startswith("#")]
+    assert len(count) == len([ln for ln in plain.splitlines() if ln and ln[0] != "#"]) + 2
+    assert 'gpuagent_mps_daemon_up{resource="nvidia.com/gpu"} 0\n' in shared
+    assert 'gpuagent_mps_daemon_starts_total{resource="nvidia.com/gpu"} 3\n' in shared
 
 
 def full_render(*, detailed: bool = False) -> str:

@@ -37,7 +37,12 @@ async def test_start_list_and_end(base_url: str) -> None:
         async with http.post(base_url + "/sim/processes", json=body) as r:
             assert r.status == 200
             started = await r.json()
-        assert started == body | {"gpu_instance": None, "compute_instance": None, "type": "compute"}
+        assert started == body | {
+            "gpu_instance": None,
+            "compute_instance": None,
+            "type": "compute",
+            "name": "python3",
+        }
         mig = {"gpu": 1, "pid": 7, "memory_mib": 10, "sm_util": 0, "gpu_instance": 2}
         async with http.post(base_url + "/sim/processes", json=mig) as r:
             assert r.status == 200, await r.text()

@@ -1,7 +1,8 @@
 """Every option, by the subsystem it configures, one module each: :mod:`.kubelet` (the device
-plugin), :mod:`.driver`, :mod:`.metrics` (the HTTP server), :mod:`.nodefiles` (the CDI spec, the
-node labels), :mod:`.dra`, :mod:`.apiserver` (credentials, the node's health), :mod:`.accounting`
-(per-container GPU use) and :mod:`.agent` (the config file, logging, the switches).
+plugin), :mod:`.mps` (MPS sharing's daemons), :mod:`.driver`, :mod:`.metrics` (the HTTP
+server), :mod:`.nodefiles` (the CDI spec, the node labels), :mod:`.dra`, :mod:`.apiserver`
+(credentials, the node's health), :mod:`.accounting` (per-container GPU use) and :mod:`.agent`
+(the config file, logging, the switches).
 
 A setting is its option here, in the group that owns it (its subsystem's module; a new subsystem
 gets a new module here and a place in the groups' import-linter contract), with its parser and

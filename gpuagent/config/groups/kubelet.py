@@ -19,7 +19,7 @@ from gpuagent.domain.containers import DeviceListStrategy
 from gpuagent.domain.devices import IdStrategy
 from gpuagent.domain.preferred import SharedAllocationPolicy
 from gpuagent.domain.resources import MigStrategy
-from gpuagent.domain.timeslicing import TimeSlicing
+from gpuagent.domain.sharing import Sharing
 
 SOCKET_DIR = Option(
     "socket-dir",
@@ -98,11 +98,12 @@ POD_RESOURCES_INTERVAL = Option(
 SHARING = Option(
     "sharing",
     parse_sharing_value,
-    "time-slicing as in NVIDIA's config file: {timeSlicing: {renameByDefault, "
-    "failRequestsGreaterThanOne, resources: [{name, replicas, devices, rename}]}}",
+    "time-slicing or MPS as in NVIDIA's config file: {timeSlicing: {renameByDefault, "
+    "failRequestsGreaterThanOne, resources: [{name, replicas, devices, rename}]}} or "
+    "{mps: {...}} of the same shape",
     "YAML",
     live=True,
-    default=TimeSlicing(),
+    default=Sharing(),
 )
 SHARED_DEVICES_ALLOCATION_POLICY = Option(
     "shared-devices-allocation-policy",

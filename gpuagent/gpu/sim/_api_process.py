@@ -8,9 +8,9 @@ As ``nvml.h`` documents them:
   ``usedGpuMemory`` in bytes; ``gpuInstanceId``/``computeInstanceId`` 0xFFFFFFFF unless MIG is on.
   On a MIG-enabled GPU's handle every MIG device's processes are listed (the agent is privileged),
   on a MIG device handle only that device's. The compute list holds every compute context: the
-  ``compute`` processes and the clients of an MPS server (``mps``), as a real R580 driver lists
-  them (nvidia-smi's ``M+C``); the graphics list the ``graphics`` ones; the MPS list the MPS
-  clients only.
+  ``compute`` processes and the clients of an MPS server (``mps``; the server itself is a
+  ``compute`` process), as a real R580 driver lists them (nvidia-smi's ``M+C``); the graphics
+  list the ``graphics`` ones; the MPS list the MPS clients only.
 * ``nvmlDeviceGetRunningProcessDetailList(device, plist)``: the same processes for ``plist->mode``
   (compute — MPS clients included — graphics, MPS), same sizing protocol on
   ``numProcArrayEntries``/``procArray``; INVALID_ARGUMENT for a bad version or mode; Hopper and
@@ -26,6 +26,11 @@ As ``nvml.h`` documents them:
   wrong ``version`` of the second. nvml.h's return list for the first also says INVALID_ARGUMENT
   for a NULL ``utilization`` while its text asks callers to size the buffer with exactly that call
   (and pynvml does): the sizing protocol of the text is followed.
+* ``nvmlSystemGetProcessName(pid, name, length)``: the process's name; NOT_FOUND for a pid with no
+  context on any GPU; INSUFFICIENT_SIZE for a buffer too short.
+* ``nvmlDeviceGetComputeMode(device, mode)`` / ``nvmlDeviceSetComputeMode(device, mode)``:
+  DEFAULT until set; INVALID_ARGUMENT for a mode nvml.h does not define; NOT_SUPPORTED on a MIG
+  device's handle. The mode admits processes as :mod:`gpuagent.gpu.sim.processes` says.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from typing import Any
 
 import pynvml
 
-from gpuagent.gpu.sim._abi import BadArgument, Symbol, as_int, device, out
+from gpuagent.gpu.sim._abi import BadArgument, Symbol, as_int, device, out, write_str
 from gpuagent.gpu.sim.processes import SimProcess, sample_time_us
 from gpuagent.gpu.sim.profiles import NVML_DEVICE_ARCH_HOPPER
 from gpuagent.gpu.sim.state import DriverState, GpuState
@@ -59,6 +64,13 @@ MODES: dict[int, frozenset[str]] = {
     int(pynvml.NVML_PROCESS_MODE_GRAPHICS): frozenset({"graphics"}),
     int(pynvml.NVML_PROCESS_MODE_MPS): frozenset({"mps"}),
     MODE_ALL: ALL_KINDS,
+}
+#: nvmlComputeMode_t -> its name in ``GET /sim/gpus``.
+COMPUTE_MODES = {
+    int(pynvml.NVML_COMPUTEMODE_DEFAULT): "default",
+    int(pynvml.NVML_COMPUTEMODE_EXCLUSIVE_THREAD): "exclusive_thread",
+    int(pynvml.NVML_COMPUTEMODE_PROHIBITED): "prohibited",
+    int(pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS): "exclusive_process",
 }
 #: The first CUDA driver version (``nvmlSystemGetCudaDriverVersion``) whose nvml.h has mode ALL.
 PROCESS_MODE_ALL_CUDA = 13030
@@ -187,7 +199,35 @@ def _array(buffer: object, needed: int) -> ctypes.Array[Any]:
     return buffer
 
 
+def _process_name(st: DriverState, pid: object, buffer: object, length: object) -> int:
+    wanted = as_int(pid)
+    for process in st.processes.all():
+        if process.pid == wanted:
+            return write_str(buffer, length, process.name)
+    return NOT_FOUND
+
+
+def _compute_mode(st: DriverState, gpu: GpuState, ref: object) -> int:
+    if gpu.mig is not None:
+        return NOT_SUPPORTED
+    out(ref).value = gpu.compute_mode
+    return SUCCESS
+
+
+def _set_compute_mode(st: DriverState, gpu: GpuState, mode: object) -> int:
+    value = as_int(mode)
+    if gpu.mig is not None:
+        return NOT_SUPPORTED
+    if not 0 <= value < int(pynvml.NVML_COMPUTEMODE_COUNT):
+        return INVALID_ARGUMENT
+    gpu.compute_mode = value
+    return SUCCESS
+
+
 SYMBOLS: dict[str, Symbol] = {
+    "nvmlSystemGetProcessName": Symbol(_process_name),
+    "nvmlDeviceGetComputeMode": device(_compute_mode),
+    "nvmlDeviceSetComputeMode": device(_set_compute_mode),
     "nvmlDeviceGetComputeRunningProcesses_v3": device(_running(COMPUTE_KINDS)),
     "nvmlDeviceGetGraphicsRunningProcesses_v3": device(
         _running(MODES[int(pynvml.NVML_PROCESS_MODE_GRAPHICS)])

@@ -23,6 +23,7 @@ from gpuagent.gpu.sim import (
     _api_process,
     _api_system,
     _api_topology,
+    mps,
 )
 from gpuagent.gpu.sim._abi import BadArgument, Symbol, as_bytes, as_int, out
 from gpuagent.gpu.sim.callfaults import CALL_FAULTS, CallFaults
@@ -102,6 +103,7 @@ class SimDriver:
         self._state = DriverState(node, clock)
         self._proc = SimProcFiles(node, boot_id or str(uuid.uuid4()))
         self._sys = SimSysFiles(node)
+        self._mps_servers: dict[str, int] = {}  # MPS pipe directory -> its server's pid
         self._sleep = sleep
         self.calls = Counter()
         self._faults = CallFaults(self._state.cond, len(self._state.gpus), SYMBOLS, self.remove)
@@ -301,38 +303,45 @@ class SimDriver:
         gpu_instance: object = None,
         compute_instance: object = None,
         kind: object = "compute",
+        name: object = "python3",
+        mps_client: object = None,
     ) -> dict[str, object]:
         """Start (or update) process ``pid``'s context on GPU ``gpu``; returns it as JSON.
 
-        Raises ``LookupError`` for a GPU that does not exist and ``ValueError`` for a bad value,
-        a MIG instance that does not exist, or more memory than the GPU (instance) has free.
+        ``mps_client``: the process is a client of the MPS daemon it names
+        (:mod:`gpuagent.gpu.sim.mps`). Raises ``LookupError`` for a GPU that does not exist,
+        :class:`~gpuagent.gpu.sim.processes.Refused` for what the driver refuses (an exclusive
+        compute mode, an MPS client's memory limit) and ``ValueError`` for a bad value, a MIG
+        instance that does not exist, or more memory than the GPU (instance) has free.
         """
         st = self._state
         if isinstance(gpu, bool) or not isinstance(gpu, int):
             raise ValueError(f"'gpu' must be an integer GPU index, got {gpu!r}")  # noqa: TRY004
+        client = mps.MpsClient.parse(mps_client)
+        limits = mps.client_limits(client, gpu) if client is not None else None
+        started = {"pid": pid, "memory_mib": memory_mib, "sm_util": sm_util, "name": name,
+                   "gpu_instance": gpu_instance, "compute_instance": compute_instance}  # fmt: skip
         with st.cond:
             if not 0 <= gpu < len(st.gpus):
                 raise LookupError(f"no simulated GPU {gpu} (there are {len(st.gpus)})")
-            process = new_process(
-                st.gpus[gpu],
-                st.processes,
-                pid=pid,
-                memory_mib=memory_mib,
-                sm_util=sm_util,
-                gpu_instance=gpu_instance,
-                compute_instance=compute_instance,
-                kind=kind,
-            )
+            if client is not None and limits is not None:
+                process = mps.start_client(
+                    st.gpus[gpu], st.processes, self._mps_servers, client, limits, **started
+                )
+                return process.describe()
+            process = new_process(st.gpus[gpu], st.processes, kind=kind, **started)  # type: ignore[arg-type]
             st.processes.add(process)
             return process.describe()
 
     def remove_process(self, pid: int) -> list[dict[str, object]]:
-        """End process ``pid`` on every GPU; ``LookupError`` when it runs on none."""
+        """End process ``pid`` on every GPU (and an MPS server left without a client there);
+        ``LookupError`` when it runs on none."""
         with self._state.cond:
             removed = self._state.processes.remove(pid)
+            ended = mps.end_servers(self._state.processes, self._mps_servers)
         if not removed:
             raise LookupError(f"no simulated process {pid}")
-        return [p.describe() for p in removed]
+        return [p.describe() for p in (*removed, *ended)]
 
     def processes(self) -> list[dict[str, object]]:
         """Every simulated process context, by GPU then start order, as JSON."""
@@ -421,6 +430,7 @@ def _gpu_json(gpu: GpuState) -> dict[str, object]:
         "mig": [m.spec.name for m in gpu.migs],
         "mig_mode": "enabled" if gpu.mig_mode else "disabled",
         "mig_mode_pending": "enabled" if gpu.mig_pending else "disabled",
+        "compute_mode": _api_process.COMPUTE_MODES.get(gpu.compute_mode, str(gpu.compute_mode)),
         "mig_devices": [
             {
                 **_placed(m),

@@ -9,6 +9,11 @@ Utilisation samples: the simulated driver takes one sample every :data:`SAMPLE_P
 driver clock; each sample holds one entry per process with non-zero utilisation, time-stamped with
 the sample's time (microseconds). A process's memory utilisation is half its SM utilisation.
 
+Compute modes admit contexts as the driver does: in EXCLUSIVE_PROCESS (and EXCLUSIVE_THREAD) a
+GPU holds one process's context, in PROHIBITED none; an MPS client (``mps``) runs in its server's
+context, which is the one that counts. A start the driver would refuse raises :class:`Refused`,
+naming the CUDA error the process would get.
+
 Guarded by the driver's lock (the caller holds ``DriverState.cond``).
 """
 
@@ -19,17 +24,34 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+import pynvml
+
 from gpuagent.gpu.sim.spec import SimGpuSpec, SimMigSpec
 from gpuagent.gpu.sim.telemetry import Sample, reserved_mib
 
-__all__ = ["KINDS", "SAMPLE_PERIOD_US", "ProcessTable", "SimProcess"]
+__all__ = ["KINDS", "SAMPLE_PERIOD_US", "ProcessTable", "Refused", "SimProcess"]
 
 #: How often the simulated driver samples per-process utilisation (NVML's is about 1/6 s).
 SAMPLE_PERIOD_US = 166_667
 MAX_PID = 0xFFFF_FFFF
 MIB = 1024 * 1024
-#: Kinds of GPU context: which of NVML's process lists a process appears in.
+#: Kinds of GPU context: which of NVML's process lists a process appears in (an MPS client in the
+#: compute list and the MPS list, as a real driver lists them).
 KINDS = ("compute", "graphics", "mps")
+#: What ``nvmlSystemGetProcessName`` answers for a process started without a name.
+DEFAULT_NAME = "python3"
+_ONE_CONTEXT = (
+    int(pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS),
+    int(pynvml.NVML_COMPUTEMODE_EXCLUSIVE_THREAD),
+)
+
+
+class Refused(ValueError):
+    """The driver refuses what a process asked (``cuda_error``: the error it gets)."""
+
+    def __init__(self, cuda_error: str, message: str) -> None:
+        super().__init__(f"{cuda_error}: {message}")
+        self.cuda_error = cuda_error
 
 
 class _Mig(Protocol):
@@ -50,6 +72,8 @@ class GpuHandle(Protocol):
     def migs(self) -> Sequence[_Mig]: ...
     @property
     def mig(self) -> _Mig | None: ...
+    @property
+    def compute_mode(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -63,6 +87,9 @@ class SimProcess:
     gpu_instance: int | None = None
     compute_instance: int | None = None
     kind: str = "compute"
+    name: str = DEFAULT_NAME
+    # The MPS pipe directory of the daemon whose server this is, or whose client.
+    mps_pipe: str = ""
 
     @property
     def memory_bytes(self) -> int:
@@ -81,6 +108,7 @@ class SimProcess:
             "gpu_instance": self.gpu_instance,
             "compute_instance": self.compute_instance,
             "type": self.kind,
+            "name": self.name,
         }
 
 
@@ -102,6 +130,15 @@ class ProcessTable:
             if gone is not None:
                 removed.append(gone)
         return removed
+
+    def remove_from(self, gpu: int, pid: int) -> list[SimProcess]:
+        """End process ``pid``'s context on GPU ``gpu`` alone; returns it (or nothing)."""
+        gone = self._by_gpu.get(gpu, {}).pop(pid, None)
+        return [] if gone is None else [gone]
+
+    def on_gpu(self, gpu: int) -> list[SimProcess]:
+        """Every process context on GPU ``gpu`` (all its MIG devices')."""
+        return list(self._by_gpu.get(gpu, {}).values())
 
     def all(self) -> list[SimProcess]:
         return [p for gpu in sorted(self._by_gpu) for p in self._by_gpu[gpu].values()]
@@ -151,8 +188,11 @@ def new_process(
     gpu_instance: object = None,
     compute_instance: object = None,
     kind: object = "compute",
+    name: object = DEFAULT_NAME,
+    mps_pipe: str = "",
 ) -> SimProcess:
-    """A validated process for ``gpu`` (a full GPU's state); ``ValueError`` says what is wrong."""
+    """A validated process for ``gpu`` (a full GPU's state); ``ValueError`` says what is wrong,
+    :class:`Refused` what the driver refuses."""
     if not isinstance(pid, int) or isinstance(pid, bool) or not 0 < pid <= MAX_PID:
         raise ValueError(f"'pid' must be a whole number from 1 to {MAX_PID}, got {pid!r}")
     memory = _number(memory_mib)
@@ -163,7 +203,10 @@ def new_process(
         raise ValueError(f"'sm_util' must be a percentage from 0 to 100, got {sm_util!r}")
     if not isinstance(kind, str) or kind not in KINDS:
         raise ValueError(f"'type' must be one of {', '.join(KINDS)}, got {kind!r}")
+    if not isinstance(name, str) or not 0 < len(name) <= 255:
+        raise ValueError(f"'name' must be a process name of 1 to 255 characters, got {name!r}")
     gi, ci, capacity = _placement(gpu, gpu_instance, compute_instance)
+    _admit(gpu, table, pid, kind)
     others = sum(p.memory_mib for p in table.on(gpu) if p.gpu_instance == gi and p.pid != pid)
     if others + memory > capacity:
         where = f"GPU {gpu.index}" + ("" if gi is None else f" instance {gi}")
@@ -179,7 +222,24 @@ def new_process(
         gpu_instance=gi,
         compute_instance=ci,
         kind=kind,
+        name=name,
+        mps_pipe=mps_pipe,
     )
+
+
+def _admit(gpu: GpuHandle, table: ProcessTable, pid: int, kind: str) -> None:
+    """Refuse a context the GPU's compute mode does not admit (an MPS client needs none)."""
+    mode = gpu.compute_mode
+    if kind == "mps":
+        return
+    if mode == int(pynvml.NVML_COMPUTEMODE_PROHIBITED):
+        raise Refused("cudaErrorDevicesUnavailable", f"GPU {gpu.index} is PROHIBITED")
+    holders = sorted(p.pid for p in table.on(gpu) if p.kind != "mps" and p.pid != pid)
+    if mode in _ONE_CONTEXT and holders:
+        raise Refused(
+            "cudaErrorDevicesUnavailable",
+            f"GPU {gpu.index} is in an exclusive compute mode and process {holders[0]} holds it",
+        )
 
 
 def _placement(

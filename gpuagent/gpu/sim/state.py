@@ -78,7 +78,8 @@ class GpuState:
     ``links`` has one slot per NVLink of the GPU (``None``: inactive). A full GPU lists its MIG
     devices in ``migs`` (GPU-instance ID order) and its GPU instances that hold no compute
     instance yet in ``bare``; a MIG device's own state has ``mig`` set and no links.
-    ``mig_mode``/``mig_pending``: the current and pending MIG mode (1 enabled, 0 disabled).
+    ``mig_mode``/``mig_pending``: the current and pending MIG mode (1 enabled, 0 disabled);
+    ``compute_mode``: NVML's compute mode (``nvmlDeviceSetComputeMode``).
     """
 
     spec: SimGpuSpec
@@ -94,6 +95,7 @@ class GpuState:
     bare: tuple[MigState, ...] = ()
     mig_mode: int = 0
     mig_pending: int = 0
+    compute_mode: int = pynvml.NVML_COMPUTEMODE_DEFAULT
 
     @property
     def index(self) -> int:

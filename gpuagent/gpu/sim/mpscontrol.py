@@ -1,0 +1,265 @@
+"""A stand-in for the driver's ``nvidia-cuda-mps-control``, for simulated nodes and tests.
+
+Run as a program (:func:`install` puts a launcher at
+``<driver root>/usr/bin/nvidia-cuda-mps-control``) it behaves as the real binary does where the
+agent and the simulated driver can see it:
+
+* ``-f``: the control daemon in the foreground. It reads ``CUDA_MPS_PIPE_DIRECTORY`` (default
+  ``/tmp/nvidia-mps``) and ``CUDA_MPS_LOG_DIRECTORY`` (default ``/var/log/nvidia-mps``), refuses
+  to start while another daemon's pid file names a live process, and makes what the real daemon
+  makes in the pipe directory (the ``control`` and ``control_privileged`` sockets,
+  ``control_lock``, the ``log`` FIFO, ``nvidia-cuda-mps-control.pid``); it writes its start to
+  standard output and ``control.log``, serves control commands on ``control`` until ``quit``,
+  SIGTERM or SIGINT, and removes those files as it exits.
+* ``-d``: the same daemon, detached; returns once it is up.
+* no argument: a client. It reads control commands from standard input (one a line; the last may
+  lack its newline, as NVIDIA's plugin writes them), sends each to the daemon, prints the answers
+  and exits 0 — or 1 when there is no daemon or a command was refused.
+
+Commands: ``set_default_device_pinned_mem_limit <dev> <value>`` (value ``<n>``, ``<n>K``,
+``<n>M`` or ``<n>G``, bytes without a unit), ``get_default_device_pinned_mem_limit <dev>``
+(``<n>M``, or ``none``), ``set_default_active_thread_percentage <p>``,
+``get_default_active_thread_percentage`` (``100.0`` until set), ``get_server_list`` (empty: the
+simulated driver keeps the servers) and ``quit``. The simulated driver asks the daemon for a
+client's limits over the same socket (:func:`ask`), as a CUDA client asks the real one.
+
+The standard library only: the program starts in tens of milliseconds, and never imports the
+agent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import select
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["PID_FILE", "ask", "install", "main"]
+
+BINARY = "nvidia-cuda-mps-control"
+PID_FILE = "nvidia-cuda-mps-control.pid"
+DEFAULT_PIPE = "/tmp/nvidia-mps"
+DEFAULT_LOG = "/var/log/nvidia-mps"
+_VALUE = re.compile(r"(\d+)([KMG]?)", re.IGNORECASE)
+_UNIT_MIB = {"": 1 / (1024 * 1024), "K": 1 / 1024, "M": 1.0, "G": 1024.0}
+_MAX_COMMAND = 4096
+PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
+
+
+def install(driver_root: Path) -> Path:
+    """Put a launcher of this program at ``<driver_root>/usr/bin/nvidia-cuda-mps-control``."""
+    folder = driver_root / "usr" / "bin"
+    folder.mkdir(parents=True, exist_ok=True)
+    launcher = folder / BINARY
+    launcher.write_text(
+        f"#!/bin/sh\nexec '{sys.executable}' -I '{Path(__file__).resolve()}' \"$@\"\n"
+    )
+    launcher.chmod(0o755)
+    return launcher
+
+
+def ask(pipe_dir: str | Path, command: str, timeout: float = 2.0) -> tuple[bool, str]:
+    """Send one command to the daemon on ``pipe_dir``; ``(accepted, answer)``. Raises
+    :class:`OSError` when no daemon listens there."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+        client.settimeout(timeout)
+        client.connect(str(Path(pipe_dir) / "control"))
+        client.sendall(command.encode()[:_MAX_COMMAND])
+        client.shutdown(socket.SHUT_WR)
+        data = b""
+        while chunk := client.recv(65536):
+            data += chunk
+    status, _, answer = data.decode(errors="replace").partition("\n")
+    return status == "ok", answer.rstrip("\n")
+
+
+class _Daemon:
+    """The control daemon's state: the defaults its clients get."""
+
+    def __init__(self, pipe: Path, log: Path) -> None:
+        self.pipe, self.log = pipe, log
+        self.limits_mib: dict[int, int] = {}
+        self.percentage = 100.0
+        self.quitting = False
+
+    def handle(self, command: str) -> tuple[bool, str]:
+        words = command.split()
+        if not words:
+            return True, ""
+        verb, args = words[0], words[1:]
+        if verb == "quit" and not args:
+            self.quitting = True
+            return True, ""
+        if verb == "get_server_list" and not args:
+            return True, ""
+        if verb == "get_default_active_thread_percentage" and not args:
+            return True, f"{self.percentage:.1f}"
+        if verb == "set_default_active_thread_percentage" and len(args) == 1:
+            return self._set_percentage(args[0])
+        if verb == "get_default_device_pinned_mem_limit" and len(args) == 1:
+            if not args[0].isdecimal():
+                return False, f"invalid device: {args[0]}"
+            limit = self.limits_mib.get(int(args[0]))
+            return True, "none" if limit is None else f"{limit}M"
+        if verb == "set_default_device_pinned_mem_limit" and len(args) == 2:
+            return self._set_limit(args[0], args[1])
+        return False, f"Unrecognized command: {command.strip()[:200]}"
+
+    def _set_percentage(self, text: str) -> tuple[bool, str]:
+        try:
+            value = float(text)
+        except ValueError:
+            return False, f"invalid percentage: {text}"
+        if not 0 < value <= 100:
+            return False, f"invalid percentage: {text}"
+        self.percentage = value
+        return True, ""
+
+    def _set_limit(self, device: str, value: str) -> tuple[bool, str]:
+        found = _VALUE.fullmatch(value)
+        if not device.isdecimal() or found is None:
+            return False, f"invalid arguments: {device} {value}"
+        self.limits_mib[int(device)] = int(int(found[1]) * _UNIT_MIB[found[2].upper()])
+        return True, ""
+
+
+def _say(daemon: _Daemon, text: str) -> None:
+    line = f"[{time.strftime('%Y-%m-%d %H:%M:%S')} Control {os.getpid():6d}] {text}\n"
+    sys.stdout.write(line)
+    sys.stdout.flush()
+    with contextlib.suppress(OSError), open(daemon.log / "control.log", "a") as log:
+        log.write(line)
+
+
+def _already_running(pid_file: Path) -> bool:
+    try:
+        pid = int(pid_file.read_text().strip())
+    except (OSError, ValueError):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return pid != os.getpid()
+
+
+def _run_daemon(pipe: Path, log: Path) -> int:
+    pipe.mkdir(parents=True, exist_ok=True)
+    log.mkdir(parents=True, exist_ok=True)
+    pid_file = pipe / PID_FILE
+    if _already_running(pid_file):
+        sys.stderr.write(f"An instance of this daemon is already running on {pipe}\n")
+        return 1
+    daemon = _Daemon(pipe, log)
+    made = [pipe / name for name in ("control", "control_privileged", "control_lock", "log")]
+    for path in made:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    privileged = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        privileged.bind(str(pipe / "control_privileged"))
+        (pipe / "control_lock").touch()
+        os.mkfifo(pipe / "log")
+        pid_file.write_text(f"{os.getpid()}\n")
+        server.bind(str(pipe / "control"))
+        server.listen(16)
+        _say(daemon, f"Starting control daemon using socket {pipe / 'control'}")
+        _say(
+            daemon,
+            f"To connect CUDA applications to this daemon, set env CUDA_MPS_PIPE_DIRECTORY={pipe}",
+        )
+        _serve(daemon, server)
+        _say(daemon, "Exit")
+        return 0
+    finally:
+        server.close()
+        privileged.close()
+        for path in (*made, pid_file):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+
+def _serve(daemon: _Daemon, server: socket.socket) -> None:
+    stop = [False]
+
+    def stopped(signum: int, frame: object) -> None:
+        stop[0] = True
+
+    signal.signal(signal.SIGTERM, stopped)
+    signal.signal(signal.SIGINT, stopped)
+    while not stop[0] and not daemon.quitting:
+        with contextlib.suppress(InterruptedError):
+            ready, _, _ = select.select([server], [], [], 0.2)
+            if not ready:
+                continue
+        connection, _ = server.accept()
+        with connection:
+            connection.settimeout(2.0)
+            data = b""
+            with contextlib.suppress(OSError):
+                while len(data) < _MAX_COMMAND and (chunk := connection.recv(4096)):
+                    data += chunk
+            command = data.decode(errors="replace")
+            accepted, answer = daemon.handle(command)
+            _say(daemon, f"{'Accepted' if accepted else 'Refused'}: {command.strip()[:200]}")
+            with contextlib.suppress(OSError):
+                connection.sendall(f"{'ok' if accepted else 'error'}\n{answer}\n".encode())
+
+
+def _detach(pipe: Path) -> int:
+    with open(os.devnull, "r+b") as null:
+        subprocess.Popen(
+            [sys.executable, "-I", str(Path(__file__).resolve()), "-f"],
+            stdin=null, stdout=null, stderr=null, start_new_session=True,
+        )  # fmt: skip
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            if stat.S_ISSOCK(os.stat(pipe / "control").st_mode):
+                return 0
+        time.sleep(0.01)
+    sys.stderr.write("the control daemon did not start\n")
+    return 1
+
+
+def _client(pipe: Path) -> int:
+    commands = [line for line in sys.stdin.read().splitlines() if line.strip()]
+    status = 0
+    for command in commands:
+        try:
+            accepted, answer = ask(pipe, command)
+        except OSError:
+            sys.stderr.write("Cannot find MPS control daemon process\n")
+            return 1
+        if answer:
+            print(answer)
+        if not accepted:
+            status = 1
+    return status
+
+
+def main(argv: list[str]) -> int:
+    pipe = Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or DEFAULT_PIPE)
+    log = Path(os.environ.get("CUDA_MPS_LOG_DIRECTORY") or DEFAULT_LOG)
+    if argv == ["-f"]:
+        return _run_daemon(pipe, log)
+    if argv == ["-d"]:
+        return _detach(pipe)
+    if not argv:
+        return _client(pipe)
+    sys.stderr.write(f"usage: {BINARY} [-d | -f]\n")
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

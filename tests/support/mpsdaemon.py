@@ -1,0 +1,78 @@
+"""The stand-in ``nvidia-cuda-mps-control`` (gpuagent.gpu.sim.mpscontrol) for tests: installed
+under a driver root, a daemon of it started on a pipe directory, its commands sent as a client."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuagent.gpu.sim.mpscontrol import ask, install
+
+__all__ = ["StandIn", "control_env", "installed_control", "running_daemon", "wait_until"]
+
+
+def wait_until(check: Callable[[], object], within: float = 10.0, what: str = "it") -> None:
+    """Poll ``check`` until it is truthy (``within``: a deadline for a broken build)."""
+    deadline = time.monotonic() + within
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {within} s")
+        time.sleep(0.005)
+
+
+def installed_control(driver_root: Path) -> Path:
+    """The stand-in's launcher at ``<driver_root>/usr/bin/nvidia-cuda-mps-control``."""
+    return install(driver_root)
+
+
+def control_env(pipe: Path, log: Path) -> dict[str, str]:
+    return {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(log)}
+
+
+@dataclass
+class StandIn:
+    binary: Path
+    pipe: Path
+    log: Path
+    process: subprocess.Popen[bytes]
+
+    def send(self, *commands: str) -> subprocess.CompletedProcess[bytes]:
+        """The commands on a client's standard input, one a line, no trailing newline."""
+        return subprocess.run(
+            [str(self.binary)],
+            input="\n".join(commands).encode(),
+            env=control_env(self.pipe, self.log),
+            capture_output=True,
+            check=False,
+            timeout=10,
+        )
+
+    def ask(self, command: str) -> str:
+        accepted, answer = ask(self.pipe, command)
+        assert accepted, answer
+        return answer
+
+
+@contextmanager
+def running_daemon(driver_root: Path, pipe: Path, log: Path) -> Iterator[StandIn]:
+    """A stand-in daemon in the foreground on ``pipe`` for the ``with`` block; stopped after."""
+    binary = installed_control(driver_root)
+    process = subprocess.Popen(
+        [str(binary), "-f"],
+        env=control_env(pipe, log),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_until((pipe / "control").is_socket, what="the daemon's control socket")
+        yield StandIn(binary, pipe, log, process)
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            process.wait(10)
