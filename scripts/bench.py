@@ -4,10 +4,10 @@ Measures, on simulated GPUs, the device-plugin figures of ``bench_plugin.py`` (s
 registered, kubelet restart → registered again, Allocate round trip, RSS, idle CPU and wake-ups:
 the same for any plugin binary given with ``--compare``), then gpuagent's own: preferred
 allocation, the agent's own part of an ``Allocate``, fault injected → Unhealthy seen on the
-ListAndWatch stream, ``/metrics``, DRA, per-container accounting, what a poll round costs the
-store's consumers, and what a poll costs on the replayed real H200 (NVML time, idle CPU). Prints
-a table with each target; exits 0 even when a target is missed (the numbers are for people, not
-a gate: shared machines are noisy).
+ListAndWatch stream, ``/metrics``, DRA, per-container accounting, MPS sharing's daemon (start,
+lost, restarted), what a poll round costs the store's consumers, and what a poll costs on the
+replayed real H200 (NVML time, idle CPU). Prints a table with each target; exits 0 even when a
+target is missed (the numbers are for people, not a gate: shared machines are noisy).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ import bench_fleet  # noqa: E402
 import bench_health  # noqa: E402
 import bench_kube  # noqa: E402
 import bench_metrics  # noqa: E402
+import bench_mps  # noqa: E402
 import bench_plugin  # noqa: E402
 import bench_poll  # noqa: E402
 import bench_series  # noqa: E402
@@ -294,6 +295,9 @@ def main() -> int:
     parser.add_argument("--only-poll", action="store_true",
                         help="the poll cost on the replayed real H200, idle CPU")  # fmt: skip
     bench_poll.add_arguments(parser)
+    parser.add_argument("--only-mps", action="store_true",
+                        help="run the MPS daemon rows only")  # fmt: skip
+    bench_mps.add_arguments(parser)
     args = parser.parse_args()
 
     if args.only_dra:
@@ -321,6 +325,9 @@ def main() -> int:
         if args.only_poll:
             print(table(bench_poll.rows(stubs, args, agent, tempdir, Row)))
             print(bench_poll.breakdown(args))
+            return 0
+        if args.only_mps:
+            print(table(bench_mps.rows(stubs, args, agent, tempdir, Row)))
             return 0
         if args.only_health:
             startup = bench_plugin.start_times(
@@ -356,6 +363,7 @@ def main() -> int:
         rows += bench_dra.rows(args, Row)
         rows += bench_kube.rows(args, Row)
         rows += bench_accounting.rows(stubs, args, agent, tempdir, Row)
+        rows += bench_mps.rows(stubs, args, agent, tempdir, Row)
         rows += bench_health.rows(stubs, args, agent, tempdir, Row)
         rows += bench_watch.rows(args, Row)
         rows += bench_poll.rows(stubs, args, agent, tempdir, Row)

@@ -45,6 +45,7 @@ OWNED = [
     DOCS / "install.md",
     DOCS / "configuration.md",
     DOCS / "migration.md",
+    DOCS / "sharing.md",
     DOCS / "troubleshooting.md",
     DOCS / "verify.md",
     DOCS / "rollback.md",

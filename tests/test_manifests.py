@@ -44,6 +44,7 @@ from support.required import unavailable
 
 from gpuagent.config import ConfigError, load_settings
 from gpuagent.config.planning import make_plan
+from gpuagent.domain.mpsplan import mps_daemons
 from gpuagent.domain.resources import build_resources
 from gpuagent.runtime.cri import DEFAULT_SOCKETS
 
@@ -57,7 +58,7 @@ KUSTOMIZATIONS = {
     },
 }
 EXPECTED_OVERLAYS = {
-    "base", "time-slicing", "mig-mixed", "cdi", "prometheus-operator", "dra", "accounting",
+    "base", "time-slicing", "mig-mixed", "cdi", "prometheus-operator", "dra", "accounting", "mps",
 }  # fmt: skip
 # Kustomize Components, added to any overlay with `components:`.
 COMPONENTS = {
@@ -90,7 +91,11 @@ API_CLIENTS = EXPECTED_OVERLAYS
 # Builds allowed to add a capability, and which: seeing every MIG device takes the driver's
 # mig/monitor capability, which the NVIDIA runtime grants only to a CAP_SYS_ADMIN container, and
 # making MIG devices (the dra-mig-dynamic component) takes CAP_SYS_ADMIN itself.
-ADDED_CAPABILITIES = {"mig-mixed": {"SYS_ADMIN"}, "dra+dra-mig-dynamic": {"SYS_ADMIN"}}
+ADDED_CAPABILITIES = {
+    "mig-mixed": {"SYS_ADMIN"},
+    "dra+dra-mig-dynamic": {"SYS_ADMIN"},
+    "mps": {"SYS_ADMIN"},
+}
 # Host directories the DaemonSet must mount writable for features that have no agent option yet
 # (the CDI directory only where a cdi-* device-list strategy writes a spec there).
 EXTRA_HOST_DIRS = {
@@ -113,6 +118,9 @@ NOT_HOST_PATHS = {
 DRA_HOST_PATHS = {"plugins_dir", "plugins_registry_dir"}
 # Host paths the agent uses only with per-container accounting on (--container-accounting).
 ACCOUNTING_HOST_PATHS = {"container_logs_dir"}
+# The MPS root, used with MPS sharing only; its shm is the container's /dev/shm (the one mount
+# whose path differs on purpose: the MPS server and its clients share memory there).
+MPS_HOST_PATHS = {"mps_root"}
 # Host paths the agent uses only with a cdi-* device-list strategy.
 CDI_HOST_PATHS = {"cdi_spec_dir"}
 T = 15.0
@@ -449,6 +457,15 @@ OVERLAY_GRANTS = {
     "time-slicing": Grants(),
     "prometheus-operator": Grants(),
     "mig-mixed": Grants(capabilities=frozenset({"SYS_ADMIN"}), escalation=True),
+    # The MPS root (its pipe directories are mounted into the containers) and its shared memory
+    # at /dev/shm; CAP_SYS_ADMIN for the GPUs' compute mode.
+    "mps": Grants(
+        capabilities=frozenset({"SYS_ADMIN"}),
+        escalation=True,
+        host_paths=frozenset(
+            {_same("/run/nvidia/mps", False), ("/run/nvidia/mps/shm", "/dev/shm", False)}
+        ),
+    ),
     "cdi": Grants(
         host_paths=frozenset({_same("/var/run/cdi", False), ("/", "/driver-root", True)})
     ),
@@ -680,6 +697,10 @@ def test_mounts_match_the_paths_the_agent_uses(name: str, tmp_path: Path) -> Non
     for mount in ctr["volumeMounts"]:
         if mount["name"] == "driver-root":
             continue  # the host's driver root, read at driver-root-ctr-path (its own test)
+        if mount["name"] == "mps-shm":
+            assert mount["mountPath"] == "/dev/shm"
+            assert host[mount["name"]] == "/run/nvidia/mps/shm"
+            continue
         if mount["name"] in host:
             assert mount["mountPath"] == host[mount["name"]], "host paths keep their path"
             mounted[Path(mount["mountPath"])] = not mount.get("readOnly", False)
@@ -693,6 +714,7 @@ def test_mounts_match_the_paths_the_agent_uses(name: str, tmp_path: Path) -> Non
         (DRA_HOST_PATHS if effective.dra_gpus == "none" else set())
         | (set() if effective.container_accounting else ACCOUNTING_HOST_PATHS)
         | (set() if cdi else CDI_HOST_PATHS)
+        | (set() if effective.sharing.mps.enabled else MPS_HOST_PATHS)
     )
     for settings in (load_settings([], {}), effective):
         for field, value in settings.as_dict().items():
@@ -788,6 +810,23 @@ def test_time_slicing_overlay_really_slices(tmp_path: Path) -> None:
     assert resource.name == "nvidia.com/gpu"
     assert len(resource.devices) == 8
     assert {d.id.rsplit("::", 1)[1] for d in resource.devices} == {"0", "1", "2", "3"}
+
+
+def test_mps_overlay_shares_through_an_mps_daemon(tmp_path: Path) -> None:
+    """The overlay's config advertises each GPU four times through one MPS daemon, whose pipe
+    directory is under the MPS root the DaemonSet mounts."""
+    docs = build("mps")
+    settings = effective_settings(docs, tmp_path)
+    plan = make_plan(settings)
+    resources = build_resources(node(gpu(0), gpu(1)), plan.serving.resources)
+    (resource,) = resources.resources
+    assert (resource.name, resource.mps, len(resource.devices)) == ("nvidia.com/gpu", True, 8)
+    (daemon,) = mps_daemons(resources)
+    assert daemon.thread_percentage == 25
+    pipe = Path(plan.serving.containers.mps.pipe(daemon.name))
+    mounts = {Path(m["mountPath"]) for m in container(docs)["volumeMounts"]}
+    assert settings.mps_root in mounts
+    assert settings.mps_root in pipe.parents
 
 
 def test_cdi_overlay_mounts_the_driver_root_where_the_agent_reads_it(tmp_path: Path) -> None:
