@@ -4,7 +4,9 @@ stand-in ``nvidia-cuda-mps-control`` (gpuagent.gpu.sim.mpscontrol) under its dri
 - agent start → every MPS replica Healthy on the kubelet stand-in's ListAndWatch stream, and
   the control daemon's start (its pid file written) → the same;
 - the daemon lost (SIGKILL) → its replicas Unhealthy on the stream (target ≤ 2 s), and → Healthy
-  again once the agent has started and configured a new one (target ≤ 5 s), over ``--mps-cycles``.
+  again once the agent has started and configured a new one (target ≤ 5 s), over ``--mps-cycles``
+  losses, each of a daemon that had been up for the keeper's ``stable`` time (a daemon killed
+  sooner is a crash loop, and its restarts back off as they should).
 
 The stand-in is a Python program: each of its client invocations (one per GPU's limit, one for
 the thread percentage) starts an interpreter, which the real binary does not; the configuring
@@ -27,6 +29,7 @@ from support.fake_kubelet import FakeKubelet
 from support.grpcstubs import StubModules
 
 from gpuagent.gpu.sim.mpscontrol import PID_FILE, install
+from gpuagent.mps.daemon import Timing
 
 RESOURCE = "nvidia.com/gpu"
 
@@ -43,7 +46,10 @@ def _all(state: str) -> Callable[[Any], bool]:
 def _percentiles(values: list[float]) -> str:
     ordered = sorted(values)
     p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
-    return f"p50 {statistics.median(values):.2f} s, p99 {p99:.2f} s, max {ordered[-1]:.2f} s"
+    return (
+        f"p50 {statistics.median(values) * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms, "
+        f"max {ordered[-1] * 1000:.0f} ms"
+    )
 
 
 def rows(
@@ -68,6 +74,7 @@ def rows(
             from_daemon = healthy_at - pid_file.stat().st_mtime
             lost, back = [], []
             for _ in range(args.mps_cycles):
+                time.sleep(Timing().stable)  # up long enough: a loss, not a crash loop
                 pid = int(pid_file.read_text())
                 t0 = time.monotonic()
                 os.kill(pid, signal.SIGKILL)

@@ -10,7 +10,7 @@ then is it up: its devices may be allocated.
 The daemon is the agent's child: when it exits, its devices turn unhealthy at once (the status
 goes into the store; ListAndWatch follows) and it is started again after the backoff
 (:class:`~gpuagent.domain.pacing.Backoff`: full jitter from 0.5 s, doubling up to 30 s, the count
-forgiven once a daemon has stayed up a minute). When the keeper is cancelled (shutdown, or the
+forgiven once a daemon has stayed up ten seconds). When the keeper is cancelled (shutdown, or the
 plan no longer wants the daemon) the daemon is told to ``quit`` — within :attr:`Timing.stop`
 in all: then terminated, then killed — and the GPUs' compute modes are set back as they were.
 """
@@ -61,7 +61,7 @@ class Timing:
 
     ready: float = 10.0
     poll: float = 0.005
-    stable: float = 60.0
+    stable: float = 10.0
     stop: float = 0.6
     backoff: Backoff = field(default_factory=lambda: Backoff(initial=0.5, maximum=30.0))
 
