@@ -12,6 +12,7 @@ watch); its output goes to the agent's log.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -88,7 +89,7 @@ class ControlBinary:
             raise MpsCommandError(f"{command!r}: cannot run {self.path}: {exc}") from exc
         try:
             async with asyncio.timeout(within):
-                output, _ = await process.communicate(command.encode())
+                output = await _exchange(process, command.encode())
         except TimeoutError:
             process.kill()
             await process.wait()
@@ -103,3 +104,20 @@ class ControlBinary:
             said = f": {text}" if text else ""
             raise MpsCommandError(f"{command!r}: exit status {process.returncode}{said}")
         return text
+
+
+async def _exchange(process: asyncio.subprocess.Process, command: bytes) -> bytes:
+    """Write ``command`` to the client's standard input and close it, then read its output until
+    it exits. A client that exits before reading (no daemon to talk to) has closed its end: what
+    it said and its exit status tell why (asyncio raises BrokenPipeError then, uvloop
+    RuntimeError; ``communicate`` lets the second through)."""
+    assert process.stdin is not None
+    assert process.stdout is not None
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError, RuntimeError):
+        process.stdin.write(command)
+        await process.stdin.drain()
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError, RuntimeError):
+        process.stdin.close()
+    output = await process.stdout.read()
+    await process.wait()
+    return output

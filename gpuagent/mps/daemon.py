@@ -229,13 +229,15 @@ class DaemonKeeper:
         process, control = self._process, self._control
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._timing.stop
-        if process is not None and process.returncode is None and control is not None:
-            with contextlib.suppress(MpsCommandError):
-                await control.send("quit", within=self._timing.stop / 2)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(max(0.0, deadline - loop.time() - 0.1)):
-                    await process.wait()
-        await self._kill()
+        try:
+            if process is not None and process.returncode is None and control is not None:
+                with contextlib.suppress(MpsCommandError):
+                    await control.send("quit", within=self._timing.stop / 2)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(max(0.0, deadline - loop.time() - 0.1)):
+                        await process.wait()
+        finally:
+            await self._kill()  # whatever happened to the quit
         if self._relay is not None:
             self._relay.cancel()
         for index, mode in sorted(self._had.items()):

@@ -64,6 +64,17 @@ async def test_a_failing_or_silent_command_is_an_error(
         await gone.send("quit")
 
 
+async def test_a_client_that_exits_before_reading_is_its_exit_status(tmp_path: Path) -> None:
+    """No daemon: the real client says so and exits without reading its input; the write to it
+    may then fail (uvloop raises RuntimeError there, asyncio BrokenPipeError): still the exit
+    status and what it said, never an error of another kind (a stop would skip the kill)."""
+    gone = recorder(tmp_path, "#!/bin/sh\necho 'Cannot find MPS control daemon process'\nexit 1\n")
+    control = ControlBinary(gone, tmp_path, tmp_path)
+    for _ in range(20):  # the client often exits before the write: the race is taken
+        with pytest.raises(MpsCommandError, match="exit status 1: Cannot find MPS control"):
+            await control.send("quit " + "x" * 65536)
+
+
 def test_the_binary_is_found_under_the_driver_root(tmp_path: Path) -> None:
     assert find_control_binary(tmp_path) is None
     (tmp_path / "bin").mkdir()
