@@ -698,9 +698,7 @@ def test_mounts_match_the_paths_the_agent_uses(name: str, tmp_path: Path) -> Non
         if mount["name"] == "driver-root":
             continue  # the host's driver root, read at driver-root-ctr-path (its own test)
         if mount["name"] == "mps-shm":
-            assert mount["mountPath"] == "/dev/shm"
-            assert host[mount["name"]] == "/run/nvidia/mps/shm"
-            continue
+            continue  # the MPS root's shm at /dev/shm (test_mps_overlay_shares_through_…)
         if mount["name"] in host:
             assert mount["mountPath"] == host[mount["name"]], "host paths keep their path"
             mounted[Path(mount["mountPath"])] = not mount.get("readOnly", False)
@@ -826,6 +824,11 @@ def test_mps_overlay_shares_through_an_mps_daemon(tmp_path: Path) -> None:
     pipe = Path(plan.serving.containers.mps.pipe(daemon.name))
     mounts = {Path(m["mountPath"]) for m in container(docs)["volumeMounts"]}
     assert settings.mps_root in mounts
+    _, pod, _ = daemonset(docs)
+    (shm,) = [v for v in pod["volumes"] if v["name"] == "mps-shm"]
+    (shm_mount,) = [m for m in container(docs)["volumeMounts"] if m["name"] == "mps-shm"]
+    assert shm["hostPath"]["path"] == plan.serving.containers.mps.shm
+    assert shm_mount["mountPath"] == "/dev/shm"
     assert settings.mps_root in pipe.parents
 
 

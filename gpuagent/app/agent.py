@@ -214,7 +214,7 @@ class Agent:
             monitor,
             endpoints=self.endpoints,
             dra=self.dra,
-            mps=policy.mps_daemons(settings, self.store, self.view, nvml),
+            mps=lambda: policy.keep_mps_daemons(settings, self.store, self.view, nvml),
             dra_unusable=self._dra_unusable,
             stopping=self.stopping,
             keeps_cdi_spec=policy.keeps_cdi_spec(settings, simulated=self.simulator is not None),

@@ -17,10 +17,8 @@ from gpuagent.config.planning import driver_root_as_read
 from gpuagent.domain.containers import CDI_SPEC_DIR
 from gpuagent.domain.dra import DraMig
 from gpuagent.domain.mps import ComputeModeChoice, MpsDirs
-from gpuagent.gpu.computemode import ComputeModes
 from gpuagent.gpu.migcontrol import MigControl
 from gpuagent.gpu.nvml import Nvml
-from gpuagent.mps.manager import MpsDaemons
 
 if TYPE_CHECKING:  # the node files' modules are imported off the loop (see startup.py)
     from gpuagent.domain.dra import DraGpus
@@ -37,7 +35,7 @@ __all__ = [
     "cdi_target",
     "dra_node_spec",
     "keeps_cdi_spec",
-    "mps_daemons",
+    "keep_mps_daemons",
     "node_files",
     "warn_of_a_pid_namespace",
 ]
@@ -154,21 +152,28 @@ def driver(
     return nvml
 
 
-def mps_daemons(
+async def keep_mps_daemons(
     settings: Settings, store: DeviceStore, view: ResourceView, nvml: Nvml
-) -> MpsDaemons | None:
-    """The keeper of the MPS control daemons the device plugin's resources need (none without
-    Kubernetes; with it, one that idles until the plan shares a resource through MPS, which a
-    reload may do). The GPUs' compute modes are set through ``nvml`` unless left as they are."""
-    if not settings.kubernetes:
-        return None
+) -> None:
+    """Keep the MPS control daemons the device plugin's resources need, for the agent's life.
+
+    Nothing of MPS is imported until the plan first shares a resource through it (at start, or
+    at a reload): most nodes never do, and the start before the registration stays lean. The
+    GPUs' compute modes are set through ``nvml`` unless left as they are."""
+    async for shared in store.watch(lambda s: s.plan.serving.resources.mps.enabled):
+        if shared:
+            break
+    from gpuagent.gpu.computemode import ComputeModes  # noqa: PLC0415
+    from gpuagent.mps.manager import MpsDaemons  # noqa: PLC0415
+
     modes = None
     if settings.mps_compute_mode is ComputeModeChoice.EXCLUSIVE_PROCESS:
         modes = ComputeModes(nvml)
-    return MpsDaemons(
+    daemons = MpsDaemons(
         store,
         view,
         dirs=MpsDirs(str(settings.mps_root)),
         driver_root=driver_root_as_read(settings),
         compute_modes=modes,
     )
+    await daemons.run()

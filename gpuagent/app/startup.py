@@ -13,9 +13,9 @@ import asyncio
 import contextlib
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -35,7 +35,6 @@ from gpuagent.web.listener import Listener
 
 if TYPE_CHECKING:  # imported only when used (DRA's API client costs memory; see DEFERRED)
     from gpuagent.dra.side import DraSide
-    from gpuagent.mps.manager import MpsDaemons
     from gpuagent.nodefiles.cdikeeper import CdiSpecKeeper
 
 __all__ = ["Startup", "listen"]
@@ -52,7 +51,7 @@ class Startup:
     """One start of the agent: its root tasks in order, then the rest.
 
     ``build_rest`` builds the rest once its modules are imported, given the CDI spec's keeper.
-    ``mps``: the MPS control daemons' keeper, started with the registration (a shared device is
+    ``mps``: keeps the MPS control daemons, started with the registration (a shared device is
     unhealthy until its daemon is up).
     ``keeps_cdi_spec``: this agent keeps the node's CDI spec (written before the device plugin
     registers when the plan starts with CDI, else started with the rest: a reload may turn CDI
@@ -70,7 +69,7 @@ class Startup:
         endpoints: PluginEndpoints | None,
         dra: DraSide | None,
         dra_unusable: ConfigError | None = None,
-        mps: MpsDaemons | None = None,
+        mps: Callable[[], Coroutine[Any, Any, None]] | None = None,
         stopping: asyncio.Event,
         keeps_cdi_spec: bool,
         node_health: NodeHealthWanted | str | None,
@@ -111,7 +110,7 @@ class Startup:
                 await import_off_loop(SERVING, own_process=self._own_process)
                 spawn("kubelet-registration", self._endpoints.run())
             if self._mps is not None:
-                spawn("mps-daemons", self._mps.run())
+                spawn("mps-daemons", self._mps())
             spawn("nvml-poller", self._drive(driver))
             if store.plan.dra.gpus.refs:
                 spawn("dra-gpus-check", self._check_dra_gpus())

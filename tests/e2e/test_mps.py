@@ -192,7 +192,7 @@ async def clients_under_the_limits(
     assert "agent" not in by_pod(text, "gpuagent_gpu_unallocated_use")
 
 
-async def test_a_reload_to_new_replicas_restarts_the_daemon_with_new_limits(
+async def test_reloads_start_reconfigure_and_stop_the_daemon(
     fake_kubelet: FakeKubelet,
     device_plugin_dir: Path,
     short_tmp_path: Path,
@@ -200,13 +200,20 @@ async def test_a_reload_to_new_replicas_restarts_the_daemon_with_new_limits(
     node_args: tuple[str, ...],
 ) -> None:
     config = tmp_path / "config.yaml"
-    config.write_text(f"version: v1\nsharing: {SHARING}\n")
+    config.write_text("version: v1\n")  # no sharing at first: MPS comes with a reload
     args = tuple(a for a in node_args if a not in ("--sharing", SHARING))
     pipe = short_tmp_path / "mps" / GPU / "pipe"
     async with running_agent(device_plugin_dir, (*args, "--config", str(config))) as run:
         await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
         reg = fake_kubelet.latest(GPU)
-        await asyncio.to_thread(reg.wait_until, lambda u: healths(u) == {"Healthy"}, T)
+        await asyncio.to_thread(reg.wait_until, lambda u: len(u.devices) == 2, T)
+        assert not pipe.exists()
+        config.write_text(f"version: v1\nsharing: {SHARING}\n")
+        await run.agent.reload()
+        await asyncio.to_thread(
+            reg.wait_until, lambda u: len(u.devices) == 8 and healths(u) == {"Healthy"}, T
+        )
+        assert (pipe / "control").is_socket()
         config.write_text(
             "version: v1\nsharing: {mps: {resources: [{name: nvidia.com/gpu, replicas: 2}]}}\n"
         )

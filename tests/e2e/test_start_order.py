@@ -32,6 +32,7 @@ NOT_BEFORE_REGISTRATION = (
     "gpuagent.nodefiles.cdikeeper",
     "gpuagent.nodefiles.labelkeeper",
     "gpuagent.dra",
+    "gpuagent.mps",  # (MPS sharing's daemons: only once the plan shares through MPS)
     "gpuagent.kube.client",
     "gpuagent.kube.nodehealth",
     "lightkube",
