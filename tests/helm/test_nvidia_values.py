@@ -51,8 +51,6 @@ def test_each_documented_values_file_renders_and_the_agent_takes_it(
     for doc in docs:
         validate(doc)
     for name in daemonsets(docs):
-        if example == "nvidia-mps.yaml":
-            continue  # MPS: once the agent supports it (test_mps_files_pass_unchanged)
         check_config(docs, tmp_path / name, daemonset=name)
 
 
@@ -74,6 +72,30 @@ def test_the_time_slicing_examples(tmp_path: Path) -> None:
         assert (sharing["renameByDefault"], sharing["failRequestsGreaterThanOne"]) == (
             renamed, fail,
         )  # fmt: skip
+
+
+def test_the_mps_examples(tmp_path: Path) -> None:
+    """NVIDIA's MPS files reach the agent as they are, with the MPS root NVIDIA's chart uses
+    mounted where the agent makes the daemons' directories, and the compute mode set as NVIDIA's
+    does; no second DaemonSet (NVIDIA's mps-control-daemon: the agent keeps the daemons)."""
+    for example, renamed in (("nvidia-mps.yaml", False), ("nvidia-mps-renamed.yaml", True)):
+        docs = render(data(example))
+        assert set(daemonsets(docs)) == {"gpuagent"}
+        settings = check_config(docs, tmp_path / example)
+        sharing = settings["sharing"]["mps"]
+        assert sharing["resources"] == [{"name": "nvidia.com/gpu", "replicas": 10}]
+        # NVIDIA's default for MPS: one replica per container.
+        assert (sharing["renameByDefault"], sharing["failRequestsGreaterThanOne"]) == (
+            renamed, True,
+        )  # fmt: skip
+        assert "timeSlicing" not in settings["sharing"]
+        assert (settings["mps_root"], settings["mps_compute_mode"]) == (
+            "/run/nvidia/mps", "exclusive-process",
+        )  # fmt: skip
+        ds = named(docs, "DaemonSet", "gpuagent")
+        mounts = {m["name"]: m["mountPath"] for m in agent_container(ds)["volumeMounts"]}
+        assert (mounts["mps-root"], mounts["mps-shm"]) == ("/run/nvidia/mps", "/dev/shm")
+        assert "hostPID" not in ds["spec"]["template"]["spec"]
 
 
 def test_the_cpu_manager_and_mixed_mig_example(tmp_path: Path) -> None:
@@ -296,13 +318,70 @@ def test_config_files_that_are_not_nvidias_format_are_refused(text: str, message
 
 
 def test_mps_files_pass_unchanged() -> None:
-    """MPS sharing, once the agent supports it: the chart hands the agent NVIDIA's block as it
-    is (the agent of this version refuses it at start, naming sharing)."""
+    """The chart hands the agent NVIDIA's MPS block as it is."""
     values = data("nvidia-mps.yaml")
     (cm,) = of_kind(render(values), "ConfigMap")
     config = yaml.safe_load(cm["data"]["config.yaml"])
     expected = yaml.safe_load(values["config"]["map"]["config"])["sharing"]
     assert config["sharing"] == expected
+
+
+MPS_FILE = "version: v1\nsharing:\n  mps:\n    resources: [{name: nvidia.com/gpu, replicas: 2}]\n"
+
+
+def test_only_the_daemonset_whose_file_shares_through_mps_gets_what_mps_needs(
+    tmp_path: Path,
+) -> None:
+    """Files on different nodes: the MPS root, its shm, the compute capability and
+    CAP_SYS_ADMIN go to the DaemonSet of the MPS file only."""
+    docs = render(config_map(default="version: v1\n", mps=MPS_FILE))
+    found = daemonsets(docs)
+    assert set(found) == {"gpuagent", "gpuagent-mps"}
+    for name, mps in (("gpuagent", False), ("gpuagent-mps", True)):
+        ds = found[name]
+        ctr = agent_container(ds)
+        volumes = {v["name"] for v in ds["spec"]["template"]["spec"]["volumes"]}
+        assert ({"mps-root", "mps-shm"} <= volumes) is mps, name
+        assert ("add" in ctr["securityContext"]["capabilities"]) is mps, name
+        assert container_env(ctr)["NVIDIA_DRIVER_CAPABILITIES"] == (
+            "compute,utility" if mps else "utility"
+        )
+        settings = check_config(docs, tmp_path / name, daemonset=name)
+        assert bool(settings["sharing"].get("mps", {}).get("resources")) is mps, name
+
+
+def test_the_mps_root_of_nvidias_file_and_values(tmp_path: Path) -> None:
+    """NVIDIA's chart sets MPS_ROOT from mps.root over a file's flags.mpsRoot: a file may repeat
+    mps.root (NVIDIA's config dumps carry it), not name another directory."""
+    file = MPS_FILE + "flags:\n  mpsRoot: /var/run/mps/\n"
+    values = {**config_map(default=file), "mps": {"root": "/var/run/mps"}}
+    docs = render(values)
+    assert check_config(docs, tmp_path)["mps_root"] == "/var/run/mps"
+    pod = named(docs, "DaemonSet", "gpuagent")["spec"]["template"]["spec"]
+    paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    assert (paths["mps-root"], paths["mps-shm"]) == ("/var/run/mps", "/var/run/mps/shm")
+    error = render_error(config_map(default=file))
+    assert "config.map.default.flags.mpsRoot: /var/run/mps/ is not mps.root" in error
+
+
+def test_mps_with_mixed_mig_is_refused_at_install() -> None:
+    """The agent refuses it at start (MIG devices cannot be shared through MPS); the chart says
+    so before a pod is made."""
+    error = render_error({**config_map(default=MPS_FILE), "migStrategy": "mixed"})
+    assert "sharing.mps (config file default) with migStrategy mixed" in error
+    error = render_error({"agentConfig": {"mig-strategy": "mixed", "sharing": yaml.safe_load(
+        MPS_FILE)["sharing"]}})  # fmt: skip
+    assert "sharing.mps (agentConfig) with migStrategy mixed" in error
+
+
+def test_nvidias_mps_daemon_values() -> None:
+    """mps.enableHostPID puts the agent's pod, where the MPS server runs, in the host's PID
+    namespace, with MPS only; mps.enableHostNetwork is ignored (no control-daemon pod)."""
+    mps = config_map(default=MPS_FILE)
+    pod = named(render({**mps, "mps": {"enableHostPID": True}}), "DaemonSet", "gpuagent")
+    assert pod["spec"]["template"]["spec"]["hostPID"] is True
+    assert render({"mps": {"enableHostPID": True}}) == render()
+    assert render({**mps, "mps": {"enableHostNetwork": True}}) == render(mps)
 
 
 # ----- NVIDIA's values that do not apply ----------------------------------------------------------

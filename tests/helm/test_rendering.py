@@ -19,6 +19,7 @@ from test_manifests import (
     BASE_GRANTS,
     CLUSTER_SCOPED,
     MANIFESTS,
+    OVERLAY_GRANTS,
     Grants,
     build,
     expected_grants,
@@ -26,11 +27,13 @@ from test_manifests import (
     validate,
 )
 
+from gpuagent.domain.mps import MpsDirs
 from helm.rendering import (
     NAMESPACE,
     Doc,
     agent_container,
     check_config,
+    container_env,
     named,
     of_kind,
     render,
@@ -47,6 +50,23 @@ sharing:
       - name: nvidia.com/gpu
         replicas: 4
 """
+# manifests/overlays/mps/config.yaml's sharing block, as NVIDIA's config file.
+MPS = """version: v1
+sharing:
+  mps:
+    renameByDefault: false
+    resources:
+      - name: nvidia.com/gpu
+        replicas: 4
+"""
+MPS_SHARING = {
+    "mps": {
+        "renameByDefault": False,
+        "failRequestsGreaterThanOne": True,
+        "resources": [{"name": "nvidia.com/gpu", "replicas": 4}],
+    }
+}
+MPS_TWO = {"name": "nvidia.com/gpu", "replicas": 2}
 ALERTS = MANIFESTS / "monitoring" / "alerts.yaml"
 # Settings compared by file name: the test moves the mounted files to a temporary directory.
 MOVED = {"web_config_file", "config_file", "check_config"}
@@ -79,6 +99,12 @@ COMBINATIONS = {
             }
         },
         "time-slicing",
+    ),
+    "mps": Combination({"config": {"map": {"default": MPS}}}, {"sharing": MPS_SHARING}, "mps"),
+    "mps-accounting": Combination(
+        {"config": {"map": {"default": MPS}}, "accounting": {"enabled": True}},
+        {"sharing": MPS_SHARING, "container_accounting": True},
+        "mps+accounting",
     ),
     "cdi": Combination(
         {"deviceListStrategy": "cdi-cri"},
@@ -139,6 +165,22 @@ COMBINATIONS = {
             "driver_root_ctr_path": "/driver-root",
             "nvidia_cdi_hook_path": "/usr/local/nvidia/toolkit/nvidia-ctk",
         },
+    ),
+    "mps-unchanged": Combination(
+        {
+            "config": {"map": {"default": MPS}},
+            "mps": {"root": "/var/lib/gpuagent/mps", "computeMode": "unchanged"},
+        },
+        {"mps_root": "/var/lib/gpuagent/mps", "mps_compute_mode": "unchanged"},
+    ),
+    "mps-host-pid": Combination(
+        {"config": {"map": {"default": MPS}}, "mps": {"enableHostPID": True}},
+        {"sharing": MPS_SHARING},
+    ),
+    # MPS from agentConfig, as the agent's --sharing takes it (YAML text).
+    "mps-agent-config": Combination(
+        {"agentConfig": {"sharing": "{mps: {resources: [{name: nvidia.com/gpu, replicas: 2}]}}"}},
+        {"sharing": {"mps": {**MPS_SHARING["mps"], "resources": [MPS_TWO]}}},
     ),
     "no-labels": Combination({"gfd": {"enabled": False}}, {"node_labels": False}),
     "no-node-health": Combination(
@@ -383,6 +425,12 @@ NVIDIA_GRANTS = {
     "basic-auth": Grants(volume_kinds=frozenset({"projected"})),
     "tls": Grants(volume_kinds=frozenset({"projected"})),
     "agent-config": Grants(),
+    # The overlay's MPS grants without the capability: the compute modes are left alone.
+    "mps-unchanged": Grants(host_paths=frozenset({
+        ("/var/lib/gpuagent/mps", "/var/lib/gpuagent/mps", False),
+        ("/var/lib/gpuagent/mps/shm", "/dev/shm", False)})),
+    "mps-host-pid": OVERLAY_GRANTS["mps"].plus(Grants(host_namespaces=frozenset({"pid"}))),
+    "mps-agent-config": OVERLAY_GRANTS["mps"],
 }  # fmt: skip
 
 
@@ -446,3 +494,50 @@ def test_tls_makes_the_probes_and_the_scrape_https() -> None:
         named(render(COMBINATIONS["basic-auth"].values), "DaemonSet", "gpuagent")
     )
     assert "scheme" not in plain["livenessProbe"]["httpGet"]
+
+
+# ----- MPS: its mounts and capability only where a config shares through it -----------------------
+
+
+def _shares_through_mps(settings: Doc) -> bool:
+    return bool(settings["sharing"].get("mps", {}).get("resources"))
+
+
+@pytest.mark.parametrize("name", sorted(COMBINATIONS))
+def test_mps_mounts_and_capabilities_only_where_the_agent_shares_through_mps(
+    name: str, settings_of: Settings
+) -> None:
+    """What MPS needs (the MPS root and its shm, the driver's compute capability, the mps keys
+    in the config) is in a DaemonSet exactly when the agent's settings share through MPS."""
+    mps = _shares_through_mps(settings_of(name))
+    docs = render(COMBINATIONS[name].values)
+    ds = named(docs, "DaemonSet", daemonset_name(name))
+    pod, ctr = ds["spec"]["template"]["spec"], agent_container(ds)
+    parts = {"mps-root", "mps-shm"}
+    assert parts & {v["name"] for v in pod["volumes"]} == (parts if mps else set())
+    assert parts & {m["name"] for m in ctr["volumeMounts"]} == (parts if mps else set())
+    capabilities = container_env(ctr)["NVIDIA_DRIVER_CAPABILITIES"]
+    assert capabilities == ("compute,utility" if mps else "utility")
+    (cm,) = of_kind(docs, "ConfigMap")
+    assert ("mps-root" in yaml.safe_load(cm["data"]["config.yaml"])) is mps
+
+
+@pytest.mark.parametrize("name", ["mps", "mps-unchanged", "mps-host-pid", "mps-agent-config"])
+def test_the_mps_root_is_mounted_where_the_agent_makes_its_directories(
+    name: str, settings_of: Settings
+) -> None:
+    """The MPS root is a host path at the same path in the container (the containers' mounts
+    name it); its shm, the agent's /dev/shm, is where the agent makes it; the capability comes
+    with compute-mode changes only."""
+    settings = settings_of(name)
+    dirs = MpsDirs(str(settings["mps_root"]))
+    ds = named(render(COMBINATIONS[name].values), "DaemonSet", "gpuagent")
+    pod, ctr = ds["spec"]["template"]["spec"], agent_container(ds)
+    host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    mounts = {m["name"]: m for m in ctr["volumeMounts"]}
+    assert host["mps-root"] == mounts["mps-root"]["mountPath"] == dirs.root
+    assert (host["mps-shm"], mounts["mps-shm"]["mountPath"]) == (dirs.shm, "/dev/shm")
+    assert not any(m.get("readOnly") for n, m in mounts.items() if n.startswith("mps-"))
+    changes = settings["mps_compute_mode"] == "exclusive-process"
+    assert ("SYS_ADMIN" in ctr["securityContext"]["capabilities"].get("add", [])) is changes
+    assert ("allowPrivilegeEscalation" not in ctr["securityContext"]) is changes

@@ -85,7 +85,8 @@ with its name. Each: {"file": NAME or "", "suffix": "" or "-NAME", "operator": I
 {{- end -}}
 
 {{/*
-One NVIDIA config file translated into the agent's config keys, as JSON. (dict "where" "text")
+One NVIDIA config file translated into the agent's config keys, as JSON.
+(dict "where" WHERE "text" TEXT "mpsRoot" MPS.ROOT)
 */}}
 {{- define "gpuagent.translate" -}}
 {{- $where := .where -}}
@@ -107,6 +108,13 @@ One NVIDIA config file translated into the agent's config keys, as JSON. (dict "
   "keys" (dict "migStrategy" "mig-strategy" "failOnInitError" "fail-on-init-error" "nvidiaDriverRoot" "nvidia-driver-root")
   "ignored" (list "mpsRoot" "nvidiaDevRoot" "useNodeFeatureAPI" "plugin" "gfd" "deviceDiscoveryStrategy")
   "refusedWhenTrue" (dict "gdrcopyEnabled" "GDRCopy" "gdsEnabled" "GPUDirect Storage (GDS)" "mofedEnabled" "MOFED")) -}}
+{{- /* NVIDIA's chart sets MPS_ROOT from mps.root over the file's flags.mpsRoot, and mounts
+mps.root: the file may only repeat it. */ -}}
+{{- if and (hasKey $flags "mpsRoot") (not (kindIs "invalid" $flags.mpsRoot)) -}}
+{{- if ne (clean (toString $flags.mpsRoot)) (clean .mpsRoot) -}}
+{{- fail (printf "%s.flags.mpsRoot: %v is not mps.root (%s), which NVIDIA's chart sets over it (MPS_ROOT) and this chart mounts: set mps.root instead" $where $flags.mpsRoot .mpsRoot) -}}
+{{- end -}}
+{{- end -}}
 {{- $discovery := toString (default "auto" $flags.deviceDiscoveryStrategy) -}}
 {{- if not (has $discovery (list "auto" "nvml")) -}}
 {{- fail (printf "%s.flags.deviceDiscoveryStrategy: %s: gpuagent finds GPUs through NVML only (auto or nvml)" $where $discovery) -}}
@@ -126,7 +134,7 @@ One NVIDIA config file translated into the agent's config keys, as JSON. (dict "
 {{- fail (printf "%s.imex.channelIDs: gpuagent injects no IMEX channels" $where) -}}
 {{- end -}}
 {{- end -}}
-{{- /* sharing (timeSlicing; mps once the agent supports it) is the agent's own format. */ -}}
+{{- /* sharing (timeSlicing, mps) is the agent's own format. */ -}}
 {{- with $in.sharing -}}
 {{- $_ := set $out "sharing" . -}}
 {{- end -}}

@@ -1,7 +1,8 @@
 {{/*
 What one DaemonSet runs, as JSON: the agent's config file, and the facts the pod is built from.
 (dict "root" $ "instance" INSTANCE)  →  {"config": {...}, "cdi": bool, "mig": bool,
-"dynamicMig": bool, "driverRoot": PATH, "dra": bool}
+"dynamicMig": bool, "driverRoot": PATH, "dra": bool, "mps": bool, "mpsRoot": PATH,
+"computeModes": bool}
 
 Precedence is the agent's (flag > environment > config file): NVIDIA's values (migStrategy, …)
 become NVIDIA's environment variables; the config file is the base's, then the NVIDIA file's
@@ -25,7 +26,7 @@ translation, then the chart's own features, then agentConfig.
 {{- with .instance.file -}}
 {{- $files := include "gpuagent.nvidiaFiles" $root | fromJson -}}
 {{- $where := ternary (printf "config.name %s: %s" $v.config.name .) (printf "config.map.%s" .) (not (empty $v.config.name)) -}}
-{{- $config = mergeOverwrite $config (include "gpuagent.translate" (dict "where" $where "text" (get $files .)) | fromJson) -}}
+{{- $config = mergeOverwrite $config (include "gpuagent.translate" (dict "where" $where "text" (get $files .) "mpsRoot" $v.mps.root) | fromJson) -}}
 {{- end -}}
 {{- $dra := ne (toString $v.dra.gpus) "none" -}}
 {{- if $dra -}}
@@ -42,6 +43,13 @@ translation, then the chart's own features, then agentConfig.
 {{- end -}}
 {{- if eq (include "gpuagent.webEnabled" $root) "true" -}}
 {{- $_ := set $config "web-config-file" "/etc/gpuagent-web/web-config.yml" -}}
+{{- end -}}
+{{- /* MPS sharing (docs/sharing.md): where the daemons' directories are and what happens to
+the compute mode, from the mps values, when the config with agentConfig shares through MPS. */ -}}
+{{- $mps := eq (include "gpuagent.sharesThroughMps" (mergeOverwrite (deepCopy $config) (deepCopy $v.agentConfig))) "true" -}}
+{{- if $mps -}}
+{{- $_ := set $config "mps-root" (clean $v.mps.root) -}}
+{{- $_ := set $config "mps-compute-mode" $v.mps.computeMode -}}
 {{- end -}}
 {{- $config = mergeOverwrite $config (deepCopy $v.agentConfig) -}}
 {{- /* What the environment (NVIDIA's values) and the file make of the strategies. */ -}}
@@ -62,6 +70,9 @@ translation, then the chart's own features, then agentConfig.
 {{- if kindIs "string" $v.migStrategy -}}
 {{- $mig = $v.migStrategy -}}
 {{- end -}}
+{{- if and $mps (eq $mig "mixed") -}}
+{{- fail (printf "sharing.mps (%s) with migStrategy mixed: MIG devices cannot be shared through MPS (the agent refuses it at start, as NVIDIA's plugin does)" (ternary (printf "config file %s" .instance.file) "agentConfig" (not (empty .instance.file)))) -}}
+{{- end -}}
 {{- $driverRoot := toString (get $config "nvidia-driver-root" | default "/") -}}
 {{- if kindIs "string" $v.nvidiaDriverRoot -}}
 {{- $driverRoot = $v.nvidiaDriverRoot -}}
@@ -71,5 +82,25 @@ at /driver-root (as NVIDIA's chart mounts it). */ -}}
 {{- if and $cdi (not (hasKey $config "driver-root-ctr-path")) -}}
 {{- $_ := set $config "driver-root-ctr-path" "/driver-root" -}}
 {{- end -}}
-{{- toJson (dict "config" $config "cdi" $cdi "mig" (ne $mig "none") "dynamicMig" (and $dra (eq $v.dra.mig "dynamic")) "driverRoot" $driverRoot "dra" $dra) -}}
+{{- /* MPS: the agent's mps-root is a host path mounted at the same path; compute modes
+are changed unless mps-compute-mode is unchanged. */ -}}
+{{- $mpsRoot := clean (toString (get $config "mps-root" | default "/run/nvidia/mps")) -}}
+{{- $computeModes := and $mps (ne (toString (get $config "mps-compute-mode")) "unchanged") -}}
+{{- toJson (dict "config" $config "cdi" $cdi "mig" (ne $mig "none") "dynamicMig" (and $dra (eq $v.dra.mig "dynamic")) "driverRoot" $driverRoot "dra" $dra "mps" $mps "mpsRoot" $mpsRoot "computeModes" $computeModes) -}}
+{{- end -}}
+
+{{/*
+"true" when a config (the agent's keys) shares through MPS: a sharing block (a mapping, or its
+YAML text) whose mps has resources, as the agent decides it.
+*/}}
+{{- define "gpuagent.sharesThroughMps" -}}
+{{- $sharing := get . "sharing" -}}
+{{- if kindIs "string" $sharing -}}
+{{- $sharing = fromYaml $sharing -}}
+{{- end -}}
+{{- $block := dict -}}
+{{- if and (kindIs "map" $sharing) (kindIs "map" (get $sharing "mps")) -}}
+{{- $block = get $sharing "mps" -}}
+{{- end -}}
+{{- not (empty (get $block "resources")) -}}
 {{- end -}}

@@ -77,15 +77,16 @@ holding CAP_SYS_ADMIN: monitor (seeing every MIG device), config (making them). 
 
 {{/*
 The container's security context: securityContext as given, else the base's (every capability
-dropped, no escalation, read-only root) with CAP_SYS_ADMIN for MIG, which the API server allows
-only without allowPrivilegeEscalation: false. (dict "root" $ "plan" PLAN)
+dropped, no escalation, read-only root) with CAP_SYS_ADMIN for MIG and for setting the compute
+mode of GPUs shared through MPS, which the API server allows only without
+allowPrivilegeEscalation: false. (dict "root" $ "plan" PLAN)
 */}}
 {{- define "gpuagent.securityContext" -}}
 {{- if .root.Values.securityContext -}}
 {{- toYaml .root.Values.securityContext -}}
 {{- else -}}
 {{- $context := dict "privileged" false "readOnlyRootFilesystem" true "capabilities" (dict "drop" (list "ALL")) -}}
-{{- if or .plan.mig .plan.dynamicMig -}}
+{{- if or .plan.mig .plan.dynamicMig .plan.computeModes -}}
 {{- $_ := set $context.capabilities "add" (list "SYS_ADMIN") -}}
 {{- else -}}
 {{- $_ := set $context "allowPrivilegeEscalation" false -}}
