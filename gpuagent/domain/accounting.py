@@ -44,6 +44,7 @@ __all__ = ["UNKNOWN", "Ledger", "account"]
 UNKNOWN = PodRef(namespace="", pod="", container="")
 
 _Key = tuple[int, int | None, PodRef]  # (gpu index, gpu instance, container)
+_NOBODY: frozenset[PodRef] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,58 +96,76 @@ def account(
     (whose devices' holders the pods are); ``dra``: the DRA side's plan (whose claims hold
     devices too).
     """
-    holders = attributions(snapshot, by_device(snapshot.pods.allocated, served))
-    if dra is not None:
-        holders = merged(holders, dra_holders(snapshot, dra))
+    holders = _holders(snapshot, served, dra)
     allowed = {target: frozenset(refs) for target, refs in holders.items()}
     usages: list[ContainerUsage] = []
     energy = dict(ledger.energy_mj)
-    joules: dict[_Key, float] = {}
     read = {gpu.index for gpu in snapshot.gpus if gpu.processes is not None}
     # GPUs without a reading this time (a failed probe) keep their counters for the next one.
-    joules.update({k: v for k, v in ledger.joules.items() if k[0] not in read})
-    nobody: frozenset[PodRef] = frozenset()
+    joules = {k: v for k, v in ledger.joules.items() if k[0] not in read}
     for gpu in snapshot.gpus:
         reading = gpu.processes
         if reading is None:
             continue
         groups = _groups(gpu, reading, owners, names, holders)
-        shares = None if reading.samples is None else {k: _ratio(g.sm) for k, g in groups.items()}
-        gained = _energy(gpu, shares, holders.get(Target(gpu.index), ()), ledger)
+        gained = _energy(gpu, _shares(reading, groups), holders.get(Target(gpu.index), ()), ledger)
         if gpu.telemetry.energy_mj is not None:
             energy[gpu.index] = gpu.telemetry.energy_mj
         for (instance, ref), group in sorted(groups.items(), key=_order):
-            total: float | None = None
-            sm = mem = enc = dec = None
-            if shares is not None:
-                key = (gpu.index, instance, ref)
-                total = ledger.joules.get(key, 0.0) + gained.get(ref, 0.0)
-                joules[key] = total
-                sm, mem = shares[(instance, ref)], _ratio(group.mem)
-                enc, dec = _ratio(group.enc), _ratio(group.dec)
-            usages.append(
-                ContainerUsage(
-                    gpu.index,
-                    instance,
-                    ref.namespace,
-                    ref.pod,
-                    ref.container,
-                    group.processes,
-                    group.memory,
-                    sm,
-                    mem,
-                    enc,
-                    dec,
-                    total,
-                    ref in allowed.get(Target(gpu.index, instance), nobody),
-                )
-            )
+            key = (gpu.index, instance, ref)
+            total = None
+            if reading.samples is not None:
+                total = joules[key] = ledger.joules.get(key, 0.0) + gained.get(ref, 0.0)
+            allocated = ref in allowed.get(Target(gpu.index, instance), _NOBODY)
+            usages.append(_usage(key, group, total, allocated))
     usage = Usage(
         containers=tuple(usages),
         judged=snapshot.pods.refreshed_at is not None,
         pod_uids=_pod_uids(snapshot, owners, names),
     )
     return usage, Ledger(energy_mj=MappingProxyType(energy), joules=MappingProxyType(joules))
+
+
+def _holders(
+    snapshot: NodeState, served: Collection[str], dra: DraPlan | None
+) -> Mapping[Target, tuple[PodRef, ...]]:
+    """The containers each GPU (instance) is allocated to: by the kubelet (the pods holding the
+    plan's devices) and by DRA's claims."""
+    holders = attributions(snapshot, by_device(snapshot.pods.allocated, served))
+    if dra is not None:
+        holders = merged(holders, dra_holders(snapshot, dra))
+    return holders
+
+
+def _shares(
+    reading: ProcessReading, groups: Mapping[tuple[int | None, PodRef], _Group]
+) -> dict[tuple[int | None, PodRef], float] | None:
+    """Each group's SM share, a ratio; ``None`` where the driver has no per-process samples."""
+    if reading.samples is None:
+        return None
+    return {k: _ratio(g.sm) for k, g in groups.items()}
+
+
+def _usage(key: _Key, group: _Group, joules: float | None, allocated: bool) -> ContainerUsage:
+    """A container's usage of a GPU (instance) from its processes' ``group``; its ratios and
+    ``joules`` where the driver has per-process samples (``joules`` not ``None``)."""
+    gpu, instance, ref = key
+    sampled = joules is not None
+    return ContainerUsage(
+        gpu,
+        instance,
+        ref.namespace,
+        ref.pod,
+        ref.container,
+        group.processes,
+        group.memory,
+        _ratio(group.sm) if sampled else None,
+        _ratio(group.mem) if sampled else None,
+        _ratio(group.enc) if sampled else None,
+        _ratio(group.dec) if sampled else None,
+        joules,
+        allocated,
+    )
 
 
 def _groups(
