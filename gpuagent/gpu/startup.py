@@ -226,43 +226,67 @@ class Startup:
             for key, pending in list(waiting.items()):
                 if pending.future.done():
                     del waiting[key]
-                    exc = pending.future.exception()
-                    if exc is None:
+                    if self._finished(pending, per_gpu=deadline is not None):
                         results[key] = pending.future.result()
-                    elif deadline is None:
-                        raise exc
-                    else:
-                        log.error("start-up job failed", job=pending.what, error=repr(exc))
-                    continue
-                stuck = self._stuck(pending.worker, now)
-                if stuck is not None:
-                    log.error(
-                        "nvml call did not return within its limit; moving on without it",
-                        job=pending.what,
-                        call=stuck.name,
-                        running_s=round(now - stuck.started, 1),
-                        limit_s=self._call_timeout,
-                    )
-                    # No elapsed time: this text becomes a condition's detail, a label value.
-                    stalled[key] = f"{stuck.name} did not return within {self._call_timeout:g}s"
+                elif (stuck := self._stuck(pending.worker, now)) is not None:
                     del waiting[key]
+                    stalled[key] = self._stalled(pending, stuck, now)
             if waiting and deadline is not None and now >= deadline:
-                detail = self._waiting_text(waiting, now)
-                log.error(
-                    "nvml start-up exceeded --nvml-timeout; going on without what is missing",
-                    nvml_timeout_s=budget,
-                    still_waiting_for=detail,
-                )
-                for key, pending in waiting.items():
-                    stalled[key] = f"{pending.what} past --nvml-timeout ({budget:g}s)"
+                stalled.update(self._past_budget(waiting, now, budget))
                 break
             if waiting:
-                text = self._waiting_text(waiting, now)
-                self.publish(f"{phase}: {text}")
-                if now - last_log >= STARTUP_LOG_EVERY_S:
-                    last_log = now
-                    log.info("nvml start-up in progress", phase=phase, waiting_for=text)
+                last_log = self._report(phase, waiting, now, last_log)
         return results, stalled
+
+    @staticmethod
+    def _finished(pending: Pending, *, per_gpu: bool) -> bool:
+        """Whether the finished job ``pending`` has a result; its failure raised, or logged when
+        it is a per-GPU job (start-up goes on without that GPU)."""
+        exc = pending.future.exception()
+        if exc is None:
+            return True
+        if not per_gpu:
+            raise exc
+        log.error("start-up job failed", job=pending.what, error=repr(exc))
+        return False
+
+    def _stalled(self, pending: Pending, stuck: InFlight, now: float) -> str:
+        """What ``pending`` stalled in: ``stuck``, a call past the per-call limit (logged)."""
+        log.error(
+            "nvml call did not return within its limit; moving on without it",
+            job=pending.what,
+            call=stuck.name,
+            running_s=round(now - stuck.started, 1),
+            limit_s=self._call_timeout,
+        )
+        # No elapsed time: this text becomes a condition's detail, a label value.
+        return f"{stuck.name} did not return within {self._call_timeout:g}s"
+
+    def _past_budget(
+        self, waiting: Mapping[int, Pending], now: float, budget: float | None
+    ) -> dict[int, str]:
+        """What each job still ``waiting`` stalled in when the start-up budget ran out (logged)."""
+        log.error(
+            "nvml start-up exceeded --nvml-timeout; going on without what is missing",
+            nvml_timeout_s=budget,
+            still_waiting_for=self._waiting_text(waiting, now),
+        )
+        return {
+            key: f"{pending.what} past --nvml-timeout ({budget:g}s)"
+            for key, pending in waiting.items()
+        }
+
+    def _report(
+        self, phase: str, waiting: Mapping[int, Pending], now: float, last_log: float
+    ) -> float:
+        """Say in the store what ``phase`` waits for, and log it every
+        :data:`STARTUP_LOG_EVERY_S`; when it was last logged."""
+        text = self._waiting_text(waiting, now)
+        self.publish(f"{phase}: {text}")
+        if now - last_log < STARTUP_LOG_EVERY_S:
+            return last_log
+        log.info("nvml start-up in progress", phase=phase, waiting_for=text)
+        return now
 
     def _stuck(self, worker: Worker, now: float) -> InFlight | None:
         """The call ``worker`` has been in for longer than the per-call limit, if any."""
