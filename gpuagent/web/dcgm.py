@@ -11,12 +11,13 @@ from gpuagent.domain import xids
 from gpuagent.domain.devices import Telemetry
 
 __all__ = [
+    "DCGM_FAMILIES",
     "DCGM_METRICS",
     "GPU_SCOPE",
     "INSTANCE_SCOPE",
-    "XID_ERRORS",
-    "XID_ERRORS_HELP",
+    "LAST_XID",
     "DcgmMetric",
+    "LastXid",
     "xid_action",
     "xid_label",
     "xid_message",
@@ -42,11 +43,25 @@ class DcgmMetric:
     detailed: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class LastXid:
+    """dcgm-exporter's XID family: each GPU's last XID (0 before any), labelled with its code
+    and message (``err_code``, ``err_msg``): read from the GPU, not from its telemetry."""
+
+    name: str = "DCGM_FI_DEV_XID_ERRORS"
+    kind: str = "gauge"
+    help: str = "Value of the last XID error encountered."
+    detailed: bool = False
+
+
+LAST_XID = LastXid()
+
+
 # dcgm-exporter's default counters (etc/default-counters.csv) that Telemetry carries, in that
 # file's order, then off-by-default ones we have values for: ECC and remap pending (the shipped
 # alerts and dashboard use them), SM activity (only with --detailed-agent-metrics), throttling
-# and NVLink errors (the shipped alerts).
-DCGM_METRICS: tuple[DcgmMetric, ...] = (
+# and NVLink errors (the shipped alerts). The device part of /metrics renders them in this order.
+DCGM_FAMILIES: tuple[DcgmMetric | LastXid, ...] = (
     DcgmMetric("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz).",
                lambda t: t.sm_clock_mhz),
     DcgmMetric("DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock frequency (in MHz).",
@@ -68,7 +83,7 @@ DCGM_METRICS: tuple[DcgmMetric, ...] = (
                lambda t: t.enc_util_pct),
     DcgmMetric("DCGM_FI_DEV_DEC_UTIL", "gauge", "Decoder utilization (in %).",
                lambda t: t.dec_util_pct),
-    # DCGM_FI_DEV_XID_ERRORS comes here in dcgm-exporter's order; rendered on its own below.
+    LAST_XID,
     DcgmMetric("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB).",
                lambda t: t.fb_free_mib, INSTANCE_SCOPE),
     DcgmMetric("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB).",
@@ -132,8 +147,8 @@ DCGM_METRICS: tuple[DcgmMetric, ...] = (
                "Total number of NVLink recovery errors.", lambda t: t.nvlink_recovery_errors),
 )  # fmt: skip
 
-XID_ERRORS = "DCGM_FI_DEV_XID_ERRORS"
-XID_ERRORS_HELP = "Value of the last XID error encountered."
+#: The families read from a GPU's telemetry.
+DCGM_METRICS = tuple(f for f in DCGM_FAMILIES if isinstance(f, DcgmMetric))
 
 
 OTHER_XID = "other"

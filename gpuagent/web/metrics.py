@@ -23,9 +23,9 @@ from __future__ import annotations
 import asyncio
 import platform
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 
-from gpuagent.domain.devices import PodRef
+from gpuagent.domain.devices import PodRef, Telemetry
 from gpuagent.domain.plan import Plan
 from gpuagent.domain.snapshot import Snapshot
 from gpuagent.domain.usage import ContainerUsage
@@ -37,7 +37,14 @@ from gpuagent.web.agentfamilies import (
     nvml_families,
     pod_resources_families,
 )
-from gpuagent.web.dcgm import DCGM_METRICS, INSTANCE_SCOPE, XID_ERRORS, XID_ERRORS_HELP, xid_message
+from gpuagent.web.dcgm import (
+    DCGM_FAMILIES,
+    INSTANCE_SCOPE,
+    LAST_XID,
+    DcgmMetric,
+    LastXid,
+    xid_message,
+)
 from gpuagent.web.devicepart import DevicePart, hand_back
 from gpuagent.web.exposition import Family, escape_label, format_value, header, render, single
 from gpuagent.web.gpufamilies import health_families
@@ -89,7 +96,7 @@ class MetricsRenderer:
         self.container_shares = container_shares
         self.series_per_container = series_per_container or container_shares
         self.detailed = detailed
-        self.dcgm_metrics = tuple(m for m in DCGM_METRICS if detailed or not m.detailed)
+        self.dcgm_families = tuple(f for f in DCGM_FAMILIES if detailed or not f.detailed)
         self.version = version
         self.hostname_label = hostname_label
         self.monotonic = monotonic
@@ -233,37 +240,48 @@ class MetricsRenderer:
             for s in layout.series
         ]
         shares = self._shares(snapshot, layout) if self.container_shares else {}
-        for metric in self.dcgm_metrics:
-            name, read, own = metric.name.encode(), metric.read, metric.scope == INSTANCE_SCOPE
-            share = SHARED_DCGM.get(metric.name)
-            parts: list[bytes] = []
-            for n, (whole, instance, blocks) in enumerate(readings):
-                value = read(instance if own else whole)
-                if value is None:
-                    continue
-                held = shares.get(n)
-                if held and share is not None:
-                    # Each container's own reading (the GPU's where NVML has none for it).
-                    for block, usage in zip(blocks, held, strict=True):
-                        mine = share(usage) if usage is not None else None
-                        own_value = value if mine is None else mine
-                        parts.append(
-                            b"%s{%s} %s\n" % (name, block, format_value(own_value).encode())
-                        )
-                    continue
-                # One sample per label block, all with the same value: one C-level join.
-                end = b"} " + format_value(value).encode() + b"\n"
-                parts.append(name + b"{" + (end + name + b"{").join(blocks) + end)
-            if parts:
-                yield header(metric.name, metric.kind, metric.help).encode() + b"".join(parts)
-            if metric.name == "DCGM_FI_DEV_DEC_UTIL":
-                xid = self._render_xid_last(snapshot, layout)
-                if xid:
-                    yield xid
+        for dcgm in self.dcgm_families:
+            if isinstance(dcgm, LastXid):
+                chunk = self._render_xid_last(snapshot, layout)
+            else:
+                chunk = self._render_dcgm(dcgm, readings, shares)
+            if chunk:
+                yield chunk
         yield health_families(snapshot).encode()
         yield layout.static
         for family in render_usage(snapshot):
             yield family.encode()
+
+    @staticmethod
+    def _render_dcgm(
+        metric: DcgmMetric,
+        readings: Sequence[tuple[Telemetry, Telemetry, tuple[bytes, ...]]],
+        shares: Mapping[int, list[ContainerUsage | None]],
+    ) -> bytes:
+        """``metric``'s family: a sample per label block of each series that has a reading
+        (``readings``: each series' GPU telemetry, its own, its label blocks); with ``shares``,
+        each container's own reading where NVML has one per process."""
+        name, read, own = metric.name.encode(), metric.read, metric.scope == INSTANCE_SCOPE
+        share = SHARED_DCGM.get(metric.name)
+        parts: list[bytes] = []
+        for n, (whole, instance, blocks) in enumerate(readings):
+            value = read(instance if own else whole)
+            if value is None:
+                continue
+            held = shares.get(n)
+            if held and share is not None:
+                # Each container's own reading (the GPU's where NVML has none for it).
+                for block, usage in zip(blocks, held, strict=True):
+                    mine = share(usage) if usage is not None else None
+                    own_value = value if mine is None else mine
+                    parts.append(b"%s{%s} %s\n" % (name, block, format_value(own_value).encode()))
+                continue
+            # One sample per label block, all with the same value: one C-level join.
+            end = b"} " + format_value(value).encode() + b"\n"
+            parts.append(name + b"{" + (end + name + b"{").join(blocks) + end)
+        if not parts:
+            return b""
+        return header(metric.name, metric.kind, metric.help).encode() + b"".join(parts)
 
     @staticmethod
     def _shares(snapshot: Snapshot, layout: Layout) -> dict[int, list[ContainerUsage | None]]:
@@ -283,7 +301,7 @@ class MetricsRenderer:
 
     @staticmethod
     def _render_xid_last(snapshot: Snapshot, layout: Layout) -> bytes:
-        name = XID_ERRORS.encode()
+        name = LAST_XID.name.encode()
         parts: list[bytes] = []
         for s in layout.series:
             xid = snapshot.gpus[s.gpu].last_xid or 0
@@ -293,7 +311,7 @@ class MetricsRenderer:
             parts.append(name + b"{" + (end + name + b"{").join(s.blocks) + end)
         if not parts:
             return b""
-        return header(XID_ERRORS, "gauge", XID_ERRORS_HELP).encode() + b"".join(parts)
+        return header(LAST_XID.name, LAST_XID.kind, LAST_XID.help).encode() + b"".join(parts)
 
     # ----- agent part --------------------------------------------------------------------------
     def _render_agent(

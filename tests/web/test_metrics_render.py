@@ -36,7 +36,7 @@ from gpuagent.state.counters import (
     ReloadStats,
 )
 from gpuagent.web import layout, metrics
-from gpuagent.web.dcgm import DCGM_METRICS, xid_message
+from gpuagent.web.dcgm import DCGM_FAMILIES, DCGM_METRICS, xid_message
 from gpuagent.web.devicepart import hand_back
 from gpuagent.web.exposition import escape_label, format_value
 from gpuagent.web.metrics import MetricsRenderer
@@ -105,7 +105,17 @@ def test_by_default_only_the_dcgm_families_a_shipped_list_or_rule_uses() -> None
     extras = {"DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_SM_OCCUPANCY"}
     assert {f for f in detailed - default if f.startswith("DCGM_")} == extras
     assert {m.name for m in DCGM_METRICS if m.detailed} == extras
-    assert {m.name for m in renderer().dcgm_metrics} == {m.name for m in DCGM_METRICS} - extras
+    assert {m.name for m in renderer().dcgm_families} == {m.name for m in DCGM_FAMILIES} - extras
+
+
+def test_the_dcgm_families_come_in_the_tables_order() -> None:
+    """DCGM_FAMILIES is the device part's order, the XID family (read from the GPU, not its
+    telemetry) included: right after the decoder's, where dcgm-exporter's default list has it."""
+    names = [f.name for f in DCGM_FAMILIES]
+    assert names.index("DCGM_FI_DEV_XID_ERRORS") == names.index("DCGM_FI_DEV_DEC_UTIL") + 1
+    text = renderer(detailed=True).render(synthetic_snapshot(2), AgentCounters())
+    written = re.findall(r"^# TYPE (DCGM_\w+) ", text, re.MULTILINE)
+    assert written == names
 
 
 def test_dcgm_names_help_and_types_match_dcgm_exporter() -> None:
