@@ -118,7 +118,7 @@ class Steps:
 
 
 def capture(steps: Steps, out: Path, args: argparse.Namespace) -> int:
-    argv = [sys.executable, str(ROOT / "scripts/nvml-capture"), "-o", str(out / "capture.json")]
+    argv = [sys.executable, str(ROOT / "scripts/nvml_capture.py"), "-o", str(out / "capture.json")]
     if args.simulate:
         argv += ["--simulate", str(args.simulate)]
     if args.anonymise:

@@ -1,4 +1,5 @@
-"""``scripts/nvml-capture`` and ``capture: FILE``: a capture of a node becomes a simulated node.
+"""``scripts/nvml-capture`` (``scripts/nvml_capture.py``) and ``capture: FILE``: a capture of a
+node becomes a simulated node.
 
 ``tests/data/captures/`` holds one capture of a real node (``real-1xh200.json``: an H200 in a VM,
 driver 580.159.04) and one of the simulator (``simulated-2xh100.json``);
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -33,7 +35,8 @@ from gpuagent.state.store import DeviceStore
 ROOT = Path(__file__).resolve().parents[2]
 CAPTURES = ROOT / "tests/data/captures"
 SIMULATED = CAPTURES / "simulated-2xh100.json"
-SCRIPT = ROOT / "scripts/nvml-capture"
+SCRIPT = ROOT / "scripts/nvml_capture.py"
+LAUNCHER = ROOT / "scripts/nvml-capture"
 
 
 def test_a_capture_becomes_a_node(tmp_path: Path) -> None:
@@ -108,14 +111,17 @@ async def test_the_capture_covers_every_call_the_agent_makes(tmp_path: Path) -> 
 
 
 def test_script_runs_on_the_simulator(tmp_path: Path) -> None:
-    """The script itself, on the simulator: a capture the simulator loads again."""
+    """The script itself as an operator runs it (the launcher, ``-o`` relative to where it is
+    run), on the simulator: a capture the simulator loads again."""
     out = tmp_path / "capture.json"
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--simulate", "2", "--repeat", "2", "-o", str(out)],
+        [str(LAUNCHER), "--simulate", "2", "--repeat", "2", "-o", out.name],
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHON": sys.executable},
     )
     assert done.returncode == 0, done.stderr
     data = json.loads(out.read_text())
