@@ -15,17 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,88 +39,11 @@ import bench_poll  # noqa: E402
 import bench_series  # noqa: E402
 import bench_watch  # noqa: E402
 from bench_preferred import bench_preferred  # noqa: E402
+from benchlib import Row, agent, ms, percentile, table, tempdir  # noqa: E402
 from support.fake_kubelet import FakeKubelet  # noqa: E402
 from support.grpcstubs import StubModules, kubelet_stubs  # noqa: E402
 
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 REAL_H200 = ROOT.parent / "shared" / "reference" / "real-h200" / "capture-h200.json"
-
-
-@dataclass
-class Row:
-    what: str
-    value: str
-    target: str
-    met: bool | None
-
-
-def percentile(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    k = max(0, min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1))))
-    return ordered[k]
-
-
-def ms(seconds: float) -> str:
-    return f"{seconds * 1000:.2f} ms"
-
-
-@dataclass
-class Agent:
-    proc: subprocess.Popen[bytes]
-    port: int
-    started: float
-
-    def post_fault(self, body: dict[str, object]) -> None:
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}/sim/faults",
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(request, timeout=5) as response:
-            response.read()
-
-    def get(self, path: str) -> bytes:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as r:
-            return bytes(r.read())
-
-    def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime + stime
-
-    def rss_mib(self) -> tuple[float, float]:
-        status = Path(f"/proc/{self.proc.pid}/status").read_text().splitlines()
-        values = {k: v for k, _, v in (line.partition(":") for line in status)}
-        return int(values["VmRSS"].split()[0]) / 1024, int(values["VmHWM"].split()[0]) / 1024
-
-
-@contextmanager
-def agent(
-    socket_dir: Path, gpus: int, extra: list[str] | None = None, *, sim_config: Path | None = None
-) -> Iterator[Agent]:
-    port = bench_plugin.free_port()
-    started = time.monotonic()
-    node = ["--sim-config", str(sim_config)] if sim_config else ["--simulate", str(gpus)]
-    proc = subprocess.Popen(
-        [
-            sys.executable, "-m", "gpuagent",
-            *node,
-            "--socket-dir", str(socket_dir),
-            "--metrics-address", f"127.0.0.1:{port}",
-            "--log-level", "warning",
-            *(extra or []),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        yield Agent(proc, port, started)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def health(update: Any) -> dict[str, str]:
@@ -195,7 +112,7 @@ def plugin_runs(
             print(f"run {n + 1}/{args.runs}: {plugin.name}", file=sys.stderr, flush=True)
             runs[plugin.name].append(
                 bench_plugin.measure(
-                    plugin, stubs, tempdir,
+                    plugin, stubs,
                     startups=args.startups, allocations=args.allocations,
                     restarts=args.restarts, idle_seconds=args.idle_seconds, log=args.plugin_log,
                 )
@@ -214,25 +131,6 @@ def bench_preferred_search() -> list[Row]:
         rows.append(Row(f"preferred-allocation search p99, {shape}", f"{timing.p99_ms:.2f} ms",
                         f"< {target * 1000:.0f} ms", timing.p99_ms < target * 1000))  # fmt: skip
     return rows
-
-
-@contextmanager
-def tempdir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="gab-", dir="/tmp"))
-    try:
-        yield path / "device-plugins"
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def table(rows: list[Row]) -> str:
-    width = max(len(r.what) for r in rows)
-    vwidth = max(len(r.value) for r in rows)
-    lines = [f"{'measure':<{width}}  {'value':<{vwidth}}  target", "-" * (width + vwidth + 20)]
-    for r in rows:
-        mark = "" if r.met is None else ("  ok" if r.met else "  MISSED")
-        lines.append(f"{r.what:<{width}}  {r.value:<{vwidth}}  {r.target}{mark}")
-    return "\n".join(lines)
 
 
 def main() -> int:
@@ -301,16 +199,16 @@ def main() -> int:
     args = parser.parse_args()
 
     if args.only_dra:
-        print(table(bench_dra.rows(args, Row)))
+        print(table(bench_dra.rows(args)))
         return 0
     if args.only_kube:
-        print(table(bench_kube.rows(args, Row)))
+        print(table(bench_kube.rows(args)))
         return 0
     if args.only_series:
-        print(table(bench_series.rows(args, agent, tempdir, Row)))
+        print(table(bench_series.rows(args)))
         return 0
     if args.only_fleet:
-        print(table(bench_fleet.rows(args, agent, tempdir, Row)))
+        print(table(bench_fleet.rows(args)))
         return 0
     with tempfile.TemporaryDirectory() as stubs_dir:
         stubs = kubelet_stubs()
@@ -320,25 +218,25 @@ def main() -> int:
             if args.agent_python != sys.executable:
                 bench_plugin.warm_bytecode(args.agent_python)
         if args.only_accounting:
-            print(table(bench_accounting.rows(stubs, args, agent, tempdir, Row)))
+            print(table(bench_accounting.rows(stubs, args)))
             return 0
         if args.only_poll:
-            print(table(bench_poll.rows(stubs, args, agent, tempdir, Row)))
+            print(table(bench_poll.rows(stubs, args)))
             print(bench_poll.breakdown(args))
             return 0
         if args.only_mps:
-            print(table(bench_mps.rows(stubs, args, agent, tempdir, Row)))
+            print(table(bench_mps.rows(stubs, args)))
             return 0
         if args.only_health:
             startup = bench_plugin.start_times(
-                bench_plugin.gpuagent(args.gpus, args.agent_python), stubs, tempdir,
+                bench_plugin.gpuagent(args.gpus, args.agent_python), stubs,
                 startups=args.startups,
             )  # fmt: skip
             rows = [Row(f"start → registered p50 ({args.startups} runs, warm)",
                         ms(statistics.median(startup)), "", None)]  # fmt: skip
             rows += [r for r in bench_running(stubs, args) if "→" in r.what]
-            rows += bench_health.rows(stubs, args, agent, tempdir, Row)
-            rows += bench_watch.rows(args, Row)
+            rows += bench_health.rows(stubs, args)
+            rows += bench_watch.rows(args)
             print(table(rows))
             return 0
         replay = bench_plugin.replay_config(args.replay, Path(stubs_dir)) if args.replay else None
@@ -347,7 +245,7 @@ def main() -> int:
         ]
         plugins += [bench_plugin.parse_compare(spec) for spec in args.compare]
         runs = plugin_runs(stubs, plugins, args)
-        rows = bench_plugin.rows(runs, Row)
+        rows = bench_plugin.rows(runs)
         if args.compare or args.only_plugin:
             print(table(rows))
             if args.compare:
@@ -356,17 +254,17 @@ def main() -> int:
             return 0
         rows += bench_running(stubs, args)
         rows += bench_preferred_search()
-        rows += bench_answers.rows(Row)
-        rows += bench_metrics.rows(stubs, args, agent, tempdir, Row)
-        rows += bench_series.rows(args, agent, tempdir, Row)
-        rows += bench_fleet.rows(args, agent, tempdir, Row)
-        rows += bench_dra.rows(args, Row)
-        rows += bench_kube.rows(args, Row)
-        rows += bench_accounting.rows(stubs, args, agent, tempdir, Row)
-        rows += bench_mps.rows(stubs, args, agent, tempdir, Row)
-        rows += bench_health.rows(stubs, args, agent, tempdir, Row)
-        rows += bench_watch.rows(args, Row)
-        rows += bench_poll.rows(stubs, args, agent, tempdir, Row)
+        rows += bench_answers.rows()
+        rows += bench_metrics.rows(stubs, args)
+        rows += bench_series.rows(args)
+        rows += bench_fleet.rows(args)
+        rows += bench_dra.rows(args)
+        rows += bench_kube.rows(args)
+        rows += bench_accounting.rows(stubs, args)
+        rows += bench_mps.rows(stubs, args)
+        rows += bench_health.rows(stubs, args)
+        rows += bench_watch.rows(args)
+        rows += bench_poll.rows(stubs, args)
     print(f"gpuagent bench: {args.gpus} simulated GPUs, Python {sys.version.split()[0]}, "
           f"{os.cpu_count()} CPUs")  # fmt: skip
     print(table(rows))

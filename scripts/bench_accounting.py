@@ -23,15 +23,14 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
+from benchlib import Row, agent, ms, percentile, table, tempdir  # noqa: E402
 from support.cgroups import LAYOUTS, cgroup_file, write_proc  # noqa: E402
 from support.clock import FakeClock  # noqa: E402
 from support.fake_cri import FakeCri, RuntimeContainer  # noqa: E402
@@ -41,16 +40,6 @@ from support.grpcstubs import CriStubs, StubModules, cri_stubs, kubelet_stubs  #
 
 GPUS = 8
 PER_GPU = 50
-
-
-def _percentile(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    k = max(0, min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1))))
-    return ordered[k]
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1000:.3f} ms"
 
 
 def _pid(gpu: int, n: int) -> int:
@@ -164,7 +153,7 @@ def bench_poll_cost(cycles: int) -> dict[str, float]:
     return {
         "probe_bare": statistics.mean(bare),
         "probe": probe,
-        "probe_p99": _percentile(loaded, 99),
+        "probe_p99": percentile(loaded, 99),
         "accounting_per_gpu": accounting,
         "poll_per_gpu": probe + accounting,
         "render": statistics.median(renders),
@@ -201,8 +190,6 @@ def _named_containers(text: str) -> int:
 def bench_agent(
     stubs: StubModules,
     cri_stubs: CriStubs,
-    agent: Callable[..., Any],
-    tempdir: Callable[[], Any],
     window: float,
     scrapes: int,
 ) -> dict[str, float]:
@@ -274,8 +261,8 @@ def bench_agent(
                 rss, hwm = a.rss_mib()
     series = sum(1 for line in page.splitlines() if line and not line.startswith("#"))
     return {
-        "allocate_p99": _percentile(alone, 99),
-        "allocate_scraped_p99": _percentile(scraped, 99),
+        "allocate_p99": percentile(alone, 99),
+        "allocate_scraped_p99": percentile(scraped, 99),
         "series": series,
         "raw_bytes": len(page.encode()),
         "rss": rss,
@@ -285,8 +272,8 @@ def bench_agent(
         "per_minute": at_rest * 60 / elapsed,
         "window": elapsed,
         "during_scrapes": during_scrapes,
-        "scrape_p50": _percentile(latencies, 50),
-        "scrape_p99": _percentile(latencies, 99),
+        "scrape_p50": percentile(latencies, 50),
+        "scrape_p99": percentile(latencies, 99),
         "gzip_bytes": size,
     }
 
@@ -325,43 +312,38 @@ def _allocations(kubelet: FakeKubelet, port: int, count: int) -> tuple[list[floa
     return alone, scraped
 
 
-def rows(
-    stubs: StubModules,
-    args: argparse.Namespace,
-    agent: Callable[..., Any],
-    tempdir: Callable[[], Any],
-    row: Callable[[str, str, str, bool | None], Any],
-) -> list[Any]:
+def rows(stubs: StubModules, args: argparse.Namespace) -> list[Row]:
     out = []
     poll = bench_poll_cost(args.poll_cycles)
-    out.append(row("poll per GPU, 8 GPUs x 50 processes, no sim latency (probe + accounting)",
-                   _ms(poll["poll_per_gpu"]), "< 2 ms", poll["poll_per_gpu"] < 0.002))  # fmt: skip
-    out.append(row("  probe per GPU with 50 processes / without any (p99 with)",
-                   f"{_ms(poll['probe'])} / {_ms(poll['probe_bare'])} "
-                   f"({_ms(poll['probe_p99'])})", "", None))  # fmt: skip
-    out.append(row("  accounting per GPU (cgroups cached, 400 containers)",
-                   _ms(poll["accounting_per_gpu"]), "", None))  # fmt: skip
-    out.append(row("/metrics 8 GPUs x 50 containers: new version, render+gzip p50",
-                   _ms(poll["render"]), "", None))  # fmt: skip
-    r = bench_agent(stubs, cri_stubs(), agent, tempdir, args.cri_window, args.accounting_scrapes)
-    out.append(row(f"CRI calls naming 400 containers / at rest ({r['at_rest']} in "
+    out.append(Row("poll per GPU, 8 GPUs x 50 processes, no sim latency (probe + accounting)",
+                   ms(poll["poll_per_gpu"], 3), "< 2 ms",
+                   poll["poll_per_gpu"] < 0.002))  # fmt: skip
+    out.append(Row("  probe per GPU with 50 processes / without any (p99 with)",
+                   f"{ms(poll['probe'], 3)} / {ms(poll['probe_bare'], 3)} "
+                   f"({ms(poll['probe_p99'], 3)})", "", None))  # fmt: skip
+    out.append(Row("  accounting per GPU (cgroups cached, 400 containers)",
+                   ms(poll["accounting_per_gpu"], 3), "", None))  # fmt: skip
+    out.append(Row("/metrics 8 GPUs x 50 containers: new version, render+gzip p50",
+                   ms(poll["render"], 3), "", None))  # fmt: skip
+    r = bench_agent(stubs, cri_stubs(), args.cri_window, args.accounting_scrapes)
+    out.append(Row(f"CRI calls naming 400 containers / at rest ({r['at_rest']} in "
                    f"{r['window']:.0f} s of 1 s polls)",
                    f"{r['refreshes']} / {r['per_minute']:.1f}/min", "0/min beyond the refresh",
                    r["at_rest"] == 0))  # fmt: skip
-    out.append(row(f"CRI calls during {args.accounting_scrapes:,} scrapes",
+    out.append(Row(f"CRI calls during {args.accounting_scrapes:,} scrapes",
                    str(r["during_scrapes"]), "0", r["during_scrapes"] == 0))  # fmt: skip
-    out.append(row("/metrics 8 GPUs x 50 containers: end to end p50 / p99",
-                   f"{_ms(r['scrape_p50'])} / {_ms(r['scrape_p99'])}, "
+    out.append(Row("/metrics 8 GPUs x 50 containers: end to end p50 / p99",
+                   f"{ms(r['scrape_p50'], 3)} / {ms(r['scrape_p99'], 3)}, "
                    f"{r['gzip_bytes'] / 1024:.0f} KiB gzip",
                    "p99 < 5 ms", r["scrape_p99"] < 0.005))  # fmt: skip
-    out.append(row("/metrics 8 GPUs x 50 containers, a real agent's page: series, raw",
+    out.append(Row("/metrics 8 GPUs x 50 containers, a real agent's page: series, raw",
                    f"{r['series']:,}, {r['raw_bytes'] / 1000:,.0f} KB",
                    "<= 2,500, <= 500 KB",
                    r["series"] <= 2500 and r["raw_bytes"] <= 500_000))  # fmt: skip
-    out.append(row("Allocate p99 at 8 GPUs x 50 containers: alone / during back-to-back scrapes",
-                   f"{_ms(r['allocate_p99'])} / {_ms(r['allocate_scraped_p99'])}", "",
+    out.append(Row("Allocate p99 at 8 GPUs x 50 containers: alone / during back-to-back scrapes",
+                   f"{ms(r['allocate_p99'], 3)} / {ms(r['allocate_scraped_p99'], 3)}", "",
                    None))  # fmt: skip
-    out.append(row("RSS of that agent after the scrapes (peak)",
+    out.append(Row("RSS of that agent after the scrapes (peak)",
                    f"{r['rss']:.1f} MiB ({r['hwm']:.1f})", "<= 75 MiB",
                    r["rss"] <= 75))  # fmt: skip
     return out
@@ -377,13 +359,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main() -> int:
-    import bench  # noqa: PLC0415
-
     parser = argparse.ArgumentParser(description=__doc__)
     add_arguments(parser)
     args = parser.parse_args()
-    out = rows(kubelet_stubs(), args, bench.agent, bench.tempdir, bench.Row)
-    print(bench.table(out))
+    print(table(rows(kubelet_stubs(), args)))
     return 0
 
 

@@ -19,10 +19,10 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+from benchlib import Row, table
 from support.nodes import gpu, gpu_uuid, node
 
 from gpuagent import logs
@@ -66,20 +66,19 @@ async def allocate_micros(*, device_specs: bool, fresh: bool, passes: int = 15) 
     return statistics.median(timings)
 
 
-def rows(row: Any) -> list[Any]:
+def rows() -> list[Row]:
     logs.configure("json", "warning")  # (an "allocated" line per call would be measured too)
     out = []
     for specs in (False, True):
         shape = "8 GPUs" + (", --pass-device-specs" if specs else "")
         fresh = asyncio.run(allocate_micros(device_specs=specs, fresh=True))
         again = asyncio.run(allocate_micros(device_specs=specs, fresh=False))
-        out.append(row(f"Allocate, agent's part in process: a device set not asked before, {shape}",
+        out.append(Row(f"Allocate, agent's part in process: a device set not asked before, {shape}",
                        f"{fresh:.1f} us", "", None))  # fmt: skip
-        out.append(row(f"Allocate, agent's part in process: a device set asked before, {shape}",
+        out.append(Row(f"Allocate, agent's part in process: a device set asked before, {shape}",
                        f"{again:.1f} us", "", None))  # fmt: skip
     return out
 
 
 if __name__ == "__main__":
-    for r in rows(lambda what, value, target, met: (what, value)):
-        print(f"{r[0]:<90} {r[1]}")
+    print(table(rows()))

@@ -41,6 +41,7 @@ from typing import Any
 
 import bench_kube
 import uvloop
+from benchlib import Row, ms, percentile
 from e2e.agentrun import running_agent
 from support.fake_apiserver import FakeApiServer, claim
 from support.fake_plugin_watcher import FakePluginWatcher
@@ -70,11 +71,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--dra-mig-claims", type=int, default=30, help="MIG devices made on prepare (DRA rows)"
     )
     parser.add_argument("--dra-faults", type=int, default=20, help="faults injected (DRA rows)")
-
-
-def _p(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
 async def _wait(check: Any) -> None:
@@ -267,7 +263,7 @@ async def _measure_reboot(root: Path) -> dict[str, Any]:
     return out
 
 
-def rows(args: argparse.Namespace, row: Any) -> list[Any]:
+def rows(args: argparse.Namespace) -> list[Row]:
     logs.configure("console", "warning")  # the in-process agent's info lines would drown the table
     root = Path(tempfile.mkdtemp(prefix="gad-", dir="/tmp"))
     try:
@@ -285,45 +281,43 @@ def rows(args: argparse.Namespace, row: Any) -> list[Any]:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     again = reboot["again"]
-    again_p99 = _p(again, 99)
+    again_p99 = percentile(again, 99)
     assert reboot["again_counted"] == len(again) + MIG_NODE_GPUS, reboot  # every one made again
 
-    def ms(seconds: float) -> str:
-        return f"{seconds * 1000:.2f} ms"
-
-    prepare = _p(m["prepare"], 99)
+    prepare = percentile(m["prepare"], 99)
     made = mig["round_trip"]
-    made_p99 = _p(made, 99)
+    made_p99 = percentile(made, 99)
     return [
-        row(f"DRA NodePrepareResources p50, 1 claim ({len(m['prepare'])}), no API read",
+        Row(f"DRA NodePrepareResources p50, 1 claim ({len(m['prepare'])}), no API read",
             ms(statistics.median(m["prepare"])), "", None),
-        row("DRA NodePrepareResources p99, 1 claim, no API read", ms(prepare), "< 20 ms",
+        Row("DRA NodePrepareResources p99, 1 claim, no API read", ms(prepare), "< 20 ms",
             prepare < 0.020),
-        row("DRA NodePrepareResources round trip p99 (kubelet side, local API read)",
-            ms(_p(m["round_trip"], 99)), "", None),
-        row("DRA claim read from the API server p50", ms(statistics.median(m["api_read"])), "",
+        Row("DRA NodePrepareResources round trip p99 (kubelet side, local API read)",
+            ms(percentile(m["round_trip"], 99)), "", None),
+        Row("DRA claim read from the API server p50", ms(statistics.median(m["api_read"])), "",
             None),
-        row(f"DRA fault → ResourceSlice tainted, after a quiet spell ({len(m['quiet'])}): "
-            "p50; p99", f"{ms(statistics.median(m['quiet']))}; {ms(_p(m['quiet'], 99))}",
-            "p99 < 1 s", _p(m["quiet"], 99) < 1.0),
-        row(f"DRA fault → ResourceSlice tainted, 0.5-29.5 s after a write ({len(m['soon'])}): "
-            "p50; p99", f"{ms(statistics.median(m['soon']))}; {ms(_p(m['soon'], 99))}",
-            "p99 < 1 s", _p(m["soon"], 99) < 1.0),
-        row("DRA recover → ResourceSlice taint cleared p50; p99",
-            f"{ms(statistics.median(m['to_clear']))}; {ms(_p(m['to_clear'], 99))}", "", None),
-        row(f"DRA dynamic MIG prepare → CDI ID p50 ({len(made)}, 1g.10gb made)",
+        Row(f"DRA fault → ResourceSlice tainted, after a quiet spell ({len(m['quiet'])}): "
+            "p50; p99", f"{ms(statistics.median(m['quiet']))}; {ms(percentile(m['quiet'], 99))}",
+            "p99 < 1 s", percentile(m["quiet"], 99) < 1.0),
+        Row(f"DRA fault → ResourceSlice tainted, 0.5-29.5 s after a write ({len(m['soon'])}): "
+            "p50; p99", f"{ms(statistics.median(m['soon']))}; {ms(percentile(m['soon'], 99))}",
+            "p99 < 1 s", percentile(m["soon"], 99) < 1.0),
+        Row("DRA recover → ResourceSlice taint cleared p50; p99",
+            f"{ms(statistics.median(m['to_clear']))}; {ms(percentile(m['to_clear'], 99))}", "",
+            None),
+        Row(f"DRA dynamic MIG prepare → CDI ID p50 ({len(made)}, 1g.10gb made)",
             ms(statistics.median(made)), "", None),
-        row(f"DRA dynamic MIG prepare → CDI ID p99 (driver creation {ms(CREATION_S)})",
+        Row(f"DRA dynamic MIG prepare → CDI ID p99 (driver creation {ms(CREATION_S)})",
             ms(made_p99), f"< {ms(CREATION_S + 0.050)}", made_p99 < CREATION_S + 0.050),
-        row("DRA dynamic MIG NodePrepareResources p99, no API read",
-            ms(_p(mig["prepare"], 99)), "", None),
-        row(f"DRA dynamic MIG after a reboot: claim prepared again p50 ({len(again)}, made again)",
+        Row("DRA dynamic MIG NodePrepareResources p99, no API read",
+            ms(percentile(mig["prepare"], 99)), "", None),
+        Row(f"DRA dynamic MIG after a reboot: claim prepared again p50 ({len(again)}, made again)",
             ms(statistics.median(again)), "", None),
-        row(f"DRA dynamic MIG after a reboot: again p99 (driver creation {ms(CREATION_S)})",
+        Row(f"DRA dynamic MIG after a reboot: again p99 (driver creation {ms(CREATION_S)})",
             ms(again_p99), f"< {ms(CREATION_S + 0.100)}", again_p99 < CREATION_S + 0.100),
-        row("DRA dynamic MIG before the reboot: the same claims' first prepare p50 / p99",
-            f"{ms(statistics.median(reboot['first']))} / {ms(_p(reboot['first'], 99))}", "",
+        Row("DRA dynamic MIG before the reboot: the same claims' first prepare p50 / p99",
+            f"{ms(statistics.median(reboot['first']))} / {ms(percentile(reboot['first'], 99))}", "",
             None),
-        row(f"DRA dynamic MIG: {MIG_NODE_GPUS} H100s publish",
+        Row(f"DRA dynamic MIG: {MIG_NODE_GPUS} H100s publish",
             f"{mig['devices']} devices, {mig['slices']} slices, {mig['bytes']} bytes", "", None),
     ]  # fmt: skip

@@ -35,6 +35,7 @@ from typing import Any
 import bench_kube
 import bench_series
 import uvloop
+from benchlib import Row
 from support.clock import ManualClock
 from support.fake_apiserver import FakeApiServer
 from support.kubehealth import settle
@@ -222,36 +223,31 @@ def fleet_model(
     return out
 
 
-def rows(
-    args: argparse.Namespace,
-    agent: Callable[..., Any],
-    tempdir: Callable[[], Any],
-    row: Callable[[str, str, str, bool | None], Any],
-) -> list[Any]:
+def rows(args: argparse.Namespace) -> list[Row]:
     logs.configure("console", "warning")
     root = Path(tempfile.mkdtemp(prefix="gaf-", dir="/tmp"))
     try:
         api = uvloop.run(_measure(args.gpus, root))
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    sizes = list(bench_series.sizes(agent, tempdir))
+    sizes = list(bench_series.sizes())
     storm = api["dra_storm"]
     out = [
-        row("DRA slices at rest: API requests per node per hour",
+        Row("DRA slices at rest: API requests per node per hour",
             f"{api['dra_rest']['per_hour']:.0f}", "0", api["dra_rest"]["per_hour"] == 0),
-        row("DRA storm, 1,000 XIDs of mixed codes in 60 s over every GPU: slice updates",
+        Row("DRA storm, 1,000 XIDs of mixed codes in 60 s over every GPU: slice updates",
             f"{api['dra_xids']['minute']:.0f}", "<= 2", api["dra_xids"]["minute"] <= 2),
-        row("DRA storm, every GPU failing and recovering, 1,000 changes a minute for 3 min: "
+        Row("DRA storm, every GPU failing and recovering, 1,000 changes a minute for 3 min: "
             "slice updates in the first minute; the most in a later one; LISTs",
             f"{storm['minute']:.0f}; {storm['most_after']:.0f}; {storm['lists']:.0f}",
             "later <= 2; 0", storm["most_after"] <= 2 and storm["lists"] == 0),
-        row("DRA outage 10 min, every GPU fails, half recover: tries while down; requests once "
+        Row("DRA outage 10 min, every GPU fails, half recover: tries while down; requests once "
             "back", f"{api['dra_outage']['tries']:.0f}; {api['dra_outage']['catch_up']:.0f}",
             "", None),
-        row("node condition: requests per node per hour at rest; in the storm; after the outage",
+        Row("node condition: requests per node per hour at rest; in the storm; after the outage",
             f"{api['kube_rest']['total'] / api['kube_rest']['hours']:.2f}; "
             f"{api['kube_storm']['requests']:.0f}; {api['kube_outage']['catch_up']:.0f}",
             "", None),
     ]  # fmt: skip
-    out += [row(*r) for r in fleet_model(sizes, api, args.fleet_nodes, args.scrape_interval)]
+    out += [Row(*r) for r in fleet_model(sizes, api, args.fleet_nodes, args.scrape_interval)]
     return out

@@ -13,12 +13,11 @@ import statistics
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
-from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import yaml
+from benchlib import Row, agent, tempdir
 from support.fake_kubelet import FakeKubelet
 from support.grpcstubs import StubModules
 
@@ -73,8 +72,6 @@ def poll_cost(gpus: int, cycles: int) -> tuple[list[float], float]:
 def _startup(
     stubs: StubModules,
     node: dict[str, Any],
-    agent: Callable[..., AbstractContextManager[Any]],
-    tempdir: Callable[[], AbstractContextManager[Path]],
     timeout: float,
 ) -> float:
     """Process start → Register received by the kubelet, on the node described by ``node``."""
@@ -86,29 +83,21 @@ def _startup(
             return float(reg.received_at - a.started)
 
 
-def rows(
-    stubs: StubModules,
-    args: argparse.Namespace,
-    agent: Callable[..., AbstractContextManager[Any]],
-    tempdir: Callable[[], AbstractContextManager[Path]],
-    row: Callable[..., Any],
-) -> list[Any]:
+def rows(stubs: StubModules, args: argparse.Namespace) -> list[Row]:
     out = []
     took, calls = poll_cost(args.gpus, args.health_poll_cycles)
     p50, p99 = statistics.median(took), sorted(took)[int(0.99 * (len(took) - 1))]
-    out.append(row(f"poll cycle per GPU (probe), {args.gpus} GPUs, default sim latencies p50",
+    out.append(Row(f"poll cycle per GPU (probe), {args.gpus} GPUs, default sim latencies p50",
                    f"{p50 * 1000:.2f} ms, {calls:.0f} NVML calls", "", None))  # fmt: skip
-    out.append(row(f"poll cycle per GPU (probe), {args.gpus} GPUs, default sim latencies p99",
+    out.append(Row(f"poll cycle per GPU (probe), {args.gpus} GPUs, default sim latencies p99",
                    f"{p99 * 1000:.2f} ms", "", None))  # fmt: skip
     gpus: list[dict[str, object]] = [{} for _ in range(args.gpus)]
     cold = _startup(
         stubs,
         {"version": "v1", "gpus": gpus, "latency": {"cold_start_ms": args.cold_start_ms}},
-        agent,
-        tempdir,
         timeout=120,
     )
-    out.append(row(f"start → registered, cold {args.gpus}-GPU node "
+    out.append(Row(f"start → registered, cold {args.gpus}-GPU node "
                    f"({args.cold_start_ms / 1000:g} s per GPU bring-up)", f"{cold:.2f} s",
                    f"< {args.cold_start_ms / 1000 + 1:g} s",
                    cold < args.cold_start_ms / 1000 + 1))  # fmt: skip
@@ -116,10 +105,8 @@ def rows(
         stubs,
         {"version": "v1", "gpus": gpus,
          "latency": {"default_ms": args.slow_call_ms, "calls": {"nvmlEventSetWait_v2": 0}}},
-        agent,
-        tempdir,
         timeout=300,
     )  # fmt: skip
-    out.append(row(f"start → registered, {args.gpus} GPUs at {args.slow_call_ms:g} ms per call",
+    out.append(Row(f"start → registered, {args.gpus} GPUs at {args.slow_call_ms:g} ms per call",
                    f"{slow:.2f} s", "registers", True))  # fmt: skip
     return out

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import uvloop
+from benchlib import Row, percentile
 from support.clock import ManualClock
 from support.fake_apiserver import FakeApiServer
 from support.kubehealth import Follower
@@ -80,11 +81,6 @@ class SkipClock:
         it noted is before the skip), move the clock ``seconds`` on."""
         await until(lambda: writer.seen_version == store.snapshot.version and self.waiting > 0)
         self.offset += seconds
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
 async def until(check: Callable[[], bool], within: float = 10.0) -> None:
@@ -291,13 +287,13 @@ async def _measure(gpus: int, faults: int, root: Path) -> dict[str, Any]:
     }
 
 
-def _news_rows(news: dict[str, list[float]], row: Any) -> list[Any]:
+def _news_rows(news: dict[str, list[float]]) -> list[Row]:
     out = []
     for when, words in (("quiet", "after a quiet spell"), ("soon", "0.5-29.5 s after a write")):
         p50 = {what: statistics.median(news[f"{when}_{what}"]) for what in _NEWS}
         p99 = {what: percentile(news[f"{when}_{what}"], 99) for what in _NEWS}
         worst = max(p99.values())
-        out.append(row(
+        out.append(Row(
             f"XID → condition / Node event / pod event, real clock, {words} "
             f"({len(news[f'{when}_condition'])}): p50; p99",
             "; ".join(" / ".join(f"{d[w] * 1000:.0f}" for w in _NEWS) for d in (p50, p99))
@@ -309,7 +305,7 @@ def _news_rows(news: dict[str, list[float]], row: Any) -> list[Any]:
 _NEWS = ("condition", "node_event", "pod_event")
 
 
-def rows(args: argparse.Namespace, row: Any) -> list[Any]:
+def rows(args: argparse.Namespace) -> list[Row]:
     logs.configure("console", "warning")
     root = Path(tempfile.mkdtemp(prefix="gak-", dir="/tmp"))
     try:
@@ -326,37 +322,37 @@ def rows(args: argparse.Namespace, row: Any) -> list[Any]:
     # The worst storm (spread over every GPU) from 1 % of the fleet at once, over its first minute.
     storm_rate = storm_nodes * spread["requests"] / 60 + (fleet - storm_nodes) * per_hour / 3600
     return [
-        row("node condition at rest: requests per node per hour (24 h; max in any hour)",
+        Row("node condition at rest: requests per node per hour (24 h; max in any hour)",
             f"{per_hour:.2f} ({rest['max_hour']:.0f})", "<= 2", rest["max_hour"] <= 2),
-        row("storm, 1,000 XIDs in 10 s on one GPU: requests", f"{one['requests']:.0f}", "<= 20",
+        Row("storm, 1,000 XIDs in 10 s on one GPU: requests", f"{one['requests']:.0f}", "<= 20",
             one["requests"] <= 20),
-        row(f"storm, 1,000 XIDs in 10 s over {args.gpus} GPUs: requests",
+        Row(f"storm, 1,000 XIDs in 10 s over {args.gpus} GPUs: requests",
             f"{spread['requests']:.0f}", "<= 20", spread["requests"] <= 20),
-        row("storm, every GPU failing and recovering, 1,000 changes a minute for 5 min: "
+        Row("storm, every GPU failing and recovering, 1,000 changes a minute for 5 min: "
             "condition updates a minute, first; most after",
             f"{flapping['first_updates']:.0f}; {flapping['most_updates']:.0f}", "after <= 2",
             flapping["most_updates"] <= 2),
-        row("the same storm: requests a minute (condition, events' series), first; most after",
+        Row("the same storm: requests a minute (condition, events' series), first; most after",
             f"{flapping['first_requests']:.0f}; {flapping['most_requests']:.0f}", "", None),
-        row("outage 10 min, every GPU fails, half recover: tries while down (reach nobody)",
+        Row("outage 10 min, every GPU fails, half recover: tries while down (reach nobody)",
             f"{outage['tries']:.0f}", "", None),
-        row("outage: writes once the API server is back (one per changed object)",
+        Row("outage: writes once the API server is back (one per changed object)",
             f"{outage['catch_up']:.0f}", "", None),
-        row("outage of an hour at rest: tries while down; writes once back",
+        Row("outage of an hour at rest: tries while down; writes once back",
             f"{quiet['tries']:.0f}; {quiet['catch_up']:.0f}", "", None),
-        row("outage: first write after the API server is back (full jitter, <= 60 s)",
+        Row("outage: first write after the API server is back (full jitter, <= 60 s)",
             f"{outage['first_after']:.0f} s", f"<= {ceiling:.0f} s",
             outage["first_after"] <= ceiling + 1),
-        *_news_rows(m["news"], row),
-        row(f"fleet of {fleet:,} nodes at rest: API requests/s", f"{fleet * per_hour / 3600:.2f}",
+        *_news_rows(m["news"]),
+        Row(f"fleet of {fleet:,} nodes at rest: API requests/s", f"{fleet * per_hour / 3600:.2f}",
             "", None),
-        row(f"fleet of {fleet:,}, 1 % storming over every GPU at once: API requests/s "
+        Row(f"fleet of {fleet:,}, 1 % storming over every GPU at once: API requests/s "
             "(first minute)", f"{storm_rate:.1f}", "", None),
-        row(f"fleet of {fleet:,} during an hour-long outage at rest: tries/s (reach nobody)",
+        Row(f"fleet of {fleet:,} during an hour-long outage at rest: tries/s (reach nobody)",
             f"{fleet * quiet['tries'] / 3600:.0f}", "", None),
-        row(f"fleet of {fleet:,} after an outage at rest: catch-up requests/s (over "
+        Row(f"fleet of {fleet:,} after an outage at rest: catch-up requests/s (over "
             f"{ceiling:.0f} s)", f"{fleet * quiet['catch_up'] / ceiling:.0f}", "", None),
-        row(f"fleet of {fleet:,} after an outage in which every GPU failed: catch-up "
+        Row(f"fleet of {fleet:,} after an outage in which every GPU failed: catch-up "
             f"requests/s (over {ceiling:.0f} s)", f"{fleet * outage['catch_up'] / ceiling:.0f}",
             "", None),
     ]  # fmt: skip

@@ -37,6 +37,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+from benchlib import Row, agent, free_port, ms, percentile, tempdir  # noqa: E402
 from support.fake_podresources import FakePodResources, Held  # noqa: E402
 from support.grpcstubs import StubModules  # noqa: E402
 from support.synthetic import full_telemetry, synthetic_snapshot  # noqa: E402
@@ -49,25 +50,6 @@ SHAPES: dict[str, dict[str, Any]] = {
 TARGET_P99 = {"8 GPUs": 0.005, "1,024 replicas": 0.025}  # issue 4's targets
 
 
-def _percentile(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    k = max(0, min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1))))
-    return ordered[k]
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1000:.2f} ms"
-
-
-def _free_port() -> int:
-    import socket  # noqa: PLC0415
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-# ----- the serving process -----------------------------------------------------------------------
 def serve_synthetic(shape: str, port: int, poll: float, out: Path) -> None:
     """Serve /metrics for ``shape`` until SIGTERM; then write the handler durations to ``out``."""
     import uvloop  # noqa: PLC0415
@@ -148,7 +130,7 @@ def _wait_listening(port: int, proc: subprocess.Popen[bytes]) -> None:
 
 
 def bench_shape(shape: str, scrapes: int, poll: float) -> dict[str, float]:
-    port = _free_port()
+    port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "durations.json"
         proc = subprocess.Popen(
@@ -175,10 +157,10 @@ def bench_shape(shape: str, scrapes: int, poll: float) -> dict[str, float]:
         server = json.loads(out.read_text())
     durations = server["durations"][-scrapes:]
     return {
-        "e2e_p50": _percentile(latencies, 50),
-        "e2e_p99": _percentile(latencies, 99),
-        "server_p50": _percentile(durations, 50),
-        "server_p99": _percentile(durations, 99),
+        "e2e_p50": percentile(latencies, 50),
+        "e2e_p99": percentile(latencies, 99),
+        "server_p50": percentile(durations, 50),
+        "server_p99": percentile(durations, 99),
         "server_max": max(durations),
         "per_second": scrapes / elapsed,
         "gzip_bytes": size,
@@ -207,13 +189,11 @@ def bench_cold_render(shape: str, runs: int = 20) -> tuple[float, float]:
         snapshot = _with_telemetry(full_telemetry(version))(replace(base, version=2 * version + 1))
         renderer.devices(snapshot).gzip(b"")
         gzipped.append(time.perf_counter() - t0)
-    return _percentile(render, 50), _percentile(gzipped, 50)
+    return percentile(render, 50), percentile(gzipped, 50)
 
 
 def bench_agent_at_rest(
     stubs: StubModules,
-    agent: Callable[..., Any],
-    tempdir: Callable[[], Any],
     idle_seconds: float,
     scrapes: int,
 ) -> dict[str, float]:
@@ -250,45 +230,39 @@ def bench_agent_at_rest(
     }
 
 
-def rows(
-    stubs: StubModules,
-    args: argparse.Namespace,
-    agent: Callable[..., Any],
-    tempdir: Callable[[], Any],
-    row: Callable[[str, str, str, bool | None], Any],
-) -> list[Any]:
+def rows(stubs: StubModules, args: argparse.Namespace) -> list[Row]:
     out = []
     for shape in SHAPES:
         render, gzipped = bench_cold_render(shape)
         target = TARGET_P99.get(shape)
-        out.append(row(f"/metrics {shape}: new version, render / render+gzip p50",
-                       f"{_ms(render)} / {_ms(gzipped)}",
+        out.append(Row(f"/metrics {shape}: new version, render / render+gzip p50",
+                       f"{ms(render)} / {ms(gzipped)}",
                        f"< {target * 1000:g} ms" if target else "",
                        gzipped < target if target else None))  # fmt: skip
         r = bench_shape(shape, args.scrapes, args.scrape_poll)
         target = TARGET_P99.get(shape)
         goal = f"p99 < {target * 1000:g} ms" if target else ""
-        out.append(row(f"/metrics {shape}: server side p50 / p99",
-                       f"{_ms(r['server_p50'])} / {_ms(r['server_p99'])}", goal,
+        out.append(Row(f"/metrics {shape}: server side p50 / p99",
+                       f"{ms(r['server_p50'])} / {ms(r['server_p99'])}", goal,
                        r["server_p99"] < target if target else None))  # fmt: skip
-        out.append(row(f"/metrics {shape}: end to end p50 / p99",
-                       f"{_ms(r['e2e_p50'])} / {_ms(r['e2e_p99'])}", goal,
+        out.append(Row(f"/metrics {shape}: end to end p50 / p99",
+                       f"{ms(r['e2e_p50'])} / {ms(r['e2e_p99'])}", goal,
                        r["e2e_p99"] < target if target else None))  # fmt: skip
         floor = 1000 if shape == "8 GPUs" else None
-        out.append(row(f"/metrics {shape}: scrapes/s (1 connection, gzip)",
+        out.append(Row(f"/metrics {shape}: scrapes/s (1 connection, gzip)",
                        f"{r['per_second']:.0f}/s, {r['gzip_bytes'] / 1024:.0f} KiB, "
                        f"{r['renders']} renders",
                        "≥ 1,000/s" if floor else "",
                        r["per_second"] >= floor if floor else None))  # fmt: skip
-    rest = bench_agent_at_rest(stubs, agent, tempdir, args.idle_seconds, args.rss_scrapes)
-    out.append(row(f"pod-resources List calls at rest ({rest['calls']} in {rest['window']:.0f} s)",
+    rest = bench_agent_at_rest(stubs, args.idle_seconds, args.rss_scrapes)
+    out.append(Row(f"pod-resources List calls at rest ({rest['calls']} in {rest['window']:.0f} s)",
                    f"{rest['calls_per_minute']:.1f}/min", "≤ 12/min",
                    rest["calls_per_minute"] <= 12))  # fmt: skip
-    out.append(row(f"pod-resources calls during {args.rss_scrapes:,} scrapes",
+    out.append(Row(f"pod-resources calls during {args.rss_scrapes:,} scrapes",
                    f"{rest['calls_during_scrapes']}", "no per-scrape calls",
                    rest["calls_during_scrapes"] <= 2))  # fmt: skip
     growth = rest["rss_after"] - rest["rss_before"]
-    out.append(row(f"RSS before / after {args.rss_scrapes:,} scrapes (8 GPUs)",
+    out.append(Row(f"RSS before / after {args.rss_scrapes:,} scrapes (8 GPUs)",
                    f"{rest['rss_before']:.1f} / {rest['rss_after']:.1f} MiB "
                    f"(peak {rest['hwm']:.1f})",
                    "no growth (< 1 MiB)", growth < 1.0))  # fmt: skip

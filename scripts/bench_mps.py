@@ -21,10 +21,9 @@ import signal
 import statistics
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager
-from pathlib import Path
 from typing import Any
 
+from benchlib import Row, agent, percentile, tempdir
 from support.fake_kubelet import FakeKubelet
 from support.grpcstubs import StubModules
 
@@ -44,21 +43,14 @@ def _all(state: str) -> Callable[[Any], bool]:
 
 
 def _percentiles(values: list[float]) -> str:
-    ordered = sorted(values)
-    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+    p99 = percentile(values, 99)
     return (
         f"p50 {statistics.median(values) * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms, "
-        f"max {ordered[-1] * 1000:.0f} ms"
+        f"max {max(values) * 1000:.0f} ms"
     )
 
 
-def rows(
-    stubs: StubModules,
-    args: argparse.Namespace,
-    agent: Callable[..., AbstractContextManager[Any]],
-    tempdir: Callable[[], AbstractContextManager[Path]],
-    row: Callable[..., Any],
-) -> list[Any]:
+def rows(stubs: StubModules, args: argparse.Namespace) -> list[Row]:
     sharing = f"{{mps: {{resources: [{{name: {RESOURCE}, replicas: {args.mps_replicas}}}]}}}}"
     with tempdir() as d, FakeKubelet(d, stubs) as kubelet:
         driver, mps_root = d.parent / "driver", d.parent / "mps"
@@ -84,12 +76,12 @@ def rows(
                 back.append(time.monotonic() - t0)
     shape = f"{args.gpus} GPUs x {args.mps_replicas} replicas"
     return [
-        row(f"MPS: agent start → replicas Healthy on stream, {shape}", f"{from_agent:.2f} s",
+        Row(f"MPS: agent start → replicas Healthy on stream, {shape}", f"{from_agent:.2f} s",
             "", None),
-        row(f"MPS: daemon started → replicas Healthy on stream, {shape}",
+        Row(f"MPS: daemon started → replicas Healthy on stream, {shape}",
             f"{from_daemon:.2f} s", "", None),
-        row(f"MPS: daemon lost → replicas Unhealthy on stream ({args.mps_cycles} kills)",
+        Row(f"MPS: daemon lost → replicas Unhealthy on stream ({args.mps_cycles} kills)",
             _percentiles(lost), "≤ 2 s", max(lost) <= 2.0),
-        row(f"MPS: daemon lost → restarted, replicas Healthy on stream ({args.mps_cycles} kills)",
+        Row(f"MPS: daemon lost → restarted, replicas Healthy on stream ({args.mps_cycles} kills)",
             _percentiles(back), "≤ 5 s", max(back) <= 5.0),
     ]  # fmt: skip

@@ -24,7 +24,6 @@ import json
 import os
 import shlex
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,6 +33,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from benchlib import Row, free_port, percentile, tempdir
 
 
 @dataclass(frozen=True)
@@ -80,12 +81,6 @@ def parse_compare(spec: str) -> Plugin:
     if not sep or not name or not command or name == "gpuagent":
         raise SystemExit(f"--compare wants NAME=COMMAND (NAME not gpuagent), got {spec!r}")
     return Plugin(name, tuple(shlex.split(command)))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -158,21 +153,15 @@ class Figures:
     hwm_mib: float = 0.0
 
 
-def percentile(values: Sequence[float], p: float) -> float:
-    ordered = sorted(values)
-    k = max(0, min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1))))
-    return ordered[k]
-
-
 def start_times(
-    plugin: Plugin, stubs: Any, tempdir: Any, *, startups: int, log: Path | None = None
+    plugin: Plugin, stubs: Any, *, startups: int, log: Path | None = None
 ) -> list[float]:
     """Process start → ``Register`` received, ``startups`` times, the kubelet already up."""
-    return start_figures(plugin, stubs, tempdir, startups=startups, log=log)[0]
+    return start_figures(plugin, stubs, startups=startups, log=log)[0]
 
 
 def start_figures(
-    plugin: Plugin, stubs: Any, tempdir: Any, *, startups: int, log: Path | None = None
+    plugin: Plugin, stubs: Any, *, startups: int, log: Path | None = None
 ) -> tuple[list[float], list[float]]:
     """Process start → ``Register`` received, and the CPU time the process (every thread) had
     used by then, ``startups`` times, the kubelet already up. The CPU time is the steadier figure
@@ -221,7 +210,6 @@ def warm_bytecode(python: str) -> None:
 def measure(
     plugin: Plugin,
     stubs: Any,
-    tempdir: Any,
     *,
     startups: int,
     allocations: int,
@@ -231,7 +219,7 @@ def measure(
 ) -> Figures:
     from support.fake_kubelet import FakeKubelet  # noqa: PLC0415
 
-    start, start_cpu = start_figures(plugin, stubs, tempdir, startups=startups, log=log)
+    start, start_cpu = start_figures(plugin, stubs, startups=startups, log=log)
     figures = Figures(start=start, start_cpu=start_cpu)
     with tempdir() as d, FakeKubelet(d, stubs) as kubelet, running(plugin, d, log=log) as p:
         (reg,) = kubelet.wait_for_registrations(1, 30)
@@ -289,7 +277,7 @@ def show(value: float, unit: str, figures: Figures | None = None) -> str:
     return f"{value:.1f} /s"
 
 
-def rows(runs: Mapping[str, list[Figures]], row: Any) -> list[Any]:
+def rows(runs: Mapping[str, list[Figures]]) -> list[Row]:
     """gpuagent's rows (median of its runs) with their targets; other plugins in the value."""
     out = []
     for label, read, unit, target in FIGURES:
@@ -304,9 +292,9 @@ def rows(runs: Mapping[str, list[Figures]], row: Any) -> list[Any]:
             f" (median of {len(runs['gpuagent'])} runs)" if len(runs["gpuagent"]) > 1 else ""
         )
         if target is None:
-            out.append(row(label + runs_note, text, "", None))
+            out.append(Row(label + runs_note, text, "", None))
         else:
-            out.append(row(label + runs_note, text, target[0], ours < target[1]))
+            out.append(Row(label + runs_note, text, target[0], ours < target[1]))
     return out
 
 

@@ -31,8 +31,8 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from bench_plugin import Process  # noqa: E402
+from benchlib import Row, agent, tempdir  # noqa: E402
 from support.clock import FakeClock  # noqa: E402
 from support.fake_kubelet import FakeKubelet  # noqa: E402
 from support.grpcstubs import StubModules  # noqa: E402
@@ -175,8 +176,6 @@ def _by_call(
 def idle_cpu(
     stubs: StubModules,
     config: Path,
-    agent: Callable[..., AbstractContextManager[Any]],
-    tempdir: Callable[[], AbstractContextManager[Path]],
     settle: float,
     seconds: float,
 ) -> float:
@@ -196,13 +195,7 @@ def _replay(args: argparse.Namespace) -> Iterator[Path]:
         yield replay_config(args.capture, args.gpus, Path(directory))
 
 
-def rows(
-    stubs: StubModules,
-    args: argparse.Namespace,
-    agent: Callable[..., AbstractContextManager[Any]],
-    tempdir: Callable[[], AbstractContextManager[Path]],
-    row: Callable[..., Any],
-) -> list[Any]:
+def rows(stubs: StubModules, args: argparse.Namespace) -> list[Row]:
     configure("console", "warning")  # the replayed GPUs' absent values are logged at info
     out = []
     with _replay(args) as config:
@@ -215,7 +208,7 @@ def rows(
                 )
                 shape = "a process on each GPU" if processes else "idle"
                 met = cost["mean_ms"] <= TARGET_MS
-                out.append(row(
+                out.append(Row(
                     f"NVML time per GPU poll, {args.gpus} replayed H200s ({latencies}), {shape}: "
                     "mean / dearest",
                     f"{cost['mean_ms']:.2f} / {cost['max_ms']:.2f} ms, {cost['calls']:.1f} calls, "
@@ -224,15 +217,13 @@ def rows(
                 ))  # fmt: skip
         one = _node(replay_config(args.capture, 1, config.parent), False)
         cost = poll_cost(one, 60, args.replay_poll_interval, processes=False, slept=True)
-        out.append(row(
+        out.append(Row(
             "wall time per GPU probe, 1 replayed H200, captured latencies slept (this machine): "
             "mean / p50",
             f"{cost['wall_ms']:.2f} / {cost['wall_p50_ms']:.2f} ms", "", None,
         ))  # fmt: skip
-        cpu = idle_cpu(
-            stubs, config, agent, tempdir, args.poll_settle_seconds, args.poll_idle_seconds
-        )
-    out.append(row(
+        cpu = idle_cpu(stubs, config, args.poll_settle_seconds, args.poll_idle_seconds)
+    out.append(Row(
         f"idle CPU, {args.gpus} replayed H200s, poll every 5 s (over {args.poll_idle_seconds:g} s)",
         f"{cpu:.2f} % of a core", f"≤ {IDLE_TARGET_PCT:g} %", cpu <= IDLE_TARGET_PCT,
     ))  # fmt: skip

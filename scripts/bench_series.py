@@ -23,10 +23,11 @@ import gc
 import gzip
 import http.client
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
+from benchlib import Row, agent, percentile, tempdir
 from prometheus_client.parser import text_string_to_metric_families
 from support.synthetic import full_telemetry, synthetic_snapshot, with_usage
 
@@ -77,7 +78,7 @@ def _complete(page: str) -> bool:
     return twice and "gpuagent_scrape_duration_seconds_count" in page
 
 
-def real_agent_pages(agent: Callable[..., Any], tempdir: Callable[[], Any]) -> dict[bool, str]:
+def real_agent_pages() -> dict[bool, str]:
     """A real agent's /metrics on 8 simulated GPUs, by ``--detailed-agent-metrics``."""
     pages = {}
     for detailed in (False, True):
@@ -99,8 +100,8 @@ def real_agent_pages(agent: Callable[..., Any], tempdir: Callable[[], Any]) -> d
     return pages
 
 
-def sizes(agent: Callable[..., Any], tempdir: Callable[[], Any]) -> Iterator[dict[str, Any]]:
-    pages = real_agent_pages(agent, tempdir)
+def sizes() -> Iterator[dict[str, Any]]:
+    pages = real_agent_pages()
     plain = device_part(0, False)
     for compatible in (False, True):
         own = own_part(pages[compatible], families_of(plain))
@@ -156,48 +157,38 @@ async def _stalls(replicas: int, scrapes: int, asynchronous: bool) -> dict[str, 
     done.set()
     await asyncio.sleep(0.01)
     return {
-        "p50": _percentile(scrape_s, 50),
-        "p99": _percentile(scrape_s, 99),
+        "p50": percentile(scrape_s, 50),
+        "p99": percentile(scrape_s, 99),
         "stall": max(late),
-        "stall_p99": _percentile(late, 99),
+        "stall_p99": percentile(late, 99),
         "held": max(held),
     }
 
 
-def _percentile(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
-
-
-def rows(
-    args: Any,
-    agent: Callable[..., Any],
-    tempdir: Callable[[], Any],
-    row: Callable[[str, str, str, bool | None], Any],
-) -> list[Any]:
+def rows(args: Any) -> list[Row]:
     out = []
-    for r in sizes(agent, tempdir):
+    for r in sizes():
         mode = "--dcgm-series-per-container --detailed-agent-metrics" if r["compatible"] else ""
         name = f"/metrics {r['shape']}{' with ' + mode if mode else ''}"
         target = None if r["compatible"] else TARGETS.get(r["shape"])
         met = r["series"] <= target and r["own"] <= OWN_TARGET if target else None
-        out.append(row(f"{name}: series (agent's own)", f"{r['series']:,} ({r['own']})",
+        out.append(Row(f"{name}: series (agent's own)", f"{r['series']:,} ({r['own']})",
                        f"≤ {target:,}, own ≤ {OWN_TARGET}" if target else "", met))  # fmt: skip
         big = not r["compatible"] and r["shape"].endswith("50 containers")
         met = r["raw"] <= RAW_TARGET and r["gzip"] <= GZIP_TARGET if big else None
-        out.append(row(f"{name}: raw / gzip",
+        out.append(Row(f"{name}: raw / gzip",
                        f"{r['raw'] / 1000:,.0f} KB / {r['gzip'] / 1000:,.1f} KB",
                        "≤ 500 KB / ≤ 40 KB" if big else "", met))  # fmt: skip
     for asynchronous in (False, True):
         s = asyncio.run(_stalls(50, args.stall_scrapes, asynchronous))
         how = "a family / 64 KiB at a time" if asynchronous else "at once (the earlier way)"
-        out.append(row(f"/metrics 8 x 50 cold scrape, rendered {how}: p50 / p99; loop lag "
+        out.append(Row(f"/metrics 8 x 50 cold scrape, rendered {how}: p50 / p99; loop lag "
                        "p99 / max",
                        f"{s['p50'] * 1000:.1f} / {s['p99'] * 1000:.1f} ms; "
                        f"{s['stall_p99'] * 1000:.1f} / {s['stall'] * 1000:.1f} ms",
                        "stall ≤ 5 ms" if asynchronous else "",
                        s["stall"] <= STALL_TARGET if asynchronous else None))  # fmt: skip
-        out.append(row(f"/metrics 8 x 50 cold scrape, rendered {how}: longest loop hold "
+        out.append(Row(f"/metrics 8 x 50 cold scrape, rendered {how}: longest loop hold "
                        "(the loop thread's CPU time between probe ticks)",
                        f"{s['held'] * 1000:.1f} ms",
                        "≤ 5 ms" if asynchronous else "",

@@ -21,7 +21,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -32,6 +32,7 @@ import uvloop
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+from benchlib import Row, table  # noqa: E402
 from support.nodes import gpu, node  # noqa: E402
 
 from gpuagent import logs  # noqa: E402
@@ -171,14 +172,14 @@ def measure(gpus: int, rounds: int, streams: int) -> dict[str, float]:
     }
 
 
-def rows(args: argparse.Namespace, row: Callable[..., Any]) -> list[Any]:
+def rows(args: argparse.Namespace) -> list[Row]:
     logs.configure("console", "warning")
     m = measure(args.gpus, args.watch_rounds, args.watch_streams)
     shape = f"poll round, {args.gpus} GPUs"
     return [
-        row(f"{shape}: the store's updates alone", f"{m['bare']:.0f} µs", "", None),
-        row(f"{shape}: the agent's consumers (7), added", f"{m['agent']:.0f} µs", "", None),
-        row(
+        Row(f"{shape}: the store's updates alone", f"{m['bare']:.0f} µs", "", None),
+        Row(f"{shape}: the agent's consumers (7), added", f"{m['agent']:.0f} µs", "", None),
+        Row(
             f"{shape}: {args.watch_streams} ListAndWatch streams, added",
             f"{m['streams']:.0f} µs",
             "",
@@ -192,8 +193,7 @@ def main() -> int:
     parser.add_argument("--gpus", type=int, default=8)
     add_arguments(parser)
     args = parser.parse_args()
-    for r in rows(args, lambda *cells: cells):
-        print(f"{r[0]:<70} {r[1]}")
+    print(table(rows(args)))
     return 0
 
 
