@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from support.clock import ManualClock
 from support.fake_apiserver import RESOURCE, FakeApiServer
-from support.kubehealth import Writers, settle
+from support.kubehealth import ApiRig, Writers
 from support.noderig import NODE, storm_xid, with_health
 from support.synthetic import synthetic_snapshot
 
@@ -30,15 +30,12 @@ XID_79 = GpuHealth((Condition("xid", "79"),))
 
 
 @dataclass
-class Rig:
-    server: FakeApiServer
-    store: DeviceStore
-    clock: ManualClock
-    publisher: SlicePublisher
+class Rig(ApiRig[SlicePublisher]):
     draws: list[float]
 
-    def requests(self, since: int = 0) -> list[tuple[str, str]]:
-        return self.server.requests[since:]
+    @property
+    def publisher(self) -> SlicePublisher:
+        return self.follower
 
     def writes(self, since: int = 0) -> list[tuple[str, str]]:
         # As the stand-in records them: by the call, or by the method when it answered 429.
@@ -47,13 +44,6 @@ class Rig:
 
     def lists(self, since: int = 0) -> int:
         return sum(1 for verb, _ in self.requests(since) if verb == "LIST")
-
-    async def change(self, change: Callable[[Snapshot], Snapshot]) -> None:
-        self.store.update(change)
-        await self.settle()
-
-    async def settle(self, seconds: float = 0.0) -> None:
-        await settle(self.clock, self.publisher, self.store, seconds)
 
     def tainted(self) -> set[str]:
         """The published devices with a taint."""

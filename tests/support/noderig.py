@@ -17,7 +17,7 @@ from gpuagent.kube.nodehealth import NodeHealthWriter
 from gpuagent.state.store import DeviceStore
 from support.clock import ManualClock
 from support.fake_apiserver import FakeApiServer
-from support.kubehealth import settle
+from support.kubehealth import ApiRig
 
 __all__ = [
     "NODE", "WALL0", "Rig", "last_xid", "new_writer", "storm_xid", "with_health", "writing", "xid",
@@ -28,29 +28,18 @@ WALL0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z at clock 0
 
 
 @dataclass
-class Rig:
-    server: FakeApiServer
-    store: DeviceStore
-    clock: ManualClock
-    writer: NodeHealthWriter
+class Rig(ApiRig[NodeHealthWriter]):
     draws: Iterator[float]
 
-    def requests(self, since: int = 0) -> list[tuple[str, str]]:
-        return self.server.requests[since:]
+    @property
+    def writer(self) -> NodeHealthWriter:
+        return self.follower
 
     async def fail(self, index: int, *conditions: Condition) -> None:
         await self.change(lambda s: with_health(s, index, GpuHealth(conditions)))
 
     async def heal(self, index: int) -> None:
         await self.change(lambda s: with_health(s, index, GpuHealth()))
-
-    async def change(self, change: Callable[[Snapshot], Snapshot]) -> None:
-        """Change the store; return once the writer has seen it and waits again."""
-        self.store.update(change)
-        await self.settle()
-
-    async def settle(self, seconds: float = 0.0) -> None:
-        await settle(self.clock, self.writer, self.store, seconds)
 
 
 def with_health(snapshot: Snapshot, index: int, state: GpuHealth) -> Snapshot:
