@@ -97,15 +97,9 @@ class DraSide:
             timing=endpoint_timing,
         )
         self.publisher = SlicePublisher(
-            store,
-            self._devices,
-            self.api,
-            node=node,
-            driver=plan.driver,
-            backoff=backoff,
-            coalescing=coalescing,
-            clock=clock,
-        )
+            store, self._devices, self.api, node=node, driver=plan.driver,
+            backoff=backoff, coalescing=coalescing, clock=clock,
+        )  # fmt: skip
         store.counters.follow_dra(self.counters)
 
     async def _read_claim(self, namespace: str, name: str) -> Mapping[str, Any]:
