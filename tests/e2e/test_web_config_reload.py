@@ -20,7 +20,7 @@ from pathlib import Path
 import bcrypt
 import pytest
 from structlog.testing import capture_logs
-from support.tls import make_pki
+from support.tls import Pki, make_pki
 from support.waiting import eventually
 
 from e2e.agentrun import RunningAgent, running_agent
@@ -43,6 +43,20 @@ async def status(run: RunningAgent, user: str | None) -> int:
     headers = basic(user) if user is not None else {}
     async with run.http.get(run.base_url + "/metrics", headers=headers) as response:
         return response.status
+
+
+async def served_over_tls(tmp_path: Path) -> tuple[Pki, Pki, Path, Path, tuple[str, ...]]:
+    """Two PKIs, a web config serving TLS with the first's server certificate and key (copied
+    beside it, for the test to replace), and the agent's arguments: ``(pki, other, cert, key,
+    args)``."""
+    pki = await asyncio.to_thread(make_pki, tmp_path / "pki")
+    other = await asyncio.to_thread(make_pki, tmp_path / "other")
+    cert, key = tmp_path / "server.crt", tmp_path / "server.key"
+    cert.write_bytes(pki.server_cert.read_bytes())
+    key.write_bytes(pki.server_key.read_bytes())
+    web = tmp_path / "web.yml"
+    web.write_text("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n")
+    return pki, other, cert, key, ("--simulate", "1", "--web-config-file", str(web))
 
 
 def replace_atomically(path: Path, text: str) -> None:
@@ -105,14 +119,7 @@ async def test_an_invalid_web_config_refuses_the_reload(
 async def test_new_certificates_are_served_to_new_connections(
     device_plugin_dir: Path, tmp_path: Path
 ) -> None:
-    pki = await asyncio.to_thread(make_pki, tmp_path / "pki")
-    other = await asyncio.to_thread(make_pki, tmp_path / "other")
-    cert, key = tmp_path / "server.crt", tmp_path / "server.key"
-    cert.write_bytes(pki.server_cert.read_bytes())
-    key.write_bytes(pki.server_key.read_bytes())
-    web = tmp_path / "web.yml"
-    web.write_text("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n")
-    args = ("--simulate", "1", "--web-config-file", str(web))
+    pki, other, cert, key, args = await served_over_tls(tmp_path)
     async with running_agent(device_plugin_dir, args) as run:
         port = run.agent.rest.http.port
         first = await asyncio.to_thread(_served_certificate, port, pki.ca_cert)
@@ -213,14 +220,7 @@ async def test_a_configmap_update_swaps_the_users_at_once(
 async def test_a_half_written_key_keeps_the_served_certificate(
     device_plugin_dir: Path, tmp_path: Path
 ) -> None:
-    pki = await asyncio.to_thread(make_pki, tmp_path / "pki")
-    other = await asyncio.to_thread(make_pki, tmp_path / "other")
-    cert, key = tmp_path / "server.crt", tmp_path / "server.key"
-    cert.write_bytes(pki.server_cert.read_bytes())
-    key.write_bytes(pki.server_key.read_bytes())
-    web = tmp_path / "web.yml"
-    web.write_text("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n")
-    args = ("--simulate", "1", "--web-config-file", str(web))
+    pki, other, cert, key, args = await served_over_tls(tmp_path)
     async with running_agent(device_plugin_dir, args, config_poll_interval=3600) as run:
         port = run.agent.rest.http.port
         served = ssl.PEM_cert_to_DER_cert(pki.server_cert.read_text())
