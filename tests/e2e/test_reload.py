@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 from support.fake_kubelet import FakeKubelet
+from support.files import replace_atomically
 
 from e2e.agentprocess import free_port, reaped, spawn
 from e2e.agentrun import RunningAgent, running_agent
@@ -159,9 +160,10 @@ def test_sighup_reloads_the_config_file(
     with reaped(spawn(*args)) as proc:
         (reg,) = fake_kubelet.wait_for_registrations(1, T)
         assert reg.resource_name == "nvidia.com/gpu"
-        config.write_text(
+        replace_atomically(
+            config,
             "version: v1\nsharing:\n  timeSlicing:\n    renameByDefault: true\n"
-            "    resources: [{name: nvidia.com/gpu, replicas: 2}]\n"
+            "    resources: [{name: nvidia.com/gpu, replicas: 2}]\n",
         )
         proc.send_signal(signal.SIGHUP)
         regs = fake_kubelet.wait_for_registrations(2, T)

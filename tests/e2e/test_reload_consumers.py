@@ -15,6 +15,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 from support.fake_kubelet import FakeKubelet
 from support.fake_podresources import FakePodResources, Held
+from support.files import replace_atomically
 from support.waiting import eventually
 
 from e2e.agentrun import registered_agent, running_agent
@@ -61,7 +62,7 @@ async def test_time_slicing_by_reload_reaches_resources_and_node_labels(
         await eventually(lambda: "nvidia.com/gpu.replicas=1\n" in read(labels), what="labels")
         assert "nvidia.com/gpu.sharing-strategy=none\n" in read(labels)
 
-        config.write_text(SHARED_4)
+        replace_atomically(config, SHARED_4)
         await asyncio.to_thread(reg.wait_until, lambda u: len(u.devices) == 8, T)
         await eventually(lambda: "nvidia.com/gpu.replicas=4\n" in read(labels), what="labels")
         assert "nvidia.com/gpu.sharing-strategy=time-slicing\n" in read(labels)
@@ -81,7 +82,7 @@ async def test_cdi_strategy_by_reload_writes_the_spec(
         assert not (cdi_dir / SPEC_FILE_NAME).exists()
         generation = run.agent.store.plan.generation
 
-        config.write_text("version: v1\ndevice-list-strategy: cdi-cri\n")
+        replace_atomically(config, "version: v1\ndevice-list-strategy: cdi-cri\n")
         spec_file = cdi_dir / SPEC_FILE_NAME
         # The spec is written before the reloaded plan is served: wait for the plan too.
         await eventually(
@@ -122,9 +123,10 @@ async def test_renamed_resource_gets_pod_attribution_after_reload(
         )
         assert pods_on(text, "0") == {""}
 
-        config.write_text(
+        replace_atomically(
+            config,
             "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
-            "      - {name: nvidia.com/gpu, replicas: 2, rename: example.com/shared-gpu}\n"
+            "      - {name: nvidia.com/gpu, replicas: 2, rename: example.com/shared-gpu}\n",
         )
         await asyncio.to_thread(fake_kubelet.wait_for_registrations, 2, T)
         await run.metrics_until(lambda t: pods_on(t, "0") == {"train-0"})
@@ -144,7 +146,7 @@ async def test_reload_to_an_invalid_file_keeps_the_running_plan(
         await eventually(lambda: "nvidia.com/gpu.replicas=4\n" in read(labels), what="labels")
 
         # One replica is not time-slicing: the whole file is refused, nothing changes.
-        config.write_text(SHARED_4.replace("replicas: 4", "replicas: 1"))
+        replace_atomically(config, SHARED_4.replace("replicas: 4", "replicas: 1"))
         text = await run.metrics_until(lambda t: reloads(t, "invalid") == 1)
         assert value(text, "gpuagent_config_last_reload_successful") == 0
         assert value(text, "gpuagent_config_generation") == 0
@@ -152,7 +154,7 @@ async def test_reload_to_an_invalid_file_keeps_the_running_plan(
         assert len(reg.last_update.devices) == 8
 
         # The next valid file applies.
-        config.write_text(SHARED_4.replace("replicas: 4", "replicas: 2"))
+        replace_atomically(config, SHARED_4.replace("replicas: 4", "replicas: 2"))
         await asyncio.to_thread(reg.wait_until, lambda u: len(u.devices) == 4, T)
         text = await run.metrics_until(lambda t: reloads(t, "changed") == 1)
         assert value(text, "gpuagent_config_last_reload_successful") == 1
@@ -173,7 +175,7 @@ async def test_reload_that_changes_nothing_changes_nothing(
         version = run.agent.store.snapshot.version
         updates = len(reg.history)
 
-        config.write_text("# the same settings, spelled differently\n" + SHARED_4)
+        replace_atomically(config, "# the same settings, spelled differently\n" + SHARED_4)
         text = await run.metrics_until(lambda t: reloads(t, "unchanged") == 1)
         assert value(text, "gpuagent_config_generation") == 0
         assert len(reg.history) == updates

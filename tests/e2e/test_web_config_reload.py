@@ -20,6 +20,7 @@ from pathlib import Path
 import bcrypt
 import pytest
 from structlog.testing import capture_logs
+from support.files import replace_atomically
 from support.tls import Pki, make_pki
 from support.waiting import eventually
 
@@ -57,13 +58,6 @@ async def served_over_tls(tmp_path: Path) -> tuple[Pki, Pki, Path, Path, tuple[s
     web = tmp_path / "web.yml"
     web.write_text("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n")
     return pki, other, cert, key, ("--simulate", "1", "--web-config-file", str(web))
-
-
-def replace_atomically(path: Path, text: str) -> None:
-    """Write ``path`` as editors and tools do: a new file beside it, renamed over it."""
-    new = path.with_name(f".{path.name}.new")
-    new.write_text(text)
-    os.replace(new, path)
 
 
 async def test_a_changed_web_config_is_served_without_a_signal(
