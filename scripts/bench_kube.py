@@ -45,7 +45,7 @@ from support.noderig import NODE, Rig, last_xid, new_writer, storm_xid, with_hea
 from support.synthetic import gpu_uuid, synthetic_snapshot
 
 from gpuagent import logs
-from gpuagent.clock import LoopClock
+from gpuagent.clock import LoopClock, Timer
 from gpuagent.domain.devices import Condition, GpuHealth
 from gpuagent.domain.pacing import Backoff
 from gpuagent.domain.snapshot import Snapshot
@@ -76,11 +76,42 @@ class SkipClock:
         finally:
             self.waiting -= 1
 
+    def call_at(self, when: float, callback: Callable[[], None]) -> Timer:
+        """A timer at ``when`` of this clock (the loop's time plus the offset when it is made):
+        a wait in progress until it fires or is cancelled."""
+        self.waiting += 1
+        ended = False
+
+        def end() -> None:
+            nonlocal ended
+            if not ended:
+                ended = True
+                self.waiting -= 1
+
+        def fire() -> None:
+            end()
+            callback()
+
+        handle = asyncio.get_running_loop().call_at(when - self.offset, fire)
+        return _SkipTimer(handle, end)
+
     async def skip(self, seconds: float, writer: Follower, store: DeviceStore) -> None:
         """Once ``writer`` has seen the store as it is and waits (its batch done, so the time
         it noted is before the skip), move the clock ``seconds`` on."""
         await until(lambda: writer.seen_version == store.snapshot.version and self.waiting > 0)
         self.offset += seconds
+
+
+class _SkipTimer:
+    """A :class:`SkipClock` timer: cancelled, it is a wait no more."""
+
+    def __init__(self, handle: asyncio.TimerHandle, end: Callable[[], None]) -> None:
+        self._handle = handle
+        self._end = end
+
+    def cancel(self) -> None:
+        self._handle.cancel()
+        self._end()
 
 
 async def until(check: Callable[[], bool], within: float = 10.0) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 from gpuagent._proto import v1 as health_v1
 from gpuagent._proto import v1alpha1 as health_v1alpha1
+from gpuagent.clock import Clock, LoopClock
 from gpuagent.domain.snapshot import Snapshot
 from gpuagent.dra.service import DeviceSource, DraConfig
 from gpuagent.state.store import DeviceStore
@@ -36,13 +37,15 @@ class DeviceHealthStreams:
         *,
         resend_s: float = 20.0,
         clock: Callable[[], float] = time.time,
+        waits: Clock | None = None,
     ) -> None:
         self._store = store
         self._devices = devices
         self._config = config
         self._stopping = stopping
         self._resend_s = resend_s
-        self._clock = clock
+        self._clock = clock  # the wall time each message is stamped with
+        self._waits = waits or LoopClock()  # what the resends are timed by
         self.open_streams = 0
 
     def current(self, snapshot: Snapshot) -> HealthList:
@@ -52,10 +55,15 @@ class DeviceHealthStreams:
         """The health list now, then on every change (or resend); ends when the agent stops."""
         self.open_streams += 1
         try:
-            async for devices in self._store.watch(
-                self.current, until=self._stopping, repeat_after=self._resend_s
-            ):
+            watch = self._store.watch(self.current, until=self._stopping, clock=self._waits)
+            devices = await anext(watch)
+            while True:
+                resend_at = self._waits.now() + self._resend_s
                 yield devices
+                try:
+                    devices = await watch.next(resend_at)
+                except StopAsyncIteration:
+                    return
         finally:
             self.open_streams -= 1
 

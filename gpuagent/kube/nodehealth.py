@@ -58,7 +58,7 @@ from gpuagent.domain.pacing import (
 )
 from gpuagent.domain.snapshot import Snapshot
 from gpuagent.kube.client import KubeApi
-from gpuagent.kube.pacer import CallFailed, Pacer, next_change
+from gpuagent.kube.pacer import CallFailed, Pacer
 from gpuagent.state.counters import ApiReach, KubeCounters
 from gpuagent.state.store import DeviceStore, Watch
 
@@ -135,7 +135,7 @@ class NodeHealthWriter:
         return self._views.version if self._views is not None else -1
 
     async def run(self) -> None:
-        self._views = views = self._store.watch(self._project)
+        self._views = views = self._store.watch(self._project, clock=self._clock)
         self._observe(await anext(views))
         while True:
             due = self._next()
@@ -143,7 +143,8 @@ class NodeHealthWriter:
             if due is not None and due <= now:
                 await self._flush()
                 continue
-            await self._wait(views, IDLE_WAIT if due is None else due - now)
+            # The view once it changes, or as it is when the next batch is due.
+            self._observe(await views.next(now + IDLE_WAIT if due is None else due))
 
     def _project(self, snapshot: Snapshot) -> NodeHealthView | None:
         plan = snapshot.plan
@@ -152,11 +153,6 @@ class NodeHealthWriter:
     def _observe(self, view: NodeHealthView | None) -> None:
         if view is not None:
             self.model.observe(view, self._wall())
-
-    async def _wait(self, views: Watch[NodeHealthView | None], seconds: float) -> None:
-        """Until the projection changes or ``seconds`` of the writer's clock pass."""
-        for view in await next_change(self._clock, views, seconds):
-            self._observe(view)
 
     def _work(self) -> Mapping[str, bool]:
         """What has something to write, by the key a refusal holds it back under."""

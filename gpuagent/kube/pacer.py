@@ -7,13 +7,12 @@ calls through :meth:`Pacer.call` (which counts each, and sorts a failure into on
 Unreachable servers, 429 and 5xx answers put every call of the node into backoff (full jitter;
 ``Retry-After`` honoured); 403 and 404 refuse only the object they concern, which is tried again
 every ``Backoff.rare`` seconds and said once in the log (as is any other refusal, 422 included:
-retrying soon would not help). Nothing here sleeps: the writer waits on its clock until
-:meth:`due`.
+retrying soon would not help). Nothing here sleeps: the writer waits on its store watch with
+:meth:`due` as the deadline (:meth:`~gpuagent.state.store.Watch.next`), on the pacer's clock.
 """
 
 from __future__ import annotations
 
-import asyncio
 import random
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
@@ -24,9 +23,8 @@ import structlog
 from gpuagent.clock import Clock
 from gpuagent.domain.pacing import Backoff, Budget, Coalescing, NewsKey, Spent
 from gpuagent.kube.client import ApiError, ApiUnreachable
-from gpuagent.state.store import Watch
 
-__all__ = ["CallFailed", "Pacer", "RequestCounts", "next_change"]
+__all__ = ["CallFailed", "Pacer", "RequestCounts"]
 
 log = structlog.get_logger("gpuagent.kube")
 
@@ -228,22 +226,3 @@ class Pacer:
         self._retry_at = None
         if self._refused.pop(key, None) is not None:
             log.info("API server accepts again", object=key)
-
-
-async def next_change(clock: Clock, watch: Watch[T], seconds: float) -> list[T]:
-    """The next value of ``watch`` (one item), or none once ``seconds`` of ``clock`` pass: how a
-    writer waits for a store change or for its next batch to be due, whichever comes first."""
-    changed = asyncio.Event()
-    got: list[T] = []
-
-    async def next_value() -> None:
-        got.append(await anext(watch))
-        changed.set()
-
-    watcher = asyncio.create_task(next_value(), name="api-writer-store-watch")
-    try:
-        await clock.wait(changed, seconds)
-    finally:
-        watcher.cancel()
-        await asyncio.wait({watcher})
-    return got

@@ -41,7 +41,7 @@ from gpuagent.domain.pacing import Backoff, Budget, Coalescing, NewsKey, changed
 from gpuagent.domain.slices import slice_manifests, taints_by_cause
 from gpuagent.domain.snapshot import Snapshot
 from gpuagent.kube.client import KubeApi
-from gpuagent.kube.pacer import CallFailed, Pacer, next_change
+from gpuagent.kube.pacer import CallFailed, Pacer
 from gpuagent.state.counters import ApiReach
 from gpuagent.state.store import DeviceStore, Watch
 
@@ -102,7 +102,7 @@ class SlicePublisher:
         return self._views.version if self._views is not None else -1
 
     async def run(self) -> None:
-        self._views = views = self._store.watch(self._wanted)
+        self._views = views = self._store.watch(self._wanted, clock=self._clock)
         self._latest = await anext(views)
         while True:
             due = self._next()
@@ -110,10 +110,8 @@ class SlicePublisher:
             if due is not None and due <= now:
                 await self._flush()
                 continue
-            for devices in await next_change(
-                self._clock, views, IDLE_WAIT if due is None else due - now
-            ):
-                self._latest = devices
+            # The devices once they change, or as they are when the publication is due.
+            self._latest = await views.next(now + IDLE_WAIT if due is None else due)
 
     def _wanted(self, snapshot: Snapshot) -> tuple[DraDevice, ...] | None:
         """The devices to publish, as a slice says them (without the reason in words, which the

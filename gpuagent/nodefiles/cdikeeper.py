@@ -13,19 +13,20 @@ and records in the store which devices the spec on disk defines (:class:`~gpuage
 CdiSpec`): the device plugin advertises a device only once its spec entry is on disk, and
 registers only once the first spec is (:mod:`gpuagent.domain.serving`). A reload that turns a CDI
 strategy on writes the spec before the plan is published (:meth:`CdiSpecKeeper.sync`). A write
-that fails is retried at the next change of the snapshot, and logged when its error changes.
+that fails is retried once its backoff is over (1 s, doubling to 30 s), at once when what the
+spec is written from changes, and logged when its error changes.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import structlog
 
+from gpuagent.clock import Clock, LoopClock
 from gpuagent.domain.containers import ContainerSettings
 from gpuagent.domain.devices import CdiSpec
 from gpuagent.domain.naming import mig_index
@@ -42,7 +43,7 @@ from gpuagent.nodefiles.cdi import (
 )
 from gpuagent.nodefiles.described import DescribedDevices, described_devices
 from gpuagent.nodefiles.driverfiles import DriverFiles, DriverRoot
-from gpuagent.state.store import DeviceStore, Keyed, Watch
+from gpuagent.state.store import DeviceStore, Keyed
 
 __all__ = [
     "CdiSpecKeeper",
@@ -89,13 +90,16 @@ class CdiSpecKeeper:
     for the first spec (see the module doc).
     """
 
-    def __init__(self, store: DeviceStore, target: CdiTarget) -> None:
+    def __init__(
+        self, store: DeviceStore, target: CdiTarget, *, clock: Clock | None = None
+    ) -> None:
         self._store = store
         self._target = target
+        self._clock = clock or LoopClock()  # times the retries: tests move it by hand
         self._lock = asyncio.Lock()
         self._written: object = None  # what the spec on disk was last written for
         self._error = ""
-        # After a failed write, the same spec is tried again no sooner than this (loop time).
+        # After a failed write, the same spec is tried again no sooner than this (the clock's).
         self._failed: object = None
         self._retry_at = 0.0
         self._retrying = False  # the last write failed
@@ -107,13 +111,15 @@ class CdiSpecKeeper:
 
     async def run(self) -> None:
         """Write the spec after each change of the devices while the plan uses CDI (a failed
-        write again at the next change of the snapshot), until cancelled."""
-        wanted = self._store.watch(self._wanted)
+        write again once its backoff is over), until cancelled."""
+        wanted = self._store.watch(self._wanted, clock=self._clock)
         want = await anext(wanted)
         while True:
             if want is not None:
                 await self.sync(*want.value)
-            want = await self._next(wanted)
+            # A failed write of what is still wanted is tried again when its backoff is over.
+            retry = self._retry_at if self._retrying and want is not None else None
+            want = await wanted.next(retry)
 
     def _wanted(self, snapshot: Snapshot) -> _Want | None:
         """What the spec is written from, while the plan uses CDI and the GPUs are discovered."""
@@ -123,27 +129,12 @@ class CdiSpecKeeper:
         containers = plan.serving.containers
         return Keyed(_spec_key(snapshot, containers, self._described), (snapshot, containers))
 
-    async def _next(self, wanted: Watch[_Want | None]) -> _Want | None:
-        """The next change of what is wanted; after a failed write, at the latest what is wanted
-        at the first change of the snapshot once the write's backoff is over (when
-        :meth:`sync` tries it again)."""
-        if not self._retrying:
-            return await anext(wanted)
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout_at(self._retry_at):
-                return await anext(wanted)
-        versions = self._store.watch(lambda s: s.version)
-        await anext(versions)  # the current one
-        await anext(versions)
-        return wanted.now()
-
     async def sync(self, snapshot: Snapshot, containers: ContainerSettings) -> None:
         """Bring the spec on disk in line with ``snapshot`` now (nothing when it is already);
         the store then says which devices it defines."""
         key = _spec_key(snapshot, containers, described_devices)
-        loop = asyncio.get_running_loop()
         async with self._lock:
-            if key == self._written or (key == self._failed and loop.time() < self._retry_at):
+            if key == self._written or (key == self._failed and self._clock.now() < self._retry_at):
                 return
             target = self._target
             try:
@@ -155,7 +146,7 @@ class CdiSpecKeeper:
                     log.warning("cannot write file", what="cdi spec", path=str(target.spec_dir),
                                 error=str(exc))  # fmt: skip
                 self._error = str(exc)
-                self._failed, self._retry_at = key, loop.time() + self._delay
+                self._failed, self._retry_at = key, self._clock.now() + self._delay
                 self._retrying = True
                 self._delay = min(self._delay * 2, RETRY_MAX_S)
                 self._record(lambda spec: replace(spec, written=True, error=self._error))

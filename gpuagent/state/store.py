@@ -4,7 +4,9 @@ counters.
 One place every adapter reads from and publishes into: the NVML poller and the pod-resources
 client write the snapshot, each plugin endpoint its registration, the reloader the plan, and each
 owner its counters. Every consumer follows it through :meth:`DeviceStore.watch`: its own
-projection of each new snapshot, when that projection changes.
+projection of each new snapshot, when that projection changes — or, for a consumer that also
+waits for a time (a retry, a batch due, a message to repeat), when that time comes
+(:meth:`Watch.next`'s deadline, on the clock the watch was given).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Generic, TypeVar
 
+from gpuagent.clock import Clock, LoopClock, Timer
 from gpuagent.domain.devices import Registration
 from gpuagent.domain.plan import Plan
 from gpuagent.domain.snapshot import Snapshot
@@ -88,15 +91,15 @@ class DeviceStore:
         projection: Callable[[Snapshot], T],
         *,
         until: asyncio.Event | None = None,
-        repeat_after: float | None = None,
+        clock: Clock | None = None,
     ) -> Watch[T]:
         """``projection`` of the current snapshot at once, then of each newer snapshot whose
         projection differs (``==``) from the last one given: see :class:`Watch`.
 
-        ``until``: the watch ends once it is set (after the first value). ``repeat_after``: the
-        last value is given again when it has not changed for that many seconds.
+        ``until``: the watch ends once it is set (after the first value). ``clock``: what the
+        deadlines of :meth:`Watch.next` are times of (default: the event loop's clock).
         """
-        return Watch(self, self._changes, projection, until, repeat_after)
+        return Watch(self, self._changes, projection, until, clock or _LOOP_CLOCK)
 
     @property
     def waiting(self) -> int:
@@ -119,27 +122,63 @@ class _Changes:
             if not waiter.done():
                 waiter.set_result(None)
 
-    async def next(self, stop: asyncio.Task[object] | None, deadline: float | None) -> None:
-        """Until the next update, ``stop`` is done, or the loop's clock reaches ``deadline``."""
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[None] = loop.create_future()
-
-        def wake(_: object = None) -> None:
-            if not waiter.done():
-                waiter.set_result(None)
-
+    async def next(self, wait: _Wait) -> None:
+        """Until the next update, or ``wait`` ends (its event is set, its deadline passes)."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.add(waiter)
-        timer = None if deadline is None else loop.call_at(deadline, wake)
-        if stop is not None:
-            stop.add_done_callback(wake)
+        wait.waiter = waiter
         try:
             await waiter
         finally:
             self._waiters.discard(waiter)
-            if timer is not None:
-                timer.cancel()
-            if stop is not None:
-                stop.remove_done_callback(wake)
+            wait.waiter = None
+
+
+class _Wait:
+    """What ends one :meth:`Watch.next` besides the store's updates, made at its first wait and
+    kept however many updates it sees: a task waiting for ``until``, a timer for the deadline.
+    :meth:`close` undoes both."""
+
+    def __init__(self, until: asyncio.Event | None, clock: Clock, deadline: float | None) -> None:
+        self._until = until
+        self._clock = clock
+        self._deadline = deadline
+        self._stop: asyncio.Task[object] | None = None
+        self._timer: Timer | None = None
+        self.passed = False  # the deadline has come
+        self.waiter: asyncio.Future[None] | None = None  # the store's, while waiting
+
+    def arm(self) -> bool:
+        """Ready to wait (the task for ``until`` and the timer made, the first time); ``False``
+        once the deadline has come: nothing to wait for."""
+        deadline = self._deadline
+        if deadline is not None and self._timer is None and not self.passed:
+            if self._clock.now() >= deadline:
+                self.passed = True
+            else:
+                self._timer = self._clock.call_at(deadline, self._deadline_came)
+        if self._until is not None and self._stop is None:
+            self._stop = asyncio.ensure_future(self._until.wait())
+            self._stop.add_done_callback(self._wake)
+        return not self.passed
+
+    def _deadline_came(self) -> None:
+        self.passed = True
+        self._wake()
+
+    def _wake(self, _: object = None) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    def close(self) -> None:
+        if self._stop is not None:
+            self._stop.remove_done_callback(self._wake)
+            self._stop.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
+
+
+_LOOP_CLOCK = LoopClock()
 
 
 class Watch(Generic[T]):
@@ -151,11 +190,12 @@ class Watch(Generic[T]):
     missed and sees the latest, never a queue of stale values. A projection runs on every version
     for every watch: keep it O(devices), cheap to compare, and a function of the snapshot alone.
 
-    Nothing waits between two calls, and a call cancelled (the consumer's task, or
-    ``asyncio.timeout`` around it) leaves nothing waiting and the watch usable: a consumer may
-    simply stop iterating. With ``until``, the iteration ends once that event is set (the first
-    value is given anyway); with ``repeat_after``, a value unchanged for that many seconds (the
-    loop's clock) is given again.
+    A consumer that also waits for a time asks :meth:`next` with a deadline: the next change, or
+    the value as it is once the deadline comes — one wait for both, so nothing races. Nothing
+    waits between two calls, and a call cancelled (the consumer's task, or ``asyncio.timeout``
+    around it) leaves nothing waiting and the watch usable: a consumer may simply stop
+    iterating. With ``until``, the iteration ends once that event is set (the first value is
+    given anyway).
     """
 
     def __init__(
@@ -164,25 +204,30 @@ class Watch(Generic[T]):
         changes: _Changes,
         projection: Callable[[Snapshot], T],
         until: asyncio.Event | None,
-        repeat_after: float | None,
+        clock: Clock,
     ) -> None:
         self._store = store
         self._changes = changes
         self._projection = projection
         self._until = until
-        self._repeat_after = repeat_after
+        self._clock = clock
         self._version = -1  # the version last projected
         self._given: tuple[T] | None = None  # the last value given (None: none yet)
-        self._given_at = 0.0
 
     def __aiter__(self) -> Watch[T]:
         return self
 
     async def __anext__(self) -> T:
+        return await self.next()
+
+    async def next(self, deadline: float | None = None) -> T:
+        """The next value: the projection once it differs from the last value given; or, once
+        the watch's clock reaches ``deadline`` (at once if it has), the value as it is, changed
+        or not. The first call gives the current value at once. Raises
+        :exc:`StopAsyncIteration` once ``until`` is set (the first value aside)."""
         if self._given is None:
-            snapshot = self._store.snapshot
-            return self._give(snapshot.version, self._projection(snapshot))
-        stop: asyncio.Task[object] | None = None
+            return self.now()
+        wait = _Wait(self._until, self._clock, deadline)
         try:
             while True:
                 if self._until is not None and self._until.is_set():
@@ -192,18 +237,13 @@ class Watch(Generic[T]):
                     self._version = snapshot.version
                     value = self._projection(snapshot)
                     if value != self._given[0]:
-                        return self._give(snapshot.version, value)
-                deadline = None
-                if self._repeat_after is not None:
-                    deadline = self._given_at + self._repeat_after
-                    if asyncio.get_running_loop().time() >= deadline:
-                        return self._give(snapshot.version, self._given[0])
-                if self._until is not None and stop is None:
-                    stop = asyncio.ensure_future(self._until.wait())
-                await self._changes.next(stop, deadline)
+                        self._given = (value,)
+                        return value
+                if not wait.arm():  # the deadline has come
+                    return self._given[0]
+                await self._changes.next(wait)
         finally:
-            if stop is not None:
-                stop.cancel()
+            wait.close()
 
     @property
     def version(self) -> int:
@@ -215,13 +255,8 @@ class Watch(Generic[T]):
         """The projection of the current snapshot, changed or not (a retry's fresh read); the
         next value is a change from it."""
         snapshot = self._store.snapshot
-        return self._give(snapshot.version, self._projection(snapshot))
-
-    def _give(self, version: int, value: T) -> T:
-        self._version, self._given = version, (value,)
-        if self._repeat_after is not None:
-            self._given_at = asyncio.get_running_loop().time()
-        return value
+        self._version, self._given = snapshot.version, (self._projection(snapshot),)
+        return self._given[0]
 
 
 @dataclass(frozen=True, slots=True)

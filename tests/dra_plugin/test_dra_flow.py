@@ -380,8 +380,15 @@ async def test_paced_as_in_production_a_fault_is_in_the_slice_at_once_and_so_is_
             await settle_writer(clock, publisher, store, seconds)
 
         async def fail(gpu: int) -> None:
+            """XID 48 on ``gpu``, in the store whole: the driver's two events (the XID, then
+            the recovery action it sets) before the clock moves, so they go out together."""
             await run.fault({"gpu": gpu, "fault": "xid", "xid": 48})
-            await eventually(lambda: not gpu_of(run, gpu).health.healthy, what="unhealthy")
+
+            def whole() -> bool:
+                kinds = {c.kind for c in gpu_of(run, gpu).health.conditions}
+                return kinds >= {"xid", "recovery_action"}
+
+            await eventually(whole, what="unhealthy, with its recovery action")
 
         await registered(watcher)
         await eventually(lambda: store.snapshot.registered, what="registered with the kubelet")

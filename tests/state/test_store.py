@@ -6,6 +6,7 @@ import asyncio
 from dataclasses import replace
 
 import pytest
+from support.clock import ManualClock
 from support.nodes import gpu, node
 from support.waiting import eventually
 
@@ -204,18 +205,64 @@ async def test_a_watch_until_an_event_ends_when_it_is_set() -> None:
     assert store.waiting == 0  # and its wait for the event is gone (no task left behind)
 
 
-async def test_a_watch_gives_an_unchanged_value_again_after_repeat_after() -> None:
+async def test_a_watch_with_a_deadline_gives_the_value_as_it_is_when_the_deadline_comes() -> None:
+    clock = ManualClock()
     store = DeviceStore()
-    watch = store.watch(lambda s: s.discovered, repeat_after=0.0)
-    assert [await anext(watch), await anext(watch)] == [False, False]
-    quiet = store.watch(lambda s: s.discovered, repeat_after=0.001)
-    await anext(quiet)
-    async with asyncio.timeout(10):  # a deadline for a broken build: the timer wakes it
-        assert await anext(quiet) is False
-    long = store.watch(lambda s: s.discovered, repeat_after=3600.0)
-    await anext(long)
+    watch = store.watch(lambda s: s.discovered, clock=clock)
+    await anext(watch)
+    given: list[tuple[float, bool]] = []
+
+    async def follow() -> None:  # as a consumer does: each value, then a deadline 10 s on
+        while True:
+            given.append((clock.now(), await watch.next(clock.now() + 10.0)))
+
+    task = asyncio.create_task(follow())
+    try:
+        await eventually(lambda: clock.waiting == 1, what="the watch waiting for its deadline")
+        store.update(lambda s: replace(s, gpus=(gpu(0),)))  # a change its projection misses
+        await clock.advance(9.0)
+        assert given == []
+        await clock.advance(1.0)
+        assert given == [(0.0, False)]  # unchanged, given at the deadline
+        store.update(lambda s: replace(s, discovered=True))
+        await eventually(lambda: len(given) == 2, what="the change")
+        assert given[1] == (10.0, True)
+    finally:
+        task.cancel()
+        await asyncio.wait({task})
+    assert (clock.waiting, store.waiting) == (0, 0)
+    assert await watch.next(5.0) is True  # a deadline already past: at once, nothing waits
+
+
+async def test_a_change_before_the_deadline_is_given_at_once_and_the_wait_ends() -> None:
+    clock = ManualClock()
+    store = DeviceStore()
+    watch = store.watch(lambda s: s.discovered, clock=clock)
+    await anext(watch)
+    waiting = asyncio.create_task(watch.next(3600.0))
+    await eventually(lambda: clock.waiting == 1, what="the watch waiting for its deadline")
     store.update(lambda s: replace(s, discovered=True))
-    assert await anext(long) is True  # a change is given as it comes
+    assert await waiting is True
+    assert (clock.waiting, store.waiting) == (0, 0)  # no timer left behind
+
+
+async def test_a_wait_with_a_deadline_cancelled_or_ended_leaves_nothing_waiting() -> None:
+    clock = ManualClock()
+    store = DeviceStore()
+    stopping = asyncio.Event()
+    watch = store.watch(lambda s: s.discovered, until=stopping, clock=clock)
+    await anext(watch)
+    waiting = asyncio.create_task(watch.next(60.0))
+    await eventually(lambda: clock.waiting == 1, what="the watch waiting for its deadline")
+    waiting.cancel()
+    await asyncio.wait({waiting})
+    assert (clock.waiting, store.waiting) == (0, 0)
+    ended = asyncio.create_task(watch.next(60.0))  # still usable
+    await eventually(lambda: clock.waiting == 1, what="the watch waiting again")
+    stopping.set()
+    with pytest.raises(StopAsyncIteration):
+        await ended
+    assert (clock.waiting, store.waiting) == (0, 0)
 
 
 async def test_now_reads_the_current_projection_and_later_values_change_from_it() -> None:

@@ -25,14 +25,16 @@ class FakeClock:
 
 
 class ManualClock:
-    """Time for code that waits through a clock seam (``now()``, ``wait(event, seconds)``): it
-    moves only when the test calls :meth:`advance`, so a test says "ten seconds pass" without
-    spending them, and "nothing else happened" is exact rather than a guess about a window.
+    """Time for code that waits through a clock seam (``now()``, ``wait(event, seconds)``,
+    ``call_at(when, callback)``): it moves only when the test calls :meth:`advance`, so a test
+    says "ten seconds pass" without spending them, and "nothing else happened" is exact rather
+    than a guess about a window.
     """
 
     def __init__(self, now: float = 0.0) -> None:
         self._now = now
         self._timers: list[tuple[float, asyncio.Future[None], asyncio.Event]] = []
+        self._never = asyncio.Event()  # what a timer of call_at waits for besides its time
 
     def now(self) -> float:
         return self._now
@@ -56,6 +58,21 @@ class ManualClock:
             waiter.cancel()
             timer.cancel()
             self._timers.remove(entry)
+
+    def call_at(self, when: float, callback: Callable[[], None]) -> asyncio.Future[None]:
+        """Call ``callback`` once time reaches ``when`` (:meth:`advance` moves it there); the
+        timer counts as a wait until then, unless cancelled."""
+        timer: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (when, timer, self._never)
+        self._timers.append(entry)
+
+        def ended(_: asyncio.Future[None]) -> None:
+            self._timers.remove(entry)
+            if not timer.cancelled():
+                callback()
+
+        timer.add_done_callback(ended)
+        return timer
 
     async def advance(self, seconds: float, *, within: float = 10.0) -> None:
         """Move time ``seconds`` on, ending each wait that falls due in order; after each, give
