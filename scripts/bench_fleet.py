@@ -43,9 +43,9 @@ from support.noderig import NODE, last_xid, storm_xid, with_health, writing
 from support.synthetic import synthetic_snapshot
 
 from gpuagent import logs
+from gpuagent.domain.backoff import Backoff
 from gpuagent.domain.devices import Condition, GpuHealth
 from gpuagent.domain.dra import DraGpus, dra_devices
-from gpuagent.domain.pacing import Backoff
 from gpuagent.domain.snapshot import Snapshot
 from gpuagent.kube.client import KubeApi, load_config
 from gpuagent.kube.slices import SlicePublisher

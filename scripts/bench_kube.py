@@ -46,8 +46,8 @@ from support.synthetic import gpu_uuid, synthetic_snapshot
 
 from gpuagent import logs
 from gpuagent.clock import LoopClock, Timer
+from gpuagent.domain.backoff import Backoff
 from gpuagent.domain.devices import Condition, GpuHealth
-from gpuagent.domain.pacing import Backoff
 from gpuagent.domain.snapshot import Snapshot
 from gpuagent.kube.client import KubeApi, load_config
 from gpuagent.kube.nodehealth import NodeHealthWriter

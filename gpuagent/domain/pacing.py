@@ -16,11 +16,12 @@ decisions here; :mod:`gpuagent.kube.pacer` applies them to the API calls):
   with the default window, and a storm changes no cause after its first (repeats of a cause are
   not news), so it spends at most one token per GPU and cause.
 - **Backoff.** An API server that does not answer (or answers 429, 5xx) is retried after a
-  full-jitter exponential delay: uniform between 0 and ``min(maximum, initial * 2**(n-1))`` after
-  the n-th failure in a row, so nodes that failed together do not come back together. A
-  ``Retry-After`` the server sent is honoured: never sooner, and spread over the jitter after it.
+  full-jitter exponential delay (:class:`~gpuagent.domain.backoff.Backoff`, 0.5 s to 60 s):
+  uniform between 0 and ``min(maximum, initial * 2**(n-1))`` after the n-th failure in a row, so
+  nodes that failed together do not come back together. A ``Retry-After`` the server sent is
+  honoured: never sooner, and spread over the jitter after it.
 - **Rare retries.** A write the server refuses for good reasons (403: no permission; 404: no such
-  object) is said once and tried again only every ``rare`` seconds.
+  object) is said once and tried again only every :data:`RARE_RETRY_S` seconds.
 
 ``draw`` arguments are uniform random numbers in [0, 1) from the caller (injected, so the
 decisions are exact in tests).
@@ -32,7 +33,9 @@ from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
-__all__ = ["Backoff", "Budget", "Coalescing", "NewsKey", "Spent", "changed_keys", "next_heartbeat"]
+__all__ = [
+    "RARE_RETRY_S", "Budget", "Coalescing", "NewsKey", "Spent", "changed_keys", "next_heartbeat",
+]  # fmt: skip
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -40,32 +43,8 @@ V = TypeVar("V")
 #: What a change of health is news about: a GPU (its index) and a cause (a condition's kind, or
 #: the taint key that says it).
 NewsKey = tuple[int, str]
-
-
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """Full-jitter exponential backoff between ``initial`` and ``maximum`` seconds."""
-
-    initial: float = 0.5
-    maximum: float = 60.0
-    #: Seconds between tries of a write the server refused (403, 404).
-    rare: float = 600.0
-
-    def ceiling(self, failures: int) -> float:
-        """The longest delay after ``failures`` (>= 1) failures in a row."""
-        exponent = min(max(failures, 1) - 1, 32)  # 2**32 * 0.5 s is past any maximum
-        return min(self.maximum, self.initial * 2.0**exponent)
-
-    def delay(self, failures: int, draw: float, retry_after: float | None = None) -> float:
-        """Seconds before the next try after ``failures`` failures in a row.
-
-        ``retry_after``: what the server asked for (429, 503); the delay is never shorter, and
-        the jitter comes on top of it.
-        """
-        jitter = _unit(draw) * self.ceiling(failures)
-        if retry_after is not None and retry_after > 0:
-            return min(retry_after, 3600.0) + jitter
-        return jitter
+#: Seconds between tries of a write the server refused (403: no permission; 404: no such object).
+RARE_RETRY_S = 600.0
 
 
 @dataclass(frozen=True, slots=True)

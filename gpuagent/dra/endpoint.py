@@ -23,6 +23,7 @@ from pathlib import Path
 import structlog
 
 from gpuagent._proto import pluginregistration as reg
+from gpuagent.domain.backoff import Backoff
 from gpuagent.overrides.grpc import IServable
 from gpuagent.sockets.dirwatch import DirectoryWatch, file_in_the_way
 from gpuagent.sockets.grpcserver import ServedSocket, socket_id
@@ -43,6 +44,11 @@ class EndpointTiming:
     close_timeout: float = 1.0
     # Watch the socket directories with inotify when the kernel allows it (False: poll only).
     inotify: bool = True
+
+    @property
+    def retry(self) -> Backoff:
+        """Between tries to serve the sockets (failures in a row)."""
+        return Backoff(self.retry_initial, self.retry_max)
 
 
 class RegistrationService(reg.RegistrationBase):
@@ -110,7 +116,7 @@ class DraEndpoint:
             self._on_state()
 
     async def run(self) -> None:
-        retry = self._timing.retry_initial
+        failures = 0  # tries in a row that could not serve the sockets
         # Created before the first serve: a socket removed right after it is bound is seen.
         changes = DirectoryWatch(
             (self.dra_socket.parent, self.registration_socket.parent),
@@ -125,18 +131,19 @@ class DraEndpoint:
                         if self.last_error == self._serve_problem:
                             self.last_error = ""
                         self._serve_problem = ""
-                    retry = self._timing.retry_initial
+                    failures = 0
                     await self._watch(changes)
                     log.info("a dra socket disappeared; serving again")
                 except OSError as exc:
                     problem = f"cannot serve the DRA sockets: {_reason(exc)}"
+                    failures += 1
+                    retry = self._timing.retry.ceiling(failures)
                     # Once per problem, not on every retry (they back off up to retry_max).
                     (log.error if problem != self._serve_problem else log.debug)(
                         "dra endpoint failed; retrying", error=problem, retry_in_s=retry
                     )
                     self._serve_problem = self.last_error = problem
                     await asyncio.sleep(retry)
-                    retry = min(retry * 2, self._timing.retry_max)
                 finally:
                     self.registered = False
                     if self._on_state is not None:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import structlog
 
+from gpuagent.domain.backoff import Backoff
 from gpuagent.gpu.backend import Backend, DriverEvent, EventWaitError
 
 log = structlog.get_logger("gpuagent.monitor")
@@ -107,8 +108,8 @@ class EventThread:
             _post(loop, self._done.set)
 
     def _wait_for_events(self, loop: asyncio.AbstractEventLoop) -> None:
-        backoff = 0.0
-        first_pause = min(self._wait_ms / 1000, EVENT_BACKOFF_MIN_S)
+        backoff = Backoff(min(self._wait_ms / 1000, EVENT_BACKOFF_MIN_S), self._backoff_max)
+        failures = 0  # waits in a row that failed
         while True:
             with self._lock:
                 if self._stop.is_set():
@@ -120,23 +121,23 @@ class EventThread:
             except EventWaitError as exc:
                 with self._lock:
                     self._in_nvml = False
-                first = backoff == 0.0
-                backoff = min(max(backoff * 2, first_pause), self._backoff_max)
-                (log.warning if first else log.debug)(
+                failures += 1
+                pause = backoff.ceiling(failures)
+                (log.warning if failures == 1 else log.debug)(
                     "event wait failed; probing all gpus",
                     error=str(exc),
                     lost=exc.lost,
-                    retry_in_s=backoff,
+                    retry_in_s=pause,
                 )
                 if not _post(loop, self._probe_all):
                     return
-                self._stop.wait(backoff)
+                self._stop.wait(pause)
                 continue
             with self._lock:
                 self._in_nvml = False
-            if backoff:
+            if failures:
                 log.info("event waits work again")
-                backoff = 0.0
+                failures = 0
             if received is not None and not _post(loop, self._on_event, received):
                 return
 

@@ -32,6 +32,7 @@ from typing import Any
 import structlog
 
 from gpuagent.clock import Clock, LoopClock
+from gpuagent.domain.backoff import Backoff
 from gpuagent.domain.drapods import dra_holders
 from gpuagent.domain.nodehealth import (
     CONDITION_TYPE,
@@ -48,14 +49,7 @@ from gpuagent.domain.nodehealth import (
     project,
     series_patch,
 )
-from gpuagent.domain.pacing import (
-    Backoff,
-    Budget,
-    Coalescing,
-    NewsKey,
-    changed_keys,
-    next_heartbeat,
-)
+from gpuagent.domain.pacing import Budget, Coalescing, NewsKey, changed_keys, next_heartbeat
 from gpuagent.domain.snapshot import Snapshot
 from gpuagent.kube.client import KubeApi
 from gpuagent.kube.pacer import CallFailed, Pacer

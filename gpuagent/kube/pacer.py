@@ -6,9 +6,10 @@ calls through :meth:`Pacer.call` (which counts each, and sorts a failure into on
 :class:`CallFailed` kinds), and says :meth:`Pacer.done` after a batch went out whole.
 Unreachable servers, 429 and 5xx answers put every call of the node into backoff (full jitter;
 ``Retry-After`` honoured); 403 and 404 refuse only the object they concern, which is tried again
-every ``Backoff.rare`` seconds and said once in the log (as is any other refusal, 422 included:
-retrying soon would not help). Nothing here sleeps: the writer waits on its store watch with
-:meth:`due` as the deadline (:meth:`~gpuagent.state.store.Watch.next`), on the pacer's clock.
+every :attr:`Pacer.rare` seconds (10 minutes) and said once in the log (as is any other refusal,
+422 included: retrying soon would not help). Nothing here sleeps: the writer waits on its store
+watch with :meth:`due` as the deadline (:meth:`~gpuagent.state.store.Watch.next`), on the
+pacer's clock.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from typing import Literal, TypeVar
 import structlog
 
 from gpuagent.clock import Clock
-from gpuagent.domain.pacing import Backoff, Budget, Coalescing, NewsKey, Spent
+from gpuagent.domain.backoff import Backoff
+from gpuagent.domain.pacing import RARE_RETRY_S, Budget, Coalescing, NewsKey, Spent
 from gpuagent.kube.client import ApiError, ApiUnreachable
 
 __all__ = ["CallFailed", "Pacer", "RequestCounts"]
@@ -40,9 +42,9 @@ _RETRY_CODES = frozenset({408, 429})
 
 class CallFailed(Exception):
     """A paced call failed: ``retry`` (the server is down, throttles or errs: every call
-    backs off), ``refused`` (403, 404: this object waits ``rare`` seconds), ``conflict`` (409;
-    and 404 for a call made with ``absent_is_conflict``: the object is not as the writer thought)
-    or ``invalid`` (another refusal: a bug, not retried as such)."""
+    backs off), ``refused`` (403, 404: this object waits :attr:`Pacer.rare` seconds),
+    ``conflict`` (409; and 404 for a call made with ``absent_is_conflict``: the object is not as
+    the writer thought) or ``invalid`` (another refusal: a bug, not retried as such)."""
 
     def __init__(
         self, kind: Literal["retry", "refused", "conflict", "invalid"], error: str, code: int = 0
@@ -78,9 +80,11 @@ class Pacer:
         coalescing: Coalescing = Coalescing(),
         budget: Budget = Budget(),
         draw: Callable[[], float] = random.random,
+        rare: float = RARE_RETRY_S,
     ) -> None:
         self.clock = clock
         self.backoff = backoff
+        self.rare = rare  # seconds between tries of what the server refused
         self.coalescing = coalescing
         self.budget = budget
         self.draw = draw
@@ -205,13 +209,13 @@ class Pacer:
 
     def _refuse(self, obj: str, why: str) -> None:
         was = self._refused.get(obj)
-        self._refused[obj] = (self.clock.now() + self.backoff.rare, why)
+        self._refused[obj] = (self.clock.now() + self.rare, why)
         if was is None or was[1] != why:
             log.warning(
                 "API server refused; trying again rarely",
                 object=obj,
                 error=why,
-                retry_s=self.backoff.rare,
+                retry_s=self.rare,
             )
 
     def forget(self, key: str) -> None:

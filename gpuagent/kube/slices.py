@@ -36,8 +36,9 @@ from typing import Any
 import structlog
 
 from gpuagent.clock import Clock, LoopClock
+from gpuagent.domain.backoff import Backoff
 from gpuagent.domain.dra import DraDevice
-from gpuagent.domain.pacing import Backoff, Budget, Coalescing, NewsKey, changed_keys
+from gpuagent.domain.pacing import Budget, Coalescing, NewsKey, changed_keys
 from gpuagent.domain.slices import slice_manifests, taints_by_cause
 from gpuagent.domain.snapshot import Snapshot
 from gpuagent.kube.client import KubeApi

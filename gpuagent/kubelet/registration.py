@@ -74,7 +74,7 @@ class PluginEndpoint:
 
     async def run(self) -> None:
         """Serve and stay registered until cancelled."""
-        retry = self._timing.backoff_initial
+        failures = 0  # cycles in a row that did not register
         self._changes = DirectoryWatch(
             (self._socket_path.parent, self._kubelet_socket.parent), inotify=self._timing.inotify
         )
@@ -98,11 +98,9 @@ class PluginEndpoint:
                     self._failed(f"plugin endpoint failed: {exc!r}", exc_info=True)
                     registered = False
                 await self._close_server()
-                if registered:
-                    retry = self._timing.backoff_initial
-                else:
-                    await self._back_off(retry)
-                    retry = min(retry * 2, self._timing.register_retry_max)
+                failures = 0 if registered else failures + 1
+                if failures:
+                    await self._back_off(self._timing.register_retry.ceiling(failures))
         finally:
             self._publish(False, "stopped")
             await self._close_server()
@@ -147,7 +145,7 @@ class PluginEndpoint:
 
     async def _wait_for_kubelet(self) -> SocketId:
         """Until the kubelet socket is there; what it waits for is logged when it changes."""
-        delay = self._timing.backoff_initial
+        looks = 0
         loop = asyncio.get_running_loop()
         warn_at = loop.time() + self._timing.kubelet_grace
         logged = ""
@@ -170,8 +168,9 @@ class PluginEndpoint:
                 logged = waiting
             self._publish(False, waiting)
             warned = loop.time() >= warn_at
-            await self._changed(delay, None if warned else max(0.0, warn_at - loop.time()))
-            delay = min(delay * 2, self._timing.backoff_max)
+            looks += 1
+            poll = self._timing.kubelet_wait.ceiling(looks)
+            await self._changed(poll, None if warned else max(0.0, warn_at - loop.time()))
         return identity
 
     async def _serve(self) -> SocketId | None:

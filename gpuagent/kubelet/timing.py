@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpuagent.domain.backoff import Backoff
+
 __all__ = ["Timing"]
 
 
@@ -28,3 +30,13 @@ class Timing:
     # How long our socket may be gone, the kubelet's staying, before we serve again: another
     # plugin taking our path, or a restarting kubelet, shows within it.
     settle: float = 0.5
+
+    @property
+    def kubelet_wait(self) -> Backoff:
+        """Between looks for an absent kubelet socket (where the directory is polled)."""
+        return Backoff(self.backoff_initial, self.backoff_max)
+
+    @property
+    def register_retry(self) -> Backoff:
+        """Between tries of a cycle that did not register (failures in a row)."""
+        return Backoff(self.backoff_initial, self.register_retry_max)

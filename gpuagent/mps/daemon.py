@@ -28,8 +28,8 @@ from typing import Protocol
 import structlog
 
 from gpuagent.clock import Clock, LoopClock
+from gpuagent.domain.backoff import Backoff
 from gpuagent.domain.mps import MpsDaemon, MpsDirs, MpsStatus
-from gpuagent.domain.pacing import Backoff
 from gpuagent.logs import ProblemLog
 from gpuagent.mps.control import ControlBinary, MpsCommandError, find_control_binary
 from gpuagent.state.store import DeviceStore

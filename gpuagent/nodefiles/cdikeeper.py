@@ -27,6 +27,7 @@ from pathlib import Path
 import structlog
 
 from gpuagent.clock import Clock, LoopClock
+from gpuagent.domain.backoff import Backoff
 from gpuagent.domain.containers import ContainerSettings
 from gpuagent.domain.devices import CdiSpec
 from gpuagent.domain.naming import mig_index
@@ -58,9 +59,8 @@ log = structlog.get_logger("gpuagent.nodefiles")
 
 WRITE = "write"
 TOOLKIT = "toolkit"
-# A CDI spec that could not be written is tried again after 1 s, doubling up to 30 s.
-RETRY_FIRST_S = 1.0
-RETRY_MAX_S = 30.0
+#: A CDI spec that could not be written is tried again after 1 s, doubling up to 30 s.
+RETRY = Backoff(1.0, 30.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,11 +91,17 @@ class CdiSpecKeeper:
     """
 
     def __init__(
-        self, store: DeviceStore, target: CdiTarget, *, clock: Clock | None = None
+        self,
+        store: DeviceStore,
+        target: CdiTarget,
+        *,
+        clock: Clock | None = None,
+        backoff: Backoff = RETRY,
     ) -> None:
         self._store = store
         self._target = target
         self._clock = clock or LoopClock()  # times the retries: tests move it by hand
+        self._backoff = backoff
         self._lock = asyncio.Lock()
         self._written: object = None  # what the spec on disk was last written for
         self._error = ""
@@ -103,7 +109,7 @@ class CdiSpecKeeper:
         self._failed: object = None
         self._retry_at = 0.0
         self._retrying = False  # the last write failed
-        self._delay = RETRY_FIRST_S
+        self._failures = 0  # writes in a row that failed
         self._described = DescribedDevices()
         self._libraries = ProblemLog(log)  # said once, not at every try of a failing write
         if target.mode == WRITE:
@@ -146,14 +152,15 @@ class CdiSpecKeeper:
                     log.warning("cannot write file", what="cdi spec", path=str(target.spec_dir),
                                 error=str(exc))  # fmt: skip
                 self._error = str(exc)
-                self._failed, self._retry_at = key, self._clock.now() + self._delay
+                self._failures += 1
+                delay = self._backoff.ceiling(self._failures)
+                self._failed, self._retry_at = key, self._clock.now() + delay
                 self._retrying = True
-                self._delay = min(self._delay * 2, RETRY_MAX_S)
                 self._record(lambda spec: replace(spec, written=True, error=self._error))
                 return
             if changed:
                 log.info("file updated", what="cdi spec", path=str(target.spec_dir))
-            self._written, self._error, self._delay = key, "", RETRY_FIRST_S
+            self._written, self._error, self._failures = key, "", 0
             self._retrying = False
             devices = spec_devices(snapshot)
             self._record(lambda spec: CdiSpec(devices=devices, written=True))

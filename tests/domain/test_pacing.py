@@ -1,5 +1,5 @@
-"""The pacing rules: full-jitter backoff, Retry-After, news and coalescing windows, the budget of
-early writes, heartbeats."""
+"""The pacing rules: news and coalescing windows, the budget of early writes, heartbeats (the
+backoff is tests/domain/test_backoff.py's)."""
 
 from __future__ import annotations
 
@@ -7,43 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuagent.domain.pacing import Backoff, Budget, Coalescing, Spent, changed_keys, next_heartbeat
-
-
-def test_the_ceiling_doubles_from_half_a_second_to_a_minute() -> None:
-    backoff = Backoff()
-    assert [backoff.ceiling(n) for n in range(1, 10)] == [
-        0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0,
-    ]  # fmt: skip
-    assert backoff.ceiling(10_000) == 60.0
-
-
-@given(failures=st.integers(1, 200), draw=st.floats(0.0, 1.0))
-def test_full_jitter_spreads_a_retry_over_the_whole_ceiling(failures: int, draw: float) -> None:
-    backoff = Backoff()
-    delay = backoff.delay(failures, draw)
-    assert 0.0 <= delay <= backoff.ceiling(failures)
-    assert delay == pytest.approx(draw * backoff.ceiling(failures))
-
-
-def test_nodes_that_failed_together_do_not_retry_together() -> None:
-    """The same failure count with different draws gives different delays (no lockstep)."""
-    backoff = Backoff()
-    delays = {backoff.delay(5, draw) for draw in (0.1, 0.4, 0.7, 0.95)}
-    assert len(delays) == 4
-    assert max(delays) <= 8.0
-
-
-@given(retry_after=st.floats(0.5, 600.0), draw=st.floats(0.0, 1.0), failures=st.integers(1, 50))
-def test_retry_after_is_never_cut_short(retry_after: float, draw: float, failures: int) -> None:
-    backoff = Backoff()
-    delay = backoff.delay(failures, draw, retry_after)
-    assert retry_after <= delay <= retry_after + backoff.ceiling(failures)
-
-
-def test_a_429_with_retry_after_5_waits_5_seconds_not_half_a_second() -> None:
-    assert Backoff().delay(1, 0.0, 5.0) == 5.0
-    assert Backoff().delay(1, 0.0) == 0.0
+from gpuagent.domain.pacing import Budget, Coalescing, Spent, changed_keys, next_heartbeat
 
 
 def test_the_first_change_after_a_quiet_spell_goes_out_at_once() -> None:

@@ -16,8 +16,8 @@ from support.mpsdaemon import installed_control, running_daemon
 from support.tasks import running
 from support.waiting import eventually
 
+from gpuagent.domain.backoff import Backoff
 from gpuagent.domain.mps import MpsDaemon, MpsDirs, MpsGpu, MpsStatus
-from gpuagent.domain.pacing import Backoff
 from gpuagent.gpu.sim.mpscontrol import ask
 from gpuagent.mps.daemon import DaemonKeeper, Timing
 from gpuagent.state.store import DeviceStore

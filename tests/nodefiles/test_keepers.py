@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 import shutil
 from dataclasses import replace
@@ -13,12 +12,14 @@ from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
+from support.clock import ManualClock
 from support.driverroot import LIBDIR, VERSION, make_driver_root
 from support.nodes import gpu, gpu_uuid, mig, mig_uuid, node
 from support.waiting import eventually
 
 from gpuagent.config import load_settings
 from gpuagent.config.planning import driver_root_as_read, make_plan
+from gpuagent.domain.backoff import Backoff
 from gpuagent.domain.containers import TOOLKIT_CDI_KIND, ContainerSettings, DeviceListStrategy
 from gpuagent.domain.devices import CdiSpec, Condition, Gpu, GpuHealth, IdStrategy, Telemetry
 from gpuagent.domain.health import DISCOVERY
@@ -257,30 +258,20 @@ def test_the_toolkits_spec_is_not_waited_for(tmp_path: Path) -> None:
     assert store.snapshot.cdi is None
 
 
-async def test_a_failed_write_is_tried_again_at_a_change_once_its_backoff_is_over(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(cdikeeper, "RETRY_FIRST_S", 0.01)
+async def test_a_failed_write_is_tried_again_once_its_backoff_is_over(tmp_path: Path) -> None:
     cdi = tmp_path / "cdi"
     cdi.write_text("not a directory\n")
     containers = ContainerSettings(strategies=(DeviceListStrategy.CDI_CRI,))
     store = DeviceStore(NODE, plan=Plan(serving=ServingPolicy(containers=containers)))
-    keeper = CdiSpecKeeper(store, CdiTarget(spec_dir=cdi, read_root=tmp_path / "empty"))
+    keeper = CdiSpecKeeper(
+        store, CdiTarget(spec_dir=cdi, read_root=tmp_path / "empty"), backoff=Backoff(0.01, 0.01)
+    )
     task = asyncio.create_task(keeper.run())
     try:
         await eventually(lambda: store.snapshot.cdi and store.snapshot.cdi.error, what="a failure")
-        cdi.unlink()  # the directory can be made now
+        cdi.unlink()  # the directory can be made now; the snapshot does not change
         written = CdiSpec(devices=spec_devices(NODE), written=True)
-        polls = itertools.count()
-
-        def polled_and_written() -> bool:
-            # A poll: new readings, nothing the spec depends on, yet a change of the snapshot.
-            reading = Telemetry(temperature_c=float(next(polls)))
-            store.update(lambda s: replace(s, gpus=(replace(s.gpus[0], telemetry=reading),
-                                                    *s.gpus[1:])))  # fmt: skip
-            return store.snapshot.cdi == written
-
-        await eventually(polled_and_written, what="the spec written at a poll")
+        await eventually(lambda: store.snapshot.cdi == written, what="the spec written")
         assert (cdi / SPEC_FILE_NAME).exists()
     finally:
         task.cancel()
@@ -288,18 +279,18 @@ async def test_a_failed_write_is_tried_again_at_a_change_once_its_backoff_is_ove
             await task
 
 
-async def test_a_write_that_keeps_failing_says_each_problem_once(
+async def test_a_write_that_keeps_failing_is_tried_after_1_s_doubling_to_30_s(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A spec directory that is a file, on a node whose driver libraries are not found: each
-    try of the write (at a poll, once its backoff is over) finds both again; each is said once."""
-    monkeypatch.setattr(cdikeeper, "RETRY_FIRST_S", 0.001)
-    monkeypatch.setattr(cdikeeper, "RETRY_MAX_S", 0.001)
-    tries: list[int] = []
+    """A spec directory that is a file, on a node whose driver libraries are not found: the write
+    is tried again on the keeper's clock, 1 s after the first failure, doubling to 30 s; each
+    try finds both problems again, and each is said once."""
+    clock = ManualClock()
+    tries: list[float] = []
     real = cdikeeper.write_cdi
 
     def counted(*args: Any) -> bool:
-        tries.append(1)
+        tries.append(clock.now())
         return real(*args)
 
     monkeypatch.setattr(cdikeeper, "write_cdi", counted)
@@ -307,23 +298,18 @@ async def test_a_write_that_keeps_failing_says_each_problem_once(
     cdi.write_text("not a directory\n")
     containers = ContainerSettings(strategies=(DeviceListStrategy.CDI_CRI,))
     store = DeviceStore(NODE, plan=Plan(serving=ServingPolicy(containers=containers)))
-    keeper = CdiSpecKeeper(store, CdiTarget(spec_dir=cdi, read_root=tmp_path / "empty"))
-    polls = itertools.count()
-
-    def polled_and_tried(times: int) -> bool:
-        reading = Telemetry(temperature_c=float(next(polls)))
-        store.update(lambda s: replace(s, gpus=(replace(s.gpus[0], telemetry=reading),
-                                                *s.gpus[1:])))  # fmt: skip
-        return len(tries) >= times
-
+    target = CdiTarget(spec_dir=cdi, read_root=tmp_path / "empty")
+    keeper = CdiSpecKeeper(store, target, clock=clock)
     with capture_logs() as logs:
         task = asyncio.create_task(keeper.run())
         try:
-            await eventually(lambda: polled_and_tried(5), what="the write tried again")
+            await eventually(lambda: clock.waiting == 1, what="the keeper waiting to retry")
+            await clock.advance(100.0)
         finally:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+    assert tries == [0.0, 1.0, 3.0, 7.0, 15.0, 31.0, 61.0, 91.0]
     warned = [e["event"] for e in logs if e["log_level"] == "warning"]
     assert warned == [
         "driver libraries not found; CDI containers get device nodes only",
