@@ -47,7 +47,8 @@ from gpuagent.dra.health import DeviceHealthStreams  # noqa: E402
 from gpuagent.dra.service import DraConfig  # noqa: E402
 from gpuagent.kube.slices import SlicePublisher  # noqa: E402
 from gpuagent.kubelet.plugin import DevicePluginService  # noqa: E402
-from gpuagent.nodefiles.cdikeeper import CdiSpecKeeper, CdiTarget  # noqa: E402
+from gpuagent.nodefiles.cdicontent import CdiTarget  # noqa: E402
+from gpuagent.nodefiles.cdikeeper import CdiSpecKeeper  # noqa: E402
 from gpuagent.nodefiles.labelkeeper import LabelTarget, NodeFiles  # noqa: E402
 from gpuagent.runtime.accountant import Accountant  # noqa: E402
 from gpuagent.runtime.cri import CriClient  # noqa: E402

@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # the node files' modules are imported off the loop (see star
     from gpuagent.domain.snapshot import Snapshot
     from gpuagent.dra.side import DraSide
     from gpuagent.gpu import sim
-    from gpuagent.nodefiles.cdikeeper import CdiTarget
+    from gpuagent.nodefiles.cdicontent import CdiTarget
     from gpuagent.nodefiles.labelkeeper import NodeFiles
     from gpuagent.state.store import DeviceStore
 
@@ -59,7 +59,7 @@ def absent_dra_gpus(gpus: DraGpus, snapshot: Snapshot, count: int) -> str | None
 
 def cdi_target(settings: Settings) -> CdiTarget:
     """Where the CDI spec goes and how the driver's files are found (node spec and DRA claims)."""
-    from gpuagent.nodefiles.cdikeeper import CdiTarget  # noqa: PLC0415
+    from gpuagent.nodefiles.cdicontent import CdiTarget  # noqa: PLC0415
 
     return CdiTarget(
         spec_dir=settings.cdi_spec_dir,
@@ -122,7 +122,7 @@ def dra_node_spec(settings: Settings) -> Callable[[Snapshot], Mapping[str, Any] 
     """The node's CDI spec as DRA's claims edit it: it follows the serving plan's container
     settings, as the node spec does, and is built again only when the devices, the driver or
     those settings change."""
-    from gpuagent.nodefiles.cdikeeper import NodeSpecs  # noqa: PLC0415
+    from gpuagent.nodefiles.cdidriver import NodeSpecs  # noqa: PLC0415
 
     specs = NodeSpecs(cdi_target(settings))
     return lambda snapshot: specs.get(snapshot, snapshot.plan.serving.containers)

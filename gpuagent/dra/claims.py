@@ -10,7 +10,7 @@ The checkpoint records the boot it was written in (``/proc/sys/kernel/random/boo
 a process): a MIG device made for a claim does not outlive a reboot (see
 :func:`gpuagent.domain.dynmig.made_standing`).
 
-The spec reuses the node's CDI spec (:func:`gpuagent.nodefiles.cdikeeper.node_spec`) — its device
+The spec reuses the node's CDI spec (:func:`gpuagent.nodefiles.cdicontent.node_spec`) — its device
 edits and common edits: device nodes, control nodes, the driver's libraries, binaries, sockets,
 firmware and hooks — for the claim's devices only, renamed ``<claim UID>-<device>`` under kind
 ``k8s.<driver>/claim``.

@@ -26,14 +26,10 @@ from gpuagent.domain.health import DISCOVERY
 from gpuagent.domain.plan import Plan
 from gpuagent.domain.serving import ServingPolicy, spec_devices
 from gpuagent.domain.snapshot import Snapshot
-from gpuagent.nodefiles import cdikeeper, labelkeeper
+from gpuagent.nodefiles import cdidriver, cdikeeper, labelkeeper
 from gpuagent.nodefiles.cdi import SPEC_FILE_NAME
-from gpuagent.nodefiles.cdikeeper import (
-    CdiSpecKeeper,
-    CdiTarget,
-    expected_toolkit_names,
-    write_cdi,
-)
+from gpuagent.nodefiles.cdicontent import CdiTarget, expected_toolkit_names
+from gpuagent.nodefiles.cdikeeper import CdiSpecKeeper, write_cdi
 from gpuagent.nodefiles.described import DescribedDevices, described_devices
 from gpuagent.nodefiles.labelkeeper import LabelTarget, NodeFiles
 from gpuagent.state.store import DeviceStore
@@ -324,14 +320,14 @@ def test_node_specs_read_the_driver_root_again_only_for_a_new_driver_or_gpus(
     built again, naming it) but not the driver's files, which are not looked for again."""
     make_driver_root(tmp_path / "mnt")
     reads: list[str] = []
-    real = cdikeeper.driver_files
+    real = cdidriver.driver_files
 
     def counted(snapshot: Snapshot, target: CdiTarget, *more: Any) -> Any:
         reads.append(snapshot.driver.version)
         return real(snapshot, target, *more)
 
-    monkeypatch.setattr(cdikeeper, "driver_files", counted)
-    specs = cdikeeper.NodeSpecs(CdiTarget(spec_dir=tmp_path / "cdi", read_root=tmp_path / "mnt"))
+    monkeypatch.setattr(cdidriver, "driver_files", counted)
+    specs = cdidriver.NodeSpecs(CdiTarget(spec_dir=tmp_path / "cdi", read_root=tmp_path / "mnt"))
     before = node(gpu(0, mig_enabled=True), driver=VERSION)
     first = specs.get(before, ContainerSettings())
     made = node(gpu(0, migs=[mig(0, 7)]), driver=VERSION)
