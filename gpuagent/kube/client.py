@@ -117,7 +117,7 @@ class KubeApi:
     async def delete_slice(self, name: str) -> None:
         await self._call(self._client.delete(ResourceSlice, name))
 
-    # ----- the node's health (gpuagent/kube/nodehealth.py) --------------------------------------
+    # ----- the node's health (gpuagent/kube/nodehealth/) ----------------------------------------
     async def node(self, name: str) -> dict[str, Any]:
         obj = await self._call(self._client.get(Node, name))
         return dict(obj.to_dict())
