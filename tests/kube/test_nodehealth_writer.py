@@ -126,6 +126,22 @@ async def test_xid_79_on_gpu_3_is_on_the_node_and_its_pod_within_a_fraction_of_a
     assert kubelet_untouched(rig.server)
 
 
+async def test_with_events_off_a_failing_gpu_is_in_the_condition_and_no_event_is_made(
+    make_rig: Callable[..., Any],
+) -> None:
+    """``--events=false`` (RBAC without events, say): the condition alone, no discovery."""
+    rig: Rig = await make_rig(events=False)
+    await wrote(rig)
+    await rig.clock.advance(100.0)
+    await rig.fail(3, Condition("xid", "79"))
+    await wrote(rig)
+    assert gpu_healthy(rig.server)["reason"] == "XidError"
+    assert not rig.server.events
+    assert [path for _, path in rig.requests()] == [
+        f"/api/v1/nodes/{NODE}", f"/api/v1/nodes/{NODE}/status", f"/api/v1/nodes/{NODE}/status",
+    ]  # fmt: skip
+
+
 def pod_of(rig: Rig, gpu: int) -> str:
     """The synthetic pod holding GPU ``gpu`` (namespace team-a)."""
     return next(

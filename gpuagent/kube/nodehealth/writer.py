@@ -24,7 +24,7 @@ from gpuagent.domain.pacing import Budget, Coalescing, NewsKey, changed_keys
 from gpuagent.domain.snapshot import Snapshot
 from gpuagent.kube.client import KubeApi
 from gpuagent.kube.nodehealth.condition import ConditionWriter
-from gpuagent.kube.nodehealth.events import EVENTS_API, EventWriter
+from gpuagent.kube.nodehealth.events import EventWriter
 from gpuagent.kube.nodehealth.objects import ApiObject, NodeApi, Part
 from gpuagent.kube.nodehealth.taint import TaintWriter
 from gpuagent.kube.pacer import CallFailed, Pacer
@@ -71,7 +71,7 @@ class NodeHealthWriter:
             else None
         )
         self._taint = TaintWriter(self._node) if taint else None
-        self._events = EventWriter(self._node, api_version=None if events else EVENTS_API)
+        self._events = EventWriter(self._node) if events else None
         #: The parts in the order of a batch.
         self._parts: tuple[Part, ...] = tuple(
             p for p in (self._condition, self._taint, self._events) if p is not None
@@ -111,7 +111,7 @@ class NodeHealthWriter:
     def _work(self) -> dict[ApiObject, bool]:
         """What has something to write (or read first), by what a refusal holds it back under."""
         work = {
-            ApiObject.DISCOVERY: self._events.api_version is None,
+            ApiObject.DISCOVERY: self._events is not None and self._events.api_version is None,
             ApiObject.NODE: not self._node_read,
         }
         for part in self._parts:
@@ -160,15 +160,20 @@ class NodeHealthWriter:
 
     async def _batch(self) -> bool:
         """Read what is not known yet, then write what is due; whether anything was written."""
-        if self._events.api_version is None and self.pacer.refused(ApiObject.DISCOVERY) is None:
-            await self._events.discover()
-        if not self._node_read and self.pacer.refused(ApiObject.NODE) is None:
+        events = self._events
+        if events is not None and events.api_version is None and self._may(ApiObject.DISCOVERY):
+            await events.discover()
+        if not self._node_read and self._may(ApiObject.NODE):
             await self._read_node()
         wrote = False
         for part in self._parts:
-            if part.wanted() and self.pacer.refused(part.object) is None:
+            if part.wanted() and self._may(part.object):
                 wrote |= await part.write()
         return wrote
+
+    def _may(self, obj: ApiObject) -> bool:
+        """Whether calls about ``obj`` may be made (the server has not refused them lately)."""
+        return self.pacer.refused(obj) is None
 
     async def _read_node(self) -> None:
         """The Node, once: its UID for the events, what the condition and the taint find."""
