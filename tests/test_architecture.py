@@ -12,6 +12,12 @@ import cycle among gpuagent's modules, type-only imports included; and issue 33'
 - No cycle in the graph of gpuagent's imports as grimp (import-linter's graph) builds it: every
   import statement, inside functions and under ``if TYPE_CHECKING:`` too (checked below against
   the source's own ``TYPE_CHECKING`` blocks, so a grimp that skipped them would fail this file).
+- One way to wait for a change or a time (issue 33): a store watch with a deadline
+  (``Watch.next``). No ``repeat_after`` or ``next_change`` (the variants it replaced), and no
+  ``anext()`` of a watch under ``asyncio.timeout``/``timeout_at``/``wait_for`` (a second way).
+- One backoff (issue 33): ``domain/backoff.py``'s :class:`Backoff`, the only class of that name,
+  and the only code that doubles a wait: no ``2 ** n``, ``x *= 2`` or ``min(... x * 2 ...)``
+  elsewhere (looked for in the code, not its words).
 """
 
 from __future__ import annotations
@@ -29,6 +35,11 @@ MODULE_LIMIT = 450
 APP_LIMIT = 250
 #: Generated code, not ours to size (scripts/gen-protos writes it).
 EXEMPT = (PACKAGE / "_proto",)
+#: The one backoff, and where it lives.
+BACKOFF = PACKAGE / "domain" / "backoff.py"
+#: Names of the ways to wait that the store watch's deadline replaced.
+RETIRED_WAITS = frozenset({"repeat_after", "next_change"})
+_TIMEOUTS = frozenset({"timeout", "timeout_at", "wait_for"})
 
 
 def modules() -> list[Path]:
@@ -331,3 +342,123 @@ def test_a_type_only_import_cycle_is_found() -> None:
     graph.add_import(importer="pkg.a", imported="pkg.b")
     graph.add_import(importer="pkg.b", imported="pkg.a")  # as under TYPE_CHECKING
     assert cycles(import_edges(graph)) == [["pkg.a", "pkg.b"]]
+
+
+# ----- one way to wait, one backoff ---------------------------------------------------------------
+def _called(node: ast.AST) -> str | None:
+    """The name of the function or method ``node`` calls (``None``: not a call)."""
+    if not isinstance(node, ast.Call):
+        return None
+    func = node.func
+    return func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+
+
+def _calls(tree: ast.AST, name: str) -> Iterator[ast.Call]:
+    """The calls in ``tree`` of a function or method called ``name``."""
+    return (n for n in ast.walk(tree) if isinstance(n, ast.Call) and _called(n) == name)
+
+
+def _named(node: ast.AST) -> str | None:
+    """The name ``node`` uses or defines (a variable, an argument, an attribute, a function)."""
+    for field in ("id", "arg", "attr", "name"):
+        value = getattr(node, field, None)
+        if isinstance(value, str):
+            return value
+    return None
+
+
+def other_waits(source: str) -> list[str]:
+    """What in ``source`` waits for a change or a time other than by a watch's deadline."""
+    found: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        line = getattr(node, "lineno", 0)
+        if _named(node) in RETIRED_WAITS:
+            found.append(f"line {line}: {_named(node)}")
+        if isinstance(node, ast.AsyncWith) and any(_timeout(i.context_expr) for i in node.items):
+            under: list[ast.AST] = list(node.body)
+        elif _called(node) == "wait_for":
+            under = [node]
+        else:
+            continue
+        if any(next(_calls(n, "anext"), None) is not None for n in under):
+            found.append(f"line {line}: anext() under a timeout")
+    return found
+
+
+def _timeout(expr: ast.expr) -> bool:
+    return _called(expr) in _TIMEOUTS
+
+
+def doublings(source: str) -> list[int]:
+    """The lines of ``source`` whose code doubles a value the way a backoff does."""
+    tree = ast.parse(source)
+    lines = {getattr(node, "lineno", 0) for node in ast.walk(tree) if _doubles(node)}
+    for call in _calls(tree, "min"):  # min(x * 2, most): a doubling with a ceiling
+        lines |= {getattr(node, "lineno", 0) for node in ast.walk(call) if _times_two(node)}
+    return sorted(lines)
+
+
+def _doubles(node: ast.AST) -> bool:
+    """``2 ** n`` (a variable exponent: ``2**64`` is a constant) or ``x *= 2``."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
+        return _two(node.left) and not isinstance(node.right, ast.Constant)
+    return isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Mult) and _two(node.value)
+
+
+def _times_two(node: ast.AST) -> bool:
+    return (
+        isinstance(node, ast.BinOp)
+        and isinstance(node.op, ast.Mult)
+        and (_two(node.left) or _two(node.right))
+    )
+
+
+def _two(node: ast.expr) -> bool:
+    return isinstance(node, ast.Constant) and node.value in (2, 2.0)
+
+
+def test_one_way_to_wait_for_a_change_or_a_time() -> None:
+    found = {str(p.relative_to(ROOT)): other_waits(p.read_text()) for p in modules()}
+    assert {name: what for name, what in found.items() if what} == {}
+
+
+def test_one_backoff() -> None:
+    classes = [
+        str(path.relative_to(ROOT))
+        for path in modules()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef) and node.name.endswith("Backoff")
+    ]
+    assert classes == [str(BACKOFF.relative_to(ROOT))]
+    found = {str(p.relative_to(ROOT)): doublings(p.read_text()) for p in modules() if p != BACKOFF}
+    assert {name: lines for name, lines in found.items() if lines} == {}
+    assert doublings(BACKOFF.read_text()), "the backoff doubles nowhere: the check sees nothing"
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("retry = min(retry * 2, limit)\n", [1]),
+        ("x = min(max(2 * x, first), most)\n", [1]),
+        ("delay *= 2\n", [1]),
+        ("wait = base * 2 ** n\n", [1]),
+        ("MAX_XID = 2**64 - 1\n", []),
+        ('"""min(maximum, initial * 2**(n-1))"""\nx = y * 2\n', []),
+    ],
+)
+def test_the_backoff_check_sees_a_hand_rolled_doubling(source: str, expected: list[int]) -> None:
+    assert doublings(source) == expected
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "w = store.watch(p, repeat_after=20.0)\n",
+        "async def f(w):\n    return await next_change(clock, w, 1.0)\n",
+        "async def f(w):\n    async with asyncio.timeout_at(t):\n        return await anext(w)\n",
+        "async def f(w):\n    return await asyncio.wait_for(anext(w), 5)\n",
+    ],
+)
+def test_the_wait_check_sees_another_way_to_wait(source: str) -> None:
+    assert other_waits(source)
+    assert not other_waits("async def f(w, t):\n    return await w.next(t)\n")
