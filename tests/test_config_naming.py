@@ -62,6 +62,15 @@ BAD_SIM = "version: v1\ngpus:\n  - memory_mib: lots\n"
         pytest.param(["--dra-gpus=all"], {}, "",
                      "--dra-gpus: needs API server credentials: in-cluster",
                      id="dra-without-credentials"),
+        pytest.param(["--dra-sharing", "mps"], {}, "",
+                     "--dra-sharing: mps cannot be combined with --dra-gpus none: only GPUs",
+                     id="dra-sharing-without-dra"),
+        pytest.param(["--dra-gpus=all", "--dra-mig=dynamic"], {"GPUAGENT_DRA_SHARING": "mps"}, "",
+                     "GPUAGENT_DRA_SHARING: mps cannot be combined with --dra-mig dynamic: MIG",
+                     id="dra-sharing-with-dynamic-mig"),
+        pytest.param([], {}, "dra-sharing: time-slicing\n",
+                     "config file key 'dra-sharing': must be one of none, mps, got 'time-slicing'",
+                     id="dra-sharing-unknown"),
     ],
 )  # fmt: skip
 def test_an_error_names_the_setting_as_given(

@@ -16,6 +16,7 @@ from gpuagent.config import Settings
 from gpuagent.config.planning import driver_root_as_read
 from gpuagent.domain.containers import CDI_SPEC_DIR
 from gpuagent.domain.dra import DraMig
+from gpuagent.domain.drashare import DraSharing
 from gpuagent.domain.mps import ComputeModeChoice, MpsDirs
 from gpuagent.gpu.migcontrol import MigControl
 from gpuagent.gpu.nvml import Nvml
@@ -155,12 +156,13 @@ def driver(
 async def keep_mps_daemons(
     settings: Settings, store: DeviceStore, view: ResourceView, nvml: Nvml
 ) -> None:
-    """Keep the MPS control daemons the device plugin's resources need, for the agent's life.
+    """Keep the MPS control daemons the device plugin's resources and the GPUs shared through
+    DRA need, for the agent's life.
 
-    Nothing of MPS is imported until the plan first shares a resource through it (at start, or
-    at a reload): most nodes never do, and the start before the registration stays lean. The
-    GPUs' compute modes are set through ``nvml`` unless left as they are."""
-    async for shared in store.watch(lambda s: s.plan.serving.resources.mps.enabled):
+    Nothing of MPS is imported until the plan first shares a resource or a DRA GPU through it
+    (at start, or at a reload): most nodes never do, and the start before the registration stays
+    lean. The GPUs' compute modes are set through ``nvml`` unless left as they are."""
+    async for shared in store.watch(_shares_through_mps):
         if shared:
             break
     from gpuagent.gpu.computemode import ComputeModes  # noqa: PLC0415
@@ -177,3 +179,8 @@ async def keep_mps_daemons(
         compute_modes=modes,
     )
     await daemons.run()
+
+
+def _shares_through_mps(snapshot: Snapshot) -> bool:
+    plan = snapshot.plan
+    return plan.serving.resources.mps.enabled or plan.dra.sharing is DraSharing.MPS

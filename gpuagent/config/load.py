@@ -21,6 +21,7 @@ from gpuagent.config.option import bindings, options_of
 from gpuagent.config.settings import Settings
 from gpuagent.config.sources import Sources, check_environment
 from gpuagent.domain.dra import DraMig
+from gpuagent.domain.drashare import DraSharing
 from gpuagent.domain.resources import MigStrategy
 
 __all__ = ["load_as", "load_settings"]
@@ -113,6 +114,27 @@ def _check_dra(settings: Settings) -> None:
             settings.named("dra_mig"),
             f"dynamic cannot be combined with {settings.named('dra_gpus')} none: MIG devices are "
             "made on demand only for GPUs served through DRA",
+        )
+    _check_dra_sharing(settings, no_dra=no_dra)
+
+
+def _check_dra_sharing(settings: Settings, *, no_dra: bool) -> None:
+    """``--dra-sharing mps`` shares whole GPUs served through DRA: refused with no GPU for DRA,
+    and with ``--dra-mig dynamic`` (a partitionable GPU's devices consume its counters, and MIG
+    devices cannot be shared through MPS)."""
+    if settings.dra_sharing is DraSharing.NONE:
+        return
+    if no_dra:
+        raise ConfigError(
+            settings.named("dra_sharing"),
+            f"mps cannot be combined with {settings.named('dra_gpus')} none: only GPUs served "
+            "through DRA are shared this way",
+        )
+    if settings.dra_mig is DraMig.DYNAMIC:
+        raise ConfigError(
+            settings.named("dra_sharing"),
+            f"mps cannot be combined with {settings.named('dra_mig')} dynamic: MIG devices "
+            "cannot be shared through MPS, and a GPU published partitionable is not shared",
         )
 
 

@@ -107,6 +107,7 @@ def make_plan(settings: Settings, *, control_nodes: tuple[str, ...] | None = Non
         driver=settings.dra_driver_name,
         mig_strategy=serving.resources.mig_strategy,
         mig=settings.dra_mig,
+        sharing=settings.dra_sharing,
     )
     return Plan(serving=serving, health=health, dra=dra)
 

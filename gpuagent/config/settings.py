@@ -29,6 +29,7 @@ from gpuagent.config.sharing import sharing_block
 from gpuagent.domain.containers import DeviceListStrategy
 from gpuagent.domain.devices import IdStrategy
 from gpuagent.domain.dra import DraMig
+from gpuagent.domain.drashare import DraSharing
 from gpuagent.domain.mps import ComputeModeChoice
 from gpuagent.domain.preferred import SharedAllocationPolicy
 from gpuagent.domain.resources import MigStrategy
@@ -100,6 +101,7 @@ class Settings:
     dra_gpus: str = setting(dra.DRA_GPUS)
     dra_driver_name: str = setting(dra.DRA_DRIVER_NAME)
     dra_mig: DraMig = setting(dra.DRA_MIG)
+    dra_sharing: DraSharing = setting(dra.DRA_SHARING)
     plugins_registry_dir: Path = setting(dra.PLUGINS_REGISTRY_DIR)
     plugins_dir: Path = setting(dra.PLUGINS_DIR)
     kubeconfig: Path | None = setting(apiserver.KUBECONFIG)

@@ -1,16 +1,25 @@
 """Attribute values as the Kubernetes API takes them: semantic versions, PCI bus IDs, DNS labels
-and label values (for DRA's device attributes and taints)."""
+and label values (for DRA's device attributes and taints), and quantities (a claim's consumed
+capacity)."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from fractions import Fraction
 
-__all__ = ["Version", "dns_label", "label_value", "pci_bus_id", "semver"]
+__all__ = ["Version", "dns_label", "label_value", "pci_bus_id", "quantity", "semver"]
 
 _DNS_LABEL_CHARS = re.compile(r"[^a-z0-9-]+")
 _LABEL_VALUE_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
 _VERSION_PART = re.compile(r"\d+")
+# resource.Quantity's grammar: a signed decimal, then a binary or decimal SI suffix or an exponent.
+_QUANTITY = re.compile(
+    r"(?P<number>[+-]?(\d+(\.\d*)?|\.\d+))"
+    r"(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?\d+)?"
+)
+_BINARY = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
+_DECIMAL = {"n": -9, "u": -6, "m": -3, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,3 +74,19 @@ def label_value(text: str) -> str:
     """``text`` as a label value: ``[A-Za-z0-9_.-]``, at most 63 characters, alphanumeric ends."""
     value = _LABEL_VALUE_CHARS.sub("_", text)[:63]
     return value.strip("_.-")
+
+
+def quantity(text: str) -> Fraction:
+    """A Kubernetes quantity (``16Gi``, ``81559Mi``, ``25``, ``500m``, ``1e3``) as an exact
+    number; raises :class:`ValueError` for text that is not one."""
+    found = _QUANTITY.fullmatch(text.strip())
+    if found is None:
+        raise ValueError(f"{text!r} is not a Kubernetes quantity")
+    number, suffix = Fraction(found["number"]), found["suffix"] or ""
+    if suffix in _BINARY:
+        return number * Fraction(1024) ** _BINARY[suffix]
+    if suffix in _DECIMAL:
+        return number * Fraction(10) ** _DECIMAL[suffix]
+    if suffix:
+        return number * Fraction(10) ** int(suffix[1:])
+    return number

@@ -19,6 +19,8 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from gpuagent.domain.drashare import Share
+
 __all__ = [
     "CHECKPOINT_VERSION",
     "ClaimError",
@@ -75,7 +77,8 @@ class MadeMig:
 @dataclass(frozen=True, slots=True)
 class PreparedDevice:
     """One allocated device: the requests it serves, where it is, and its CDI device IDs;
-    ``made``: the MIG device made for it, if it was."""
+    ``made``: the MIG device made for it, if it was; ``share``: the claim's share of it, where
+    it was given less than a whole shared GPU (``--dra-sharing mps``)."""
 
     requests: tuple[str, ...]
     pool: str
@@ -83,6 +86,7 @@ class PreparedDevice:
     cdi_ids: tuple[str, ...]
     uuid: str = ""
     made: MadeMig | None = None
+    share: Share | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +192,23 @@ def _made_json(made: MadeMig | None) -> dict[str, Any]:
     return {"mig": mig}
 
 
+def _share_json(share: Share | None) -> dict[str, Any]:
+    if share is None:
+        return {}
+    return {"share": {"memoryMiB": share.memory_mib, "compute": share.compute}}
+
+
+def _share(entry: Mapping[str, Any]) -> Share | None:
+    """The share of a checkpointed device; none for an entry without one (an older agent's)."""
+    share = entry.get("share")
+    if share is None:
+        return None
+    memory, compute = share["memoryMiB"], share["compute"]
+    if type(memory) is not int or type(compute) is not int or memory <= 0 or compute <= 0:
+        raise TypeError(f"share {share!r} is not a positive memoryMiB and compute")
+    return Share(memory_mib=memory, compute=compute)
+
+
 def _made(entry: Mapping[str, Any], boot: str) -> MadeMig | None:
     """The MIG device made for a checkpointed device; ``boot``: the checkpoint's, for an entry
     that does not name its own."""
@@ -209,9 +230,9 @@ def checkpoint_json(
     """The checkpoint document for the prepared claims (keyed by UID) and the GPUs (UUIDs)
     whose MIG mode the agent switched on, written in ``boot`` (omitted when unknown).
 
-    Version 1 throughout: ``bootId`` and a MIG device's ``boot`` are optional, so an agent
-    without them reads this document, and this one reads theirs (their MIG devices' boot is
-    unknown: see :func:`gpuagent.domain.dynmig.made_standing`)."""
+    Version 1 throughout: ``bootId``, a MIG device's ``boot`` and a device's ``share`` are
+    optional, so an agent without them reads this document, and this one reads theirs (their
+    MIG devices' boot is unknown: see :func:`gpuagent.domain.dynmig.made_standing`)."""
     return {
         "version": CHECKPOINT_VERSION,
         **({"bootId": boot} if boot else {}),
@@ -228,6 +249,7 @@ def checkpoint_json(
                         "cdi": list(d.cdi_ids),
                         "uuid": d.uuid,
                         **_made_json(d.made),
+                        **_share_json(d.share),
                     }
                     for d in c.devices
                 ],
@@ -257,6 +279,7 @@ def claims_from_checkpoint(document: object) -> dict[str, PreparedClaim]:
                     cdi_ids=tuple(d["cdi"]),
                     uuid=d.get("uuid", ""),
                     made=_made(d, boot),
+                    share=_share(d),
                 )
                 for d in entry["devices"]
             )

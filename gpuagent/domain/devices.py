@@ -8,12 +8,16 @@ from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from types import MappingProxyType
 
+from gpuagent.domain.drashare import ClaimShare
 from gpuagent.domain.migshapes import MigPartitions, Placement
 from gpuagent.domain.mps import MpsState
 from gpuagent.domain.usage import ProcessReading, Usage
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
+#: What a DRA driver's claimed devices are kept under in :class:`Attribution` (no extended
+#: resource name has a colon): see :mod:`gpuagent.domain.drapods`.
+DRA_CLAIMED = "dra:"
 
 
 class IdStrategy(StrEnum):
@@ -252,13 +256,20 @@ class PodRef:
 
 @dataclass(frozen=True, slots=True)
 class Allocated:
-    """One container's devices of one resource, as the pod-resources API lists them."""
+    """One container's devices of one resource, as the pod-resources API lists them; ``claim``:
+    the ResourceClaim (``<namespace>/<name>``) a DRA device is held through."""
 
     namespace: str
     pod: str
     container: str
     resource: str
     device_ids: tuple[str, ...]
+    claim: str = ""
+
+
+def claimed_resource(driver: str) -> str:
+    """The resource name a DRA driver's claimed devices are kept under."""
+    return DRA_CLAIMED + driver
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,6 +342,8 @@ class NodeState:
     cdi: CdiSpec | None = None
     # The MPS control daemons the agent keeps, and how each is doing.
     mps: MpsState = field(default_factory=MpsState)
+    # The prepared DRA claims' shares of GPUs (--dra-sharing mps), as the DRA side keeps them.
+    shares: tuple[ClaimShare, ...] = ()
 
     @property
     def registered(self) -> bool:

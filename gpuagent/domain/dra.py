@@ -26,6 +26,7 @@ from types import MappingProxyType
 
 from gpuagent.domain.apivalues import Version, dns_label, label_value, pci_bus_id, semver
 from gpuagent.domain.devices import Condition, Gpu, GpuHealth, MigDevice, NodeState
+from gpuagent.domain.drashare import DraSharing
 from gpuagent.domain.dynmig import CounterSet, Partition, instance_at, partitions
 from gpuagent.domain.errors import SettingError
 from gpuagent.domain.health import LOST, RECOVERY, ROW_REMAP_PENDING, XID
@@ -172,7 +173,9 @@ class DraDevice:
 
     A partitionable device (``--dra-mig dynamic``) carries its GPU's ``counter_set`` (published
     once per pool), the counters it ``consumes`` from it and its other ``capacity``; a MIG device
-    that is made when prepared has its ``shape`` and ``placement``, and no ``uuid``.
+    that is made when prepared has its ``shape`` and ``placement``, and no ``uuid``. A
+    ``shared`` device (``--dra-sharing mps``: a whole GPU) may be allocated to many claims, each
+    consuming part of its memory and compute (:mod:`gpuagent.domain.drashare`).
     """
 
     name: str
@@ -190,6 +193,7 @@ class DraDevice:
     consumes: Mapping[str, int] = field(default_factory=lambda: _NONE, hash=False)
     shape: MigShape | None = None
     placement: Placement | None = None
+    shared: bool = False
 
     @property
     def made_on_prepare(self) -> bool:
@@ -259,6 +263,11 @@ def _common_attributes(
     return attrs
 
 
+def gpu_device_name(gpu: Gpu) -> str:
+    """A whole GPU's device name: ``gpu-<minor>``, NVIDIA's."""
+    return f"gpu-{gpu.minor}"
+
+
 def _gpu_device(gpu: Gpu, driver: str, driver_version: str, cuda_version: str) -> DraDevice:
     attrs: dict[str, str | int | bool | Version] = {
         "type": "gpu",
@@ -268,7 +277,7 @@ def _gpu_device(gpu: Gpu, driver: str, driver_version: str, cuda_version: str) -
     }
     attrs.update(_common_attributes(gpu, driver_version, cuda_version))
     return DraDevice(
-        name=f"gpu-{gpu.minor}",
+        name=gpu_device_name(gpu),
         uuid=gpu.uuid,
         gpu_uuid=gpu.uuid,
         gpu_index=gpu.index,
@@ -389,13 +398,15 @@ def dra_devices(
 
 @dataclass(frozen=True, slots=True)
 class DraPlan:
-    """What the DRA side serves: which GPUs, under which driver name, MIG strategy and whether MIG
-    is made on demand."""
+    """What the DRA side serves: which GPUs, under which driver name, MIG strategy, whether MIG
+    is made on demand, and whether whole GPUs are shared (served as
+    :func:`gpuagent.domain.drasharing.served_devices` says)."""
 
     gpus: DraGpus = field(default_factory=DraGpus)
     driver: str = DEFAULT_DRIVER
     mig_strategy: MigStrategy = MigStrategy.NONE
     mig: DraMig = DraMig.STATIC
+    sharing: DraSharing = DraSharing.NONE
 
     def devices(self, snapshot: NodeState) -> tuple[DraDevice, ...]:
         return dra_devices(

@@ -15,18 +15,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from gpuagent.domain.attribution import Target, merged
-from gpuagent.domain.devices import Gpu, NodeState, PodRef
+from gpuagent.domain.devices import DRA_CLAIMED, Gpu, NodeState, PodRef, claimed_resource
 from gpuagent.domain.dra import DraDevice, DraPlan
 from gpuagent.domain.dynmig import instance_at
 
 __all__ = ["DRA_CLAIMED", "claimed_resource", "dra_holders"]
-
-DRA_CLAIMED = "dra:"
-
-
-def claimed_resource(driver: str) -> str:
-    """The resource name a DRA driver's claimed devices are kept under."""
-    return DRA_CLAIMED + driver
 
 
 def dra_holders(snapshot: NodeState, plan: DraPlan) -> dict[Target, tuple[PodRef, ...]]:

@@ -38,6 +38,7 @@ __all__ = [
     "MpsState",
     "MpsStatus",
     "client_env",
+    "daemon_reason",
 ]
 
 CONTROL_BINARY = "nvidia-cuda-mps-control"
@@ -190,3 +191,17 @@ class MpsState:
 
     def __hash__(self) -> int:
         return hash(tuple(self.daemons.items()))
+
+
+def daemon_reason(daemon: MpsDaemon, state: MpsState) -> str | None:
+    """Why ``daemon``'s clients cannot be served now; ``None`` while it is up as planned."""
+    status = state.status(daemon.name)
+    if status is not None and status.up and status.daemon == daemon:
+        return None
+    if status is None:
+        why = "not started"
+    elif status.up:
+        why = "running with the limits of an earlier configuration"
+    else:
+        why = status.error
+    return f"MPS control daemon for {daemon.name}: {why}"

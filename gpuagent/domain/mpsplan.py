@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from gpuagent.domain.devices import Device
-from gpuagent.domain.mps import MpsDaemon, MpsGpu, MpsState
+from gpuagent.domain.mps import MpsDaemon, MpsGpu, MpsState, daemon_reason
 from gpuagent.domain.resources import NodeResources, Resource
 
 __all__ = ["daemon_reason", "gate_mps", "mps_daemons"]
@@ -39,20 +39,6 @@ def _daemon(resource: Resource) -> MpsDaemon:
         gpus=tuple(gpus[i] for i in sorted(gpus)),
         thread_percentage=100 // replicas,
     )
-
-
-def daemon_reason(daemon: MpsDaemon, state: MpsState) -> str | None:
-    """Why ``daemon``'s clients cannot be served now; ``None`` while it is up as planned."""
-    status = state.status(daemon.name)
-    if status is not None and status.up and status.daemon == daemon:
-        return None
-    if status is None:
-        why = "not started"
-    elif status.up:
-        why = "running with the limits of an earlier configuration"
-    else:
-        why = status.error
-    return f"MPS control daemon for {daemon.name}: {why}"
 
 
 def gate_mps(

@@ -4,16 +4,19 @@ them, ``resource.k8s.io/v1`` manifests whose pool is the node, split at the API'
 Partitionable devices (``--dra-mig dynamic``) are published as Kubernetes 1.35 and later require
 them: their GPUs' counter sets in slices of their own (a slice holds devices or shared counters,
 never both; at most :data:`MAX_COUNTER_SETS_PER_SLICE` sets each), first, then the devices.
+Shared GPUs (``--dra-sharing mps``) are published with ``allowMultipleAllocations`` and their
+consumable capacities' request policies (KEP-5075, :mod:`gpuagent.domain.drashare`).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from gpuagent.domain.apivalues import Version
 from gpuagent.domain.dra import DraDevice
+from gpuagent.domain.drashare import COMPUTE, COMPUTE_POLICY, MEMORY, RequestPolicy, memory_policy
 from gpuagent.domain.dynmig import CounterSet
 from gpuagent.domain.pacing import NewsKey
 
@@ -120,8 +123,15 @@ def _device_manifest(device: DraDevice) -> dict[str, Any]:
     out: dict[str, Any] = {
         "name": device.name,
         "attributes": {name: _attribute(value) for name, value in device.attributes.items()},
-        "capacity": {**capacity, "memory": {"value": _quantity(device.memory_bytes)}},
+        "capacity": {**capacity, MEMORY: {"value": _quantity(device.memory_bytes)}},
     }
+    if device.shared:
+        out["allowMultipleAllocations"] = True
+        out["capacity"] = {
+            **capacity,
+            MEMORY: _consumable(device.memory_bytes, memory_policy(device.memory_bytes), _quantity),
+            COMPUTE: _consumable(COMPUTE_POLICY.max, COMPUTE_POLICY, str),
+        }
     if device.counter_set is not None and device.consumes:
         out["consumesCounters"] = [
             {"counterSet": device.counter_set.name, "counters": _counters(device.consumes)}
@@ -132,6 +142,15 @@ def _device_manifest(device: DraDevice) -> dict[str, Any]:
             for t in device.taints
         ]
     return out
+
+
+def _consumable(value: int, policy: RequestPolicy, unit: Callable[[int], str]) -> dict[str, Any]:
+    """A consumable capacity of ``value`` with its request policy, in ``unit``'s quantities."""
+    valid = {"min": unit(policy.min), "max": unit(policy.max), "step": unit(policy.step)}
+    return {
+        "value": unit(value),
+        "requestPolicy": {"default": unit(policy.default), "validRange": valid},
+    }
 
 
 def _attribute(value: str | int | bool | Version) -> dict[str, Any]:

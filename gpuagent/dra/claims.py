@@ -13,7 +13,8 @@ a process): a MIG device made for a claim does not outlive a reboot (see
 The spec reuses the node's CDI spec (:func:`gpuagent.nodefiles.cdicontent.node_spec`) — its device
 edits and common edits: device nodes, control nodes, the driver's libraries, binaries, sockets,
 firmware and hooks — for the claim's devices only, renamed ``<claim UID>-<device>`` under kind
-``k8s.<driver>/claim``.
+``k8s.<driver>/claim``. A device the claim has a share of (``--dra-sharing mps``) adds what makes
+its processes clients of the GPU's MPS daemon held to the share (:func:`share_edits`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from gpuagent.domain.claims import (
     claims_from_checkpoint,
     switched_from_checkpoint,
 )
+from gpuagent.domain.drashare import Share
+from gpuagent.domain.mps import CONTAINER_SHM, MpsDirs, client_env
 from gpuagent.nodefiles.atomicfile import remove_if_present, write_if_changed
 from gpuagent.nodefiles.cdi import render_spec
 
@@ -41,11 +44,14 @@ __all__ = [
     "Checkpoint",
     "ClaimFiles",
     "claim_spec",
+    "share_edits",
     "with_claim",
     "without_claim",
 ]
 
 CHECKPOINT_FILE = "checkpoint.json"
+#: A container's MPS directories are its own to write (the daemon's pipe, the shared memory).
+MPS_MOUNT_OPTIONS = ("rw", "nosuid", "nodev", "rbind", "rprivate")
 #: The kernel's boot ID under a proc root (``/proc``; the simulated node has its own).
 BOOT_ID_FILE = "sys/kernel/random/boot_id"
 
@@ -65,9 +71,11 @@ def claim_spec(
     devices: Iterable[tuple[str, str]],
     *,
     driver: str,
+    extra: Mapping[str, Mapping[str, list[Any]]] | None = None,
 ) -> dict[str, Any]:
     """The CDI spec of one claim: ``devices`` are ``(device name, GPU or MIG UUID)``, named in
-    ``node_spec`` (the node's spec, which names every device by UUID).
+    ``node_spec`` (the node's spec, which names every device by UUID); ``extra``: edits added
+    to a device's, by device name (lists: ``env``, ``mounts``).
 
     Raises :class:`KeyError` for a UUID the node spec does not know.
     """
@@ -76,7 +84,10 @@ def claim_spec(
     out = []
     for name, uuid in wanted.items():
         device = by_name[uuid]
-        out.append({**device, "name": cdi_name(claim_uid, name)})
+        edits = dict(device.get("containerEdits") or {})
+        for key, values in (extra or {}).get(name, {}).items():
+            edits[key] = [*edits.get(key, []), *values]
+        out.append({**device, "name": cdi_name(claim_uid, name), "containerEdits": edits})
     spec: dict[str, Any] = {
         "cdiVersion": (node_spec or {}).get("cdiVersion", "0.6.0"),
         "kind": cdi_kind(driver),
@@ -85,6 +96,27 @@ def claim_spec(
     if node_spec is not None and "containerEdits" in node_spec:
         spec["containerEdits"] = node_spec["containerEdits"]
     return spec
+
+
+def share_edits(dirs: MpsDirs, daemon: str, share: Share) -> dict[str, list[Any]]:
+    """What makes a container's processes clients of ``daemon`` (a shared GPU's MPS control
+    daemon) held to ``share``: the daemon's pipe directory (``CUDA_MPS_PIPE_DIRECTORY``, and
+    the directory mounted there) and the shared memory at ``/dev/shm``, as the device plugin's
+    MPS devices have them; the client's own limits, ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` (the
+    share's memory, for the container's one GPU: ordinal 0) and
+    ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (its compute)."""
+    env = client_env(
+        dirs, daemon, pinned_limits_mib={0: share.memory_mib}, thread_percentage=share.compute
+    )
+    options = list(MPS_MOUNT_OPTIONS)
+    return {
+        "env": [f"{key}={value}" for key, value in env.items()],
+        "mounts": [
+            {"hostPath": dirs.pipe(daemon), "containerPath": dirs.container_pipe(daemon),
+             "options": options},
+            {"hostPath": dirs.shm, "containerPath": CONTAINER_SHM, "options": options},
+        ],
+    }  # fmt: skip
 
 
 class ClaimFiles:

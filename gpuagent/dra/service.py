@@ -34,6 +34,7 @@ from gpuagent.domain.snapshot import Snapshot
 from gpuagent.dra.claims import ClaimFiles, claim_spec, with_claim, without_claim
 from gpuagent.dra.dynamic import DynamicMig
 from gpuagent.dra.recheck import changed_devices, checked_again
+from gpuagent.dra.shares import ClaimShares, DaemonDown
 from gpuagent.state.store import DeviceStore
 
 log = structlog.get_logger("gpuagent.dra")
@@ -116,6 +117,7 @@ class ClaimPreparer:
         self.mig: DynamicMig | None = None
         # Set once the GPUs are described and the MIG devices of prepared claims checked.
         self.settled = asyncio.Event()
+        self.shares = ClaimShares(store, config.driver)
         self._settle_s = settle_s
 
     async def load(self) -> None:
@@ -129,6 +131,7 @@ class ClaimPreparer:
         except (ValueError, OSError) as exc:
             log.error("dra checkpoint unreadable; starting empty", error=str(exc))
             self.claims = {}
+        self.shares.publish(self.claims)
         try:
             boot = await asyncio.to_thread(self._files.boot)
         except OSError as exc:
@@ -184,11 +187,18 @@ class ClaimPreparer:
 
     async def prepare(self, ref: ClaimRef) -> PreparedClaim:
         """The claim's devices, prepared (a claim prepared before: checked again); raises
-        :class:`ClaimError`."""
+        :class:`ClaimError`. A shared GPU's daemon not up is waited for (outside the lock), once."""
         if ref.uid in self.claims and not self.settled.is_set():
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._settle_s):
                     await self.settled.wait()
+        try:
+            return await self._prepare(ref)
+        except DaemonDown as down:
+            await self.shares.until_up(down.daemons)
+        return await self._prepare(ref)
+
+    async def _prepare(self, ref: ClaimRef) -> PreparedClaim:
         async with self._lock:
             known = self.claims.get(ref.uid)
             if known is not None:
@@ -200,46 +210,55 @@ class ClaimPreparer:
                 raise ClaimError(f"reading claim {ref.namespace}/{ref.name}: {exc}") from None
             read = time.perf_counter() - started
             self.stats.record(self.stats.api_read_seconds, read)
-            snapshot = self._store.snapshot
-            devices = {d.name: d for d in self._devices(snapshot)}
-            chosen = allocated_devices(
-                claim, ref, driver=self._config.driver, pool=self._config.pool, known=devices
-            )
-            made: list[PreparedDevice] = []
-            try:
-                for name, requests in chosen:
-                    record, uuid = await self._ready(devices[name])
-                    made.append(
-                        PreparedDevice(
-                            requests=requests,
-                            pool=self._config.pool,
-                            device=name,
-                            cdi_ids=(cdi_id(self._config.driver, ref.uid, name),),
-                            uuid=uuid,
-                            made=record,
-                        )
-                    )
-                prepared = PreparedClaim(ref=ref, devices=tuple(made))
-                claims = with_claim(self.claims, prepared)
-                try:
-                    # The snapshot now, which lists the MIG devices just made.
-                    await asyncio.to_thread(self._write, self._store.snapshot, prepared, claims)
-                except OSError as exc:
-                    raise ClaimError(f"writing the claim's CDI spec or checkpoint: {exc}") from None
-            except ClaimError:
-                if self.mig is not None:
-                    await self.mig.remove_all(made, undo=True)
-                raise
-            self.claims = claims
+            prepared = await self._prepare_new(ref, claim)
             self._on_prepared()
             self.stats.record(self.stats.prepare_seconds, time.perf_counter() - started - read)
-            log.info(
-                "claim prepared",
-                claim=f"{ref.namespace}/{ref.name}",
-                uid=ref.uid,
-                devices=[d.device for d in prepared.devices],
-            )
+            log.info("claim prepared", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid,
+                     devices=[d.device for d in prepared.devices],
+                     shares={d.device: d.share for d in prepared.devices if d.share})  # fmt: skip
             return prepared
+
+    async def _prepare_new(self, ref: ClaimRef, claim: Mapping[str, Any]) -> PreparedClaim:
+        """``claim``'s devices made ready, its CDI spec and the checkpoint written (under the
+        lock); what was made is undone when it fails."""
+        devices = {d.name: d for d in self._devices(self._store.snapshot)}
+        chosen = allocated_devices(
+            claim, ref, driver=self._config.driver, pool=self._config.pool, known=devices
+        )
+        shares = self.shares.of(claim, ref, [n for n, _ in chosen], devices, self._config.pool)
+        made: list[PreparedDevice] = []
+        try:
+            for name, requests in chosen:
+                record, uuid = await self._ready(devices[name])
+                made.append(
+                    PreparedDevice(
+                        requests=requests,
+                        pool=self._config.pool,
+                        device=name,
+                        cdi_ids=(cdi_id(self._config.driver, ref.uid, name),),
+                        uuid=uuid,
+                        made=record,
+                        share=shares.get(name),
+                    )
+                )
+            prepared = PreparedClaim(ref=ref, devices=tuple(made))
+            await self._commit(prepared)
+        except ClaimError:
+            if self.mig is not None:
+                await self.mig.remove_all(made, undo=True)
+            raise
+        return prepared
+
+    async def _commit(self, prepared: PreparedClaim) -> None:
+        """Write ``prepared``'s CDI spec and the checkpoint with it, then remember it."""
+        claims = with_claim(self.claims, prepared)
+        try:
+            # The snapshot now, which lists the MIG devices just made.
+            await asyncio.to_thread(self._write, self._store.snapshot, prepared, claims)
+        except OSError as exc:
+            raise ClaimError(f"writing the claim's CDI spec or checkpoint: {exc}") from None
+        self.claims = claims
+        self.shares.publish(claims)
 
     async def _again(self, known: PreparedClaim) -> PreparedClaim:
         """A claim prepared before, checked again (:func:`checked_again`): its CDI spec and the
@@ -289,6 +308,7 @@ class ClaimPreparer:
             prepared.ref.uid,
             [(d.device, d.uuid) for d in prepared.devices],
             driver=self._config.driver,
+            extra=self.shares.edits(prepared, snapshot.plan.serving.containers.mps),
         )
         self._files.write_spec(prepared.ref.uid, spec)
         self._files.save(claims, self._switched)
@@ -310,6 +330,7 @@ class ClaimPreparer:
             if ref.uid in self.claims:
                 log.info("claim unprepared", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid)
             self.claims = claims
+            self.shares.publish(claims)
 
     def _remove(self, uid: str, claims: Mapping[str, PreparedClaim]) -> None:
         self._files.remove_spec(uid)

@@ -16,6 +16,7 @@ import structlog
 from gpuagent.clock import Clock
 from gpuagent.domain.claims import ClaimUnavailable
 from gpuagent.domain.dra import DraDevice, unpublished_gpus
+from gpuagent.domain.drasharing import served_devices
 from gpuagent.domain.snapshot import Snapshot
 from gpuagent.dra.claims import ClaimFiles
 from gpuagent.dra.dynamic import DynamicMig, MigDriver
@@ -176,4 +177,5 @@ def _services(preparer: ClaimPreparer, streams: DeviceHealthStreams) -> list[ISe
 
 
 def _devices(snapshot: Snapshot) -> tuple[DraDevice, ...]:
-    return snapshot.plan.dra.devices(snapshot)
+    """The node's DRA devices as served (whole GPUs shared under ``--dra-sharing mps``)."""
+    return served_devices(snapshot, snapshot.plan.dra)

@@ -231,4 +231,5 @@ def _allocations(response: pb.ListPodResourcesResponse) -> Iterator[Allocated]:
                             container=container.name,
                             resource=claimed_resource(claimed.driver_name),
                             device_ids=(claimed.device_name,),
+                            claim=f"{dynamic.claim_namespace}/{dynamic.claim_name}",
                         )

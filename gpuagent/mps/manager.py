@@ -1,10 +1,12 @@
 """The MPS control daemons the node's resources need, each kept by a :class:`DaemonKeeper`.
 
 The daemons follow the store: the resources shared through MPS under the current plan and GPUs
-(:meth:`~gpuagent.domain.serving.ResourceView.mps_daemons`). A daemon the plan no longer wants is
-stopped; a new one is started; one whose GPUs or limits changed (a reload changed the replicas,
-a GPU was described late) is stopped and started again with the new limits — its devices are
-unhealthy meanwhile, so nothing is allocated to a daemon being reconfigured. The others run on.
+(:meth:`~gpuagent.domain.serving.ResourceView.mps_daemons`), and the GPUs shared through DRA
+(``--dra-sharing mps``: :func:`~gpuagent.domain.drasharing.share_daemons`, one per GPU). A
+daemon the plan no longer wants is stopped; a new one is started; one whose GPUs or limits
+changed (a reload changed the replicas, a GPU was described late) is stopped and started again
+with the new limits — its devices are unhealthy meanwhile, so nothing is allocated to a daemon
+being reconfigured. The others run on.
 Each keeper is a named task (``mps-daemon:<resource>``) of this one, which the agent supervises.
 """
 
@@ -16,6 +18,7 @@ from pathlib import Path
 
 import structlog
 
+from gpuagent.domain.drasharing import share_daemons
 from gpuagent.domain.mps import MpsDaemon, MpsDirs
 from gpuagent.domain.serving import ResourceView
 from gpuagent.domain.snapshot import Snapshot
@@ -67,7 +70,10 @@ class MpsDaemons:
                 self._modes.close()
 
     def _planned(self, snapshot: Snapshot) -> tuple[MpsDaemon, ...]:
-        return self._view.mps_daemons(snapshot, snapshot.plan.serving)
+        """The device plugin's shared resources' daemons, then the shared DRA GPUs' (a GPU is
+        served by one API, so no GPU is under two daemons)."""
+        plugin = self._view.mps_daemons(snapshot, snapshot.plan.serving)
+        return plugin + share_daemons(snapshot, snapshot.plan.dra)
 
     async def _reconcile(self, group: asyncio.TaskGroup, wanted: dict[str, MpsDaemon]) -> None:
         for name, (keeper, _) in list(self._kept.items()):

@@ -63,6 +63,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "dra-gpus": ("all", "0,1"),
     "dra-driver-name": ("gpu.example.com",),
     "dra-mig": ("dynamic",),
+    "dra-sharing": ("mps",),
     "plugins-registry-dir": ("/var/lib/kubelet/reg",),
     "plugins-dir": ("/var/lib/kubelet/dra",),
     "kubeconfig": ("/etc/kubernetes/kubelet.conf",),

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import hashlib
 import itertools
 import json
 import re
@@ -38,6 +39,8 @@ from typing import Any
 import kubernetes_validate  # type: ignore[import-untyped]
 import yaml
 from aiohttp import web
+
+from .requestpolicy import capacity_errors
 
 __all__ = ["FakeApiServer", "claim", "validate_event", "validate_slice"]
 
@@ -151,6 +154,7 @@ def validate_slice(obj: Mapping[str, Any]) -> list[str]:
                 errors.append(f"{at}.capacity[{name}]: bad name")
             if not _QUANTITY.fullmatch(str(value.get("value", ""))):
                 errors.append(f"{at}.capacity[{name}]: {value.get('value')!r} is not a quantity")
+        errors += capacity_errors(at, device)
         taints = device.get("taints") or []
         if len(taints) > 4:
             errors.append(f"{at}: more than 4 taints")
@@ -267,35 +271,43 @@ def claim(
     results: list[tuple[str, str, str, str]] | None,
     *,
     config: list[dict[str, Any]] | None = None,
+    consumed: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """A ResourceClaim; ``results`` are ``(request, driver, pool, device)``, ``None`` =
-    not allocated."""
+    not allocated. ``consumed``: each request asked for these capacities of a device that allows
+    multiple allocations, and each result consumed them (``consumedCapacity``, with a
+    ``shareID``), as a scheduler with consumable capacity (KEP-5075) allocates it."""
     requests = sorted({r[0].split("/")[0] for r in results or []}) or ["gpu"]
+    exactly: dict[str, Any] = {"deviceClassName": "gpu.nvidia.com"}
+    if consumed is not None:
+        exactly["capacity"] = {"requests": dict(consumed)}
     obj: dict[str, Any] = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": namespace, "uid": uid, "resourceVersion": "1"},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {"name": r, "exactly": {"deviceClassName": "gpu.nvidia.com"}} for r in requests
-                ]
-            }
-        },
+        "spec": {"devices": {"requests": [{"name": r, "exactly": exactly} for r in requests]}},
     }
     if results is not None:
+        shared = {} if consumed is None else {"consumedCapacity": dict(consumed)}
         obj["status"] = {
             "allocation": {
                 "devices": {
                     "results": [
-                        {"request": r, "driver": d, "pool": p, "device": dev}
-                        for r, d, p, dev in results
+                        {"request": r, "driver": d, "pool": p, "device": dev, **shared,
+                         **({"shareID": _share_id(uid, i)} if shared else {})}
+                        for i, (r, d, p, dev) in enumerate(results)
                     ],
                     **({"config": config} if config else {}),
                 }
             }
-        }
+        }  # fmt: skip
     return obj
+
+
+def _share_id(claim_uid: str, index: int) -> str:
+    """A result's shareID: a UUID, as the scheduler gives one (derived, so tests are stable)."""
+    digest = hashlib.sha256(f"{claim_uid}/{index}".encode()).hexdigest()
+    return f"{digest[:8]}-{digest[8:12]}-4{digest[13:16]}-8{digest[17:20]}-{digest[20:32]}"
 
 
 @dataclass

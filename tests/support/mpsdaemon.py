@@ -1,20 +1,30 @@
 """The stand-in ``nvidia-cuda-mps-control`` (gpuagent.gpu.sim.mpscontrol) for tests: installed
-under a driver root, a daemon of it started on a pipe directory, its commands sent as a client."""
+under a driver root, a daemon of it started on a pipe directory, its commands sent as a client;
+and a container's MPS client as a claim's CDI spec makes it (:func:`cdi_client`)."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gpuagent.gpu.sim.mpscontrol import ask, install
 
-__all__ = ["StandIn", "control_env", "installed_control", "running_daemon", "wait_until"]
+__all__ = [
+    "StandIn",
+    "cdi_client",
+    "control_env",
+    "installed_control",
+    "running_daemon",
+    "wait_until",
+]
 
 
 def wait_until(check: Callable[[], object], within: float = 10.0, what: str = "it") -> None:
@@ -76,3 +86,27 @@ def running_daemon(driver_root: Path, pipe: Path, log: Path) -> Iterator[StandIn
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
             process.wait(10)
+
+
+_LIMIT_UNITS = {"": 1 / (1024 * 1024), "K": 1 / 1024, "M": 1.0, "G": 1024.0}
+
+
+def cdi_client(spec: Mapping[str, Any], ordinal: int = 0) -> dict[str, object]:
+    """The ``mps`` of a simulated process started in a container given ``spec``'s (a claim's
+    CDI spec's) one device, as CUDA in that container reads its environment: the daemon's pipe
+    directory as the node sees it (the mount at the container's ``CUDA_MPS_PIPE_DIRECTORY``),
+    its pinned memory limit for device ``ordinal`` (``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``,
+    ``"0=4096M,1=2G"``) and its active thread percentage."""
+    (device,) = spec["devices"]
+    edits = device["containerEdits"]
+    env = dict(item.split("=", 1) for item in edits.get("env", []))
+    mounts = {m["containerPath"]: m["hostPath"] for m in edits.get("mounts", [])}
+    client: dict[str, object] = {"pipe_directory": mounts[env["CUDA_MPS_PIPE_DIRECTORY"]]}
+    for entry in filter(None, env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "").split(",")):
+        where, _, value = entry.partition("=")
+        number, unit = re.fullmatch(r"(\d+)([KMG]?)", value).groups()  # type: ignore[union-attr]
+        if int(where) == ordinal:
+            client["pinned_mem_limit_mib"] = int(number) * _LIMIT_UNITS[unit]
+    if "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" in env:
+        client["active_thread_percentage"] = float(env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"])
+    return client

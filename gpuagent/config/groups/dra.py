@@ -1,5 +1,5 @@
 """Dynamic Resource Allocation's options: which GPUs, the driver name, whether MIG is made on
-demand, and the kubelet's plugin folders."""
+demand, whether whole GPUs are shared, and the kubelet's plugin folders."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 from gpuagent.config.option import Option
 from gpuagent.config.values import one_of, parse_dra_gpus, parse_driver_name, parse_path
 from gpuagent.domain.dra import DraMig
+from gpuagent.domain.drashare import DraSharing
 
 DRA_GPUS = Option(
     "dra-gpus",
@@ -33,6 +34,15 @@ DRA_MIG = Option(
     "prepared and destroyed when it is unprepared (needs CAP_SYS_ADMIN) (default static)",
     "static|dynamic",
     default=DraMig.STATIC,
+)
+DRA_SHARING = Option(
+    "dra-sharing",
+    one_of(DraSharing),
+    "none: each DRA GPU goes to one claim at a time; mps: each whole DRA GPU is published with "
+    "consumable memory and compute (KEP-5075) for claims to share, each claim held to its share "
+    "by the GPU's MPS control daemon (under mps-root) (default none)",
+    "none|mps",
+    default=DraSharing.NONE,
 )
 PLUGINS_REGISTRY_DIR = Option(
     "plugins-registry-dir",

@@ -14,6 +14,7 @@ from gpuagent.domain.devices import PodRef
 
 __all__ = [
     "NOTE_LIMIT",
+    "OVER_SHARE",
     "RECOVERED",
     "REPORTING_CONTROLLER",
     "UNHEALTHY",
@@ -38,6 +39,8 @@ What = tuple[EventType, str, str]  # an event's type, reason and action
 #: A device turned unhealthy (on the Node and on each pod holding it); a device recovered.
 UNHEALTHY: What = ("Warning", "GPUUnhealthy", "MarkUnhealthy")
 RECOVERED: What = ("Normal", "GPURecovered", "MarkHealthy")
+#: A DRA claim's processes use more of a GPU than its share (on each pod holding the claim).
+OVER_SHARE: What = ("Warning", "GPUShareExceeded", "CheckGPUShare")
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from gpuagent.domain.nodehealth.condition import ConditionReport, condition_report, evidence_of
 from gpuagent.domain.nodehealth.events import (
     NOTE_LIMIT,
+    OVER_SHARE,
     RECOVERED,
     UNHEALTHY,
     EventKey,
@@ -18,6 +19,7 @@ from gpuagent.domain.nodehealth.events import (
     truncated,
 )
 from gpuagent.domain.nodehealth.view import DeviceRef, NodeHealthView
+from gpuagent.domain.shareuse import Overuse
 
 __all__ = ["MAX_EVENTS", "TAINT_KEY", "NodeHealthModel"]
 
@@ -62,8 +64,19 @@ class NodeHealthModel:
         for device in sorted(before - set(after)):
             self.since.pop(device, None)
             self._occurred(node, RECOVERED, f"{device} is healthy again", now)
+        self._over_shares(view, now)
         self.view = view
         return True
+
+    def _over_shares(self, view: NodeHealthView, now: float) -> None:
+        """An event on each pod holding a claim that went over its share (once per episode:
+        a claim that stays over is in every view, and is said again only after it was under)."""
+        before = {(u.share, u.gpu) for u in self.view.overused} if self.view is not None else set()
+        for use in view.overused:
+            if (use.share, use.gpu) in before:
+                continue
+            for pod, containers in by_pod(use.holders, view.pod_uids):
+                self._occurred(pod, OVER_SHARE, _over_share_note(use, containers), now)
 
     def condition(self) -> ConditionReport | None:
         return condition_report(self.view, self.since) if self.view is not None else None
@@ -114,3 +127,15 @@ class NodeHealthModel:
                 continue
             del self.events[next(iter(self.events))]
             self.dropped_events += 1
+
+
+def _over_share_note(use: Overuse, containers: tuple[str, ...]) -> str:
+    share = use.share
+    plural = "s" if len(containers) > 1 else ""
+    return (
+        f"the processes of claim {share.namespace}/{share.claim} in this pod (container{plural} "
+        f"{', '.join(containers)}) use more memory of GPU {use.gpu} ({share.uuid}) than the "
+        f"claim's share ({share.share.memory_mib} MiB, {share.share.compute} % of compute): "
+        "the MPS memory limit binds each CUDA process on its own, so several processes, or one "
+        "that sets its own CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, can exceed it"
+    )

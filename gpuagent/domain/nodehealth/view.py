@@ -1,6 +1,7 @@
 """The node's health as its writers see it: :func:`project` reduces a snapshot to a
 :class:`NodeHealthView` (the unhealthy GPUs and MIG devices with their conditions, and the pods
-holding them), comparable, so a writer acts only when it changes."""
+holding them; the DRA claims over their share of a GPU, and the pods holding them), comparable,
+so a writer acts only when it changes."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 from gpuagent.domain.attribution import Target, attributions, by_device, merged
 from gpuagent.domain.devices import Condition, Gpu, NodeState, PodRef
 from gpuagent.domain.pacing import NewsKey
+from gpuagent.domain.shareuse import Overuse, overused
 
 __all__ = ["DeviceRef", "Fault", "NodeHealthView", "faults_by_cause", "project"]
 
@@ -56,6 +58,8 @@ class NodeHealthView:
     all_unhealthy: bool = False
     # (namespace, pod, UID) of the holders whose UID is known (from their processes' cgroups).
     pod_uids: tuple[tuple[str, str, str], ...] = ()
+    # The DRA claims whose processes use more memory than their share of a GPU, with holders.
+    overused: tuple[Overuse, ...] = ()
 
     @property
     def healthy(self) -> bool:
@@ -103,7 +107,9 @@ def project(
         holders = tuple(
             (fault.device, pods) for fault in faults if (pods := _held(fault.device, held))
         )
+    over = overused(snapshot)
     holding = {(ref.namespace, ref.pod) for _, refs in holders for ref in refs}
+    holding |= {(ref.namespace, ref.pod) for use in over for ref in use.holders}
     gpus = snapshot.gpus
     return NodeHealthView(
         gpus=len(gpus),
@@ -112,6 +118,7 @@ def project(
         holders=holders,
         all_unhealthy=bool(gpus) and all(_unusable(g) for g in gpus),
         pod_uids=tuple(u for u in snapshot.usage.pod_uids if (u[0], u[1]) in holding),
+        overused=over,
     )
 
 
