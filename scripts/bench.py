@@ -180,6 +180,9 @@ def main() -> int:
                         help="the /metrics series, bytes and loop-stall rows only")  # fmt: skip
     bench_dra.add_arguments(parser)
     parser.add_argument("--only-dra", action="store_true", help="run the DRA rows only")
+    parser.add_argument(
+        "--only-dra-shares", action="store_true", help="run the DRA rows of shared claims only"
+    )
     bench_kube.add_arguments(parser)
     parser.add_argument("--only-kube", action="store_true",
                         help="run the node condition and events rows only")  # fmt: skip
@@ -198,6 +201,9 @@ def main() -> int:
     bench_mps.add_arguments(parser)
     args = parser.parse_args()
 
+    if args.only_dra_shares:
+        print(table(bench_dra.share_rows(args)))
+        return 0
     if args.only_dra:
         print(table(bench_dra.rows(args)))
         return 0

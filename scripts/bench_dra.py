@@ -18,6 +18,12 @@ the interpreter with the agent: the round trips are upper bounds.
   trip of a claim whose 1g.10gb is made on prepare until its CDI ID comes back, against the
   driver's creation latency (a 3g.40gb held meanwhile keeps MIG mode on, so no switch is timed);
   and what 8 H100s publish (devices, slices, bytes of their JSON).
+- ``--dra-sharing mps`` (the stand-in ``nvidia-cuda-mps-control`` under the driver root, one
+  daemon per GPU): claims with a share (``consumedCapacity``: 2 GiB, 10 % of compute) spread over
+  the GPUs as they come and go, each GPU holding six (the oldest unprepared as a new one comes) —
+  the agent's own time per claim (no API read; the target, 50 ms at p99, as the unshared claims'
+  row is), the kubelet-side round trip (local API read included), the unprepares; and the same
+  claims of whole GPUs without sharing, whose difference is what a share adds.
 - A reboot under ``--dra-mig dynamic``: claims prepared on 8 simulated H100s (a 3g.40gb and four
   1g.10gb each), the agent stopped and started on a fresh simulated driver (a new boot: its MIG
   devices gone, MIG mode off), the kubelet's prepares of the same claims again: the round trip
@@ -50,6 +56,7 @@ from support.grpcstubs import dra_stubs
 from gpuagent import logs
 from gpuagent.dra.endpoint import EndpointTiming
 from gpuagent.gpu.sim import SimDriver, node_from_mapping
+from gpuagent.gpu.sim.mpscontrol import install
 from gpuagent.gpu.sim.spec import DEFAULT_CALL_LATENCY_S
 from gpuagent.kube.slices import Backoff
 
@@ -71,6 +78,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--dra-mig-claims", type=int, default=30, help="MIG devices made on prepare (DRA rows)"
     )
     parser.add_argument("--dra-faults", type=int, default=20, help="faults injected (DRA rows)")
+    parser.add_argument(
+        "--dra-share-claims", type=int, default=200, help="claims with a share prepared (DRA rows)"
+    )
 
 
 async def _wait(check: Any) -> None:
@@ -158,6 +168,98 @@ async def _faults(
         await _wait(tainted(name))
         out["quiet" if quiet else "soon"].append(time.perf_counter() - started)
         previous = (gpu, name)
+
+
+SHARE = {"memory": "2Gi", "compute": "10"}
+#: Shares each GPU holds while claims come and go.
+SHARES_PER_GPU = 6
+
+
+async def _measure_shares(
+    gpus: int, claims: int, root: Path, *, shared: bool = True
+) -> dict[str, list[float]]:
+    """Claims with a share of a GPU prepared (round trip, and the agent's own time), each GPU
+    holding :data:`SHARES_PER_GPU` of them as they come and go (the oldest unprepared: round
+    trip); see the module's doc. ``shared=False``: the same claims of whole GPUs, without sharing
+    (what the share adds is the difference)."""
+    api = FakeApiServer(node=NODE)
+    await api.start()
+    watcher = FakePluginWatcher(root / "registry", dra_stubs())
+    install(root / "driver")
+    args = (
+        "--simulate", str(gpus), "--dra-gpus", "all", "--dra-sharing", "mps" if shared else "none",
+        "--nvidia-driver-root", str(root / "driver"), "--mps-root", str(root / "mps"),
+        "--kubeconfig", str(api.kubeconfig(root / "kubeconfig")),
+        "--plugins-dir", str(root / "plugins"),
+        "--plugins-registry-dir", str(root / "registry"),
+        "--cdi-spec-dir", str(root / "cdi"),
+        "--poll-interval", "5",
+    )  # fmt: skip
+    options = {
+        "node_name": NODE,
+        "dra_options": {"endpoint_timing": EndpointTiming(watch_interval=0.05)},
+    }
+    out: dict[str, list[float]] = {"round_trip": [], "unprepare": []}
+    try:
+        async with running_agent(root / "device-plugins", args, agent_options=options) as run:
+            reg = await watcher.aregister(await watcher.afind())
+            store = run.agent.store
+            await _wait(lambda: len(store.snapshot.mps.daemons) == (gpus if shared else 0)
+                        and all(d.up for d in store.snapshot.mps.daemons.values()))  # fmt: skip
+            await _wait(lambda: len(api.devices()) == gpus)
+            names = sorted(api.devices())
+            held = SHARES_PER_GPU * gpus
+            for i in range(claims + held):
+                if i < claims:
+                    uid, device = f"share-{i}", names[i % gpus]
+                    results = [("g", DRIVER, NODE, device)]
+                    api.add_claim(claim("b", uid, uid, results, consumed=SHARE if shared else None))
+                    out["round_trip"].append(await _prepare(watcher, reg, uid))
+                if i >= held:  # the oldest claim goes: each GPU holds SHARES_PER_GPU shares
+                    gone = f"share-{i - held}"
+                    started = time.perf_counter()
+                    await watcher.aunprepare(reg, [("b", gone, gone)])
+                    out["unprepare"].append(time.perf_counter() - started)
+                if i == held - 1 and shared:
+                    assert len(store.snapshot.shares) == held
+            assert run.agent.dra is not None
+            out["prepare"] = list(run.agent.dra.stats.prepare_seconds)
+            assert api.invalid == [], api.invalid
+    finally:
+        await api.stop()
+    return out
+
+
+def share_rows(args: argparse.Namespace) -> list[Row]:
+    """The rows of claims with a share of a GPU (``--dra-sharing mps``)."""
+    logs.configure("console", "warning")
+    measured = []
+    for shared in (True, False):
+        root = Path(tempfile.mkdtemp(prefix="gad-", dir="/tmp"))
+        try:
+            measured.append(
+                uvloop.run(_measure_shares(args.gpus, args.dra_share_claims, root, shared=shared))
+            )
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+    m, whole = measured
+
+    def spread(values: list[float]) -> str:
+        return f"p50 {ms(statistics.median(values))}, p99 {ms(percentile(values, 99))}"
+
+    trip, own = m["round_trip"], m["prepare"]
+    shape = f"{len(trip)} claims, {SHARES_PER_GPU} held per GPU on {args.gpus}"
+    return [
+        Row(f"DRA shared claim: NodePrepareResources, no API read, {shape}", spread(own),
+            "p99 ≤ 50 ms", percentile(own, 99) <= 0.050),
+        Row("DRA shared claim: prepare round trip (kubelet side, local API read)", spread(trip),
+            "", None),
+        Row("DRA shared claim: unprepare round trip", spread(m["unprepare"]), "", None),
+        Row("DRA the same claims of whole GPUs (--dra-sharing none): round trip",
+            spread(whole["round_trip"]), "", None),
+        Row("DRA the same claims of whole GPUs: NodePrepareResources, no API read",
+            spread(whole["prepare"]), "", None),
+    ]  # fmt: skip
 
 
 def _mig_node(api: FakeApiServer, root: Path) -> tuple[tuple[str, ...], dict[str, Any]]:
@@ -280,6 +382,7 @@ def rows(args: argparse.Namespace) -> list[Row]:
         reboot = uvloop.run(_measure_reboot(root))
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    shares = share_rows(args)
     again = reboot["again"]
     again_p99 = percentile(again, 99)
     assert reboot["again_counted"] == len(again) + MIG_NODE_GPUS, reboot  # every one made again
@@ -320,4 +423,5 @@ def rows(args: argparse.Namespace) -> list[Row]:
             None),
         Row(f"DRA dynamic MIG: {MIG_NODE_GPUS} H100s publish",
             f"{mig['devices']} devices, {mig['slices']} slices, {mig['bytes']} bytes", "", None),
+        *shares,
     ]  # fmt: skip
