@@ -10,7 +10,9 @@ from support.metricsdoc import DOC, label_drift, table_rows
 from support.synthetic import synthetic_snapshot
 
 from gpuagent.config import OPTIONS
-from gpuagent.domain.devices import Condition, GpuHealth
+from gpuagent.domain.devices import Allocated, Condition, GpuHealth, claimed_resource
+from gpuagent.domain.dra import DraPlan
+from gpuagent.domain.drashare import ClaimShare, DraSharing, Share
 from gpuagent.domain.mps import MpsState, MpsStatus
 from gpuagent.domain.usage import ContainerUsage, ProcessReading, Usage
 from gpuagent.state.counters import (
@@ -46,11 +48,18 @@ def rendered() -> str:
     )
     used = ContainerUsage(0, None, "ns", "pod", "c", 1, 2**30, 0.5, 0.1, 0, 0, 12.5, True)
     mps = MpsState().with_status("nvidia.com/gpu", MpsStatus(up=True, error="", starts=1))
+    # A claim with a share of GPU 0 (--dra-sharing mps), held by the container using it.
+    share = ClaimShare("gpu.nvidia.com", "ns", "claim", "u", "gpu-0", gpu.uuid, Share(1024, 25))
+    holder = Allocated("ns", "pod", "c", claimed_resource(share.driver), ("gpu-0",), "ns/claim")
+    pods = replace(snapshot.pods, allocated=(*snapshot.pods.allocated, holder))
     snapshot = replace(
         snapshot,
         gpus=(gpu, snapshot.gpus[1]),
         usage=Usage(containers=(used,), judged=True),
         mps=mps,
+        shares=(share,),
+        pods=pods,
+        plan=replace(snapshot.plan, dra=DraPlan(sharing=DraSharing.MPS)),
     )
     counters = AgentCounters(
         pod_resources=PodResourcesStats(1, 0, True),
