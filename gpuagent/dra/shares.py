@@ -13,7 +13,6 @@ spec is written already; its pod may be running).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -101,11 +100,11 @@ class ClaimShares:
                 (status := snapshot.mps.status(name)) is not None and status.up for name in daemons
             )
 
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self._wait_s):
-                async for ready in self._store.watch(up):
-                    if ready:
-                        return
+        watch = self._store.watch(up)
+        deadline = asyncio.get_running_loop().time() + self._wait_s  # the watch's clock
+        ready = await watch.next()
+        while not ready and asyncio.get_running_loop().time() < deadline:
+            ready = await watch.next(deadline)
 
     def edits(self, prepared: PreparedClaim, dirs: MpsDirs) -> dict[str, dict[str, list[Any]]]:
         """The CDI edits each shared device of ``prepared`` adds, by device name (``dirs``: the
