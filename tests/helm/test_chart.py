@@ -74,6 +74,7 @@ def test_the_chart_and_its_image_are_the_projects_version() -> None:
         ({"service": {"port": "9400"}}, "at '/service/port': got string, want integer"),
         ({"service": {"address": "0.0.0.0"}}, "at '/service/address'"),
         ({"dra": {"mig": "sometimes"}}, "at '/dra/mig': value must be one of"),
+        ({"dra": {"sharing": "time-slicing"}}, "at '/dra/sharing': value must be one of"),
         ({"mps": {"computeMode": "default"}}, "at '/mps/computeMode': value must be one of"),
         ({"mps": {"root": "run/nvidia/mps"}}, "at '/mps/root'"),
         ({"mps": {"enableHostPID": "true"}}, "at '/mps/enableHostPID': got string, want boolean"),
@@ -87,6 +88,17 @@ def test_the_schema_refuses_a_wrong_value_naming_its_key(values: Any, message: s
     error = render_error(values)
     assert "values don't meet the specifications of the schema" in error
     assert message in error, error
+
+
+def test_dra_shares_need_dra_gpus_and_take_mixed_mig() -> None:
+    """dra.sharing=mps without DRA GPUs is refused at install, naming both values (the agent
+    would refuse it at start); with mig-strategy mixed it renders, as the agent takes it (DRA
+    shares whole GPUs only, unlike the device plugin's MPS replicas)."""
+    error = render_error({"dra": {"sharing": "mps"}})
+    assert "dra.sharing=mps" in error, error
+    assert "set dra.gpus" in error, error
+    docs = render({"dra": {"gpus": "all", "sharing": "mps"}, "migStrategy": "mixed"})
+    assert named(docs, "DaemonSet", "gpuagent")
 
 
 def test_every_key_of_values_yaml_is_in_the_schema() -> None:

@@ -124,6 +124,11 @@ COMBINATIONS = {
         {"dra_gpus": "all", "container_accounting": True},
         "dra+accounting",
     ),
+    # DRA GPUs shared by claims through MPS: what MPS needs, on the DaemonSet serving DRA.
+    "dra-shares": Combination(
+        {"dra": {"gpus": "all", "sharing": "mps"}},
+        {"dra_gpus": "all", "dra_sharing": "mps"},
+    ),
     "cdi-accounting": Combination(
         {"deviceListStrategy": "cdi-cri", "accounting": {"enabled": True}},
         {"container_accounting": True},
@@ -500,7 +505,9 @@ def test_tls_makes_the_probes_and_the_scrape_https() -> None:
 
 
 def _shares_through_mps(settings: Doc) -> bool:
-    return bool(settings["sharing"].get("mps", {}).get("resources"))
+    """As the agent decides it: the device plugin's MPS replicas, or DRA GPUs shared by claims."""
+    dra_shares = settings["dra_sharing"] == "mps" and settings["dra_gpus"] != "none"
+    return dra_shares or bool(settings["sharing"].get("mps", {}).get("resources"))
 
 
 @pytest.mark.parametrize("name", sorted(COMBINATIONS))
@@ -522,7 +529,9 @@ def test_mps_mounts_and_capabilities_only_where_the_agent_shares_through_mps(
     assert ("mps-root" in yaml.safe_load(cm["data"]["config.yaml"])) is mps
 
 
-@pytest.mark.parametrize("name", ["mps", "mps-unchanged", "mps-host-pid", "mps-agent-config"])
+@pytest.mark.parametrize(
+    "name", ["mps", "mps-unchanged", "mps-host-pid", "mps-agent-config", "dra-shares"]
+)
 def test_the_mps_root_is_mounted_where_the_agent_makes_its_directories(
     name: str, settings_of: Settings
 ) -> None:

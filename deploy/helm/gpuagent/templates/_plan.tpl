@@ -37,6 +37,9 @@ translation, then the chart's own features, then agentConfig.
 {{- if eq $v.dra.mig "dynamic" -}}
 {{- $_ := set $config "dra-mig" "dynamic" -}}
 {{- end -}}
+{{- if eq $v.dra.sharing "mps" -}}
+{{- $_ := set $config "dra-sharing" "mps" -}}
+{{- end -}}
 {{- end -}}
 {{- if not $v.gfd.enabled -}}
 {{- $_ := set $config "node-labels" false -}}
@@ -47,6 +50,7 @@ translation, then the chart's own features, then agentConfig.
 {{- /* MPS sharing (docs/sharing.md): where the daemons' directories are and what happens to
 the compute mode, from the mps values, when the config with agentConfig shares through MPS. */ -}}
 {{- $mps := eq (include "gpuagent.sharesThroughMps" (mergeOverwrite (deepCopy $config) (deepCopy $v.agentConfig))) "true" -}}
+{{- $mpsReplicas := eq (include "gpuagent.mpsReplicas" (mergeOverwrite (deepCopy $config) (deepCopy $v.agentConfig))) "true" -}}
 {{- if $mps -}}
 {{- $_ := set $config "mps-root" (clean $v.mps.root) -}}
 {{- $_ := set $config "mps-compute-mode" $v.mps.computeMode -}}
@@ -70,7 +74,7 @@ the compute mode, from the mps values, when the config with agentConfig shares t
 {{- if kindIs "string" $v.migStrategy -}}
 {{- $mig = $v.migStrategy -}}
 {{- end -}}
-{{- if and $mps (eq $mig "mixed") -}}
+{{- if and $mpsReplicas (eq $mig "mixed") -}}
 {{- fail (printf "sharing.mps (%s) with migStrategy mixed: MIG devices cannot be shared through MPS (the agent refuses it at start, as NVIDIA's plugin does)" (ternary (printf "config file %s" .instance.file) "agentConfig" (not (empty .instance.file)))) -}}
 {{- end -}}
 {{- $driverRoot := toString (get $config "nvidia-driver-root" | default "/") -}}
@@ -90,10 +94,19 @@ are changed unless mps-compute-mode is unchanged. */ -}}
 {{- end -}}
 
 {{/*
-"true" when a config (the agent's keys) shares through MPS: a sharing block (a mapping, or its
-YAML text) whose mps has resources, as the agent decides it.
+"true" when a config (the agent's keys) shares through MPS, as the agent decides it: the device
+plugin's MPS replicas, or DRA GPUs shared through MPS (dra-sharing mps, dra-gpus not none).
 */}}
 {{- define "gpuagent.sharesThroughMps" -}}
+{{- $draShares := and (eq (toString (get . "dra-sharing")) "mps") (ne (toString (get . "dra-gpus" | default "none")) "none") -}}
+{{- or (eq (include "gpuagent.mpsReplicas" .) "true") $draShares -}}
+{{- end -}}
+
+{{/*
+"true" when a config's sharing block (a mapping, or its YAML text) has MPS resources: the device
+plugin's replicas, which MIG devices cannot be (DRA shares are whole GPUs only).
+*/}}
+{{- define "gpuagent.mpsReplicas" -}}
 {{- $sharing := get . "sharing" -}}
 {{- if kindIs "string" $sharing -}}
 {{- $sharing = fromYaml $sharing -}}
