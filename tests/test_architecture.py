@@ -173,7 +173,7 @@ LONG_FUNCTIONS = frozenset({
 #: mirroring the packages).
 LONG_TEST_MODULES = frozenset({
     "tests/test_manifests.py",
-    "tests/test_config.py",
+    "tests/config/test_config.py",
     "tests/gpu/test_nvml_backend.py",
     "tests/web/test_metrics_render.py",
     "tests/gpu/test_sim_faults.py",

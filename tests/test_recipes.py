@@ -1,7 +1,7 @@
 """docs/architecture.md's recipes for a metric family and a health check, walked with the code
 they show (run as the page has it), so a recipe that no longer fits the code fails here.
 
-"How to add a setting" is walked by tests/test_config_groups.py.
+"How to add a setting" is walked by tests/config/test_groups.py.
 """
 
 from __future__ import annotations

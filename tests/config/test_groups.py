@@ -23,7 +23,7 @@ from gpuagent.config.load import load_as
 from gpuagent.config.option import Option, bindings, options_of, setting
 from gpuagent.config.values import parse_poll_interval
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # The fields that take no option's value: the node's name (NODE_NAME) and where each came from.
 NOT_OPTIONS = ["node_name", "origins"]
 
