@@ -1,5 +1,5 @@
-"""Write tests/schemas/monitoring.coreos.com-v1.json: strict JSON schemas of the Prometheus
-Operator kinds the manifests use, for offline validation in tests/test_manifests.py.
+"""Write tests/deploy/schemas/monitoring.coreos.com-v1.json: strict JSON schemas of the Prometheus
+Operator kinds the manifests use, for offline validation in tests/deploy/test_manifests.py.
 
 The schemas come from the pydantic models of ``cloudcoil-models-prometheus-operator`` (generated
 from prometheus-operator's CRDs), with ``additionalProperties: false`` on every object that lists
@@ -22,7 +22,7 @@ from typing import Any
 from cloudcoil.models.prometheus_operator import v1  # type: ignore[import-not-found]
 
 KINDS = ("ServiceMonitor", "PodMonitor", "PrometheusRule")
-OUT = Path(__file__).resolve().parent.parent / "tests" / "schemas" / "monitoring.coreos.com-v1.json"
+OUT = Path(__file__).resolve().parents[1] / "tests/deploy/schemas/monitoring.coreos.com-v1.json"
 
 
 def strict(node: Any) -> Any:

@@ -20,8 +20,8 @@ from pathlib import Path
 import pynvml
 import pytest
 import yaml
-from dra_plugin.test_dra_flow import FAST_DRA, Dirs
-from dra_plugin.test_dra_flow import NODE as DRA_NODE
+from dra.test_dra_flow import FAST_DRA, Dirs
+from dra.test_dra_flow import NODE as DRA_NODE
 from e2e.agentrun import RunningAgent, running_agent
 from support.clock import Sleeps
 from support.fake_apiserver import FakeApiServer

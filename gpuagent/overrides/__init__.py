@@ -6,8 +6,8 @@ others (the simulated driver, which starts before the kubelet side, imports no g
 
 A library may change what it does not document in any release; each use below says what it
 reaches, why, and the version it was written against (:data:`PINS`, the requirements of
-``pyproject.toml``). ``tests/test_overrides.py`` fails when a requirement changes or an attribute
-is gone or takes other arguments (:data:`PRIVATE`): an upgrade starts here.
+``pyproject.toml``). ``tests/overrides/test_libraries.py`` fails when a requirement changes or
+an attribute is gone or takes other arguments (:data:`PRIVATE`): an upgrade starts here.
 
 grpclib 0.4.9 (``grpclib==0.4.9``)
 

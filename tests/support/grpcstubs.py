@@ -6,7 +6,9 @@ the tests' own lifecycle messages (:func:`cri_stubs`).
 
 protoc is run with ``-I protos``, so protos that share a file name (several are ``api.proto``)
 become distinct modules named after their paths (``deviceplugin.v1beta1.api_pb2``,
-``podresources.v1.api_pb2``), the paths the generated ``*_pb2_grpc`` modules import.
+``podresources.v1.api_pb2``), the paths the generated ``*_pb2_grpc`` modules import. The DRA
+protos are generated under a package of their own (``kubeletdra.dra.v1.api_pb2``): the suite's
+``tests/dra/`` is a package named ``dra``, the top directory of two of them.
 
 protoc runs in a subprocess: importing ``grpc_tools.protoc`` in-process would install a global
 import hook that turns every ``*_pb2`` import into on-the-fly code generation.
@@ -48,14 +50,21 @@ TEST_PROTO_ROOT = Path(__file__).resolve().parent / "protos"
 
 @dataclass(frozen=True)
 class ProtoSet:
-    """Proto files compiled and imported together, named relative to one of ``roots``."""
+    """Proto files compiled and imported together, named relative to one of ``roots``; with
+    ``under``, generated inside that package (protoc's ``-I under=root``), so that no module of
+    the suite's shadows them."""
 
     files: tuple[str, ...]
     roots: tuple[Path, ...] = (PROTO_ROOT,)
+    under: str = ""
+
+    def paths(self) -> list[str]:
+        """Each file as protoc names it (inside ``under``), in the order of ``files``."""
+        return [f"{self.under}/{name}" if self.under else name for name in self.files]
 
     def modules(self) -> list[str]:
         """Each file's ``_pb2`` and ``_pb2_grpc`` module names, in the order of ``files``."""
-        names = [f.removesuffix(".proto").replace("/", ".") + "_pb2" for f in self.files]
+        names = [f.removesuffix(".proto").replace("/", ".") + "_pb2" for f in self.paths()]
         return [module for name in names for module in (name, name + "_grpc")]
 
 
@@ -71,8 +80,9 @@ def _root_of(protos: ProtoSet, name: str) -> Path:
 
 
 def _run_protoc(protos: ProtoSet, out_dir: Path) -> None:
+    prefix = f"{protos.under}=" if protos.under else ""
     command = [
-        sys.executable, "-m", "grpc_tools.protoc", *(f"-I{root}" for root in protos.roots),
+        sys.executable, "-m", "grpc_tools.protoc", *(f"-I{prefix}{root}" for root in protos.roots),
         f"--python_out={out_dir}", f"--grpc_python_out={out_dir}", f"--pyi_out={out_dir}",
         *(str(_root_of(protos, name) / name) for name in protos.files),
     ]  # fmt: skip
@@ -83,7 +93,7 @@ def _run_protoc(protos: ProtoSet, out_dir: Path) -> None:
         )
     # Regular packages (not namespace packages), so that their __path__ is fixed at import time
     # and does not depend on out_dir staying on sys.path.
-    for name in protos.files:
+    for name in protos.paths():
         package = out_dir / Path(name).parent
         while package != out_dir:
             (package / "__init__.py").touch()
@@ -91,7 +101,7 @@ def _run_protoc(protos: ProtoSet, out_dir: Path) -> None:
 
 
 def _import_from(protos: ProtoSet, out_dir: Path) -> tuple[ModuleType, ...]:
-    for top in sorted({name.split("/")[0] for name in protos.files}):
+    for top in sorted({name.split("/")[0] for name in protos.paths()}):
         if top in sys.modules:
             raise RuntimeError(
                 f"a module named {top!r} is already imported from "
@@ -130,7 +140,8 @@ DRA = ProtoSet(
         "dra/v1beta1/api.proto",
         "drahealth/v1/api.proto",
         "drahealth/v1alpha1/api.proto",
-    )
+    ),
+    under="kubeletdra",
 )
 CRI = ProtoSet(("cri/v1/api.proto", "cri/v1/lifecycle.proto"), (PROTO_ROOT, TEST_PROTO_ROOT))
 

@@ -26,7 +26,7 @@ from support.grpcstubs import CriStubs
 from support.simnvml import nvml_on
 from support.waiting import eventually
 
-from dra_plugin.test_dra_flow import DRIVER, FAST_DRA, NODE, Dirs, cdi_validator, registered
+from dra.test_dra_flow import DRIVER, FAST_DRA, NODE, Dirs, cdi_validator, registered
 from gpuagent.domain.migshapes import Placement
 from gpuagent.gpu import migmake
 from gpuagent.gpu.nvml import Nvml

@@ -13,7 +13,7 @@ from support import fake_kubectl
 
 from gpuagent.domain.nodehealth.model import TAINT_KEY
 
-UNINSTALL = Path(__file__).resolve().parent.parent / "docs" / "uninstall.md"
+UNINSTALL = Path(__file__).resolve().parents[2] / "docs" / "uninstall.md"
 OTHER_TAINT = {"key": "example.com/maintenance", "effect": "NoSchedule"}
 
 

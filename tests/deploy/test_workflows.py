@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from test_manifests import ROOT, run, tool
+
+from deploy.test_manifests import ROOT, run, tool
 
 WORKFLOWS = ROOT / ".github" / "workflows"
 RELEASE = WORKFLOWS / "release.yml"

@@ -17,8 +17,8 @@ from support.fake_apiserver import FakeApiServer, claim
 from support.fake_plugin_watcher import FakePluginWatcher
 from support.simnvml import nvml_on
 
-from dra_plugin.test_dra_flow import DRIVER, FAST_DRA, NODE, Dirs, registered
-from dra_plugin.test_dynamic_mig import (
+from dra.test_dra_flow import DRIVER, FAST_DRA, NODE, Dirs, registered
+from dra.test_dynamic_mig import (
     SMALL,
     Kubelet,
     dynamic_agent,

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from test_manifests import ROOT, image_env, module
+
+from deploy.test_manifests import ROOT, image_env, module
 
 CHART = ROOT / "deploy" / "helm" / "gpuagent"
 DATA = Path(__file__).resolve().parent / "data"
@@ -37,7 +38,7 @@ def helm() -> Any:
 
 
 def data(name: str) -> Doc:
-    """A values file of tests/helm/data."""
+    """A values file of tests/deploy/helm/data."""
     loaded = yaml.safe_load((DATA / name).read_text(encoding="utf-8"))
     assert isinstance(loaded, dict)
     return loaded

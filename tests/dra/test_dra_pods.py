@@ -19,7 +19,7 @@ from support.fake_podresources import Claimed, FakePodResources, Held
 from support.grpcstubs import CriStubs
 from support.waiting import eventually
 
-from dra_plugin.test_dra_flow import DRIVER, FAST_DRA, NODE, Dirs, registered
+from dra.test_dra_flow import DRIVER, FAST_DRA, NODE, Dirs, registered
 
 PID, OTHER_PID = 4002, 4003
 UID = "5eed0000-0000-4000-8000-000000004002"

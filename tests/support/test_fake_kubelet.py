@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 import pytest
 import uvloop
+
 from support.fake_kubelet import (
     FakeKubelet,
     Registration,

@@ -1,6 +1,6 @@
-"""Values files of NVIDIA's charts, as NVIDIA's documentation writes them (tests/helm/data), render
-unchanged and the agent takes what they ask for; NVIDIA's config files are translated key by
-key; the keys that do not apply are ignored (docs/migration.md lists them) or refused with the
+"""Values files of NVIDIA's charts, as NVIDIA's documentation writes them (tests/deploy/helm/data),
+render unchanged and the agent takes what they ask for; NVIDIA's config files are translated key
+by key; the keys that do not apply are ignored (docs/migration.md lists them) or refused with the
 reason, never silently dropped.
 """
 
@@ -11,9 +11,8 @@ from typing import Any
 
 import pytest
 import yaml
-from test_manifests import validate
 
-from helm.rendering import (
+from deploy.helm.rendering import (
     Doc,
     agent_container,
     check_config,
@@ -24,6 +23,7 @@ from helm.rendering import (
     render,
     render_error,
 )
+from deploy.test_manifests import validate
 
 EXAMPLES = sorted(p.name for p in (Path(__file__).parent / "data").glob("*.yaml"))
 LABEL = "nvidia.com/device-plugin.config"

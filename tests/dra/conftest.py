@@ -10,7 +10,7 @@ from support.fake_apiserver import FakeApiServer
 from support.fake_plugin_watcher import FakePluginWatcher
 from support.grpcstubs import DraStubs
 
-from dra_plugin.test_dra_flow import FAST_DRA, NODE, Dirs, DraAgent
+from dra.test_dra_flow import FAST_DRA, NODE, Dirs, DraAgent
 
 
 @pytest.fixture

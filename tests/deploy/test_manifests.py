@@ -2,7 +2,7 @@
 
 Every overlay is built with ``kubectl kustomize`` and validated offline against the Kubernetes
 schemas (kubernetes-validate, strict: unknown fields fail) and, for the Prometheus Operator kinds,
-against the operator's CRD schemas (tests/schemas). Rules the API server enforces beyond the
+against the operator's CRD schemas (tests/deploy/schemas). Rules the API server enforces beyond the
 schemas, the agent's own config schema, and the paths the agent uses by default are checked here
 too. Finally the agent is started exactly as the DaemonSet starts it and the probes the manifest
 points at are asked.
@@ -48,7 +48,7 @@ from gpuagent.domain.mpsplan import mps_daemons
 from gpuagent.domain.resources import build_resources
 from gpuagent.runtime.cri import DEFAULT_SOCKETS
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
 KUSTOMIZATIONS = {
     "base": MANIFESTS / "base",
@@ -307,7 +307,7 @@ def _monitoring_validators() -> dict[str, Any]:
 
 
 def _validate_monitoring(doc: dict[str, Any]) -> None:
-    """Prometheus Operator kinds against the CRDs' schemas (tests/schemas, made strict by
+    """Prometheus Operator kinds against the CRDs' schemas (tests/deploy/schemas, made strict by
     scripts/gen_crd_schemas.py: an unknown field fails, as ``kubectl apply`` would refuse it)."""
     assert doc["apiVersion"] == "monitoring.coreos.com/v1", doc["apiVersion"]
     validator = _monitoring_validators()[doc["kind"]]

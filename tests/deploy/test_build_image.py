@@ -13,7 +13,7 @@ from types import ModuleType
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "build_image.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "build_image.py"
 
 # A podman that keeps its images in a JSON file: {"images": {id: [tags]}, "children": [ids],
 # "calls": [argv]}. An image listed in "children" has an image built on it (rmi refuses).

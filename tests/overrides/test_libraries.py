@@ -16,7 +16,7 @@ from packaging.specifiers import SpecifierSet
 
 from gpuagent import overrides
 
-PYPROJECT = Path(__file__).parents[1] / "pyproject.toml"
+PYPROJECT = Path(__file__).parents[2] / "pyproject.toml"
 
 
 def _required() -> dict[str, SpecifierSet]:

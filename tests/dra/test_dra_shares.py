@@ -29,7 +29,7 @@ from support.grpcstubs import CriStubs, DraStubs
 from support.mpsdaemon import cdi_client, installed_control
 from support.waiting import eventually
 
-from dra_plugin.test_dra_flow import DRIVER, FAST_DRA, NODE, Dirs, cdi_validator, registered
+from dra.test_dra_flow import DRIVER, FAST_DRA, NODE, Dirs, cdi_validator, registered
 from gpuagent.domain.drashare import ClaimShare, Share
 from gpuagent.gpu.sim.mpscontrol import PID_FILE
 from gpuagent.kube.slices import Coalescing

@@ -15,7 +15,18 @@ from typing import Any
 import pytest
 import yaml
 from support.tls import make_pki
-from test_manifests import (
+
+from deploy.helm.rendering import (
+    NAMESPACE,
+    Doc,
+    agent_container,
+    check_config,
+    container_env,
+    named,
+    of_kind,
+    render,
+)
+from deploy.test_manifests import (
     BASE_GRANTS,
     CLUSTER_SCOPED,
     MANIFESTS,
@@ -26,18 +37,7 @@ from test_manifests import (
     grants_of,
     validate,
 )
-
 from gpuagent.domain.mps import MpsDirs
-from helm.rendering import (
-    NAMESPACE,
-    Doc,
-    agent_container,
-    check_config,
-    container_env,
-    named,
-    of_kind,
-    render,
-)
 
 # A bcrypt hash (cost 4, of "secret"): the web config's basic-auth user.
 PASSWORD_HASH = "$2b$04$4/ostKi6zwjteR9/A6s3Ee2zdll6BJyRMkf6PZ7SYy3NkyIDdOaQS"
@@ -77,7 +77,7 @@ class Combination:
     values: dict[str, Any]
     # What the agent's effective settings must show (a subset of --check-config's output).
     settings: dict[str, Any] = field(default_factory=dict)
-    # The kustomize build (tests/test_manifests.py's names) that deploys the same.
+    # The kustomize build (tests/deploy/test_manifests.py's names) that deploys the same.
     kustomize: str | None = None
 
 

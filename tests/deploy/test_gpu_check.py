@@ -19,7 +19,7 @@ from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts"
 REAL = ROOT / "tests/data/real-h200"
 CAPTURE = ROOT / "tests/data/captures/real-1xh200.json"

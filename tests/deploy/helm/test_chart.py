@@ -17,9 +17,8 @@ from typing import Any
 
 import pytest
 import yaml
-from test_manifests import ROOT
 
-from helm.rendering import (
+from deploy.helm.rendering import (
     CHART,
     agent_container,
     check_config,
@@ -29,6 +28,7 @@ from helm.rendering import (
     render,
     render_error,
 )
+from deploy.test_manifests import ROOT
 
 PROJECT_VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"][
     "version"
@@ -191,8 +191,8 @@ def _helm_section() -> str:
 
 
 def test_the_migration_table_names_every_key_of_nvidias_chart() -> None:
-    """Each key of NVIDIA's chart (tests/helm/data/nvidia-chart-defaults.yaml, and image) is in
-    the key-by-key table, said to be taken, ignored or refused: none is dropped unsaid."""
+    """Each key of NVIDIA's chart (tests/deploy/helm/data/nvidia-chart-defaults.yaml, and image) is
+    in the key-by-key table, said to be taken, ignored or refused: none is dropped unsaid."""
     section = _helm_section()
     defaults = data("nvidia-chart-defaults.yaml")
     keys = {"image.*"}
