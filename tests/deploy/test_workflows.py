@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from deploy.test_manifests import ROOT, run, tool
+from deploy.kustomize import ROOT, run, tool
 
 WORKFLOWS = ROOT / ".github" / "workflows"
 RELEASE = WORKFLOWS / "release.yml"

@@ -1,84 +1,41 @@
-"""The /metrics renderer, checked with prometheus_client's parser as the oracle."""
+"""The /metrics renderer's GPU families and labels, checked with prometheus_client's parser as
+the oracle: dcgm-exporter's families, names and label order, shared and MIG GPUs, hostile label
+values and the values' text.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import gzip
 import math
 import re
-from collections.abc import Generator
 from dataclasses import replace
 from types import MappingProxyType
-from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from support.promtool import check_metrics
-from support.synthetic import full_telemetry, gpu_uuid, mig_uuid, pods_by_device, synthetic_snapshot
+from support.metricstext import (
+    DCGM_LABELS,
+    MIG_LABELS,
+    assert_unique_series,
+    families,
+    label_order,
+    renderer,
+    samples,
+)
+from support.synthetic import gpu_uuid, mig_uuid, pods_by_device, synthetic_snapshot
 
 from gpuagent.domain.devices import (
-    Attribution,
     Condition,
     GpuHealth,
     PodRef,
     Telemetry,
 )
-from gpuagent.domain.mps import MpsState, MpsStatus
 from gpuagent.state.counters import (
     AgentCounters,
-    ApiReach,
-    CriStats,
-    DraCounters,
-    KubeCounters,
-    LogLinkStats,
     NvmlCallStats,
-    PodResourcesStats,
-    ReloadStats,
 )
-from gpuagent.web import layout, metrics
 from gpuagent.web.dcgm import DCGM_FAMILIES, DCGM_METRICS, xid_message
-from gpuagent.web.devicepart import hand_back
 from gpuagent.web.exposition import escape_label, format_value
 from gpuagent.web.metrics import MetricsRenderer
-
-DCGM_LABELS = ["gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname",
-               "DCGM_FI_DRIVER_VERSION", "container", "namespace", "pod"]  # fmt: skip
-MIG_LABELS = [*DCGM_LABELS[:5], "GPU_I_PROFILE", "GPU_I_ID", *DCGM_LABELS[5:]]
-
-
-def renderer(**kwargs: object) -> MetricsRenderer:
-    return MetricsRenderer("node-1", "1.2.3", monotonic=lambda: 130.0, wall=lambda: 1e9, **kwargs)  # type: ignore[arg-type]
-
-
-def families(text: str) -> dict[str, object]:
-    return {f.name: f for f in text_string_to_metric_families(text)}
-
-
-def samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
-    out = []
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == name:
-                out.append((dict(s.labels), s.value))
-    return out
-
-
-def label_order(text: str, name: str) -> list[list[str]]:
-    """Label names of each sample of ``name`` in the order written (the parser loses it)."""
-    orders = []
-    for line in text.splitlines():
-        if line.startswith(name + "{"):
-            orders.append(re.findall(r'(?:^|,)([A-Za-z_][A-Za-z0-9_]*)="', line[len(name) + 1 :]))
-    return orders
-
-
-def assert_unique_series(text: str) -> None:
-    seen = set()
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            key = (s.name, tuple(sorted(s.labels.items())))
-            assert key not in seen, f"duplicate series {key}"
-            seen.add(key)
 
 
 def test_every_dcgm_family_with_its_type_help_and_value() -> None:
@@ -390,336 +347,3 @@ def test_format_value(value: float, text: str) -> None:
 def test_escape_label() -> None:
     assert escape_label('a\\b"c\nd') == 'a\\\\b\\"c\\nd'
     assert escape_label("plain") == "plain"
-
-
-def test_device_part_cached_per_snapshot_version() -> None:
-    r = renderer()
-    snapshot = synthetic_snapshot(2, version=5)
-    first = r.devices(snapshot)
-    assert r.devices(snapshot) is first
-    assert r.devices(replace(snapshot)) is first  # same version: same part
-    assert r.device_renders == 1
-    newer = r.devices(replace(snapshot, version=6))
-    assert newer is not first
-    assert r.device_renders == 2
-
-
-def test_agent_part_is_fresh_on_every_scrape() -> None:
-    r = renderer()
-    snapshot = synthetic_snapshot(1)
-    for ok in (False, True, False):
-        counters = AgentCounters(reloads=ReloadStats(last_successful=ok))
-        expected = b"gpuagent_config_last_reload_successful %d\n" % ok
-        assert expected in r.agent(snapshot, counters)
-
-
-@pytest.mark.parametrize("tail", [b"", b"x\n", b"gpuagent_gpus 8\n" * 500])
-def test_gzip_prefix_plus_tail_is_one_valid_stream(tail: bytes) -> None:
-    part = renderer().devices(synthetic_snapshot(8, replicas=2))
-    for _ in range(2):  # the cached segments are reused, not consumed
-        assert gzip.decompress(b"".join(part.gzip(tail))) == part.text + tail
-
-
-@pytest.mark.parametrize("replicas", [0, 128])
-def test_gzip_prefix_is_compressed_once_per_version(replicas: int) -> None:
-    r = renderer()
-    base = synthetic_snapshot(8, replicas=replicas)
-    part = r.devices(base)
-    first = part.gzip(b"a\n")
-    again = part.gzip(b"tail\n")
-    assert again[1] is first[1]  # the device part's deflate stream, shared by every scrape
-    assert gzip.decompress(b"".join(again)) == part.text + b"tail\n"
-    assert r.devices(replace(base, version=base.version)) is part
-    newer = r.devices(replace(base, version=base.version + 1))
-    assert newer is not part
-    assert gzip.decompress(b"".join(newer.gzip(b""))) == newer.text
-
-
-class Ticker:
-    """Counts the turns the event loop gives other tasks while a render or compression runs."""
-
-    def __init__(self) -> None:
-        self.turns = 0
-        self._task = asyncio.create_task(self._run())
-
-    async def _run(self) -> None:
-        while True:
-            self.turns += 1
-            await asyncio.sleep(0)
-
-    def stop(self) -> int:
-        self._task.cancel()
-        return self.turns
-
-
-async def test_a_scrapes_render_hands_the_loop_back(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A slice of no time: the render hands the loop back after every family, and the scrapes
-    that ask for that version meanwhile share the one render; the text is the same as at once."""
-    monkeypatch.setattr(metrics, "SLICE_S", 0.0)
-    snapshot = synthetic_snapshot(4, replicas=3)
-    r = renderer()
-    ticker = Ticker()
-    parts = await asyncio.gather(*(r.devices_async(snapshot) for _ in range(3)))
-    turns = ticker.stop()
-    assert parts[0] is parts[1] is parts[2]
-    assert r.device_renders == 1
-    assert turns >= len(parts[0].chunks) - 1
-    assert parts[0].text == renderer().devices(snapshot).text
-    assert await r.devices_async(snapshot) is parts[0]  # cached
-
-
-async def test_a_new_layout_is_built_in_steps_handing_the_loop_back(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The label layout (rebuilt when pods come or go: ~6 ms at 50 containers a GPU) is built on
-    the loop in steps, other tasks running between every two; a version whose pods did not
-    change reuses it."""
-    ticker = Ticker()
-    turns_at_step: list[int] = []
-    steps = layout.layout_steps
-
-    def recording(*args: Any, **kwargs: Any) -> Generator[None, None, layout.Layout]:
-        inner = steps(*args, **kwargs)
-        while True:
-            turns_at_step.append(ticker.turns)
-            try:
-                next(inner)
-            except StopIteration as done:
-                built: layout.Layout = done.value
-                return built
-            yield
-
-    monkeypatch.setattr(metrics, "layout_steps", recording)
-    snapshot = synthetic_snapshot(2, replicas=2)
-    r = renderer()
-    part = await r.devices_async(snapshot)
-    await r.devices_async(replace(snapshot, version=snapshot.version + 1))
-    ticker.stop()
-    assert len(turns_at_step) == 4  # three hand-backs, one build
-    assert turns_at_step == sorted(set(turns_at_step))  # the loop ran between every two steps
-    assert r.layouts == 1
-    assert part.text == renderer().devices(snapshot).text
-
-
-async def test_a_scrape_that_goes_away_leaves_the_render_to_the_others() -> None:
-    snapshot = synthetic_snapshot(2, replicas=2)
-    r = renderer()
-    gone = asyncio.create_task(r.devices_async(snapshot))
-    staying = asyncio.create_task(r.devices_async(snapshot))
-    await asyncio.sleep(0)
-    gone.cancel()
-    part = await staying
-    assert part.text == renderer().devices(snapshot).text
-    assert r.device_renders == 1
-
-
-async def test_an_older_render_finishing_late_does_not_replace_a_newer_one() -> None:
-    base = synthetic_snapshot(2)
-    newer = replace(base, version=base.version + 1)
-    r = renderer()
-    late = asyncio.create_task(r.devices_async(base))
-    part = r.devices(newer)
-    await late
-    assert r.devices(newer) is part
-
-
-async def test_a_slice_hands_the_loop_back_behind_the_timers_due() -> None:
-    """Between two slices of a render, what fell due during the first (a timer: the kubelet's
-    gRPC deadline, a probe) runs before the second ("sleep(0)" resumed the task first)."""
-    loop = asyncio.get_running_loop()
-    fired: list[str] = []
-    loop.call_at(loop.time(), fired.append, "due")  # fell due during the slice
-    await hand_back()
-    assert fired == ["due"]
-
-
-async def test_gzip_is_compressed_in_pieces_once() -> None:
-    """Compression hands the loop back between pieces; scrapes asking meanwhile share it, and the
-    stream is the same as compressing at once."""
-    part = renderer(series_per_container=True).devices(synthetic_snapshot(8, replicas=40))
-    assert part.size > 4 * 64 * 1024
-    ticker = Ticker()
-    await asyncio.gather(part.deflate(0.0), part.deflate(0.0))
-    assert ticker.stop() >= part.size // (64 * 1024)
-    stream = part.gzip(b"tail\n")
-    assert gzip.decompress(b"".join(stream)) == part.text + b"tail\n"
-    assert part.gzip(b"")[1] is stream[1]
-
-
-def test_pod_resources_families() -> None:
-    snapshot = synthetic_snapshot(1, replicas=2, refreshed_at=100.0)
-    stats = PodResourcesStats(requests=7, errors=2, socket_present=True)
-    text = renderer(detailed=True).render(snapshot, AgentCounters(pod_resources=stats))
-    values = {name: samples(text, name)[0][1] for name in (
-        "gpuagent_pod_resources_up", "gpuagent_pod_resources_socket_present",
-        "gpuagent_pod_resources_requests_total", "gpuagent_pod_resources_errors_total",
-        "gpuagent_pod_resources_age_seconds",
-        "gpuagent_pod_resources_last_success_timestamp_seconds",
-        "gpuagent_pod_resources_devices",
-    )}  # fmt: skip
-    assert values == {
-        "gpuagent_pod_resources_up": 1,
-        "gpuagent_pod_resources_socket_present": 1,
-        "gpuagent_pod_resources_requests_total": 7,
-        "gpuagent_pod_resources_errors_total": 2,
-        "gpuagent_pod_resources_age_seconds": 30.0,
-        "gpuagent_pod_resources_last_success_timestamp_seconds": 1e9 - 30.0,
-        "gpuagent_pod_resources_devices": 2,
-    }
-    # By default the state and the failures, not the activity.
-    text = renderer().render(snapshot, AgentCounters(pod_resources=stats))
-    assert {f for f in families(text) if f.startswith("gpuagent_pod_resources")} == {
-        "gpuagent_pod_resources_up", "gpuagent_pod_resources_socket_present",
-        "gpuagent_pod_resources_errors", "gpuagent_pod_resources_age_seconds",
-    }  # fmt: skip
-    failing = replace(snapshot, pods=replace(snapshot.pods, error="socket absent"))
-    text = renderer().render(failing, AgentCounters(pod_resources=stats))
-    assert samples(text, "gpuagent_pod_resources_up")[0][1] == 0
-    never = replace(snapshot, pods=Attribution(error="socket absent"))
-    text = renderer().render(never, AgentCounters(pod_resources=stats))
-    assert samples(text, "gpuagent_pod_resources_age_seconds") == []
-
-
-def test_scrape_histogram_is_cumulative() -> None:
-    r = renderer()
-    for seconds in (0.0001, 0.003, 0.003, 2.0):
-        r.scrapes.observe(seconds)
-    text = r.render(synthetic_snapshot(1), AgentCounters())
-    buckets = {s[0]["le"]: s[1] for s in samples(text, "gpuagent_scrape_duration_seconds_bucket")}
-    assert buckets == {"0.01": 3, "0.25": 3, "+Inf": 4}
-    assert samples(text, "gpuagent_scrape_duration_seconds_count")[0][1] == 4
-
-
-NVML_CALLS = (
-    NvmlCallStats("init", 1, 0.2, 0),
-    NvmlCallStats("probe", 16, 0.04, 1),
-    NvmlCallStats("nvmlDeviceGetTemperature", 16, 0.001, 0),
-    NvmlCallStats("nvmlDeviceGetProcessesUtilizationInfo", 16, 0.002, 5),
-)
-
-
-def test_nvml_calls_are_aggregated_unless_detailed() -> None:
-    counters = AgentCounters(nvml=NVML_CALLS)
-    text = renderer().render(synthetic_snapshot(1), counters)
-    # NVML functions that failed (the pieces of work are not calls); the poll's probe timed.
-    made = samples(text, "gpuagent_nvml_calls_total")
-    assert {s[0]["result"]: s[1] for s in made} == {"error": 5}
-    assert samples(text, "gpuagent_nvml_call_duration_seconds_count") == [({"call": "probe"}, 16)]
-    assert samples(text, "gpuagent_nvml_call_errors_total") == [({"call": "probe"}, 1)]
-    detailed = renderer(detailed=True).render(synthetic_snapshot(1), counters)
-    counts = samples(detailed, "gpuagent_nvml_call_duration_seconds_count")
-    assert {s[0]["call"]: s[1] for s in counts} == {c.call: c.count for c in NVML_CALLS}
-    errors = samples(detailed, "gpuagent_nvml_call_errors_total")
-    assert {s[0]["call"]: s[1] for s in errors} == {c.call: c.errors for c in NVML_CALLS}
-    made = samples(detailed, "gpuagent_nvml_calls_total")  # the successes too (activity)
-    assert {s[0]["result"]: s[1] for s in made} == {"ok": 27, "error": 5}
-
-
-def test_kube_requests_by_result_unless_detailed() -> None:
-    kube = KubeCounters(requests=(
-        ("event", "ok", 3), ("node", "ok", 1), ("node_condition", "ok", 2),
-        ("node_condition", "throttled", 1),
-    ))  # fmt: skip
-    text = renderer().render(synthetic_snapshot(1), AgentCounters(kube=kube))
-    requests = samples(text, "gpuagent_kube_requests_total")
-    assert requests == [({"result": "ok"}, 6), ({"result": "throttled"}, 1)]
-    assert samples(text, "gpuagent_kube_events_pending") == []
-    detailed = renderer(detailed=True).render(synthetic_snapshot(1), AgentCounters(kube=kube))
-    requests = samples(detailed, "gpuagent_kube_requests_total")
-    assert [(s[0]["object"], s[0]["result"], s[1]) for s in requests] == list(kube.requests)
-    assert samples(detailed, "gpuagent_kube_events_pending") == [({}, 0)]
-
-
-def test_the_agents_own_series_fit_a_fleet() -> None:
-    """A node's own series by default, every source reporting — the node condition and events,
-    per-container accounting named by log links and the CRI, DRA — what an operator acts on, in
-    at most 30 series, whatever the number of NVML functions or API objects."""
-    snapshot = synthetic_snapshot(8)
-    r = renderer()
-    r.scrapes.observe(0.001)
-    nvml = tuple(NvmlCallStats(f"nvmlCall{i}", 10, 0.01, i % 2) for i in range(120))
-    objects = ("event", "node", "node_condition", "discovery")
-    counters = AgentCounters(
-        pod_resources=PodResourcesStats(3, 1, True),
-        nvml=(*nvml, *NVML_CALLS),
-        kube=KubeCounters(
-            requests=tuple((obj, "ok", 1) for obj in objects), condition_written_at=1e9
-        ),
-        dra=DraCounters(registered=True, devices=8),
-        cri=CriStats(),
-        log_links=LogLinkStats(),
-        api=MappingProxyType({"resource_slices": ApiReach(up=True), "node_health": ApiReach()}),
-    )
-    refreshed = replace(snapshot, pods=replace(snapshot.pods, refreshed_at=120.0))
-    own = r.agent(refreshed, counters).decode()
-    for family in ("gpuagent_dra_api_up", "gpuagent_cri_errors_total",
-                   "gpuagent_container_log_links_errors_total", "gpuagent_kube_backing_off",
-                   "gpuagent_pod_resources_age_seconds"):  # fmt: skip
-        assert f"\n{family} " in own  # every source is there
-    series = [line for line in own.splitlines() if line and not line.startswith("#")]
-    assert len(series) <= 30, "\n".join(series)
-    detailed = renderer(detailed=True).agent(snapshot, counters).decode()
-    assert len([line for line in detailed.splitlines() if not line.startswith("#")]) > 250
-
-
-def test_mps_adds_two_series_per_shared_resource() -> None:
-    """Whether each MPS daemon is up, and how often it was started: what an operator alerts on
-    (a daemon down: its replicas are unhealthy; a daemon that keeps failing)."""
-    snapshot = synthetic_snapshot(2)
-    plain = renderer().agent(snapshot, AgentCounters()).decode()
-    assert "gpuagent_mps_" not in plain
-    state = MpsState().with_status("nvidia.com/gpu", MpsStatus(up=False, error="x", starts=3))
-    shared = renderer().agent(replace(snapshot, mps=state), AgentCounters()).decode()
-    count = [line for line in shared.splitlines() if line and not line.startswith("#")]
-    assert len(count) == len([ln for ln in plain.splitlines() if ln and ln[0] != "#"]) + 2
-    assert 'gpuagent_mps_daemon_up{resource="nvidia.com/gpu"} 0\n' in shared
-    assert 'gpuagent_mps_daemon_starts_total{resource="nvidia.com/gpu"} 3\n' in shared
-
-
-def full_render(*, detailed: bool = False) -> str:
-    snapshot = synthetic_snapshot(2, replicas=2)
-    gpu = replace(
-        snapshot.gpus[0],
-        health=GpuHealth((Condition("xid", "79"), Condition("lost"))),
-        xid_counts=MappingProxyType({79: 1}),
-        last_xid=79,
-        telemetry=full_telemetry(),
-    )
-    snapshot = replace(snapshot, gpus=(gpu, *snapshot.gpus[1:]))
-    r = renderer(detailed=detailed)
-    r.scrapes.observe(0.001)
-    counters = AgentCounters(
-        registrations=1,
-        allocations=3,
-        pod_resources=PodResourcesStats(3, 1, True),
-        nvml=NVML_CALLS,
-    )
-    return r.render(snapshot, counters)
-
-
-@pytest.mark.parametrize("detailed", [False, True])
-def test_own_families_pass_promtool(detailed: bool) -> None:
-    text = full_render(detailed=detailed)
-    own = "".join(line + "\n" for line in text.splitlines() if "gpuagent_" in line)
-    for family in ("gpuagent_device_allocated", "gpuagent_scrape_duration_seconds",
-                   "gpuagent_nvml_call_duration_seconds", "gpuagent_pod_resources_age_seconds",
-                   "gpuagent_gpu_condition", "gpuagent_build_info",
-                   "gpuagent_nvml_calls_total"):  # fmt: skip
-        assert f"# TYPE {family} " in own
-    result = check_metrics(own)
-    assert result.returncode == 0, result.stderr + result.stdout
-    assert result.stderr.strip() == ""
-    # The whole exposition parses for promtool too; only dcgm-exporter's own names are linted
-    # (upper-case _TOTAL-less counters and the camelCase modelName label: reference §8.5).
-    whole = check_metrics(text)
-    assert whole.returncode in (0, 3), whole.stderr
-    for line in whole.stderr.splitlines():
-        assert line.startswith("DCGM_"), line
-
-
-@pytest.mark.parametrize("detailed", [False, True])
-def test_whole_exposition_parses_and_has_unique_series(detailed: bool) -> None:
-    text = full_render(detailed=detailed)
-    assert_unique_series(text)
-    names = [f.name for f in text_string_to_metric_families(text)]
-    assert len(names) == len(set(names))

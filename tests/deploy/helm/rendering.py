@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from deploy.test_manifests import ROOT, image_env, module
+from deploy.kustomize import ROOT, image_env, module
 
 CHART = ROOT / "deploy" / "helm" / "gpuagent"
 DATA = Path(__file__).resolve().parent / "data"

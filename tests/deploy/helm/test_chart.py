@@ -28,7 +28,7 @@ from deploy.helm.rendering import (
     render,
     render_error,
 )
-from deploy.test_manifests import ROOT
+from deploy.kustomize import ROOT
 
 PROJECT_VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"][
     "version"

@@ -23,7 +23,7 @@ from deploy.helm.rendering import (
     render,
     render_error,
 )
-from deploy.test_manifests import validate
+from deploy.kustomize import validate
 
 EXAMPLES = sorted(p.name for p in (Path(__file__).parent / "data").glob("*.yaml"))
 LABEL = "nvidia.com/device-plugin.config"

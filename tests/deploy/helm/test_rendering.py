@@ -16,6 +16,7 @@ import pytest
 import yaml
 from support.tls import make_pki
 
+from deploy.grants import BASE_GRANTS, OVERLAY_GRANTS, Grants, expected_grants, grants_of
 from deploy.helm.rendering import (
     NAMESPACE,
     Doc,
@@ -26,17 +27,7 @@ from deploy.helm.rendering import (
     of_kind,
     render,
 )
-from deploy.test_manifests import (
-    BASE_GRANTS,
-    CLUSTER_SCOPED,
-    MANIFESTS,
-    OVERLAY_GRANTS,
-    Grants,
-    build,
-    expected_grants,
-    grants_of,
-    validate,
-)
+from deploy.kustomize import CLUSTER_SCOPED, MANIFESTS, build, validate
 from gpuagent.domain.mps import MpsDirs
 
 # A bcrypt hash (cost 4, of "secret"): the web config's basic-auth user.
