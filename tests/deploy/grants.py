@@ -127,6 +127,8 @@ COMPONENT_GRANTS = {
     "accounting": ACCOUNTING_GRANTS,
     "taint-unhealthy-node": TAINT_GRANTS,
     "dra-mig-dynamic": MIG_DYNAMIC_GRANTS,
+    # DRA shares through MPS (on the dra overlay): what the mps overlay adds.
+    "dra-shares": OVERLAY_GRANTS["mps"],
 }
 
 

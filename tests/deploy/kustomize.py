@@ -50,6 +50,7 @@ COMBINED = (
     "base+taint-unhealthy-node",
     "dra+taint-unhealthy-node",
     "dra+dra-mig-dynamic",
+    "dra+dra-shares",
 )  # fmt: skip
 ALL_BUILDS = (*sorted(KUSTOMIZATIONS), *COMBINED)
 # Kubernetes versions whose schemas every manifest must pass: the oldest with CDI devices on by
@@ -71,6 +72,7 @@ API_CLIENTS = EXPECTED_OVERLAYS
 ADDED_CAPABILITIES = {
     "mig-mixed": {"SYS_ADMIN"},
     "dra+dra-mig-dynamic": {"SYS_ADMIN"},
+    "dra+dra-shares": {"SYS_ADMIN"},
     "mps": {"SYS_ADMIN"},
 }
 # Host directories the DaemonSet must mount writable for features that have no agent option yet

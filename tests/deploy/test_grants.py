@@ -195,6 +195,24 @@ def test_the_dynamic_mig_component_does_not_build_without_the_dra_overlay(overla
     assert "DeviceClass.v1.resource.k8s.io/mig.nvidia.com" in result.stderr
 
 
+@pytest.mark.parametrize("overlay", sorted(set(KUSTOMIZATIONS) - {"dra"}))
+def test_the_dra_shares_component_does_not_build_without_the_dra_overlay(overlay: str) -> None:
+    """DRA shares are GPUs served through DRA: on an overlay without DRA the component would grant
+    what MPS needs for nothing (and the agent refuses --dra-sharing mps without a DRA GPU)."""
+    result = kustomize(f"{overlay}+dra-shares")
+    assert result.returncode != 0
+    assert "DeviceClass.v1.resource.k8s.io/gpu.nvidia.com" in result.stderr
+
+
+def test_the_dra_shares_component_switches_sharing_on_with_what_mps_needs() -> None:
+    ctr = container(build("dra+dra-shares"))
+    env = {e["name"]: e.get("value") for e in ctr["env"]}
+    assert env["GPUAGENT_DRA_SHARING"] == "mps"
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
+    assert {m["name"]: m["mountPath"] for m in ctr["volumeMounts"]}["mps-shm"] == "/dev/shm"
+    assert "GPUAGENT_DRA_SHARING" not in {e["name"] for e in container(build("dra"))["env"]}
+
+
 def test_the_dynamic_mig_component_switches_it_on_with_the_runtimes_mig_capabilities() -> None:
     env = {e["name"]: e.get("value") for e in container(build("dra+dra-mig-dynamic"))["env"]}
     assert env["GPUAGENT_DRA_MIG"] == "dynamic"

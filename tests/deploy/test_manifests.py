@@ -59,7 +59,12 @@ from gpuagent.runtime.cri import DEFAULT_SOCKETS
 
 def test_every_overlay_is_there() -> None:
     assert set(KUSTOMIZATIONS) >= EXPECTED_OVERLAYS
-    assert set(COMPONENTS) == {"accounting", "taint-unhealthy-node", "dra-mig-dynamic"}
+    assert set(COMPONENTS) == {
+        "accounting",
+        "taint-unhealthy-node",
+        "dra-mig-dynamic",
+        "dra-shares",
+    }
 
 
 @pytest.mark.parametrize("name", ALL_BUILDS)

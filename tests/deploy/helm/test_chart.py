@@ -91,12 +91,14 @@ def test_the_schema_refuses_a_wrong_value_naming_its_key(values: Any, message: s
 
 
 def test_dra_shares_need_dra_gpus_and_take_mixed_mig() -> None:
-    """dra.sharing=mps without DRA GPUs is refused at install, naming both values (the agent
-    would refuse it at start); with mig-strategy mixed it renders, as the agent takes it (DRA
-    shares whole GPUs only, unlike the device plugin's MPS replicas)."""
+    """dra.sharing=mps without DRA GPUs, or with MIG made on demand, is refused at install, naming
+    both values (the agent would refuse it at start); with mig-strategy mixed it renders, as the
+    agent takes it (DRA shares whole GPUs only, unlike the device plugin's MPS replicas)."""
     error = render_error({"dra": {"sharing": "mps"}})
     assert "dra.sharing=mps" in error, error
     assert "set dra.gpus" in error, error
+    error = render_error({"dra": {"gpus": "all", "sharing": "mps", "mig": "dynamic"}})
+    assert "dra.sharing=mps with dra.mig=dynamic" in error, error
     docs = render({"dra": {"gpus": "all", "sharing": "mps"}, "migStrategy": "mixed"})
     assert named(docs, "DaemonSet", "gpuagent")
 

@@ -119,6 +119,7 @@ COMBINATIONS = {
     "dra-shares": Combination(
         {"dra": {"gpus": "all", "sharing": "mps"}},
         {"dra_gpus": "all", "dra_sharing": "mps"},
+        "dra+dra-shares",
     ),
     "cdi-accounting": Combination(
         {"deviceListStrategy": "cdi-cri", "accounting": {"enabled": True}},
