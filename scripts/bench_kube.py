@@ -45,12 +45,12 @@ from support.noderig import NODE, Rig, last_xid, new_writer, storm_xid, with_hea
 from support.synthetic import gpu_uuid, synthetic_snapshot
 
 from gpuagent import logs
-from gpuagent.clock import LoopClock, Timer
 from gpuagent.domain.backoff import Backoff
 from gpuagent.domain.devices import Condition, GpuHealth
 from gpuagent.domain.snapshot import Snapshot
 from gpuagent.kube.client import KubeApi, load_config
 from gpuagent.kube.nodehealth import NodeHealthWriter
+from gpuagent.state.clock import LoopClock, Timer
 from gpuagent.state.store import DeviceStore
 
 #: The target for a GPU's first change of health in a minute: on the API server within (p99).

@@ -171,8 +171,8 @@ LONG_FUNCTIONS = frozenset({
 })  # fmt: skip
 
 #: Root modules beyond ROOT_MODULE_LIMIT that another branch of issue 33 is moving into rooms now
-#: (i33-root: the clock into state/, yamlerror into yamlfile, kubehealth into app/).
-MOVING_ROOT_MODULES = frozenset({"clock.py", "kubehealth.py", "yamlerror.py"})
+#: (i33-root: kubehealth into app/).
+MOVING_ROOT_MODULES = frozenset({"kubehealth.py"})
 
 
 def functions(

@@ -19,7 +19,7 @@ from gpuagent.domain.errors import SettingError
 from gpuagent.domain.health import HealthCheckSpecError, HealthPolicy
 from gpuagent.domain.naming import resource_name
 from gpuagent.domain.sharing import Sharing
-from gpuagent.yamlerror import one_line
+from gpuagent.yamlfile import one_line
 
 E = TypeVar("E", bound=StrEnum)
 

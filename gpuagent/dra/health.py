@@ -12,9 +12,9 @@ from typing import Any
 
 from gpuagent._proto import v1 as health_v1
 from gpuagent._proto import v1alpha1 as health_v1alpha1
-from gpuagent.clock import Clock, LoopClock
 from gpuagent.domain.snapshot import Snapshot
 from gpuagent.dra.service import DeviceSource, DraConfig
+from gpuagent.state.clock import Clock, LoopClock
 from gpuagent.state.store import DeviceStore
 
 __all__ = ["DeviceHealthStreams", "HealthList", "HealthV1", "HealthV1Alpha1"]

@@ -13,7 +13,6 @@ from typing import Any
 
 import structlog
 
-from gpuagent.clock import Clock
 from gpuagent.domain.claims import ClaimUnavailable
 from gpuagent.domain.dra import DraDevice, unpublished_gpus
 from gpuagent.domain.drasharing import served_devices
@@ -34,6 +33,7 @@ from gpuagent.dra.service import (
 from gpuagent.kube.client import ApiError, ApiUnreachable, KubeApi, KubeConfigError, load_config
 from gpuagent.kube.slices import Backoff, Coalescing, SlicePublisher
 from gpuagent.overrides.grpc import IServable
+from gpuagent.state.clock import Clock
 from gpuagent.state.counters import DraCounters
 from gpuagent.state.store import DeviceStore, per_snapshot
 

@@ -21,10 +21,10 @@ from typing import Literal, TypeVar
 
 import structlog
 
-from gpuagent.clock import Clock
 from gpuagent.domain.backoff import Backoff
 from gpuagent.domain.pacing import RARE_RETRY_S, Budget, Coalescing, NewsKey, Spent
 from gpuagent.kube.client import ApiError, ApiUnreachable
+from gpuagent.state.clock import Clock
 
 __all__ = ["CallFailed", "Pacer", "RequestCounts"]
 

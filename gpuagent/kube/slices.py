@@ -35,7 +35,6 @@ from typing import Any
 
 import structlog
 
-from gpuagent.clock import Clock, LoopClock
 from gpuagent.domain.backoff import Backoff
 from gpuagent.domain.dra import DraDevice
 from gpuagent.domain.pacing import Budget, Coalescing, NewsKey, changed_keys
@@ -43,6 +42,7 @@ from gpuagent.domain.slices import slice_manifests, taints_by_cause
 from gpuagent.domain.snapshot import Snapshot
 from gpuagent.kube.client import KubeApi
 from gpuagent.kube.pacer import CallFailed, Pacer
+from gpuagent.state.clock import Clock, LoopClock
 from gpuagent.state.counters import ApiReach
 from gpuagent.state.store import DeviceStore, Watch
 

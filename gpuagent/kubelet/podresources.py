@@ -32,11 +32,11 @@ from grpclib.config import Configuration
 from grpclib.encoding.proto import ProtoCodec
 
 from gpuagent._proto import v1 as pb
-from gpuagent.clock import Clock, LoopClock
 from gpuagent.domain.devices import Allocated, Attribution
 from gpuagent.domain.drapods import claimed_resource
 from gpuagent.domain.snapshot import Snapshot
 from gpuagent.logs import ProblemLog
+from gpuagent.state.clock import Clock, LoopClock
 from gpuagent.state.store import DeviceStore
 
 __all__ = ["MAX_RESPONSE_BYTES", "Clock", "LoopClock", "PodResourcesClient"]

@@ -27,11 +27,11 @@ from typing import Protocol
 
 import structlog
 
-from gpuagent.clock import Clock, LoopClock
 from gpuagent.domain.backoff import Backoff
 from gpuagent.domain.mps import MpsDaemon, MpsDirs, MpsStatus
 from gpuagent.logs import ProblemLog
 from gpuagent.mps.control import ControlBinary, MpsCommandError, find_control_binary
+from gpuagent.state.clock import Clock, LoopClock
 from gpuagent.state.store import DeviceStore
 
 __all__ = ["ComputeModeControl", "DaemonKeeper", "Timing"]

@@ -26,7 +26,6 @@ from dataclasses import replace
 
 import structlog
 
-from gpuagent.clock import Clock, LoopClock
 from gpuagent.domain.backoff import Backoff
 from gpuagent.domain.containers import ContainerSettings
 from gpuagent.domain.devices import CdiSpec
@@ -45,6 +44,7 @@ from gpuagent.nodefiles.cdicontent import (
 from gpuagent.nodefiles.cdidriver import driver_files
 from gpuagent.nodefiles.described import DescribedDevices, described_devices
 from gpuagent.nodefiles.writeretry import WriteRetry
+from gpuagent.state.clock import Clock, LoopClock
 from gpuagent.state.store import DeviceStore, Keyed
 
 __all__ = ["RETRY", "CdiSpecKeeper", "write_cdi"]

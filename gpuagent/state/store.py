@@ -17,10 +17,10 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Generic, TypeVar
 
-from gpuagent.clock import Clock, LoopClock, Timer
 from gpuagent.domain.devices import Registration
 from gpuagent.domain.plan import Plan
 from gpuagent.domain.snapshot import Snapshot
+from gpuagent.state.clock import Clock, LoopClock, Timer
 from gpuagent.state.counters import Counters
 
 __all__ = ["DeviceStore", "Keyed", "Watch", "per_snapshot"]

@@ -11,11 +11,11 @@ from typing import Any
 
 import structlog
 
-from gpuagent.clock import Clock
 from gpuagent.domain.nodehealth import CONDITION_TYPE, ConditionReport, condition_patch
 from gpuagent.domain.pacing import next_heartbeat
 from gpuagent.kube.nodehealth.objects import ApiObject, NodeApi
 from gpuagent.kube.pacer import CallFailed
+from gpuagent.state.clock import Clock
 
 __all__ = ["HEARTBEAT_MIN", "ConditionWriter"]
 

@@ -10,7 +10,6 @@ from collections.abc import Callable, Mapping
 
 import structlog
 
-from gpuagent.clock import Clock, LoopClock
 from gpuagent.domain.backoff import Backoff
 from gpuagent.domain.drapods import dra_holders
 from gpuagent.domain.nodehealth import (
@@ -28,6 +27,7 @@ from gpuagent.kube.nodehealth.events import EventWriter
 from gpuagent.kube.nodehealth.objects import ApiObject, NodeApi, Part
 from gpuagent.kube.nodehealth.taint import TaintWriter
 from gpuagent.kube.pacer import CallFailed, Pacer
+from gpuagent.state.clock import Clock, LoopClock
 from gpuagent.state.counters import ApiReach, KubeCounters
 from gpuagent.state.store import DeviceStore, Watch
 
