@@ -104,5 +104,4 @@ def build_writer(
         heartbeat=parts.heartbeat,
         **extra,
     )
-    store.counters.follow_kube(writer.counters)
     return writer, api

@@ -54,6 +54,7 @@ def serve_synthetic(shape: str, port: int, poll: float, out: Path) -> None:
     """Serve /metrics for ``shape`` until SIGTERM; then write the handler durations to ``out``."""
     import uvloop  # noqa: PLC0415
 
+    from gpuagent.domain.readiness import Readiness  # noqa: PLC0415
     from gpuagent.state.store import DeviceStore  # noqa: PLC0415
     from gpuagent.web.histogram import SCRAPE_BUCKETS, Histogram  # noqa: PLC0415
     from gpuagent.web.metrics import MetricsRenderer  # noqa: PLC0415
@@ -63,8 +64,8 @@ def serve_synthetic(shape: str, port: int, poll: float, out: Path) -> None:
         def liveness(self) -> str | None:
             return None
 
-        def readiness(self) -> str | None:
-            return None
+        def readiness(self) -> Readiness:
+            return Readiness()
 
         def freshness(self) -> str | None:
             return None

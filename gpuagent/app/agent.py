@@ -96,7 +96,6 @@ class Agent:
                 socket_dir=settings.socket_dir,
                 kubelet_socket=settings.kubelet_socket,
                 timing=registration_timing,
-                on_allocate=self._allocated,
             )
         self.dra, self._dra_unusable = self._dra_side(settings, dra_options or {})
         limit = freshness_limit(settings.poll_interval, nvml_call_timeout)
@@ -104,7 +103,6 @@ class Agent:
             self.store,
             self.supervisor.liveness,
             self.view,
-            self.dra,
             kubernetes=settings.kubernetes,
             freshness_limit=limit,
         )
@@ -134,16 +132,12 @@ class Agent:
             raise RuntimeError("the agent has not started")
         return self._rest
 
-    def _allocated(self) -> None:
-        if self._rest is not None and self._rest.pod_resources is not None:
-            self._rest.pod_resources.poke()
-
     # ----- probes ------------------------------------------------------------------------------
     def liveness(self) -> str | None:
         return self.probes.liveness()
 
     def readiness(self) -> str | None:
-        return self.probes.readiness()
+        return self.probes.readiness().reason
 
     def _dra_side(
         self, settings: Settings, options: Mapping[str, Any]
@@ -156,7 +150,7 @@ class Agent:
         try:
             side = build_dra_side(
                 self.store, settings, node=self.node_name, stopping=self.stopping,
-                on_prepared=self._allocated, proc_root=policy.proc_root(self.simulator),
+                proc_root=policy.proc_root(self.simulator),
                 options=options,
             )  # fmt: skip
         except ConfigError as exc:

@@ -10,7 +10,7 @@ kubelet registration, when the plan starts with CDI).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -157,13 +157,11 @@ def build_dra_side(
     *,
     node: str,
     stopping: asyncio.Event,
-    on_prepared: Callable[[], None],
     proc_root: Path,
     options: Mapping[str, Any],
 ) -> DraSide:
     """The DRA side, built with the agent (imported only when DRA is on: its API client costs
-    memory); ``on_prepared``: its pods' claims were prepared (pod-resources looks again soon);
-    ``proc_root``: where the node's boot is read (the checkpoint's boot).
+    memory); ``proc_root``: where the node's boot is read (the checkpoint's boot).
     Raises :class:`ConfigError` without usable credentials, naming the kubeconfig as given, or
     the setting that needs them."""
     from gpuagent.dra.side import DraSide, KubeConfigError  # noqa: PLC0415
@@ -178,7 +176,6 @@ def build_dra_side(
             kubeconfig=settings.kubeconfig,
             stopping=stopping,
             node_spec=policy.dra_node_spec(settings),
-            on_prepared=on_prepared,
             proc_root=proc_root,
             **options,
         )

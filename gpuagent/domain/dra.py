@@ -19,7 +19,7 @@ marks bad is tainted: ``NoSchedule``, or ``NoExecute`` where the GPU needs a res
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum, StrEnum
 from types import MappingProxyType
@@ -419,12 +419,12 @@ class DraPlan:
 
 
 def unpublished_gpus(
-    current: Iterable[DraDevice], published: Iterable[DraDevice] | None
+    current: Iterable[DraDevice], published: Collection[str] | None
 ) -> tuple[int, ...]:
-    """The GPUs (indexes) with a device in ``current`` that ``published`` (the node's
-    ResourceSlices as last written; ``None``: never) lacks: given to DRA, so the device plugin
-    leaves them out, yet not in a slice — offered through neither API."""
-    names = {d.name for d in published or ()}
+    """The GPUs (indexes) with a device in ``current`` whose name ``published`` (the devices of
+    the node's ResourceSlices as last written; ``None``: never) lacks: given to DRA, so the
+    device plugin leaves them out, yet not in a slice — offered through neither API."""
+    names = published or ()
     return tuple(sorted({d.gpu_index for d in current if d.name not in names}))
 
 

@@ -1,11 +1,26 @@
 """The probes' verdicts, each a reason in one short line or ``None`` for OK: readiness (the node's
-GPUs are served) and freshness (the readings are current: ``/health``, as dcgm-exporter's)."""
+GPUs are served: ``/readyz``'s whole answer, from the snapshot and what the API writers last
+said) and freshness (the readings are current: ``/health``, as dcgm-exporter's)."""
 
 from __future__ import annotations
 
-from gpuagent.domain.devices import DriverState, NodeState
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
 
-__all__ = ["MAX_REASON", "STALE_AFTER_POLLS", "freshness", "freshness_limit", "readiness"]
+from gpuagent.domain.apireach import NOT_PUBLISHED, ApiReach, ApiWriter
+from gpuagent.domain.devices import DraStatus, DriverState, NodeState
+from gpuagent.domain.serving import cdi_gated
+from gpuagent.domain.snapshot import Snapshot
+
+__all__ = [
+    "MAX_REASON",
+    "STALE_AFTER_POLLS",
+    "Readiness",
+    "freshness",
+    "freshness_limit",
+    "readiness",
+]
 
 MAX_REASON = 500  # characters: a probe's answer, not a log
 
@@ -13,16 +28,54 @@ MAX_REASON = 500  # characters: a probe's answer, not a log
 #: GPU is judged unresponsive after a call runs past the limit and two polls more.
 STALE_AFTER_POLLS = 3
 
+NO_REACH: Mapping[ApiWriter, ApiReach] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class Readiness:
+    """``/readyz``'s answer: ``reason`` why the node's GPUs are not served (``None``: ready), and
+    a ``note`` said either way (the node's health not written while the API server is away:
+    the GPUs are served, so the agent stays ready)."""
+
+    reason: str | None = None
+    note: str = ""
+
+    @property
+    def text(self) -> str:
+        """The answer's body: the verdict's line, then the note's."""
+        return f"{self.reason or 'ready'}\n{self.note}"
+
 
 def readiness(
-    snapshot: NodeState, resources_error: str = "", *, kubernetes: bool = True
-) -> str | None:
-    """``None`` when ready, else the reason (current, and at most :data:`MAX_REASON` long).
+    snapshot: Snapshot,
+    resources_error: str = "",
+    *,
+    kubernetes: bool = True,
+    api: Mapping[ApiWriter, ApiReach] = NO_REACH,
+) -> Readiness:
+    """Whether the node's GPUs are served, and why not (current, and at most :data:`MAX_REASON`
+    long where the kubelet's or the driver's words make it long).
 
     Ready means: the driver answers, the GPUs are discovered and — when serving the kubelet —
-    the resources can be built and every one is registered. ``resources_error`` is why the
-    resources of ``snapshot`` cannot be built, if they cannot.
+    the resources can be built, every one is registered, the CDI spec their devices need is
+    written, and DRA's devices (when DRA is on) are published and its plugin registered.
+    ``resources_error`` is why the resources of ``snapshot`` cannot be built, if they cannot;
+    ``api``: what each API writer last said of the API server (the store's counters).
     """
+    reason = _served(snapshot, resources_error, kubernetes=kubernetes)
+    cdi = snapshot.cdi
+    gated = cdi is not None and cdi.error and cdi_gated(snapshot, snapshot.plan.serving.containers)
+    if reason is None and cdi is not None and gated:
+        reason = f"CDI spec not written (devices it lacks are not offered): {cdi.error}"
+    if reason is None and snapshot.dra_status is not None:
+        slices = api.get("resource_slices") or ApiReach(error=NOT_PUBLISHED)
+        reason = _dra(snapshot, snapshot.dra_status, slices)
+    return Readiness(reason, _note(api.get("node_health")))
+
+
+def _served(snapshot: NodeState, resources_error: str, *, kubernetes: bool) -> str | None:
+    """The device plugin's part: the driver, the GPUs' discovery, the resources, and their
+    registrations with the kubelet."""
     # While the driver is brought up, what the agent waits for (the NVML call, the GPU).
     pending = f" (waiting for {snapshot.driver.waiting})" if snapshot.driver.waiting else ""
     if not snapshot.driver.up:
@@ -41,6 +94,32 @@ def readiness(
     )
     detail = "; ".join(f"{name}: {error}" for name, error in waiting if error)
     return _bounded("not registered with the kubelet" + (f": {detail}" if detail else ""))
+
+
+def _dra(snapshot: Snapshot, status: DraStatus, slices: ApiReach) -> str | None:
+    """DRA's part: its devices published (a GPU offered through neither API is named), then
+    its kubelet plugin registered."""
+    if not slices.up:
+        gpus = snapshot.unpublished_dra_gpus()
+        nowhere = ""
+        if gpus:
+            plural = "s" if len(gpus) > 1 else ""
+            nowhere = f"GPU{plural} {', '.join(map(str, gpus))} offered through neither API: "
+        return f"DRA: {nowhere}ResourceSlices not published: {slices.error}"
+    registration = status.registration
+    if not registration.registered:
+        detail = f": {registration.error}" if registration.error else ""
+        return f"DRA: not registered with the kubelet{detail}"
+    return None
+
+
+def _note(node_health: ApiReach | None) -> str:
+    """A line while the node-health writer waits for the API server (as it said in the store):
+    the condition and events are not written, yet the GPUs are served, so the agent stays ready
+    (a control plane that throttles must not turn every node's agent unready)."""
+    if node_health is None or not node_health.backing_off:
+        return ""
+    return f"node health not written: {node_health.error}; retrying\n"
 
 
 def freshness_limit(poll_interval: float, call_timeout: float) -> float:

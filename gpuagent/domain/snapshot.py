@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpuagent.domain.devices import NodeState
+from gpuagent.domain.dra import unpublished_gpus
 from gpuagent.domain.plan import Plan
 
 __all__ = ["Snapshot"]
@@ -37,3 +38,11 @@ class Snapshot(NodeState):
         )
 
     __hash__ = NodeState.__hash__  # equal snapshots have equal states
+
+    def unpublished_dra_gpus(self) -> tuple[int, ...]:
+        """The GPUs given to DRA whose devices are in no ResourceSlice published: the device
+        plugin leaves them out, so no pod can have them through either API (none while DRA is
+        off)."""
+        if self.dra_status is None:
+            return ()
+        return unpublished_gpus(self.plan.dra.devices(self), self.dra_status.published)

@@ -24,6 +24,7 @@ import structlog
 
 from gpuagent._proto import pluginregistration as reg
 from gpuagent.domain.backoff import Backoff
+from gpuagent.domain.devices import Registration
 from gpuagent.overrides.grpc import IServable
 from gpuagent.sockets.dirwatch import DirectoryWatch, file_in_the_way
 from gpuagent.sockets.grpcserver import ServedSocket, socket_id
@@ -88,7 +89,7 @@ class DraEndpoint:
         plugins_dir: Path,
         registry_dir: Path,
         timing: EndpointTiming = EndpointTiming(),
-        on_state: Callable[[], None] | None = None,
+        on_state: Callable[[Registration], None] | None = None,
     ) -> None:
         self._services = services
         self.driver = driver
@@ -102,6 +103,7 @@ class DraEndpoint:
         self.registrations = 0
         self.last_error = ""
         self._serve_problem = ""  # why the sockets could not be served, as last logged
+        self._said = Registration()  # the registration as last told to on_state
 
     def _status(self, registered: bool, error: str) -> None:
         self.registered = registered
@@ -112,8 +114,15 @@ class DraEndpoint:
         else:
             self.last_error = f"kubelet refused the DRA plugin: {error}"
             log.error("dra registration refused", error=error)
-        if self._on_state is not None:
-            self._on_state()
+        self._say()
+
+    def _say(self) -> None:
+        """Tell ``on_state`` the registration as it is now (the kubelet's verdict, or why the
+        sockets are not served), when it changed."""
+        now = Registration(registered=self.registered, error=self.last_error)
+        if now != self._said and self._on_state is not None:
+            self._said = now
+            self._on_state(now)
 
     async def run(self) -> None:
         failures = 0  # tries in a row that could not serve the sockets
@@ -131,6 +140,7 @@ class DraEndpoint:
                         if self.last_error == self._serve_problem:
                             self.last_error = ""
                         self._serve_problem = ""
+                        self._say()
                     failures = 0
                     await self._watch(changes)
                     log.info("a dra socket disappeared; serving again")
@@ -143,11 +153,11 @@ class DraEndpoint:
                         "dra endpoint failed; retrying", error=problem, retry_in_s=retry
                     )
                     self._serve_problem = self.last_error = problem
+                    self._say()
                     await asyncio.sleep(retry)
                 finally:
                     self.registered = False
-                    if self._on_state is not None:
-                        self._on_state()
+                    self._say()
                     await self._close()
         finally:
             changes.close()

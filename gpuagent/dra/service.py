@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -35,6 +35,7 @@ from gpuagent.dra.claims import ClaimFiles, claim_spec, with_claim, without_clai
 from gpuagent.dra.dynamic import DynamicMig
 from gpuagent.dra.recheck import changed_devices, checked_again
 from gpuagent.dra.shares import ClaimShares, DaemonDown
+from gpuagent.dra.stats import DraStats
 from gpuagent.state.store import DeviceStore
 
 log = structlog.get_logger("gpuagent.dra")
@@ -55,26 +56,6 @@ ClaimReader = Callable[[str, str], Awaitable[Mapping[str, Any]]]
 DeviceSource = Callable[[Snapshot], tuple[DraDevice, ...]]
 # The node's CDI spec for a snapshot (blocking: it may read the driver root); ``None``: no GPUs.
 NodeSpecSource = Callable[[Snapshot], Mapping[str, Any] | None]
-
-
-@dataclass
-class DraStats:
-    """Counters of the DRA side (exported, and read by the benchmark)."""
-
-    prepares: int = 0
-    prepare_errors: int = 0
-    unprepares: int = 0
-    # Devices of claims prepared again whose device was gone: prepared again (a MIG device made
-    # again, a MIG device found under a new UUID), or the claim refused.
-    gone_prepared_again: int = 0
-    gone_refused: int = 0
-    # Time spent in NodePrepareResources per claim, without the API server read.
-    prepare_seconds: list[float] = field(default_factory=list)
-    api_read_seconds: list[float] = field(default_factory=list)
-
-    def record(self, samples: list[float], seconds: float) -> None:
-        if len(samples) < 100_000:
-            samples.append(seconds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,13 +80,10 @@ class ClaimPreparer:
         *,
         node_spec: NodeSpecSource,
         stats: DraStats | None = None,
-        on_prepared: Callable[[], None] = lambda: None,
         settle_s: float = SETTLE_S,
     ) -> None:
         self._store = store
         self._node_spec = node_spec
-        # Told after each claim newly prepared (the pod-resources client looks again soon).
-        self._on_prepared = on_prepared
         self._devices = devices
         self._read_claim = read_claim
         self._files = files
@@ -119,6 +97,11 @@ class ClaimPreparer:
         self.settled = asyncio.Event()
         self.shares = ClaimShares(store, config.driver)
         self._settle_s = settle_s
+        self.counted()
+
+    def counted(self) -> None:
+        """Put the claims' counts in the store, as they are now (after each change)."""
+        self._store.counters.claims_counted(self.stats.counts(prepared_claims=len(self.claims)))
 
     async def load(self) -> None:
         """Read the checkpoint (a restart keeps every prepared claim) and the boot this process
@@ -144,6 +127,7 @@ class ClaimPreparer:
         if self.mig is not None:
             self.mig.switched = switched
             self.mig.boot = boot
+        self.counted()
         log.info(
             "dra claims restored",
             claims=len(self.claims),
@@ -211,7 +195,7 @@ class ClaimPreparer:
             read = time.perf_counter() - started
             self.stats.record(self.stats.api_read_seconds, read)
             prepared = await self._prepare_new(ref, claim)
-            self._on_prepared()
+            self._store.allocated()  # (the pod-resources client looks again soon)
             self.stats.record(self.stats.prepare_seconds, time.perf_counter() - started - read)
             log.info("claim prepared", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid,
                      devices=[d.device for d in prepared.devices],
@@ -383,6 +367,7 @@ class DraPluginV1(dra_v1.DraPluginBase):
                     for d in prepared.devices
                 ]
             )
+        self._preparer.counted()
         return dra_v1.NodePrepareResourcesResponse(claims=out)
 
     async def node_unprepare_resources(
@@ -400,6 +385,7 @@ class DraPluginV1(dra_v1.DraPluginBase):
                 continue
             self._preparer.stats.unprepares += 1
             out[ref.uid] = dra_v1.NodeUnprepareResourceResponse()
+        self._preparer.counted()
         return dra_v1.NodeUnprepareResourcesResponse(claims=out)
 
 

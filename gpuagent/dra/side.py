@@ -1,7 +1,8 @@
 """The DRA side of the agent, assembled: devices from the store, claims from the API server,
 the kubelet plugin's sockets, and the ResourceSlice publisher — two named tasks for the agent to
-supervise. Nothing here talks to the kubelet's device-plugin side, so an unreachable API server
-never touches it.
+supervise. What each part knows (the plugin's registration, the slices published, the counts) it
+puts in the store, where /readyz and /metrics read it. Nothing here talks to the kubelet's
+device-plugin side, so an unreachable API server never touches it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from typing import Any
 import structlog
 
 from gpuagent.domain.claims import ClaimUnavailable
-from gpuagent.domain.dra import DraDevice, unpublished_gpus
+from gpuagent.domain.devices import Registration
+from gpuagent.domain.dra import DraDevice
 from gpuagent.domain.drasharing import served_devices
 from gpuagent.domain.snapshot import Snapshot
 from gpuagent.dra.claims import ClaimFiles
@@ -27,14 +29,13 @@ from gpuagent.dra.service import (
     DraConfig,
     DraPluginV1,
     DraPluginV1Beta1,
-    DraStats,
     NodeSpecSource,
 )
+from gpuagent.dra.stats import DraStats
 from gpuagent.kube.client import ApiError, ApiUnreachable, KubeApi, KubeConfigError, load_config
 from gpuagent.kube.slices import Backoff, Coalescing, SlicePublisher
 from gpuagent.overrides.grpc import IServable
 from gpuagent.state.clock import Clock
-from gpuagent.state.counters import DraCounters
 from gpuagent.state.store import DeviceStore, per_snapshot
 
 __all__ = ["DraSide", "KubeConfigError"]
@@ -62,7 +63,6 @@ class DraSide:
         coalescing: Coalescing = Coalescing(),
         api_timeout: float = 10.0,
         health_resend_s: float = 20.0,
-        on_prepared: Callable[[], None] = lambda: None,
         proc_root: Path = Path("/proc"),  # where the kernel's boot ID is read
         clock: Clock | None = None,
     ) -> None:
@@ -84,11 +84,12 @@ class DraSide:
             config,
             node_spec=node_spec,
             stats=self.stats,
-            on_prepared=on_prepared,
         )
         streams = DeviceHealthStreams(
             store, self._devices, config, stopping, resend_s=health_resend_s
         )
+        # DRA is on: the plugin is not registered until the kubelet says so (the store says it).
+        store.set_dra_registration(Registration())
         self.endpoint = DraEndpoint(
             _services(self.preparer, streams),
             driver=plan.driver,
@@ -96,12 +97,12 @@ class DraSide:
             plugins_dir=plugins_dir,
             registry_dir=registry_dir,
             timing=endpoint_timing,
+            on_state=store.set_dra_registration,
         )
         self.publisher = SlicePublisher(
             store, self._devices, self.api, node=node, driver=plan.driver,
             backoff=backoff, coalescing=coalescing, clock=clock,
         )  # fmt: skip
-        store.counters.follow_dra(self.counters)
 
     async def _read_claim(self, namespace: str, name: str) -> Mapping[str, Any]:
         try:
@@ -125,43 +126,6 @@ class DraSide:
             # orphans are destroyed, so no prepare races it; the kubelet is served meanwhile.
             tasks.create_task(self.preparer.sweep())
             tasks.create_task(self.endpoint.run())
-
-    def unpublished(self) -> tuple[int, ...]:
-        """The GPUs given to DRA whose devices are in no slice this agent has published: the
-        device plugin leaves them out, so (while the API server cannot be reached) no pod can
-        have them through either API."""
-        return unpublished_gpus(self._devices(self._store.snapshot), self.publisher.published)
-
-    def readiness(self) -> str | None:
-        """Why the DRA side is not ready, or ``None``."""
-        if not self.publisher.up:
-            gpus = self.unpublished()
-            nowhere = ""
-            if gpus:
-                plural = "s" if len(gpus) > 1 else ""
-                nowhere = f"GPU{plural} {', '.join(map(str, gpus))} offered through neither API: "
-            return f"DRA: {nowhere}ResourceSlices not published: {self.publisher.error}"
-        if not self.endpoint.registered:
-            detail = f": {self.endpoint.last_error}" if self.endpoint.last_error else ""
-            return f"DRA: not registered with the kubelet{detail}"
-        return None
-
-    def counters(self) -> DraCounters:
-        publisher, stats = self.publisher, self.stats
-        return DraCounters(
-            api_errors=publisher.failures,
-            slice_writes=publisher.writes,
-            slice_generation=publisher.generation,
-            devices=len(publisher.published or ()),
-            unpublished_gpus=len(self.unpublished()),
-            registered=self.endpoint.registered,
-            prepared_claims=len(self.preparer.claims),
-            prepares=stats.prepares,
-            prepare_errors=stats.prepare_errors,
-            unprepares=stats.unprepares,
-            gone_prepared_again=stats.gone_prepared_again,
-            gone_refused=stats.gone_refused,
-        )
 
     async def close(self) -> None:
         await self.api.close()

@@ -22,8 +22,9 @@ and any left over deleted. The writes follow the API client rules every writer o
   422 the writer cannot fix by retrying) is tried again every 10 minutes.
 
 Whether the API server is reached goes into the store's counters as soon as a publication fails
-or works again (``gpuagent_dra_api_up``); :attr:`SlicePublisher.error` says why (``/readyz``),
-and the device plugin side goes on untouched.
+or works again, with why not (``gpuagent_dra_api_up``, ``/readyz``), the publisher's counts with
+it, and the names of the devices published into the snapshot (``/readyz`` names a GPU offered
+through neither API); the device plugin side goes on untouched.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from typing import Any
 
 import structlog
 
+from gpuagent.domain.apireach import NOT_PUBLISHED, ApiReach
 from gpuagent.domain.backoff import Backoff
 from gpuagent.domain.dra import DraDevice
 from gpuagent.domain.pacing import Budget, Coalescing, NewsKey, changed_keys
@@ -43,7 +45,7 @@ from gpuagent.domain.snapshot import Snapshot
 from gpuagent.kube.client import KubeApi
 from gpuagent.kube.pacer import CallFailed, Pacer
 from gpuagent.state.clock import Clock, LoopClock
-from gpuagent.state.counters import ApiReach
+from gpuagent.state.counters import SliceCounts
 from gpuagent.state.store import DeviceStore, Watch
 
 __all__ = ["Backoff", "Budget", "Coalescing", "SlicePublisher"]
@@ -90,12 +92,14 @@ class SlicePublisher:
         self._views: Watch[tuple[DraDevice, ...] | None] | None = None
         self.published: tuple[DraDevice, ...] | None = None
         self.generation = 0
-        self.error = "not published yet"
+        self.error = NOT_PUBLISHED
         self.up = False
         self.writes = 0
         self.lists = 0
         self.failures = 0
         self._reach: ApiReach | None = None
+        self._reached()
+        self._counted()
 
     @property
     def seen_version(self) -> int:
@@ -160,6 +164,7 @@ class SlicePublisher:
         self.up = True
         self.error = ""
         self._reached()
+        self._counted()
 
     def _failed(self, error: str) -> None:
         self.up = False
@@ -170,6 +175,7 @@ class SlicePublisher:
         )
         self.error = error
         self._reached()
+        self._counted()
 
     def _reached(self) -> None:
         """Say in the store whether the API server is reached, as the last publication found."""
@@ -177,6 +183,17 @@ class SlicePublisher:
         if reach != self._reach:
             self._reach = reach
             self._store.counters.api_reached("resource_slices", reach)
+
+    def _counted(self) -> None:
+        """Put the publisher's counts in the store, as they are now."""
+        devices = len(self.published or ())
+        counts = SliceCounts(self.failures, self.writes, self.generation, devices)
+        self._store.counters.slices_counted(counts)
+
+    def _published(self, devices: tuple[DraDevice, ...], generation: int) -> None:
+        """``devices`` are the node's slices' now, at ``generation``: said in the store too."""
+        self.generation, self.published = generation, devices
+        self._store.set_dra_published(frozenset(d.name for d in devices))
 
     async def _publish(self, devices: tuple[DraDevice, ...]) -> bool:
         if self._node_uid is None:
@@ -190,7 +207,7 @@ class SlicePublisher:
             current = self._manifests(devices, seen)
             if seen and _same(current, self._stored):
                 # Already there (an agent restart): adopt it without a write.
-                self.generation, self.published = seen, devices
+                self._published(devices, seen)
                 return False
         stored = self._stored
         wanted = self._manifests(devices, self.generation + 1)
@@ -209,7 +226,7 @@ class SlicePublisher:
         for name in [n for n in stored if n not in names]:
             await self._call(self._api.delete_slice(name), absent_ok=True)
             del stored[name]
-        self.generation, self.published = self.generation + 1, devices
+        self._published(devices, self.generation + 1)
         log.info("resource slices written", generation=self.generation, devices=len(devices))
         return True
 

@@ -9,7 +9,7 @@ and their registration entries leave the store — while the others keep their s
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -60,14 +60,12 @@ class PluginEndpoints:
         socket_dir: Path,
         kubelet_socket: Path,
         timing: Timing = Timing(),
-        on_allocate: Callable[[], None] | None = None,
     ) -> None:
         self._store = store
         self._view = view
         self._socket_dir = socket_dir
         self._kubelet_socket = kubelet_socket
         self._timing = timing
-        self._on_allocate = on_allocate
         self._stopping = stopping
         self._served: dict[str, _Served] = {}
         self._notes: tuple[str, ...] = ()
@@ -134,9 +132,7 @@ class PluginEndpoints:
         from gpuagent.kubelet.registration import PluginEndpoint  # noqa: PLC0415
 
         for name in new:
-            service = DevicePluginService(
-                self._store, self._view, name, self._stopping, on_allocate=self._on_allocate
-            )
+            service = DevicePluginService(self._store, self._view, name, self._stopping)
             endpoint = PluginEndpoint(
                 service,
                 self._store,

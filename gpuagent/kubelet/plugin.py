@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import structlog
 from grpclib import GRPCError
@@ -44,14 +44,11 @@ class DevicePluginService(ClosingServerStreams, pb.DevicePluginBase):
         view: ResourceView,
         resource_name: str,
         stopping: asyncio.Event,
-        *,
-        on_allocate: Callable[[], None] | None = None,
     ) -> None:
         self._store = store
         self._view = view
         self.resource_name = resource_name
         self._stopping = stopping
-        self._on_allocate = on_allocate
         self._answers = Answers()
         self._streams = 0
         self._no_streams = asyncio.Event()
@@ -110,8 +107,7 @@ class DevicePluginService(ClosingServerStreams, pb.DevicePluginBase):
         for ids in requested:
             log.info("allocated", resource=self.resource_name, devices=list(ids))
         self._store.counters.allocated()
-        if self._on_allocate is not None:
-            self._on_allocate()
+        self._store.allocated()
         return response
 
     def _allocate(

@@ -3,7 +3,8 @@
 The mapping from device IDs to containers is cached in the store (``Snapshot.pods``) and refreshed
 in the background — never by a scrape (dcgm-exporter #599):
 
-* soon after each successful ``Allocate`` (:meth:`PodResourcesClient.poke`, debounced, with a few
+* soon after each successful ``Allocate`` or DRA claim prepared (the store's news of it,
+  :meth:`~gpuagent.state.store.DeviceStore.allocated`, debounced, with a few
   follow-up Lists while the kubelet has not recorded the allocation yet);
 * on a slow backstop timer (``--pod-resources-interval``, default 30 s) otherwise.
 
@@ -16,7 +17,6 @@ responses are bounded here at :data:`MAX_RESPONSE_BYTES`.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import stat
@@ -90,21 +90,17 @@ class PodResourcesClient:
         self._max_response = max_response_bytes
         self._monotonic = monotonic  # stamps the mapping (its age on /metrics)
         self._clock = clock or LoopClock()  # times the waits: tests move it by hand
-        self._poked = asyncio.Event()
         self._channel: Channel | None = None
         self._identity: tuple[int, int] | None = None
         self._problems = ProblemLog(log)
 
-    def poke(self) -> None:
-        """An ``Allocate`` was answered: list again soon (bursts are coalesced)."""
-        self._poked.set()
-
     async def run(self) -> None:
-        """Refresh now, then after each poke and on the backstop timer, until cancelled."""
+        """Refresh now, then after each allocation the store tells of and on the backstop timer,
+        until cancelled."""
         try:
             await self.refresh()
             while True:
-                if await self._wait_poke(self._interval):
+                if await self._wait_allocation(self._interval):
                     await self._after_allocate()
                 else:
                     await self.refresh()
@@ -164,8 +160,8 @@ class PodResourcesClient:
         self._problems.failed(problem, socket=str(self._socket))
         self._store.update(lambda s: _with_error(s, problem))
 
-    async def _wait_poke(self, seconds: float) -> bool:
-        return await self._clock.wait(self._poked, seconds)
+    async def _wait_allocation(self, seconds: float) -> bool:
+        return await self._clock.wait(self._store.allocations, seconds)
 
     async def _after_allocate(self) -> None:
         while True:
@@ -175,7 +171,7 @@ class PodResourcesClient:
                 return
             # The kubelet records an allocation after our answer reaches it: look again shortly.
             for delay in self._follow_ups:
-                if await self._wait_poke(delay):
+                if await self._wait_allocation(delay):
                     break  # another Allocate meanwhile: start over
                 await self.refresh()
                 if self._store.snapshot.pods.allocated != before:
@@ -187,9 +183,9 @@ class PodResourcesClient:
         """Wait until Allocates pause for ``debounce`` (a pod's containers, a gang of pods)."""
         deadline = self._clock.now() + 4 * self._debounce
         while True:
-            self._poked.clear()
+            self._store.allocations.clear()
             remaining = deadline - self._clock.now()
-            if remaining <= 0 or not await self._wait_poke(min(self._debounce, remaining)):
+            if remaining <= 0 or not await self._wait_allocation(min(self._debounce, remaining)):
                 return
 
 

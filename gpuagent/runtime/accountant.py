@@ -5,7 +5,8 @@ accountant reads the cgroup of processes it has not seen (off the event loop), n
 containers — from the kubelet's container log links first (:mod:`gpuagent.runtime.loglinks`,
 when given), then from the CRI cache for the IDs those did not name (each source refreshes only
 for container IDs it has not named) — runs the pure :func:`~gpuagent.domain.accounting.account`
-and stores the result. Scrapes only read the snapshot.
+and stores the result, and the CRI's and the log links' counts into the store's counters.
+Scrapes only read the store.
 """
 
 from __future__ import annotations
@@ -46,11 +47,7 @@ class Accountant:
         self._links = links
         self._ledger = Ledger()
         self.updates = 0
-        store.counters.follow_cri(lambda: CriStats(cri.requests, cri.errors, len(cri.names)))
-        if links is not None:
-            store.counters.follow_log_links(
-                lambda: LogLinkStats(links.listings, links.errors, links.containers)
-            )
+        self._counted()
 
     async def run(self) -> None:
         """Account after every change of readings or allocations, until cancelled."""
@@ -79,12 +76,23 @@ class Accountant:
     async def _names(self, ids: set[str]) -> dict[str, PodRef]:
         """The log links' names, and the CRI's for the IDs they do not name."""
         names: dict[str, PodRef] = {}
-        if self._links is not None and ids:
-            names = await asyncio.to_thread(self._links.resolve, ids)
-        rest = ids - names.keys()
-        if rest:
-            names = {**await self._cri.resolve(rest), **names}
+        try:
+            if self._links is not None and ids:
+                names = await asyncio.to_thread(self._links.resolve, ids)
+            rest = ids - names.keys()
+            if rest:
+                names = {**await self._cri.resolve(rest), **names}
+        finally:
+            self._counted()
         return names
+
+    def _counted(self) -> None:
+        """Put the CRI's and the log links' counts in the store, as they are now (they move only
+        when asked for names, here)."""
+        cri, links, counters = self._cri, self._links, self._store.counters
+        counters.cri_counted(CriStats(cri.requests, cri.errors, len(cri.names)))
+        if links is not None:
+            counters.log_links_counted(LogLinkStats(links.listings, links.errors, links.containers))
 
 
 class _Inputs:

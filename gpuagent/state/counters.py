@@ -2,28 +2,35 @@
 
 Each owner counts into :class:`Counters` itself — the plugin service its allocations, an
 endpoint its registrations, the pod-resources client its calls, the NVML poller its calls (from
-worker threads), the reloader its reloads, each API writer whether it reaches the API server
-(:class:`ApiReach`, said as soon as a call fails or works again) — and /metrics reads one
-consistent copy (:meth:`Counters.read`). Counts are not part of the versioned snapshot: one that
-moves wakes no watcher and invalidates no cached rendering.
+worker threads), the reloader its reloads, the ResourceSlice publisher and the claims' preparer
+theirs, the node-health writer its requests and events, accounting its CRI and log-link
+listings, each API writer whether it reaches the API server (:class:`ApiReach`, said as soon as a
+call fails or works again) — and /metrics reads one consistent copy (:meth:`Counters.read`). The
+counters never call back into their owners: what is here is what the owners last put here.
+Counts are not part of the versioned snapshot: one that moves wakes no watcher and invalidates
+no cached rendering.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
 from types import MappingProxyType
 from typing import Literal
+
+from gpuagent.domain.apireach import ApiReach, ApiWriter
 
 __all__ = [
     "AgentCounters",
     "ApiReach",
     "ApiWriter",
+    "ClaimCounts",
     "Counters",
     "CriStats",
     "LogLinkStats",
     "DraCounters",
+    "SliceCounts",
     "KubeCounters",
     "NvmlCallStats",
     "PodResourcesStats",
@@ -32,17 +39,6 @@ __all__ = [
 ]
 
 ReloadResult = Literal["changed", "unchanged", "invalid"]
-#: The agent's API writers: the DRA side's ResourceSlices, the node's GPU health.
-ApiWriter = Literal["resource_slices", "node_health"]
-
-
-@dataclass(frozen=True, slots=True)
-class ApiReach:
-    """Whether an API writer reaches the API server, as its last calls found it."""
-
-    up: bool = False  # its last batch went out whole (False before the first)
-    backing_off: bool = False  # it waits for a server unreachable, throttling or failing
-    error: str = ""  # why not up ("" while up)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,17 +61,40 @@ class NvmlCallStats:
 
 
 @dataclass(frozen=True, slots=True)
-class DraCounters:
-    """The DRA side: slices written, the kubelet plugin, claims (whether the API server is
-    reached is the publisher's :class:`ApiReach`)."""
+class SliceCounts:
+    """The ResourceSlice publisher's: publications failed, slices written, the pool's generation
+    and the devices as last published."""
 
     api_errors: int = 0
     slice_writes: int = 0
     slice_generation: int = 0
     devices: int = 0
-    # GPUs given to DRA whose devices are in no published slice: offered through neither API.
-    unpublished_gpus: int = 0
-    registered: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimCounts:
+    """The claims' preparer's: claims prepared now, prepares and unprepares, and devices of
+    claims prepared again that were gone (a reboot, a driver reload): prepared again, or their
+    claim refused."""
+
+    prepared_claims: int = 0
+    prepares: int = 0
+    prepare_errors: int = 0
+    unprepares: int = 0
+    gone_prepared_again: int = 0
+    gone_refused: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DraCounters:
+    """The DRA side: slices written, claims (whether the API server is reached is the
+    publisher's :class:`ApiReach`; the plugin's registration and the devices published are in
+    the snapshot's ``dra_status``)."""
+
+    api_errors: int = 0
+    slice_writes: int = 0
+    slice_generation: int = 0
+    devices: int = 0
     prepared_claims: int = 0
     prepares: int = 0
     prepare_errors: int = 0
@@ -151,28 +170,38 @@ class Counters:
         self._pod_resources: PodResourcesStats | None = None
         self._nvml: dict[str, NvmlCallStats] = {}
         self._reloads = ReloadStats()
-        self._dra: Callable[[], DraCounters] | None = None
-        self._cri: Callable[[], CriStats] | None = None
-        self._log_links: Callable[[], LogLinkStats] | None = None
-        self._kube: Callable[[], KubeCounters] | None = None
+        self._slices: SliceCounts | None = None
+        self._claims: ClaimCounts | None = None
+        self._cri: CriStats | None = None
+        self._log_links: LogLinkStats | None = None
+        self._kube: KubeCounters | None = None
         self._polled_at: float | None = None
         self._api: dict[ApiWriter, ApiReach] = {}
 
-    def follow_dra(self, read: Callable[[], DraCounters]) -> None:
-        """The DRA side's counters are read from its parts by ``read`` (on the loop's thread)."""
-        self._dra = read
+    def slices_counted(self, counts: SliceCounts) -> None:
+        """The ResourceSlice publisher's counts as they are now (DRA is on)."""
+        with self._lock:
+            self._slices = counts
 
-    def follow_cri(self, read: Callable[[], CriStats]) -> None:
-        """The CRI client's counters are read by ``read`` (on the loop's thread)."""
-        self._cri = read
+    def claims_counted(self, counts: ClaimCounts) -> None:
+        """The claims' preparer's counts as they are now (DRA is on)."""
+        with self._lock:
+            self._claims = counts
 
-    def follow_kube(self, read: Callable[[], KubeCounters]) -> None:
-        """The node-health writer's counters are read by ``read`` (on the loop's thread)."""
-        self._kube = read
+    def cri_counted(self, stats: CriStats) -> None:
+        """The CRI client's counts as they are now (accounting is on)."""
+        with self._lock:
+            self._cri = stats
 
-    def follow_log_links(self, read: Callable[[], LogLinkStats]) -> None:
-        """The log links' counters are read by ``read`` (on the loop's thread)."""
-        self._log_links = read
+    def log_links_counted(self, stats: LogLinkStats) -> None:
+        """The kubelet's log links' counts as they are now (accounting reads them)."""
+        with self._lock:
+            self._log_links = stats
+
+    def kube_counted(self, counts: KubeCounters) -> None:
+        """The node-health writer's counts as they are now (it writes the node's health)."""
+        with self._lock:
+            self._kube = counts
 
     def api_reached(self, writer: ApiWriter, reach: ApiReach) -> None:
         """``writer`` reaches the API server, or not, as ``reach`` says (from its last calls)."""
@@ -233,10 +262,6 @@ class Counters:
             self._reloads = replace(reloads, **{result: count}, last_successful=result != "invalid")
 
     def read(self) -> AgentCounters:
-        dra = self._dra() if self._dra is not None else None
-        cri = self._cri() if self._cri is not None else None
-        log_links = self._log_links() if self._log_links is not None else None
-        kube = self._kube() if self._kube is not None else None
         with self._lock:
             return AgentCounters(
                 registrations=self._registrations,
@@ -244,9 +269,15 @@ class Counters:
                 pod_resources=self._pod_resources,
                 nvml=tuple(self._nvml[name] for name in sorted(self._nvml)),
                 reloads=self._reloads,
-                dra=dra,
-                cri=cri,
-                log_links=log_links,
-                kube=kube,
+                dra=self._dra(),
+                cri=self._cri,
+                log_links=self._log_links,
+                kube=self._kube,
                 api=MappingProxyType(dict(self._api)),
             )
+
+    def _dra(self) -> DraCounters | None:
+        if self._slices is None and self._claims is None:
+            return None
+        slices, claims = self._slices or SliceCounts(), self._claims or ClaimCounts()
+        return DraCounters(**asdict(slices), **asdict(claims))

@@ -2,11 +2,13 @@
 counters.
 
 One place every adapter reads from and publishes into: the NVML poller and the pod-resources
-client write the snapshot, each plugin endpoint its registration, the reloader the plan, and each
-owner its counters. Every consumer follows it through :meth:`DeviceStore.watch`: its own
-projection of each new snapshot, when that projection changes — or, for a consumer that also
-waits for a time (a retry, a batch due, a message to repeat), when that time comes
-(:meth:`Watch.next`'s deadline, on the clock the watch was given).
+client write the snapshot, each plugin endpoint its registration (DRA's plugin and its slice
+publisher their status), the reloader the plan, and each owner its counters; an ``Allocate``
+answered is news for the pod-resources client (:meth:`DeviceStore.allocated`). Every consumer
+follows it through :meth:`DeviceStore.watch`: its own projection of each new snapshot, when that
+projection changes — or, for a consumer that also waits for a time (a retry, a batch due, a
+message to repeat), when that time comes (:meth:`Watch.next`'s deadline, on the clock the watch
+was given). Nothing here calls back into an adapter: readers read what owners put here.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Generic, TypeVar
 
-from gpuagent.domain.devices import Registration
+from gpuagent.domain.devices import DraStatus, Registration
 from gpuagent.domain.plan import Plan
 from gpuagent.domain.snapshot import Snapshot
 from gpuagent.state.clock import Clock, LoopClock, Timer
@@ -43,6 +45,7 @@ class DeviceStore:
         self._snapshot = snapshot if plan is None else replace(snapshot, plan=plan)
         self._changes = _Changes()
         self.counters = Counters()
+        self._allocations = asyncio.Event()
 
     @property
     def snapshot(self) -> Snapshot:
@@ -86,6 +89,28 @@ class DeviceStore:
 
         self.update(change)
 
+    def allocated(self) -> None:
+        """Devices were given to a container (an ``Allocate`` answered, a DRA claim prepared):
+        the kubelet records it next, so whoever follows the allocations (the pod-resources
+        client) looks again soon. News, not state: no new snapshot, so no consumer of the
+        node's state wakes for it, and the hot path of an ``Allocate`` pays one flag set."""
+        self._allocations.set()
+
+    @property
+    def allocations(self) -> asyncio.Event:
+        """Set by :meth:`allocated`; its one reader (the pod-resources client) clears it once it
+        has looked."""
+        return self._allocations
+
+    def set_dra_registration(self, registration: Registration) -> None:
+        """Record DRA's kubelet plugin's registration (the kubelet's verdict, or why the plugin
+        is not served); the first record says DRA is on."""
+        self.update(lambda s: replace(s, dra_status=replace(_dra(s), registration=registration)))
+
+    def set_dra_published(self, names: frozenset[str]) -> None:
+        """Record the names of the devices in the ResourceSlices just published."""
+        self.update(lambda s: replace(s, dra_status=replace(_dra(s), published=names)))
+
     def watch(
         self,
         projection: Callable[[Snapshot], T],
@@ -105,6 +130,10 @@ class DeviceStore:
     def waiting(self) -> int:
         """How many watches wait for a change now."""
         return len(self._changes)
+
+
+def _dra(snapshot: Snapshot) -> DraStatus:
+    return snapshot.dra_status or DraStatus()
 
 
 class _Changes:

@@ -11,6 +11,7 @@ NVML function and the start-up's pieces, API requests by object, request and eve
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from gpuagent.domain.snapshot import Snapshot
 from gpuagent.state.counters import (
@@ -60,16 +61,29 @@ def config_families(generation: int, reloads: ReloadStats, *, detailed: bool) ->
     return [current, last, total]
 
 
+@dataclass(frozen=True, slots=True)
+class _DraFigures:
+    """The DRA side's counts, and what the snapshot says of its plugin and slices."""
+
+    counts: DraCounters
+    registered: bool
+    unpublished_gpus: int
+
+
 def dra_families(
-    dra: DraCounters | None, reach: ApiReach | None, *, detailed: bool
+    dra: DraCounters | None, snapshot: Snapshot, reach: ApiReach | None, *, detailed: bool
 ) -> list[Family]:
-    """The DRA side's; ``reach``: what its slice publisher last said of the API server."""
+    """The DRA side's: its counts, its plugin's registration and the GPUs its slices lack (the
+    snapshot's); ``reach``: what its slice publisher last said of the API server."""
     if dra is None:
         return []
     up = single("gpuagent_dra_api_up", "gauge",
                 "Whether the last ResourceSlice publication reached the API server (1) or not "
                 "(0).", (), 1 if reach is not None and reach.up else 0)  # fmt: skip
-    out = [up, *singles(_DRA + (_DRA_DETAILED if detailed else ()), dra)]
+    status = snapshot.dra_status
+    registered = status is not None and status.registration.registered
+    figures = _DraFigures(dra, registered, len(snapshot.unpublished_dra_gpus()))
+    out = [up, *singles(_DRA + (_DRA_DETAILED if detailed else ()), figures)]
     if detailed:
         gone = Family(
             "gpuagent_dra_gone_devices_total",
@@ -208,12 +222,12 @@ def pod_resources_families(
     return out
 
 
-_DRA: tuple[Single[DraCounters], ...] = (
+_DRA: tuple[Single[_DraFigures], ...] = (
     (
         "gpuagent_dra_api_errors_total",
         "counter",
         "ResourceSlice publications that failed (API server unreachable or refusing).",
-        lambda d: d.api_errors,
+        lambda d: d.counts.api_errors,
     ),
     (
         "gpuagent_dra_unpublished_gpus",
@@ -232,40 +246,45 @@ _DRA: tuple[Single[DraCounters], ...] = (
         "gpuagent_dra_prepare_errors_total",
         "counter",
         "Claims NodePrepareResources could not prepare.",
-        lambda d: d.prepare_errors,
+        lambda d: d.counts.prepare_errors,
     ),
 )
-_DRA_DETAILED: tuple[Single[DraCounters], ...] = (
+_DRA_DETAILED: tuple[Single[_DraFigures], ...] = (
     (
         "gpuagent_dra_slice_writes_total",
         "counter",
         "ResourceSlices created or replaced.",
-        lambda d: d.slice_writes,
+        lambda d: d.counts.slice_writes,
     ),
     (
         "gpuagent_dra_slice_generation",
         "gauge",
         "Generation of the node's ResourceSlice pool as last published.",
-        lambda d: d.slice_generation,
+        lambda d: d.counts.slice_generation,
     ),
-    ("gpuagent_dra_devices", "gauge", "Devices this node serves through DRA.", lambda d: d.devices),
+    (
+        "gpuagent_dra_devices",
+        "gauge",
+        "Devices this node serves through DRA.",
+        lambda d: d.counts.devices,
+    ),
     (
         "gpuagent_dra_prepared_claims",
         "gauge",
         "ResourceClaims prepared on this node (checkpointed).",
-        lambda d: d.prepared_claims,
+        lambda d: d.counts.prepared_claims,
     ),
     (
         "gpuagent_dra_prepares_total",
         "counter",
         "Claims prepared by NodePrepareResources.",
-        lambda d: d.prepares,
+        lambda d: d.counts.prepares,
     ),
     (
         "gpuagent_dra_unprepares_total",
         "counter",
         "Claims unprepared by NodeUnprepareResources.",
-        lambda d: d.unprepares,
+        lambda d: d.counts.unprepares,
     ),
 )
 

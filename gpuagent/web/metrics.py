@@ -356,7 +356,9 @@ class MetricsRenderer:
         families.extend(nvml_families(counters.nvml, detailed=detailed))
         families.extend(mps_families(snapshot, detailed=detailed))
         api = counters.api
-        families.extend(dra_families(counters.dra, api.get("resource_slices"), detailed=detailed))
+        families.extend(
+            dra_families(counters.dra, snapshot, api.get("resource_slices"), detailed=detailed)
+        )
         families.extend(kube_families(counters.kube, api.get("node_health"), detailed=detailed))
         families.extend(
             accounting_families(

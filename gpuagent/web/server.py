@@ -23,6 +23,7 @@ import structlog
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
+from gpuagent.domain.readiness import Readiness
 from gpuagent.state.store import DeviceStore
 from gpuagent.web.basicauth import AuthResult
 from gpuagent.web.connections import FirstBytes, ProbesOnly, evict_quietest
@@ -58,12 +59,13 @@ class HttpLimits:
 
 
 class Probes(Protocol):
-    """Liveness, readiness and the readings' freshness as the composition root sees them:
-    ``None`` means OK, else why not."""
+    """Liveness and the readings' freshness as the composition root sees them (``None`` means
+    OK, else why not), and readiness with the note said beside it
+    (:func:`gpuagent.domain.readiness.readiness`)."""
 
     def liveness(self) -> str | None: ...
 
-    def readiness(self) -> str | None: ...
+    def readiness(self) -> Readiness: ...
 
     def freshness(self) -> str | None: ...
 
@@ -95,11 +97,8 @@ def build_app(
         return web.Response(status=503, text=f"{problem}\n")
 
     async def readyz(request: web.Request) -> web.Response:
-        problem = probes.readiness()
-        waits = api_waits(store)
-        if problem is None:
-            return web.Response(text=f"ready\n{waits}")
-        return web.Response(status=503, text=f"{problem}\n{waits}")
+        answer = probes.readiness()
+        return web.Response(status=200 if answer.reason is None else 503, text=answer.text)
 
     async def health(request: web.Request) -> web.Response:
         # dcgm-exporter's answer: "OK" (200) while readings are current; "KO" (503), with why.
@@ -125,16 +124,6 @@ def build_app(
     if simulator is not None:
         add_simulation_routes(app, simulator)
     return app
-
-
-def api_waits(store: DeviceStore) -> str:
-    """A line for /readyz while the node-health writer waits for the API server (as it said in
-    the store): the condition and events are not written, yet the GPUs are served, so the agent
-    stays ready (a control plane that throttles must not turn every node's agent unready)."""
-    reach = store.counters.api_reach().get("node_health")
-    if reach is None or not reach.backing_off:
-        return ""
-    return f"node health not written: {reach.error}; retrying\n"
 
 
 def _auth_middleware(web_config: WebConfigFile | None) -> Middleware:
@@ -262,11 +251,14 @@ class HttpServer:
             tls_handshake_timeout=limits.tls_handshake_timeout,
         )  # fmt: skip
         self._limits = limits
-        self._probes: dict[str, Callable[[], str | None]] = (
-            {"/health": probes.freshness, "/healthz": probes.liveness, "/readyz": probes.readiness}
-            if probes
-            else {}
-        )
+        self._probes: dict[str, Callable[[], str | None]] = {}
+        if probes is not None:
+            ready = probes.readiness
+            self._probes = {
+                "/health": probes.freshness,
+                "/healthz": probes.liveness,
+                "/readyz": lambda: ready().reason,
+            }
         self._started = False
         self._live: set[FirstBytes] = set()
         self.port = self._listener.port

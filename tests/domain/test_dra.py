@@ -95,9 +95,9 @@ def test_unpublished_gpus_are_those_with_a_device_in_no_published_slice() -> Non
     snapshot = node(gpu(0), gpu(1, migs=[mig(1, 7), mig(1, 8)]), gpu(2))
     current = dra_devices(snapshot, DraGpus(all=True), mig_strategy=MigStrategy.MIXED)
     assert unpublished_gpus(current, None) == (0, 1, 2)  # never published
-    assert unpublished_gpus(current, current) == ()
+    assert unpublished_gpus(current, {d.name for d in current}) == ()
     # GPU 1 got a MIG device since the last publication; GPU 2's device was published.
-    before = [d for d in current if d.gpu_index == 2 or d.uuid == mig_uuid(1, 7)]
+    before = {d.name for d in current if d.gpu_index == 2 or d.uuid == mig_uuid(1, 7)}
     assert unpublished_gpus(current, before) == (0, 1)
     # A GPU with no device to publish (MIG mode under the none strategy) is not counted.
     assert (

@@ -18,6 +18,7 @@ from support.fake_plugin_watcher import FakePluginWatcher
 from support.grpcstubs import DraStubs
 from support.waiting import eventually
 
+from gpuagent.domain.devices import Registration
 from gpuagent.dra.endpoint import DraEndpoint, EndpointTiming
 
 DRIVER = "gpu.nvidia.com"
@@ -141,6 +142,7 @@ async def test_a_registry_directory_that_is_a_file_is_named_once(short_tmp_path:
     in its place the sockets are served and the error is gone."""
     registry = short_tmp_path / "plugins_registry"
     registry.write_text("not a directory")
+    told: list[Registration] = []  # what the DRA side would put in the store
     endpoint = DraEndpoint(
         [],
         driver=DRIVER,
@@ -148,6 +150,7 @@ async def test_a_registry_directory_that_is_a_file_is_named_once(short_tmp_path:
         plugins_dir=short_tmp_path / "plugins",
         registry_dir=registry,
         timing=EndpointTiming(watch_interval=HOUR, retry_initial=0.001, retry_max=0.001),
+        on_state=told.append,
     )
     with structlog.testing.capture_logs() as logs:
         task = asyncio.create_task(endpoint.run())
@@ -169,6 +172,9 @@ async def test_a_registry_directory_that_is_a_file_is_named_once(short_tmp_path:
         finally:
             task.cancel()
             await asyncio.wait({task})
+    # Told once per change, not once per retry: the error, then its end.
+    problem = f"cannot serve the DRA sockets: {registry} is not a directory"
+    assert told == [Registration(error=problem), Registration()]
     lines = [(e["event"], e.get("error")) for e in logs if e["log_level"] not in ("debug",)]
     failed = [line for line in lines if line[0] == "dra endpoint failed; retrying"]
     assert failed == [

@@ -202,7 +202,7 @@ async def test_allocate_refreshes_without_waiting_for_the_timer(
     async with running(client.run()):
         await eventually(lambda: kubelet.calls == 1 and clock.waiting == 1)
         kubelet.set([held("new", gpu_uuid(1))])
-        client.poke()
+        store.allocated()
         await eventually(lambda: clock.waiting == 1)  # gathering a burst (debounce)
         await clock.advance(0.02)
         assert kubelet.calls == 2
@@ -221,7 +221,7 @@ async def test_allocate_follow_ups_until_the_kubelet_records_it(
     )  # fmt: skip
     async with running(client.run()):
         await eventually(lambda: kubelet.calls == 1 and clock.waiting == 1)
-        client.poke()  # the kubelet has not recorded the allocation yet
+        store.allocated()  # the kubelet has not recorded the allocation yet
         await eventually(lambda: clock.waiting == 1)
         await clock.advance(0.01)  # the burst is over: List, unchanged, so follow-ups
         assert kubelet.calls == 2
@@ -247,8 +247,8 @@ async def test_a_burst_of_allocates_is_one_list(
     async with running(client.run()):
         await eventually(lambda: kubelet.calls == 1 and clock.waiting == 1)
         kubelet.set([held("a", gpu_uuid(0)), held("b", gpu_uuid(1))])
-        for _ in range(20):  # a burst: no time passes between pokes
-            client.poke()
+        for _ in range(20):  # a burst: no time passes between allocations
+            store.allocated()
             await asyncio.sleep(0)
         await eventually(lambda: clock.waiting == 1)
         await clock.advance(0.05)

@@ -10,7 +10,7 @@ from support.clock import ManualClock
 from support.nodes import gpu, node
 from support.waiting import eventually
 
-from gpuagent.domain.devices import Registration, Telemetry
+from gpuagent.domain.devices import DraStatus, Registration, Telemetry
 from gpuagent.domain.plan import Plan
 from gpuagent.domain.preferred import SharedAllocationPolicy
 from gpuagent.domain.serving import ServingPolicy
@@ -47,6 +47,33 @@ def test_registered_means_every_resource_served_is() -> None:
     states.append(store.snapshot.registered)
     assert states == [False, False, True]
     assert set(store.snapshot.registrations) == {GPU}
+
+
+def test_an_allocation_is_news_for_its_reader_not_a_new_snapshot() -> None:
+    """An Allocate answered wakes the pod-resources client (the flag it waits on and clears),
+    and no consumer of the node's state: the version stays."""
+    store = DeviceStore()
+    version = store.snapshot.version
+    store.allocated()
+    assert store.allocations.is_set()
+    assert store.snapshot.version == version
+    store.allocations.clear()  # (its one reader, once it has looked)
+    assert not store.allocations.is_set()
+
+
+def test_dras_status_is_kept_by_its_owners() -> None:
+    """The DRA plugin's registration and the devices published, each said by its owner; the
+    first says DRA is on, the other's part stays."""
+    store = DeviceStore()
+    before = store.snapshot
+    assert before.dra_status is None
+    store.set_dra_registration(Registration())
+    assert store.snapshot.dra_status == DraStatus()
+    store.set_dra_published(frozenset({"gpu-1"}))
+    store.set_dra_registration(Registration(registered=True))
+    assert store.snapshot.dra_status == DraStatus(
+        Registration(registered=True), frozenset({"gpu-1"})
+    )
 
 
 def test_publish_bumps_the_generation_only_for_a_different_plan() -> None:

@@ -22,6 +22,7 @@ from support.tls import Pki, make_pki
 from support.waiting import eventually
 
 from gpuagent.domain.devices import Registration
+from gpuagent.domain.readiness import Readiness
 from gpuagent.state.store import DeviceStore
 from gpuagent.web.metrics import MetricsRenderer
 from gpuagent.web.server import HttpLimits, HttpServer, build_app
@@ -38,8 +39,8 @@ class _Probes:
     def liveness(self) -> str | None:
         return None
 
-    def readiness(self) -> str | None:
-        return "not registered with the kubelet"
+    def readiness(self) -> Readiness:
+        return Readiness("not registered with the kubelet")
 
     def freshness(self) -> str | None:
         return self.stale

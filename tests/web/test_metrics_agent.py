@@ -131,7 +131,7 @@ def test_the_agents_own_series_fit_a_fleet() -> None:
         kube=KubeCounters(
             requests=tuple((obj, "ok", 1) for obj in objects), condition_written_at=1e9
         ),
-        dra=DraCounters(registered=True, devices=8),
+        dra=DraCounters(devices=8),
         cri=CriStats(),
         log_links=LogLinkStats(),
         api=MappingProxyType({"resource_slices": ApiReach(up=True), "node_health": ApiReach()}),

@@ -1,6 +1,7 @@
 """The node-health writer's loop: the store's view followed, the Node read once, and batches of
 the parts' writes (:mod:`.condition`, :mod:`.taint`, :mod:`.events`) paced by one
-:class:`~gpuagent.kube.pacer.Pacer`; whether the API server is reached said in the store."""
+:class:`~gpuagent.kube.pacer.Pacer`; whether the API server is reached, and the writer's counts,
+said in the store."""
 
 from __future__ import annotations
 
@@ -81,6 +82,7 @@ class NodeHealthWriter:
         # The faults as of the last batch out.
         self._faults_out: Mapping[NewsKey, frozenset[DeviceRef]] = {}
         self._reach: ApiReach | None = None
+        self._counted()
 
     # ----- the loop ----------------------------------------------------------------------------
     @property
@@ -107,6 +109,7 @@ class NodeHealthWriter:
     def _observe(self, view: NodeHealthView | None) -> None:
         if view is not None:
             self.model.observe(view, self._wall())
+            self._counted()
 
     def _work(self) -> dict[ApiObject, bool]:
         """What has something to write (or read first), by what a refusal holds it back under."""
@@ -155,6 +158,7 @@ class NodeHealthWriter:
             return
         finally:
             self._reached()
+            self._counted()
         self.pacer.done(wrote=wrote)
         self._faults_out = faults_by_cause(self.model.view)
 
@@ -198,6 +202,11 @@ class NodeHealthWriter:
             self._store.counters.api_reached("node_health", reach)
 
     # ----- counters ----------------------------------------------------------------------------
+    def _counted(self) -> None:
+        """Put the writer's counts in the store, as they are now (after each batch and each
+        change of what it knows)."""
+        self._store.counters.kube_counted(self.counters())
+
     def counters(self) -> KubeCounters:
         return KubeCounters(
             requests=tuple(
