@@ -127,9 +127,8 @@ async def _measure(gpus: int, claims: int, faults: int, root: Path) -> dict[str,
                 out["round_trip"].append(time.perf_counter() - started)
                 assert response.claims[uid].error == "", response.claims[uid].error
                 await watcher.aunprepare(reg, [("bench", f"c{i}", uid)])
-            assert run.agent.dra is not None
-            out["prepare"] = list(run.agent.dra.stats.prepare_seconds)
-            out["api_read"] = list(run.agent.dra.stats.api_read_seconds)
+            out["prepare"] = list(run.dra.stats.prepare_seconds)
+            out["api_read"] = list(run.dra.stats.api_read_seconds)
             await _faults(run, api, clock, faults, out)
             assert api.invalid == [], api.invalid
     finally:
@@ -150,8 +149,7 @@ async def _faults(
     def tainted(name: str, want: bool = True) -> Callable[[], bool]:
         return lambda: bool(api.devices()[name].get("taints")) == want
 
-    assert run.agent.dra is not None
-    publisher, store = run.agent.dra.publisher, run.agent.store
+    publisher, store = run.dra.publisher, run.agent.store
     previous: tuple[int, str] | None = None
     for n in range(2 * faults):
         gpu, name = gpus[n % len(gpus)]
@@ -222,8 +220,7 @@ async def _measure_shares(
                     out["unprepare"].append(time.perf_counter() - started)
                 if i == held - 1 and shared:
                     assert len(store.snapshot.shares) == held
-            assert run.agent.dra is not None
-            out["prepare"] = list(run.agent.dra.stats.prepare_seconds)
+            out["prepare"] = list(run.dra.stats.prepare_seconds)
             assert api.invalid == [], api.invalid
     finally:
         await api.stop()
@@ -310,8 +307,7 @@ async def _measure_mig(claims: int, root: Path) -> dict[str, Any]:
                 assert response.claims[uid].error == "", response.claims[uid].error
                 assert list(response.claims[uid].devices[0].cdi_device_ids)
                 await watcher.aunprepare(reg, [("b", uid, uid)])
-            assert run.agent.dra is not None
-            out["prepare"] = list(run.agent.dra.stats.prepare_seconds[1:])  # not the held one
+            out["prepare"] = list(run.dra.stats.prepare_seconds[1:])  # not the held one
             assert api.invalid == [], api.invalid
     finally:
         await api.stop()
@@ -357,8 +353,7 @@ async def _measure_reboot(root: Path) -> dict[str, Any]:
                     await _prepare(watcher, reg, holds[g])  # MIG mode on: not timed
                     for uid in smalls[4 * g : 4 * g + 4]:
                         out[key].append(await _prepare(watcher, reg, uid))
-                assert run.agent.dra is not None
-                out[f"{key}_counted"] = run.agent.dra.stats.gone_prepared_again
+                out[f"{key}_counted"] = run.dra.stats.gone_prepared_again
             assert api.invalid == [], api.invalid
     finally:
         await api.stop()

@@ -4,10 +4,8 @@ import cycle among gpuagent's modules, type-only imports included; and issue 33'
 - No module over :data:`MODULE_LIMIT` lines, except the generated gRPC code in gpuagent/_proto/.
 - No module of gpuagent/app/ (the composition root) over :data:`APP_LIMIT` lines.
 - No function of gpuagent/ over :data:`FUNCTION_LIMIT` lines, counted from its ``def`` to its
-  last line; at most :data:`ROOT_MODULE_LIMIT` loose modules at the package root. Each has an
-  allowlist of today's exceptions that can only shrink: a listed name that is gone or within the
-  limit fails until it is taken off the list. No test module over :data:`TEST_MODULE_LIMIT`, no
-  exception.
+  last line; at most :data:`ROOT_MODULE_LIMIT` loose modules at the package root (the rest lives
+  in the rooms); no test module over :data:`TEST_MODULE_LIMIT`. None of them has an exception.
 - No import circle among the scripts' modules, and no script in Python that ruff and mypy skip
   (a name without ``.py``).
 - No cycle in the graph of gpuagent's imports as grimp (import-linter's graph) builds it: every
@@ -162,18 +160,6 @@ ROOT_MODULE_LIMIT = 4
 TESTS = ROOT / "tests"
 SCRIPTS = ROOT / "scripts"
 
-#: Functions over FUNCTION_LIMIT that another branch of issue 33 is shortening now (i33-root: the
-#: composition root as an ordered list of parts). The lead takes each off as it lands.
-LONG_FUNCTIONS = frozenset({
-    "gpuagent/app/agent.py:Agent.__init__",
-    "gpuagent/app/rest.py:build_rest",
-    "gpuagent/app/supervisor.py:Supervisor.shut_down",
-})  # fmt: skip
-
-#: Root modules beyond ROOT_MODULE_LIMIT that another branch of issue 33 is moving into rooms now
-#: (i33-root: kubehealth into app/).
-MOVING_ROOT_MODULES = frozenset({"kubehealth.py"})
-
 
 def functions(
     node: ast.AST, prefix: str = ""
@@ -208,9 +194,7 @@ def beyond(found: Mapping[str, int], allowed: Set[str]) -> tuple[dict[str, int],
 
 
 def test_no_function_over_the_limit() -> None:
-    over, fixed = beyond(long_functions(modules(), FUNCTION_LIMIT), LONG_FUNCTIONS)
-    assert over == {}, "split it by what each step owns"
-    assert fixed == [], "gone or within the limit now: take it off LONG_FUNCTIONS"
+    assert long_functions(modules(), FUNCTION_LIMIT) == {}, "split it by what each step owns"
 
 
 def test_the_function_check_sees_a_long_function(tmp_path: Path) -> None:
@@ -242,9 +226,8 @@ def test_no_test_module_over_the_limit() -> None:
 
 def test_few_loose_modules_at_the_package_root() -> None:
     """A module at gpuagent's root belongs to no room (``__init__`` and ``__main__`` count)."""
-    loose = {path.name for path in PACKAGE.glob("*.py")}
-    assert sorted(MOVING_ROOT_MODULES - loose) == [], "moved: take it off MOVING_ROOT_MODULES"
-    assert len(loose - MOVING_ROOT_MODULES) <= ROOT_MODULE_LIMIT, sorted(loose)
+    loose = sorted(path.name for path in PACKAGE.glob("*.py"))
+    assert len(loose) <= ROOT_MODULE_LIMIT, loose
 
 
 def script_imports(directory: Path) -> dict[str, set[str]]:

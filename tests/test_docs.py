@@ -30,7 +30,7 @@ from support.grpcstubs import StubModules
 from support.metricsdoc import label_drift
 from support.waiting import eventually
 
-from gpuagent.app import startup
+from gpuagent.app import agent
 from gpuagent.config import FILE_KEYS, OPTIONS, load_settings
 from gpuagent.config.cli import build_parser
 from gpuagent.config.planning import make_plan
@@ -463,7 +463,7 @@ async def test_quoted_probe_answers_are_what_the_agent_answers(
         await look(run)
 
     # Discovery held in a driver call (the rest starts without waiting the usual 2 s for it).
-    monkeypatch.setattr(startup, "REGISTER_FIRST_SECONDS", 0.05)
+    monkeypatch.setattr(agent, "REGISTER_FIRST_SECONDS", 0.05)
     sleeps = Sleeps(hold=0.05)
     held = replace(node_from_count(1), latency=SimLatency(0.0, {"nvmlDeviceGetName": 0.05}))
     try:
@@ -492,8 +492,7 @@ async def test_quoted_probe_answers_are_what_the_agent_answers(
     options = {"node_name": DRA_NODE, "dra_options": FAST_DRA}
     with FakeKubelet(sockets, grpc_stubs):
         async with running_agent(sockets, dirs.args(apiserver), agent_options=options) as run:
-            dra = run.agent.dra
-            assert dra is not None
+            dra = run.dra
             await eventually(lambda: (run.agent.readiness() or "").startswith("DRA"), what="DRA")
             await look(run)
             await apiserver.start()

@@ -1,12 +1,13 @@
-"""The agent, wired: settings → plan → store → driver → services.
+"""The agent, wired: settings → plan → store → its parts, in order.
 
 Everything the agent serves is derived from the store: the snapshot (devices, health, pods,
-registrations) and the plan it is served under (:mod:`gpuagent.config.planning`). This module
-only builds the parts and runs them: what serves the kubelet first is built with the agent, the
-driver's monitor as it starts, and the rest (:mod:`gpuagent.app.rest`) once the kubelet has its
-device plugin (:mod:`gpuagent.app.startup`); they run as supervised tasks and stop within a
+registrations) and the plan it is served under (:mod:`gpuagent.config.planning`). The agent is
+an ordered list of parts (:data:`PARTS`, each of the shape :class:`~gpuagent.app.part.Part`):
+each is built with the agent, what serves the kubelet starts at once, the rest once the kubelet
+has its device plugin; their tasks run supervised, and they close in reverse order within a
 bounded shutdown (:mod:`gpuagent.app.supervisor`); reloads change the plan
-(:mod:`gpuagent.app.reload`).
+(:mod:`gpuagent.app.reload`). Adding a part is adding its module to :mod:`gpuagent.app.parts`
+and its entry here.
 """
 
 from __future__ import annotations
@@ -14,38 +15,67 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from gpuagent.app import policy
+from gpuagent.app.part import Context, Knobs, Part, Parts, Stage
+from gpuagent.app.parts import (
+    accounting,
+    cdi,
+    configreload,
+    dra,
+    driver,
+    http,
+    kubelet,
+    mps,
+    nodefiles,
+    nodehealth,
+    podresources,
+)
 from gpuagent.app.probes import AgentProbes
-from gpuagent.app.reload import Reloads
-from gpuagent.app.rest import Rest, build_dra_side, build_rest
-from gpuagent.app.startup import Startup, listen
 from gpuagent.app.supervisor import Supervisor
 from gpuagent.app.tuning import collector_held
-from gpuagent.config import ConfigError, Settings
+from gpuagent.config import Settings
 from gpuagent.config.planning import check_on_the_host, load_web_config, make_plan
 from gpuagent.domain.plan import Plan
 from gpuagent.domain.readiness import freshness_limit
 from gpuagent.domain.serving import ResourceView
-from gpuagent.gpu.mig import MIG_MINORS_FILE
-from gpuagent.gpu.monitor import GpuMonitor
-from gpuagent.kubehealth import NodeHealthWanted, wanted
-from gpuagent.kubelet.endpoints import PluginEndpoints
 from gpuagent.kubelet.timing import Timing
 from gpuagent.state.store import DeviceStore
 from gpuagent.web.listener import Listener
 
 if TYPE_CHECKING:
-    from gpuagent.dra.side import DraSide
     from gpuagent.gpu import sim
 
-__all__ = ["Agent"]
+__all__ = ["PARTS", "Agent"]
+
+P = TypeVar("P", bound=Part)
+
+#: The agent's parts in their order: built in it, started in it (what serves the kubelet first,
+#: then the rest), closed in its reverse. Each builds its part, or ``None`` where the node has
+#: none (a setting turns it off).
+PARTS: tuple[Callable[[Context], Part | None], ...] = (
+    driver.build,  # NVML, started first and released last
+    dra.check_gpus,  # the GPUs --dra-gpus names, once the driver lists them
+    cdi.build,  # the CDI spec: before the registration when the plan starts with CDI
+    kubelet.build,  # the device plugin's endpoints, registered with the kubelet
+    mps.build,  # the MPS control daemons, once the plan shares through MPS
+    podresources.build,  # which pods hold which devices
+    accounting.build,  # per-container GPU accounting
+    nodefiles.build,  # node-feature-discovery's feature file
+    dra.build,  # the DRA kubelet plugin and the ResourceSlices
+    nodehealth.build,  # the node condition, events and taint
+    http.build,  # /metrics and the probes, on the address bound first
+    configreload.build,  # SIGHUP and config file changes
+)
+
+# How long the rest waits for GPU discovery and the kubelet's first answer before it starts anyway:
+# a slow driver, or a kubelet that holds Register open, must not keep /metrics and the probes down.
+REGISTER_FIRST_SECONDS = 2.0
 
 
 class Agent:
-    """One agent: its store and plan, driver, kubelet endpoints, DRA side, node files and HTTP
-    server.
+    """One agent: its store and plan, and its parts.
 
     ``node_name`` overrides the settings' (``NODE_NAME``, else the host name); ``dra_options``
     and ``node_health_options`` go to the DRA side and the node-health writer (tests shorten
@@ -66,98 +96,82 @@ class Agent:
         registration_timing: Timing = Timing(),
         nvml_call_timeout: float = 10.0,
         settings_source: Callable[[], Settings] | None = None,
-        config_poll_interval: float = 2.0,
+        config_check_interval: float = 2.0,
         dra_options: Mapping[str, Any] | None = None,
         node_health_options: Mapping[str, Any] | None = None,
         own_process: bool = False,
     ) -> None:
-        self.node_name = node_name or settings.node_name
+        knobs = Knobs(
+            registration_timing, nvml_call_timeout, config_check_interval, settings_source,
+            dra_options or {}, node_health_options or {},
+        )  # fmt: skip
         self.store = DeviceStore(plan=plan or make_plan(settings))
         check_on_the_host(settings, self.store.plan)  # exit 2 before anything runs
-        self.web_config = load_web_config(settings)
         self.simulator = simulator
-        self.view = ResourceView()
-        self.stopping = asyncio.Event()  # set when shutting down: streams end with UNAVAILABLE
         self.started = asyncio.Event()
         self.supervisor = Supervisor()
-        self.reloads = Reloads(
-            self.store,
-            settings,
-            source=settings_source,
-            poll_interval=config_poll_interval,
-            web_config=self.web_config,
-        )
-        self.endpoints: PluginEndpoints | None = None
-        if settings.kubernetes:
-            self.endpoints = PluginEndpoints(
-                self.store,
-                self.view,
-                self.stopping,
-                socket_dir=settings.socket_dir,
-                kubelet_socket=settings.kubelet_socket,
-                timing=registration_timing,
-            )
-        self.dra, self._dra_unusable = self._dra_side(settings, dra_options or {})
-        limit = freshness_limit(settings.poll_interval, nvml_call_timeout)
-        self.probes = AgentProbes(
+        self.context = self._context(settings, knobs, sysfs_root, node_name, own_process)
+        self.parts = self.context.parts
+        for build in PARTS:  # (a ConfigError here: exit 2 before anything starts)
+            part = build(self.context)
+            if part is not None:
+                self.parts.add(part)
+        self.reloads = self.parts.get(configreload.ConfigReload).reloads
+
+    def _context(
+        self,
+        settings: Settings,
+        knobs: Knobs,
+        sysfs_root: Path | None,
+        node_name: str | None,
+        own_process: bool,
+    ) -> Context:
+        web_config = load_web_config(settings)
+        view = ResourceView()
+        probes = AgentProbes(
             self.store,
             self.supervisor.liveness,
-            self.view,
+            view,
             kubernetes=settings.kubernetes,
-            freshness_limit=limit,
+            freshness_limit=freshness_limit(settings.poll_interval, knobs.nvml_call_timeout),
         )
-        # What of the node's GPU health is written, or why nothing is (ConfigError: exit 2).
-        self.node_health_wanted: NodeHealthWanted | str | None = wanted(settings)
-        self._node_health_options = node_health_options
-        self.listener = Listener(
-            settings.metrics_host,
-            settings.metrics_port,
-            ssl_context=self.web_config.ssl_context if self.web_config is not None else None,
+        tls = web_config.ssl_context if web_config is not None else None
+        return Context(
+            settings=settings,
+            store=self.store,
+            node_name=node_name or settings.node_name,
+            stopping=asyncio.Event(),  # set when shutting down: streams end with UNAVAILABLE
+            view=view,
+            simulator=self.simulator,
+            sysfs_root=policy.sysfs_root(sysfs_root, self.simulator),
+            proc_root=policy.proc_root(self.simulator),
+            web_config=web_config,
+            listener=Listener(settings.metrics_host, settings.metrics_port, ssl_context=tls),
+            probes=probes,
+            own_process=own_process,
+            knobs=knobs,
+            parts=Parts(own_process=own_process),
         )
-        self._sysfs_root = policy.sysfs_root(sysfs_root, simulator)
-        self._mig_minors = policy.proc_root(simulator) / MIG_MINORS_FILE
-        self._nvml_call_timeout = nvml_call_timeout
-        self._own_process = own_process
-        self._rest: Rest | None = None  # once started
 
     @property
     def settings(self) -> Settings:
         """The running settings (a reload changes the live ones)."""
         return self.reloads.settings
 
-    @property
-    def rest(self) -> Rest:
-        """What runs beside the kubelet's device plugin: there once the agent has started."""
-        if self._rest is None:
-            raise RuntimeError("the agent has not started")
-        return self._rest
+    def part(self, kind: type[P]) -> P:
+        """The agent's part of this kind (a :class:`LookupError` when it has none)."""
+        return self.parts.get(kind)
 
     # ----- probes ------------------------------------------------------------------------------
+    @property
+    def probes(self) -> AgentProbes:
+        return self.context.probes
+
     def liveness(self) -> str | None:
         return self.probes.liveness()
 
     def readiness(self) -> str | None:
         return self.probes.readiness().reason
-
-    def _dra_side(
-        self, settings: Settings, options: Mapping[str, Any]
-    ) -> tuple[DraSide | None, ConfigError | None]:
-        """The DRA side, when DRA is on. Without credentials, when ``--dra-gpus`` names GPUs:
-        none, and the error, to be said once the GPUs named are checked (each mistake is found
-        whatever the other)."""
-        if not self.store.plan.dra.gpus.enabled:
-            return None, None
-        try:
-            side = build_dra_side(
-                self.store, settings, node=self.node_name, stopping=self.stopping,
-                proc_root=policy.proc_root(self.simulator),
-                options=options,
-            )  # fmt: skip
-        except ConfigError as exc:
-            if not self.store.plan.dra.gpus.refs:
-                raise
-            return None, exc
-        return side, None
 
     # ----- lifecycle ---------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
@@ -167,70 +181,18 @@ class Agent:
         :class:`ConfigError` when a setting keeps it from starting (the metrics address cannot be
         bound: said before anything starts, so before any line of a shutdown).
         """
-        settings = self.settings
-        await listen(self.listener, settings)
-        if self.simulator is not None:
-            from gpuagent.gpu import sim  # noqa: PLC0415
-
-            sim.install(self.simulator)
-        startup, monitor = self._startup(settings)
+        context, parts, supervisor = self.context, self.parts, self.supervisor
+        await http.listen(context.listener, context.settings)
         try:
-            with collector_held(own_process=self._own_process) as started:
-                self._rest = rest = await startup.start()
-                if self.reloads.enabled:
-                    self.supervisor.spawn("config-reload", self.reloads.run(rest))
+            with collector_held(own_process=context.own_process) as started:
+                await parts.start(Stage.KUBELET, supervisor.spawn)
+                await parts.settle(Stage.KUBELET, REGISTER_FIRST_SECONDS)
+                await parts.start(Stage.REST, supervisor.spawn)
                 started()
                 self.started.set()
-                await self.supervisor.supervise(stop)
+                await supervisor.supervise(stop)
         finally:
-            await self.supervisor.shut_down(
-                stopping=self.stopping,
-                endpoints=self.endpoints,
-                http=self._rest.http if self._rest is not None else None,
-                node_health_api=self._rest.node_health_api if self._rest is not None else None,
-                listener=self.listener,
-                dra=self.dra,
-                monitor=monitor,
-                simulator=self.simulator,
-            )
-
-    def _startup(self, settings: Settings) -> tuple[Startup, GpuMonitor]:
-        """The start of the agent on the driver's backend, and the backend's poller."""
-        nvml = policy.driver(settings, self.store, self.dra, self._sysfs_root, self._mig_minors)
-        monitor = GpuMonitor(
-            self.store, nvml, poll_interval=settings.poll_interval,
-            call_timeout=self._nvml_call_timeout, nvml_timeout=settings.nvml_timeout,
-        )  # fmt: skip
-        startup = Startup(
-            self.store,
-            settings,
-            self.supervisor,
-            monitor,
-            endpoints=self.endpoints,
-            dra=self.dra,
-            mps=lambda: policy.keep_mps_daemons(settings, self.store, self.view, nvml),
-            dra_unusable=self._dra_unusable,
-            stopping=self.stopping,
-            keeps_cdi_spec=policy.keeps_cdi_spec(settings, simulated=self.simulator is not None),
-            node_health=self.node_health_wanted,
-            own_process=self._own_process,
-            build_rest=lambda cdi: build_rest(
-                self.store,
-                settings,
-                node_name=self.node_name,
-                monitor=monitor,
-                probes=self.probes,
-                listener=self.listener,
-                web_config=self.web_config,
-                simulator=self.simulator,
-                sysfs_root=self._sysfs_root,
-                cdi=cdi,
-                dra=self.dra,
-                node_health=self.node_health_wanted,
-                node_health_options=self._node_health_options,
-            ),
-        )
-        return startup, monitor
+            await supervisor.shut_down(list(parts), context.stopping)
 
     # ----- reload ------------------------------------------------------------------------------
     def request_reload(self) -> None:
@@ -239,4 +201,4 @@ class Agent:
 
     async def reload(self) -> list[str] | None:
         """Re-read the settings and apply them (see :meth:`Reloads.reload`)."""
-        return await self.reloads.reload(self.rest)
+        return await self.reloads.reload(self.parts.get(configreload.ConfigReload).node)

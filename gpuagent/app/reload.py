@@ -59,7 +59,7 @@ class Reloads:
     """The running settings, and the reloads that change them.
 
     ``source`` reads the settings again (flags, environment, config file); without it the agent
-    does not reload. ``poll_interval``: how often the config file and the web config's files are
+    does not reload. ``check_interval``: how often the config file and the web config's files are
     read to see whether their content changed (an edit, a ConfigMap's symlink swapped).
     A refused reload is logged once per reason: the same refusal again (the next change of
     another file, a SIGHUP) is counted, not logged.
@@ -71,13 +71,13 @@ class Reloads:
         settings: Settings,
         *,
         source: Callable[[], Settings] | None,
-        poll_interval: float,
+        check_interval: float,
         web_config: WebConfigFile | None,
     ) -> None:
         self.settings = settings
         self._store = store
         self._source = source
-        self._poll_interval = poll_interval
+        self._check_interval = check_interval
         self._web = web_config
         self._requested = asyncio.Event()
         self._refused: str | None = None  # the refusal last logged, until a reload succeeds
@@ -94,7 +94,7 @@ class Reloads:
     async def run(self, node: Node) -> None:
         """Reload on :meth:`request`, and when a watched file's content changes (a ConfigMap
         update, an edit), or it becomes readable or unreadable."""
-        interval = self._poll_interval if self._watched() else None
+        interval = self._check_interval if self._watched() else None
         stamps = await asyncio.to_thread(_stamps, self._watched())
         while True:
             with contextlib.suppress(TimeoutError):

@@ -2,19 +2,18 @@
 
 * Root tasks are named and run until the agent stops: a root task that ends has failed, and the
   agent stops (exit code 1; 2 for a setting found wrong once the GPUs are known).
-* Shutdown ends ListAndWatch streams with ``UNAVAILABLE``, removes the plugin sockets, stops the
-  HTTP server and releases the driver, within :data:`SHUTDOWN_SECONDS` in all. Nothing is
-  released under an NVML call still running: the event thread releases the driver when its wait
-  returns (up to 5 s later), and a call still running after :data:`SHUTDOWN_NVML_SECONDS` (a
-  hung driver) is abandoned: its thread is a daemon, and the process exits without
-  ``nvmlShutdown`` (the kernel closes the driver's files).
+* Shutdown ends ListAndWatch streams with ``UNAVAILABLE``, cancels the root tasks (the plugin
+  sockets go with them), then closes the agent's parts in the reverse of their order — the HTTP
+  server, the DRA side, the API connection, the driver released last — within
+  :data:`SHUTDOWN_SECONDS` in all, each part within its share (:class:`~gpuagent.app.part.Part`).
+  Nothing is released under an NVML call still running (see :mod:`gpuagent.app.parts.driver`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -22,25 +21,15 @@ import structlog
 from gpuagent.domain.errors import SettingError
 
 if TYPE_CHECKING:
-    from gpuagent.dra.side import DraSide
-    from gpuagent.gpu import sim
-    from gpuagent.gpu.monitor import GpuMonitor
-    from gpuagent.kube.client import KubeApi
-    from gpuagent.kubelet.endpoints import PluginEndpoints
-    from gpuagent.web.listener import Listener
-    from gpuagent.web.server import HttpServer
+    from gpuagent.app.part import Part
 
-__all__ = ["FatalError", "Supervisor"]
+__all__ = ["FatalError", "ShutdownBudget", "Supervisor"]
 
 log = structlog.get_logger("gpuagent")
 
 SHUTDOWN_SECONDS = 2.5  # the whole shutdown; the DaemonSet's grace period is 10 s
 SHUTDOWN_STREAMS_SECONDS = 0.5
 SHUTDOWN_TASKS_SECONDS = 1.0
-SHUTDOWN_HTTP_SECONDS = 1.0
-# How long the driver's release waits for a call in progress (a probe takes milliseconds; a hung
-# one is not waited out) and for nvmlShutdown itself.
-SHUTDOWN_NVML_SECONDS = 1.0
 
 
 class FatalError(Exception):
@@ -84,72 +73,52 @@ class Supervisor:
             log.error("task ended unexpectedly", task=task.get_name(), error=repr(error))
             raise FatalError(f"task {task.get_name()} ended: {error!r}")
 
-    async def shut_down(
-        self,
-        *,
-        stopping: asyncio.Event,
-        endpoints: PluginEndpoints | None,
-        http: HttpServer | None,
-        node_health_api: KubeApi | None,
-        listener: Listener,
-        dra: DraSide | None,
-        monitor: GpuMonitor,
-        simulator: sim.SimDriver | None,
-    ) -> None:
-        """Stop everything, in order, within :data:`SHUTDOWN_SECONDS`: the kubelet's streams
-        (``stopping`` set), the root tasks, the HTTP server (or the bound ``listener`` it never
-        served), the DRA side, the driver. Said in the log once something had started (a start
-        refused before, for a setting, ends with that error alone)."""
+    async def shut_down(self, parts: Sequence[Part], stopping: asyncio.Event) -> None:
+        """Stop everything within :data:`SHUTDOWN_SECONDS`: ``stopping`` set and the parts
+        drained (the kubelet's streams end), the root tasks cancelled, then each part closed in
+        the reverse of its order (the HTTP server, the DRA side, the API connection, ..., the
+        driver last), each within its share. Said in the log once something had started (a
+        start refused before, for a setting, ends with that error alone)."""
         started = bool(self._tasks)
         if started:
             log.info("shutting down")
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + SHUTDOWN_SECONDS
-
-        def budget(cap: float, reserve: float = SHUTDOWN_NVML_SECONDS) -> float:
-            # The driver's release keeps its share whatever the steps before it take.
-            return max(0.0, min(cap, deadline - reserve - loop.time()))
-
+        budget = ShutdownBudget(parts, asyncio.get_running_loop().time)
         stopping.set()
-        if endpoints is not None:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(budget(SHUTDOWN_STREAMS_SECONDS)):
-                    await endpoints.wait_drained()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(budget.left(SHUTDOWN_STREAMS_SECONDS)):
+                for part in reversed(parts):
+                    await part.drain()
+        await self._cancel(budget.left(SHUTDOWN_TASKS_SECONDS))
+        for part in reversed(parts):
+            budget.closing(part)
+            await part.close(budget.left(part.close_seconds))
+        if started:
+            log.info("stopped")
+
+    async def _cancel(self, seconds: float) -> None:
+        """Cancel the root tasks and wait for them, ``seconds`` at most."""
         for task in self._tasks.values():
             task.cancel()
         if self._tasks:
-            _, hung = await asyncio.wait(
-                self._tasks.values(), timeout=budget(SHUTDOWN_TASKS_SECONDS)
-            )
+            _, hung = await asyncio.wait(self._tasks.values(), timeout=seconds)
             for task in hung:
                 log.warning("task did not stop in time", task=task.get_name())
-        if http is not None:
-            try:
-                async with asyncio.timeout(budget(SHUTDOWN_HTTP_SECONDS)):
-                    await http.close()
-            except TimeoutError:
-                log.warning("http server did not close in time")
-        else:
-            listener.close()
-        if dra is not None:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(budget(SHUTDOWN_HTTP_SECONDS)):
-                    await dra.close()
-        if node_health_api is not None:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(budget(SHUTDOWN_HTTP_SECONDS)):
-                    await node_health_api.close()
-        await monitor.close(wait=budget(SHUTDOWN_NVML_SECONDS, 0.0))  # bounded by its own wait
-        if simulator is not None:
-            from gpuagent.gpu import sim  # noqa: PLC0415
 
-            # A real driver is released by the kernel when the process exits; the simulated one
-            # is uninstalled now, so its event wait is ended (as an interrupt ends a real one)
-            # and the event thread releases the driver first.
-            simulator.interrupt_waits()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(budget(SHUTDOWN_HTTP_SECONDS, 0.0)):
-                    await monitor.wait_closed()
-            sim.uninstall()
-        if started:
-            log.info("stopped")
+
+class ShutdownBudget:
+    """What is left of the shutdown's :data:`SHUTDOWN_SECONDS` (from now, by ``clock``) for its
+    next step: the parts not closed yet keep their reserved share (the driver's release)
+    whatever the steps before them take."""
+
+    def __init__(self, parts: Sequence[Part], clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._deadline = clock() + SHUTDOWN_SECONDS
+        self._reserved = sum(part.reserved_seconds for part in parts)
+
+    def closing(self, part: Part) -> None:
+        """``part`` closes next: its reserve is its own now."""
+        self._reserved -= part.reserved_seconds
+
+    def left(self, cap: float) -> float:
+        """Seconds for the next step: ``cap`` at most, and none of the reserves."""
+        return max(0.0, min(cap, self._deadline - self._reserved - self._clock()))

@@ -1,10 +1,12 @@
 """Start-up tuning: modules imported off the loop, and the interpreter's knobs.
 
-What serves the kubelet is imported on a thread while the driver starts (NVML's initialisation
-and discovery wait on the driver, not on the GIL), and what the kubelet does not need once it has
-its device plugin (the loop keeps answering it meanwhile; BENCHMARKS.md measures both). In its own
-process (the command line) the agent also tunes the interpreter for start-up: the cyclic collector
-stays off until the agent has started, and an importing thread hands the GIL to the others sooner.
+Each part names the modules it imports on a thread before it starts (:attr:`Part.imports
+<gpuagent.app.part.Part.imports>`): what serves the kubelet while the driver starts (NVML's
+initialisation and discovery wait on the driver, not on the GIL), and what the kubelet does not
+need once it has its device plugin (the loop keeps answering it meanwhile; BENCHMARKS.md measures
+both). In its own process (the command line) the agent also tunes the interpreter for start-up:
+the cyclic collector stays off until the agent has started, and an importing thread hands the GIL
+to the others sooner.
 """
 
 from __future__ import annotations
@@ -16,25 +18,13 @@ import importlib
 import sys
 from collections.abc import Callable, Iterator
 
-__all__ = ["DEFERRED", "collector_held", "import_deferred", "import_modules", "import_off_loop"]
+__all__ = ["collector_held", "import_modules", "import_off_loop"]
 
 # The GIL switch interval while modules are imported on a thread (Python's default is 5 ms): the
 # rest's import holds the GIL for ~150 ms of CPU in all, and with the default every call the loop
 # answers meanwhile (or every NVML call's return, while the driver starts) would first wait up to
 # 5 ms for it.
 IMPORT_SWITCH_INTERVAL = 0.0005
-# Imported off the loop once the kubelet has its device plugin: what the kubelet does not need.
-DEFERRED = (
-    "gpuagent.web.server",
-    "gpuagent.web.metrics",
-    "gpuagent.kubelet.podresources",
-    "gpuagent.runtime.accountant",
-    "gpuagent.runtime.cri",
-    "gpuagent.runtime.loglinks",
-    "gpuagent.runtime.procfs",
-    "gpuagent.nodefiles.cdikeeper",
-    "gpuagent.nodefiles.labelkeeper",
-)
 
 
 @contextlib.contextmanager
@@ -62,11 +52,6 @@ def collector_held(*, own_process: bool) -> Iterator[Callable[[], None]]:
         yield started
     finally:
         gc.enable()
-
-
-async def import_deferred(*, own_process: bool, extra: tuple[str, ...] = ()) -> None:
-    """Import the rest's modules (and ``extra`` ones) off the loop (see :func:`import_off_loop`)."""
-    await import_off_loop(DEFERRED + extra, own_process=own_process)
 
 
 async def import_off_loop(modules: tuple[str, ...], *, own_process: bool) -> None:

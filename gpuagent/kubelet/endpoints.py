@@ -33,7 +33,7 @@ log = structlog.get_logger("gpuagent.registration")
 
 STARTING = "starting"  # an endpoint's state until its first attempt says more
 # What serves a resource (grpclib, h2, betterproto2, the protos): not imported with this module, so
-# the agent can import it off the loop while the driver starts (gpuagent.app.startup).
+# the agent can import it off the loop while the driver starts (gpuagent.app.parts.kubelet).
 SERVING = ("gpuagent.kubelet.registration",)
 
 

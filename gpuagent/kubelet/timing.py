@@ -1,6 +1,6 @@
 """The registration cycle's intervals (:mod:`gpuagent.kubelet.registration`), apart from it: what
 builds the agent names them without importing the gRPC side, which is imported off the loop while
-the driver starts (:mod:`gpuagent.app.startup`)."""
+the driver starts (:mod:`gpuagent.app.parts.kubelet`)."""
 
 from __future__ import annotations
 

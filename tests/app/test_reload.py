@@ -146,7 +146,7 @@ def test_a_reload_serves_live_options_and_names_the_others(
     assert reloaded is not None
     plan = make_plan(running, control_nodes=())
     store = DeviceStore(plan=plan)
-    reloads = Reloads(store, running, source=lambda: reloaded, poll_interval=1.0, web_config=None)
+    reloads = Reloads(store, running, source=lambda: reloaded, check_interval=1.0, web_config=None)
     with capture_logs() as logs:
         restart = asyncio.run(reloads.reload(Node()))
     assert restart is not None, logs

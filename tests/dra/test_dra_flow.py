@@ -111,9 +111,7 @@ async def test_plugin_watcher_registers_and_a_claim_is_prepared_and_unprepared(
         assert reg.versions[:2] == ("v1.DRAPlugin", "v1beta1.DRAPlugin")
         assert reg.service == "v1.DRAPlugin"
         assert not reg.error
-        await eventually(
-            lambda: run.agent.dra is not None and run.agent.dra.endpoint.registered, what="ok"
-        )
+        await eventually(lambda: run.dra.endpoint.registered, what="ok")
 
         # The pool: GPUs 2 and 3 only, every write valid.
         await eventually(lambda: len(apiserver.devices()) == 2, what="two devices published")
@@ -234,8 +232,7 @@ async def test_claims_this_node_cannot_serve_get_their_own_error(
         assert "opaque configuration" in errors["u-cfg"]
         assert errors["u-ok"] == ""
         assert response.claims["u-ok"].devices[0].device_name == good
-        assert run.agent.dra is not None
-        assert run.agent.dra.stats.prepare_errors == 6
+        assert run.dra.stats.prepare_errors == 6
 
 
 async def test_a_restart_mid_claim_loses_nothing(
@@ -265,9 +262,7 @@ async def test_a_restart_mid_claim_loses_nothing(
         assert done.claims["u-1"].error == ""
         assert not spec_path.exists()
         # The restarted agent found its slices as it left them: no new generation, no write.
-        await eventually(
-            lambda: run.agent.dra is not None and run.agent.dra.publisher.up, what="synced"
-        )
+        await eventually(lambda: run.dra.publisher.up, what="synced")
         assert apiserver.generation() == generation
         assert len(apiserver.writes) == writes
 
@@ -285,7 +280,7 @@ async def test_unreachable_api_server_leaves_the_device_plugin_working(
             assert len((await asyncio.to_thread(dp.next_update, T)).devices) == 2
             await registered(watcher)
             await eventually(
-                lambda: run.agent.dra is not None and run.agent.dra.publisher.failures >= 3,
+                lambda: run.dra.publisher.failures >= 3,
                 what="retries",
             )
             # The unreachable API server is said once, not once per retry.
@@ -373,8 +368,7 @@ async def test_paced_as_in_production_a_fault_is_in_the_slice_at_once_and_so_is_
     agent_options = {"node_name": NODE, "dra_options": options}
     args = dirs.args(apiserver)
     async with running_agent(device_plugin_dir, args, agent_options=agent_options) as run:
-        assert run.agent.dra is not None
-        publisher, store = run.agent.dra.publisher, run.agent.store
+        publisher, store = run.dra.publisher, run.agent.store
 
         async def settle(seconds: float = 0.0) -> None:
             await settle_writer(clock, publisher, store, seconds)

@@ -15,8 +15,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from support.fake_kubelet import FakeKubelet, Registration
 
 from gpuagent.app.agent import Agent
+from gpuagent.app.parts.dra import Dra
+from gpuagent.app.parts.http import Http
 from gpuagent.config import load_settings
 from gpuagent.config.planning import load_simulator
+from gpuagent.dra.side import DraSide
 from gpuagent.gpu.sim import SimDriver
 from gpuagent.kubelet.timing import Timing
 
@@ -37,6 +40,18 @@ class RunningAgent:
     task: asyncio.Task[None]
     http: aiohttp.ClientSession
     base_url: str
+
+    @property
+    def port(self) -> int:
+        """The agent's HTTP port."""
+        return self.agent.part(Http).port
+
+    @property
+    def dra(self) -> DraSide:
+        """The agent's DRA side (DRA is on)."""
+        side = self.agent.part(Dra).side
+        assert side is not None
+        return side
 
     @property
     def sim(self) -> SimDriver:
@@ -100,7 +115,7 @@ async def running_agent(
     sysfs_root: Path | None = None,
     nvml_call_timeout: float = 10.0,
     agent_options: Mapping[str, Any] | None = None,
-    config_poll_interval: float = 0.02,
+    config_check_interval: float = 0.02,
     env: Mapping[str, str] | None = None,
     simulator: SimDriver | None = None,
 ) -> AsyncIterator[RunningAgent]:
@@ -129,7 +144,7 @@ async def running_agent(
         nvml_call_timeout=nvml_call_timeout,
         **(agent_options or {}),
         settings_source=lambda: load_settings(argv, environ),
-        config_poll_interval=config_poll_interval,
+        config_check_interval=config_check_interval,
     )
     stop = asyncio.Event()
     task = asyncio.create_task(agent.run(stop), name="agent-under-test")
@@ -140,7 +155,8 @@ async def running_agent(
         task.result()  # raises the agent's error
     assert agent.started.is_set(), "agent did not start in 10 s"
     async with aiohttp.ClientSession() as http:
-        running = RunningAgent(agent, stop, task, http, f"http://127.0.0.1:{agent.rest.http.port}")
+        port = agent.part(Http).port
+        running = RunningAgent(agent, stop, task, http, f"http://127.0.0.1:{port}")
         try:
             yield running
         finally:

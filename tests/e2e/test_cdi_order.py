@@ -108,7 +108,7 @@ async def test_a_reload_to_a_cdi_strategy_writes_the_spec_before_allocate_names_
     spec_file = cdi_dir / SPEC_FILE_NAME
     args = ("--simulate", "2", "--config", str(config), "--cdi-spec-dir", str(cdi_dir))
     with FakeKubelet(device_plugin_dir, grpc_stubs) as kubelet:
-        async with running_agent(device_plugin_dir, args, config_poll_interval=3600) as run:
+        async with running_agent(device_plugin_dir, args, config_check_interval=3600) as run:
             (reg,) = await asyncio.to_thread(kubelet.wait_for_registrations, 1, T)
             ids = [d.ID for d in (await asyncio.to_thread(reg.next_update, T)).devices]
             assert not spec_file.exists()  # envvar: no spec

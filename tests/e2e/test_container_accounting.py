@@ -418,7 +418,7 @@ async def test_accounting_as_pid_1_of_its_own_namespace_warns_once(
 ) -> None:
     """Accounting on without the host's PID namespace (the agent is its container's PID 1):
     NVML would list no other container's processes, and the log says so at start."""
-    monkeypatch.setattr("gpuagent.app.policy.os.getpid", lambda: 1)
+    monkeypatch.setattr("gpuagent.app.parts.accounting.os.getpid", lambda: 1)
     with capture_logs() as logs:
         async with running_agent(device_plugin_dir, ("--simulate", "1")) as run:
             await run.metrics_until(lambda t: "gpuagent_container_accounting_enabled" in t)

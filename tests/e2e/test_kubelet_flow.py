@@ -15,6 +15,8 @@ from support.waiting import eventually
 
 from e2e.agentrun import RunningAgent, first_stream, registered_agent, running_agent
 from gpuagent.app.agent import Agent
+from gpuagent.app.parts.http import Http
+from gpuagent.app.parts.kubelet import Kubelet
 from gpuagent.config import load_settings
 from gpuagent.config.planning import load_simulator
 from gpuagent.domain.containers import DeviceListStrategy
@@ -203,8 +205,7 @@ async def test_kubelet_restart_reregisters(
             regs = await asyncio.to_thread(fake_kubelet.wait_for_registrations, n, T)
             first = await asyncio.to_thread(regs[-1].next_update, T)
             assert len(first.devices) == 4
-        assert run.agent.endpoints is not None
-        endpoint = run.agent.endpoints.endpoints["nvidia.com/gpu"]
+        endpoint = run.agent.part(Kubelet).endpoints.endpoints["nvidia.com/gpu"]
         # The kubelet records Register on arrival and the agent counts it when the reply arrives;
         # a restart can fall in between, and the agent then registers once more.
         await run.ready()
@@ -309,9 +310,9 @@ async def test_a_slow_driver_holds_neither_the_probes_nor_the_rest_up(
         await asyncio.wait_for(agent.started.wait(), T)
         assert not agent.store.snapshot.discovered  # still waiting for GPU 1
         async with aiohttp.ClientSession() as http:
-            async with http.get(f"http://127.0.0.1:{agent.rest.http.port}/healthz") as response:
+            async with http.get(f"http://127.0.0.1:{agent.part(Http).port}/healthz") as response:
                 assert response.status == 200
-            async with http.get(f"http://127.0.0.1:{agent.rest.http.port}/readyz") as response:
+            async with http.get(f"http://127.0.0.1:{agent.part(Http).port}/readyz") as response:
                 assert response.status == 503
         assert fake_kubelet.registrations == []
     finally:

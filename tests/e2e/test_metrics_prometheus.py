@@ -211,7 +211,7 @@ async def test_prometheus_scrapes_and_dashboards_see_every_gpu(
             "--pod-resources-socket", str(pod_resources.socket_path),
             "--cri-socket", str(runtime.socket_path), "--proc-root", str(proc))  # fmt: skip
     async with running_agent(device_plugin_dir, args) as run, aiohttp.ClientSession() as http:
-        target = f"127.0.0.1:{run.agent.rest.http.port}"
+        target = f"127.0.0.1:{run.port}"
         status, _ = await run.fault({"gpu": 1, "fault": "xid", "xid": 79})
         assert status == 200
         for body in ({"gpu": 0, "pid": 100, "memory_mib": 8000, "sm_util": 40},

@@ -34,7 +34,7 @@ async def test_tls_and_basic_auth_on_the_agent(device_plugin_dir: Path, tmp_path
     good = {"Authorization": "Basic " + base64.b64encode(b"prometheus:" + PASSWORD).decode()}
     args = ("--simulate", "1", "--web-config-file", str(web))
     async with running_agent(device_plugin_dir, args) as run, aiohttp.ClientSession() as http:
-        url = f"https://127.0.0.1:{run.agent.rest.http.port}"
+        url = f"https://127.0.0.1:{run.port}"
         async with http.get(url + "/metrics", ssl=client_tls) as response:
             assert response.status == 401
         async with http.get(url + "/metrics", ssl=client_tls, headers=good) as response:

@@ -26,6 +26,7 @@ from support.waiting import eventually
 
 from e2e.agentrun import RunningAgent, running_agent
 from gpuagent.app.agent import Agent
+from gpuagent.app.parts.nodehealth import NodeHealth
 from gpuagent.config import ConfigError, load_settings
 
 NODE = "test-node"
@@ -40,7 +41,7 @@ class Health:
         self.run, self.clock, self.server = run, clock, server
 
     async def settle(self, seconds: float = 0.0) -> None:
-        writer = self.run.agent.rest.node_health
+        writer = self.run.agent.part(NodeHealth).writer
         assert writer is not None
         await settle(self.clock, writer, self.run.agent.store, seconds)
 
@@ -289,8 +290,9 @@ async def test_a_hung_api_server_slows_neither_the_kubelet_nor_metrics(
 async def test_without_credentials_both_are_off_quietly(device_plugin_dir: Path) -> None:
     with capture_logs() as logs:
         async with running_agent(device_plugin_dir, ("--simulate", "1")) as run:
-            assert isinstance(run.agent.node_health_wanted, str)  # why not: no credentials
-            assert run.agent.rest.node_health is None
+            part = run.agent.part(NodeHealth)
+            assert isinstance(part.wanted, str)  # why not: no credentials
+            assert part.writer is None
             _, text = await run.get("/metrics")
             assert "gpuagent_kube_" not in text
     (line,) = [e for e in logs if e["event"].startswith("node condition and events off")]

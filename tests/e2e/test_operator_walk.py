@@ -14,7 +14,7 @@ import pytest
 from support.fake_apiserver import FakeApiServer
 
 from e2e.agentprocess import T, free_port
-from gpuagent.app.startup import listen
+from gpuagent.app.parts.http import listen
 from gpuagent.config import ConfigError, load_settings
 
 pytestmark = pytest.mark.slow

@@ -15,6 +15,7 @@ from support.files import replace_atomically
 
 from e2e.agentprocess import free_port, reaped, spawn
 from e2e.agentrun import RunningAgent, running_agent
+from gpuagent.app.parts.kubelet import Kubelet
 
 T = 10.0
 NODE = """\
@@ -45,7 +46,7 @@ async def test_reload_changes_only_what_changed(
     config.write_text("version: v1\nmig-strategy: mixed\n")
     args = ["--sim-config", str(node), "--config", str(config)]
     # Reloads come from the test here, not from watching the file.
-    async with running_agent(device_plugin_dir, args, config_poll_interval=3600) as run:
+    async with running_agent(device_plugin_dir, args, config_check_interval=3600) as run:
         regs = await asyncio.to_thread(fake_kubelet.wait_for_registrations, 2, T)
         by_name = {r.resource_name: r for r in regs}
         assert set(by_name) == {"nvidia.com/gpu", "nvidia.com/mig-1g.10gb"}
@@ -68,14 +69,15 @@ async def test_reload_changes_only_what_changed(
         assert regs[2].resource_name == "nvidia.com/mig-1g.10gb.shared"
         assert (await asyncio.to_thread(mig.wait_ended, T)) is not None
         assert by_name["nvidia.com/gpu"].ended is None
-        assert run.agent.endpoints is not None
-        assert set(run.agent.endpoints.endpoints) == {
+        assert set(run.agent.part(Kubelet).endpoints.endpoints) == {
             "nvidia.com/gpu",
             "nvidia.com/mig-1g.10gb.shared",
         }
         # The withdrawn endpoint was awaited: its socket is gone, its entry left the store.
         assert not (device_plugin_dir / "nvidia-mig-1g.10gb.sock").exists()
-        assert set(run.agent.store.snapshot.registrations) == set(run.agent.endpoints.endpoints)
+        assert set(run.agent.store.snapshot.registrations) == set(
+            run.agent.part(Kubelet).endpoints.endpoints
+        )
 
 
 @asynccontextmanager
@@ -85,7 +87,7 @@ async def reloadable(
     """An agent on 2 simulated GPUs with ``config``, registered; reloads come from the test."""
     await asyncio.to_thread(config.write_text, "version: v1\n")
     args = ("--simulate", "2", "--config", str(config))
-    async with running_agent(device_plugin_dir, args, config_poll_interval=3600) as run:
+    async with running_agent(device_plugin_dir, args, config_check_interval=3600) as run:
         await asyncio.to_thread(fake_kubelet.wait_for_registrations, 1, T)
         yield run
 

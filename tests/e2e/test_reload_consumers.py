@@ -20,6 +20,7 @@ from support.waiting import eventually
 
 from e2e.agentrun import registered_agent, running_agent
 from e2e.test_metrics_pods import pods_on, value
+from gpuagent.app.parts.podresources import PodResources
 from gpuagent.nodefiles.cdi import SPEC_FILE_NAME
 
 T = 10.0
@@ -115,8 +116,9 @@ async def test_renamed_resource_gets_pod_attribution_after_reload(
         # A container holds a replica of GPU 0 under a name this agent does not serve (yet).
         pod_resources.set([Held("ml", "train-0", "worker", "example.com/shared-gpu",
                                 (f"{uuid}::0",))])  # fmt: skip
-        assert run.agent.rest.pod_resources is not None
-        await run.agent.rest.pod_resources.refresh()
+        client = run.agent.part(PodResources).client
+        assert client is not None
+        await client.refresh()
         # Pod-resources answered, and the first probe's series are out (they may come later).
         text = await run.metrics_until(
             lambda t: value(t, "gpuagent_pod_resources_up") == 1 and bool(pods_on(t, "0"))

@@ -21,6 +21,7 @@ from support.kubehealth import settle
 from support.waiting import eventually
 
 from e2e.agentrun import RunningAgent, running_agent
+from gpuagent.app.parts.nodehealth import NodeHealth
 
 NODE = "test-node"
 CALL_LIMIT = 1.0  # seconds: the NVML call limit (readings stay current 1.15 s without a poll)
@@ -83,7 +84,7 @@ async def test_a_hung_gpu_serves_no_readings_until_it_answers_again(
     run: tuple[RunningAgent, ManualClock], apiserver: FakeApiServer
 ) -> None:
     agent, clock = run
-    writer = agent.agent.rest.node_health
+    writer = agent.agent.part(NodeHealth).writer
     assert writer is not None
     await agent.metrics_until(serves({"0", "1"}))
     await clock.advance(100.0)  # a quiet spell: the writer sends the next change at once

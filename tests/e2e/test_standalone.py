@@ -8,6 +8,8 @@ from support.waiting import eventually
 
 from e2e.agentrun import running_agent
 from e2e.test_metrics_pods import value
+from gpuagent.app.parts.kubelet import Kubelet
+from gpuagent.app.parts.podresources import PodResources
 
 
 def sockets(directory: Path) -> list[Path]:
@@ -21,8 +23,8 @@ async def test_without_kubernetes_ready_once_discovered(
     args = ("--simulate", "2", "--kubernetes=false", "--node-labels-file", str(labels))
     # No kubelet stand-in: nothing to register with, and nothing is waited for.
     async with running_agent(device_plugin_dir, args) as run:
-        assert run.agent.endpoints is None
-        assert run.agent.rest.pod_resources is None
+        assert run.agent.parts.find(Kubelet) is None
+        assert run.agent.parts.find(PodResources) is None
         status, body = await run.get("/readyz")
         assert (status, body) == (200, "ready\n")
         _, text = await run.get("/metrics")

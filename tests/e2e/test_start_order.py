@@ -21,8 +21,9 @@ from e2e.agentprocess import T, free_port, reaped, spawn
 pytestmark = pytest.mark.slow
 
 DAEMONSET_CONFIG = Path(__file__).parents[2] / "manifests" / "base" / "config.yaml"
-# What the kubelet does not need (app/tuning.py's DEFERRED, and what is imported only with their
-# options on): none of it may be imported before the registration.
+# What the kubelet does not need (the imports of the parts that start with the rest, app/parts/, and
+# what is imported only with their options on): none of it may be imported before the
+# registration.
 NOT_BEFORE_REGISTRATION = (
     "aiohttp",
     "gpuagent.web.server",

@@ -95,7 +95,7 @@ async def test_an_invalid_web_config_refuses_the_reload(
     config = short_tmp_path / "gpuagent.yaml"
     config.write_text("version: v1\n")
     args = ("--simulate", "1", "--web-config-file", str(web), "--config", str(config))
-    async with running_agent(device_plugin_dir, args, config_poll_interval=3600) as run:
+    async with running_agent(device_plugin_dir, args, config_check_interval=3600) as run:
         web.write_text("basic_auth_users:\n  bob: plaintext\n")
         config.write_text("version: v1\nmig-strategy: mixed\n")
         with capture_logs() as logs:
@@ -115,7 +115,7 @@ async def test_new_certificates_are_served_to_new_connections(
 ) -> None:
     pki, other, cert, key, args = await served_over_tls(tmp_path)
     async with running_agent(device_plugin_dir, args) as run:
-        port = run.agent.rest.http.port
+        port = run.port
         first = await asyncio.to_thread(_served_certificate, port, pki.ca_cert)
         assert first == ssl.PEM_cert_to_DER_cert(pki.server_cert.read_text())
         key.write_bytes(other.server_key.read_bytes())  # a key, then its certificate
@@ -152,7 +152,7 @@ async def test_a_web_config_written_in_steps_never_lets_anyone_in(
     web = short_tmp_path / "web.yml"
     web.write_text(f"basic_auth_users:\n  alice: {HASH}\n")
     args = ("--simulate", "1", "--web-config-file", str(web))
-    async with running_agent(device_plugin_dir, args, config_poll_interval=3600) as run:
+    async with running_agent(device_plugin_dir, args, config_check_interval=3600) as run:
         with capture_logs() as logs:
             for state in ("", first):
                 web.write_text(state)
@@ -215,8 +215,8 @@ async def test_a_half_written_key_keeps_the_served_certificate(
     device_plugin_dir: Path, tmp_path: Path
 ) -> None:
     pki, other, cert, key, args = await served_over_tls(tmp_path)
-    async with running_agent(device_plugin_dir, args, config_poll_interval=3600) as run:
-        port = run.agent.rest.http.port
+    async with running_agent(device_plugin_dir, args, config_check_interval=3600) as run:
+        port = run.port
         served = ssl.PEM_cert_to_DER_cert(pki.server_cert.read_text())
         cert.write_bytes(other.server_cert.read_bytes())
         new_key = other.server_key.read_bytes()

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from support.fake_kubelet import FakeKubelet
 
 from gpuagent.app.agent import Agent
+from gpuagent.app.parts.http import Http
 from gpuagent.config import load_settings
 from gpuagent.gpu.sim import SimDriver, installed, node_from_count
 
@@ -196,7 +197,7 @@ async def test_sim_endpoints_are_absent_outside_simulation(
         try:
             await asyncio.wait_for(agent.started.wait(), T)
             async with aiohttp.ClientSession() as http:
-                base = f"http://127.0.0.1:{agent.rest.http.port}"
+                base = f"http://127.0.0.1:{agent.part(Http).port}"
                 async with http.get(base + "/sim/gpus") as response:
                     assert response.status == 404
                 async with http.post(base + "/sim/faults", json={"gpu": 0, "fault": "lost"}) as r:

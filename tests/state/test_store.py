@@ -65,15 +65,17 @@ def test_dras_status_is_kept_by_its_owners() -> None:
     """The DRA plugin's registration and the devices published, each said by its owner; the
     first says DRA is on, the other's part stays."""
     store = DeviceStore()
-    before = store.snapshot
-    assert before.dra_status is None
+    said = [store.snapshot.dra_status]
     store.set_dra_registration(Registration())
-    assert store.snapshot.dra_status == DraStatus()
+    said.append(store.snapshot.dra_status)
     store.set_dra_published(frozenset({"gpu-1"}))
     store.set_dra_registration(Registration(registered=True))
-    assert store.snapshot.dra_status == DraStatus(
-        Registration(registered=True), frozenset({"gpu-1"})
-    )
+    said.append(store.snapshot.dra_status)
+    assert said == [
+        None,
+        DraStatus(),
+        DraStatus(Registration(registered=True), frozenset({"gpu-1"})),
+    ]
 
 
 def test_publish_bumps_the_generation_only_for_a_different_plan() -> None:
