@@ -102,9 +102,13 @@ class Agent:
         own_process: bool = False,
     ) -> None:
         knobs = Knobs(
-            registration_timing, nvml_call_timeout, config_check_interval, settings_source,
-            dra_options or {}, node_health_options or {},
-        )  # fmt: skip
+            registration_timing=registration_timing,
+            nvml_call_timeout=nvml_call_timeout,
+            config_check_interval=config_check_interval,
+            settings_source=settings_source,
+            dra_options=dra_options or {},
+            node_health_options=node_health_options or {},
+        )
         self.store = DeviceStore(plan=plan or make_plan(settings))
         check_on_the_host(settings, self.store.plan)  # exit 2 before anything runs
         self.simulator = simulator

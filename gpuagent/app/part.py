@@ -16,11 +16,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
-from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import structlog
 
@@ -96,22 +95,21 @@ class Part:
         """Release what the part holds within ``seconds`` (started or not)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Knobs:
+class Knobs(NamedTuple):
     """What tests shorten or stand in for: the registration's intervals, the NVML call limit,
     how often the config files are checked for a change, what re-reads the settings (``None``:
-    no reloads), and the DRA side's and the node-health writer's own options."""
+    no reloads), and the DRA side's and the node-health writer's own options. (This and
+    :class:`Context` are named tuples: cheaper to define than dataclasses on the start's path.)"""
 
     registration_timing: Timing = Timing()
     nvml_call_timeout: float = 10.0
     config_check_interval: float = 2.0
     settings_source: Callable[[], Settings] | None = None
-    dra_options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
-    node_health_options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    dra_options: Mapping[str, Any] = MappingProxyType({})
+    node_health_options: Mapping[str, Any] = MappingProxyType({})
 
 
-@dataclass(frozen=True, slots=True)
-class Context:
+class Context(NamedTuple):
     """What every part is built from: the settings the agent starts with and the store, the
     node's name, the signal that the agent is stopping, the resources as the kubelet is offered
     them, the simulated driver (if any) and the node's ``/sys`` and ``/proc``, the web config,

@@ -294,16 +294,6 @@ class Registration:
 
 
 @dataclass(frozen=True, slots=True)
-class DraStatus:
-    """DRA's side of the node as its owners last said it: the kubelet plugin's registration (the
-    kubelet's plugin watcher's verdict, or why the plugin is not served), and the names of the
-    devices in the ResourceSlices last published (``None``: none yet)."""
-
-    registration: Registration = Registration()
-    published: frozenset[str] | None = None
-
-
-@dataclass(frozen=True, slots=True)
 class CdiSpec:
     """The node's CDI spec as this agent keeps it, for the devices the kubelet may be offered.
 
@@ -354,8 +344,12 @@ class NodeState:
     mps: MpsState = field(default_factory=MpsState)
     # The prepared DRA claims' shares of GPUs (--dra-sharing mps), as the DRA side keeps them.
     shares: tuple[ClaimShare, ...] = ()
-    # DRA's kubelet plugin and ResourceSlices, kept by their owners; None when DRA is off.
-    dra_status: DraStatus | None = None
+    # DRA's kubelet plugin's registration (the plugin watcher's verdict, or why the plugin is not
+    # served), kept by its endpoint; None when DRA is off.
+    dra_registration: Registration | None = None
+    # The names of the devices in the ResourceSlices last published (None: none yet), kept by the
+    # slice publisher.
+    dra_published: frozenset[str] | None = None
 
     @property
     def registered(self) -> bool:

@@ -43,6 +43,6 @@ class Snapshot(NodeState):
         """The GPUs given to DRA whose devices are in no ResourceSlice published: the device
         plugin leaves them out, so no pod can have them through either API (none while DRA is
         off)."""
-        if self.dra_status is None:
+        if self.dra_registration is None:
             return ()
-        return unpublished_gpus(self.plan.dra.devices(self), self.dra_status.published)
+        return unpublished_gpus(self.plan.dra.devices(self), self.dra_published)

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from gpuagent.domain.apireach import ApiReach, ApiWriter
 
@@ -60,10 +60,10 @@ class NvmlCallStats:
     errors: int
 
 
-@dataclass(frozen=True, slots=True)
-class SliceCounts:
+class SliceCounts(NamedTuple):
     """The ResourceSlice publisher's: publications failed, slices written, the pool's generation
-    and the devices as last published."""
+    and the devices as last published. (This and :class:`ClaimCounts` are named tuples: cheaper
+    to define than dataclasses on the start's path, and only passed to :class:`Counters`.)"""
 
     api_errors: int = 0
     slice_writes: int = 0
@@ -71,8 +71,7 @@ class SliceCounts:
     devices: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class ClaimCounts:
+class ClaimCounts(NamedTuple):
     """The claims' preparer's: claims prepared now, prepares and unprepares, and devices of
     claims prepared again that were gone (a reboot, a driver reload): prepared again, or their
     claim refused."""
@@ -89,7 +88,7 @@ class ClaimCounts:
 class DraCounters:
     """The DRA side: slices written, claims (whether the API server is reached is the
     publisher's :class:`ApiReach`; the plugin's registration and the devices published are in
-    the snapshot's ``dra_status``)."""
+    the snapshot's ``dra_registration`` and ``dra_published``)."""
 
     api_errors: int = 0
     slice_writes: int = 0
@@ -280,4 +279,4 @@ class Counters:
         if self._slices is None and self._claims is None:
             return None
         slices, claims = self._slices or SliceCounts(), self._claims or ClaimCounts()
-        return DraCounters(**asdict(slices), **asdict(claims))
+        return DraCounters(*slices, *claims)

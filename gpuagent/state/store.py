@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Generic, TypeVar
 
-from gpuagent.domain.devices import DraStatus, Registration
+from gpuagent.domain.devices import Registration
 from gpuagent.domain.plan import Plan
 from gpuagent.domain.snapshot import Snapshot
 from gpuagent.state.clock import Clock, LoopClock, Timer
@@ -105,11 +105,11 @@ class DeviceStore:
     def set_dra_registration(self, registration: Registration) -> None:
         """Record DRA's kubelet plugin's registration (the kubelet's verdict, or why the plugin
         is not served); the first record says DRA is on."""
-        self.update(lambda s: replace(s, dra_status=replace(_dra(s), registration=registration)))
+        self.update(lambda s: replace(s, dra_registration=registration))
 
     def set_dra_published(self, names: frozenset[str]) -> None:
         """Record the names of the devices in the ResourceSlices just published."""
-        self.update(lambda s: replace(s, dra_status=replace(_dra(s), published=names)))
+        self.update(lambda s: replace(s, dra_published=names))
 
     def watch(
         self,
@@ -130,10 +130,6 @@ class DeviceStore:
     def waiting(self) -> int:
         """How many watches wait for a change now."""
         return len(self._changes)
-
-
-def _dra(snapshot: Snapshot) -> DraStatus:
-    return snapshot.dra_status or DraStatus()
 
 
 class _Changes:

@@ -80,8 +80,8 @@ def dra_families(
     up = single("gpuagent_dra_api_up", "gauge",
                 "Whether the last ResourceSlice publication reached the API server (1) or not "
                 "(0).", (), 1 if reach is not None and reach.up else 0)  # fmt: skip
-    status = snapshot.dra_status
-    registered = status is not None and status.registration.registered
+    registration = snapshot.dra_registration
+    registered = registration is not None and registration.registered
     figures = _DraFigures(dra, registered, len(snapshot.unpublished_dra_gpus()))
     out = [up, *singles(_DRA + (_DRA_DETAILED if detailed else ()), figures)]
     if detailed:

@@ -13,7 +13,7 @@ from support.nodes import gpu, node
 
 from gpuagent.domain.apireach import ApiReach, ApiWriter
 from gpuagent.domain.containers import ContainerSettings, DeviceListStrategy
-from gpuagent.domain.devices import CdiSpec, DraStatus, DriverState, Registration
+from gpuagent.domain.devices import CdiSpec, DriverState, Registration
 from gpuagent.domain.dra import DraGpus, DraPlan
 from gpuagent.domain.plan import Plan
 from gpuagent.domain.readiness import (
@@ -103,27 +103,26 @@ DRA_ON = with_plan(READY, dra=DraPlan(gpus=DraGpus.parse("1,2")))
 def test_dra_waits_for_its_slices_then_its_registration() -> None:
     """Not published: the GPUs given to DRA that no published slice holds are named (offered
     through neither API); then the plugin's registration, with the kubelet's words."""
-    status = DraStatus()
-    snapshot = replace(DRA_ON, dra_status=status)
+    snapshot = replace(DRA_ON, dra_registration=Registration())
     assert reason(snapshot) == (
         "DRA: GPUs 1, 2 offered through neither API: ResourceSlices not published: "
         "not published yet"
     )
     down = {"resource_slices": ApiReach(backing_off=True, error="API server unreachable: x")}
-    half = replace(snapshot, dra_status=replace(status, published=frozenset({"gpu-2"})))
+    half = replace(snapshot, dra_published=frozenset({"gpu-2"}))
     assert reason(half, api=down) == (
         "DRA: GPU 1 offered through neither API: ResourceSlices not published: "
         "API server unreachable: x"
     )
     up = {"resource_slices": ApiReach(up=True)}
     assert reason(half, api=up) == "DRA: not registered with the kubelet"
-    refused = replace(status, registration=Registration(error="kubelet refused: v2 unknown"))
-    assert reason(replace(snapshot, dra_status=refused), api=up) == (
+    refused = Registration(error="kubelet refused: v2 unknown")
+    assert reason(replace(snapshot, dra_registration=refused), api=up) == (
         "DRA: not registered with the kubelet: kubelet refused: v2 unknown"
     )
-    accepted = replace(status, registration=Registration(registered=True))
-    assert reason(replace(snapshot, dra_status=accepted), api=up) is None
-    assert reason(DRA_ON) is None  # no DRA side (its status unset): nothing of DRA waits
+    accepted = Registration(registered=True)
+    assert reason(replace(snapshot, dra_registration=accepted), api=up) is None
+    assert reason(DRA_ON) is None  # no DRA side (no registration said): nothing of DRA waits
 
 
 def test_the_node_healths_wait_is_a_note_ready_or_not() -> None:

@@ -10,7 +10,7 @@ from support.clock import ManualClock
 from support.nodes import gpu, node
 from support.waiting import eventually
 
-from gpuagent.domain.devices import DraStatus, Registration, Telemetry
+from gpuagent.domain.devices import Registration, Telemetry
 from gpuagent.domain.plan import Plan
 from gpuagent.domain.preferred import SharedAllocationPolicy
 from gpuagent.domain.serving import ServingPolicy
@@ -63,18 +63,18 @@ def test_an_allocation_is_news_for_its_reader_not_a_new_snapshot() -> None:
 
 def test_dras_status_is_kept_by_its_owners() -> None:
     """The DRA plugin's registration and the devices published, each said by its owner; the
-    first says DRA is on, the other's part stays."""
+    registration says DRA is on."""
     store = DeviceStore()
-    said = [store.snapshot.dra_status]
+    said = [(store.snapshot.dra_registration, store.snapshot.dra_published)]
     store.set_dra_registration(Registration())
-    said.append(store.snapshot.dra_status)
+    said.append((store.snapshot.dra_registration, store.snapshot.dra_published))
     store.set_dra_published(frozenset({"gpu-1"}))
     store.set_dra_registration(Registration(registered=True))
-    said.append(store.snapshot.dra_status)
+    said.append((store.snapshot.dra_registration, store.snapshot.dra_published))
     assert said == [
-        None,
-        DraStatus(),
-        DraStatus(Registration(registered=True), frozenset({"gpu-1"})),
+        (None, None),
+        (Registration(), None),
+        (Registration(registered=True), frozenset({"gpu-1"})),
     ]
 
 
