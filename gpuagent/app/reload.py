@@ -81,6 +81,7 @@ class Reloads:
         self._web = web_config
         self._requested = asyncio.Event()
         self._refused: str | None = None  # the refusal last logged, until a reload succeeds
+        self._baseline: dict[Path, Stamp] | None = None  # the watched files as the start saw them
 
     @property
     def enabled(self) -> bool:
@@ -91,11 +92,20 @@ class Reloads:
         loop."""
         self._requested.set()
 
+    async def look(self) -> None:
+        """Read the watched files as they are now (off the loop): a change from here on reloads.
+        Done as the agent starts, before it says it has: a change made once it has started is
+        never taken for how it started."""
+        self._baseline = await asyncio.to_thread(_stamps, self._watched())
+
     async def run(self, node: Node) -> None:
         """Reload on :meth:`request`, and when a watched file's content changes (a ConfigMap
-        update, an edit), or it becomes readable or unreadable."""
+        update, an edit), or it becomes readable or unreadable, from how :meth:`look` found
+        them (read now, without it)."""
         interval = self._check_interval if self._watched() else None
-        stamps = await asyncio.to_thread(_stamps, self._watched())
+        stamps = self._baseline
+        if stamps is None:
+            stamps = await asyncio.to_thread(_stamps, self._watched())
         while True:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(interval):

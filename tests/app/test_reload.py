@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, fields, replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
+from support.waiting import eventually
 
 from gpuagent.app.reload import Reloads
 from gpuagent.config import OPTIONS, ConfigError, Settings, load_settings
@@ -173,3 +175,29 @@ def test_a_reload_serves_live_options_and_names_the_others(
         assert [w["keys"] for w in warnings] == [restart]
         assert reloads.settings == running
         assert store.plan is plan
+
+
+async def test_a_change_once_the_agent_has_started_reloads(tmp_path: Path) -> None:
+    """The watched files are read as the agent starts (Reloads.look, before it says it has
+    started): a change written before the reloads' task first runs is a change, not the start's
+    content (a test writing the file just after the start missed it under load)."""
+    config = tmp_path / "gpuagent.yaml"
+    config.write_text("version: v1\n")
+    argv = ["--config", str(config)]
+    running = load_settings(argv, ENV)
+    store = DeviceStore(plan=make_plan(running, control_nodes=()))
+    reloads = Reloads(
+        store,
+        running,
+        source=lambda: load_settings(argv, ENV),
+        check_interval=0.01,
+        web_config=None,
+    )
+    await reloads.look()
+    config.write_text(f"version: v1\nsharing: {SHARED}\n")  # before the task runs
+    task = asyncio.create_task(reloads.run(Node()))
+    try:
+        await eventually(lambda: store.counters.read().reloads.changed == 1, what="a reload")
+    finally:
+        task.cancel()
+        await asyncio.wait({task})

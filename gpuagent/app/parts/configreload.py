@@ -33,6 +33,10 @@ class ConfigReload(Part):
         )
         self.node = StartedNode(context.parts)
 
+    async def start(self) -> None:
+        if self.reloads.enabled:
+            await self.reloads.look()
+
     def tasks(self) -> Mapping[str, Task]:
         return {"config-reload": self._run} if self.reloads.enabled else {}
 
