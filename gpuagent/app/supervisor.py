@@ -91,7 +91,10 @@ class Supervisor:
         await self._cancel(budget.left(SHUTDOWN_TASKS_SECONDS))
         for part in reversed(parts):
             budget.closing(part)
-            await part.close(budget.left(part.close_seconds))
+            try:
+                await part.close(budget.left(part.close_seconds))
+            except Exception:  # a part's bug must not keep the others (the driver) open
+                log.exception("part did not close", part=part.name)
         if started:
             log.info("stopped")
 

@@ -152,6 +152,18 @@ def test_a_step_never_has_more_than_whats_left_for_it() -> None:
     assert budget.left(driver.close_seconds) == pytest.approx(0.8)  # its share, less the overrun
 
 
+async def test_a_part_that_fails_to_close_leaves_the_others_closing() -> None:
+    said: list[str] = []
+
+    class Broken(Recorded):
+        async def close(self, seconds: float) -> None:
+            raise RuntimeError("a bug")
+
+    driver = Recorded("driver", said, reserved=1.0, cap=SHUTDOWN_SECONDS)
+    await Supervisor().shut_down([driver, Broken("http", said)], asyncio.Event())
+    assert said == ["drain http", "drain driver", "close driver"]
+
+
 def test_every_part_module_has_its_entry_in_the_list() -> None:
     """A part's module in app/parts/ and its entry in PARTS go together (adding a part is both)."""
     listed = {build.__module__ for build in agent.PARTS}
