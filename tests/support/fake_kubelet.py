@@ -17,13 +17,15 @@ It behaves as the kubelet's device manager does (kubernetes ``pkg/kubelet/cm/dev
 
 The kubelet calls ``GetDevicePluginOptions``, ``Allocate`` and ``GetPreferredAllocation`` with no
 deadline; here every call and every wait is bounded (``call_timeout``) so a test cannot hang.
+
+What ``Register`` accepts and how a refusal is worded are in :mod:`support.kubeletrules`; an
+accepted registration, its connection and its ``ListAndWatch`` stream in
+:mod:`support.kubeletregistration`.
 """
 
 from __future__ import annotations
 
 import os
-import queue
-import re
 import stat
 import threading
 import time
@@ -36,6 +38,8 @@ import grpc
 
 from .grpcserver import StartStop, UnixGrpcServer
 from .grpcstubs import StubModules
+from .kubeletregistration import Observer, Registration, StreamEnd, short
+from .kubeletrules import SUPPORTED_VERSIONS, go_status_text, is_extended_resource_name, refusal
 
 __all__ = [
     "KUBELET_SOCKET_NAME",
@@ -50,87 +54,10 @@ __all__ = [
 ]
 
 KUBELET_SOCKET_NAME = "kubelet.sock"
-SUPPORTED_VERSIONS = ("v1beta1",)
 PRE_START_CONTAINER_TIMEOUT_S = 30.0
 """``KubeletPreStartContainerRPCTimeoutInSecs``."""
 
 _JOIN_TIMEOUT_S = 5.0
-_MAX_MESSAGE_TEXT = 2000
-
-# k8s.io/apimachinery/pkg/util/validation
-_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-_DNS1123_SUBDOMAIN_MAX = 253
-_QUALIFIED_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
-_QUALIFIED_NAME_MAX = 63
-
-# google.golang.org/grpc/codes: Code.String()
-_GO_CODE_NAMES = {
-    "OK": "OK",
-    "CANCELLED": "Canceled",
-    "UNKNOWN": "Unknown",
-    "INVALID_ARGUMENT": "InvalidArgument",
-    "DEADLINE_EXCEEDED": "DeadlineExceeded",
-    "NOT_FOUND": "NotFound",
-    "ALREADY_EXISTS": "AlreadyExists",
-    "PERMISSION_DENIED": "PermissionDenied",
-    "RESOURCE_EXHAUSTED": "ResourceExhausted",
-    "FAILED_PRECONDITION": "FailedPrecondition",
-    "ABORTED": "Aborted",
-    "OUT_OF_RANGE": "OutOfRange",
-    "UNIMPLEMENTED": "Unimplemented",
-    "INTERNAL": "Internal",
-    "UNAVAILABLE": "Unavailable",
-    "DATA_LOSS": "DataLoss",
-    "UNAUTHENTICATED": "Unauthenticated",
-}
-
-
-def go_status_text(code: Any, details: str) -> str:
-    """How Go formats a gRPC status error: ``rpc error: code = Unavailable desc = ...``."""
-    name = _GO_CODE_NAMES.get(code.name, code.name)
-    return f"rpc error: code = {name} desc = {details}"
-
-
-def _go_quote(value: str) -> str:
-    """Go's ``%q`` for the strings that occur here (printable text)."""
-    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
-    escaped = "".join(ch if ch.isprintable() else f"\\x{ord(ch):02x}" for ch in escaped)
-    return f'"{escaped}"'
-
-
-def _is_qualified_name(value: str) -> bool:
-    parts = value.split("/")
-    if len(parts) == 1:
-        name = parts[0]
-    elif len(parts) == 2:
-        prefix, name = parts
-        if (
-            not prefix
-            or len(prefix) > _DNS1123_SUBDOMAIN_MAX
-            or not _DNS1123_SUBDOMAIN.fullmatch(prefix)
-        ):
-            return False
-    else:
-        return False
-    return 0 < len(name) <= _QUALIFIED_NAME_MAX and bool(_QUALIFIED_NAME.fullmatch(name))
-
-
-def is_extended_resource_name(name: str) -> bool:
-    """``v1helper.IsExtendedResourceName``: the kubelet's check of a resource name.
-
-    Not native (contains ``/`` and no ``kubernetes.io/``), no ``requests.`` prefix, and
-    ``"requests." + name`` is a qualified name.
-    """
-    if "/" not in name or "kubernetes.io/" in name:
-        return False
-    if name.startswith("requests."):
-        return False
-    return _is_qualified_name("requests." + name)
-
-
-def _short(message: object) -> str:
-    text = str(message).strip().replace("\n", " ")
-    return text if len(text) <= _MAX_MESSAGE_TEXT else text[:_MAX_MESSAGE_TEXT] + "..."
 
 
 def _remove_sockets(directory: Path) -> None:
@@ -145,23 +72,6 @@ def _remove_sockets(directory: Path) -> None:
 
 
 @dataclass(frozen=True)
-class StreamEnd:
-    """How a ``ListAndWatch`` stream ended."""
-
-    code: Any
-    """``grpc.StatusCode``; ``OK`` when the plugin finished the stream normally."""
-    details: str
-    at: float
-    """``time.monotonic()``."""
-    closed_by_kubelet: bool
-    """True when the kubelet (``restart``/``stop``) closed the connection, not the plugin."""
-
-    @property
-    def ok(self) -> bool:
-        return bool(self.code == grpc.StatusCode.OK)
-
-
-@dataclass(frozen=True)
 class RegisterAttempt:
     """Every ``Register`` request, accepted or refused."""
 
@@ -171,186 +81,6 @@ class RegisterAttempt:
     received_at: float
     error: str | None
     """The error text returned with status ``UNKNOWN``, or None when accepted."""
-
-
-_END = object()
-
-Observer = Callable[[str, Any], None]
-"""What a test gives :class:`FakeKubelet` to look at the node when the kubelet hears of it."""
-
-
-class Registration:
-    """An accepted ``Register``: the request, the plugin's options and its ListAndWatch stream."""
-
-    def __init__(
-        self,
-        *,
-        index: int,
-        request: Any,
-        received_at: float,
-        socket_path: Path,
-        channel: Any,
-        stub: Any,
-        plugin_options: Any,
-        empty: Any,
-        observe: Observer | None = None,
-    ) -> None:
-        self.index = index
-        """Position in ``FakeKubelet.registrations``."""
-        self.request = request
-        self.version: str = request.version
-        self.endpoint: str = request.endpoint
-        self.resource_name: str = request.resource_name
-        self.options = request.options
-        """``RegisterRequest.options`` (the kubelet itself ignores them)."""
-        self.received_at = received_at
-        """``time.monotonic()`` when ``Register`` arrived."""
-        self.socket_path = socket_path
-        self.plugin_options = plugin_options
-        """What ``GetDevicePluginOptions`` returned during ``Register``: what the kubelet uses."""
-        self.connected_at = time.monotonic()
-        self.stub = stub
-        """``DevicePluginStub`` on this registration's connection."""
-        self._channel = channel
-        self._empty = empty
-        self._queue: queue.Queue[object] = queue.Queue()
-        self._lock = threading.Lock()
-        self._history: list[tuple[float, Any]] = []
-        self._end: StreamEnd | None = None
-        self._ended = threading.Event()
-        self._closing_by_kubelet = False
-        self._closed = False
-        self._call: Any = None
-        self._observe = observe
-        self._thread = threading.Thread(
-            target=self._consume, name=f"fake-kubelet-law-{index}", daemon=True
-        )
-
-    def __repr__(self) -> str:
-        return (
-            f"Registration(#{self.index} {self.resource_name!r} endpoint={self.endpoint!r} "
-            f"version={self.version!r} updates={len(self.history)} ended={self.ended})"
-        )
-
-    # -- the ListAndWatch consumer ------------------------------------------------------------
-
-    def _start(self) -> None:
-        self._thread.start()
-
-    def _consume(self) -> None:
-        code: Any = grpc.StatusCode.OK
-        details = ""
-        try:
-            call = self.stub.ListAndWatch(self._empty)
-            with self._lock:
-                self._call = call
-                cancel_now = self._closed
-            if cancel_now:
-                call.cancel()
-            for response in call:
-                if self._observe is not None:
-                    self._observe("update", response)
-                now = time.monotonic()
-                with self._lock:
-                    self._history.append((now, response))
-                self._queue.put(response)
-        except grpc.RpcError as error:
-            code, details = error.code(), error.details() or ""
-        except ValueError as error:  # "Cannot invoke RPC on closed channel!"
-            code, details = grpc.StatusCode.CANCELLED, str(error)
-        with self._lock:
-            self._end = StreamEnd(code, details, time.monotonic(), self._closing_by_kubelet)
-        self._ended.set()
-        self._queue.put(_END)
-        # The kubelet disconnects the client once Run (the Recv loop) returns.
-        self._close(by_kubelet=False)
-
-    def _close(self, *, by_kubelet: bool) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            if by_kubelet and self._end is None:
-                self._closing_by_kubelet = True
-            call = self._call
-        if call is not None:
-            call.cancel()
-        self._channel.close()
-
-    def _join(self, timeout: float) -> None:
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-
-    # -- what tests look at -------------------------------------------------------------------
-
-    @property
-    def connected(self) -> bool:
-        """False once the stream ended or the kubelet closed the connection."""
-        with self._lock:
-            return not self._closed
-
-    @property
-    def ended(self) -> StreamEnd | None:
-        with self._lock:
-            return self._end
-
-    @property
-    def history(self) -> list[tuple[float, Any]]:
-        """Every ListAndWatchResponse received so far, with its ``time.monotonic()``."""
-        with self._lock:
-            return list(self._history)
-
-    @property
-    def last_update(self) -> Any:
-        """The latest ListAndWatchResponse received (consumed or not), or None."""
-        with self._lock:
-            return self._history[-1][1] if self._history else None
-
-    def next_update(self, timeout: float) -> Any:
-        """The next ListAndWatchResponse not yet returned by ``next_update``/``wait_until``."""
-        try:
-            item = self._queue.get(timeout=timeout)
-        except queue.Empty:
-            raise AssertionError(
-                f"no ListAndWatch update within {timeout}s on {self!r}; "
-                f"last update: {_short(self.last_update)}"
-            ) from None
-        if item is _END:
-            self._queue.put(_END)  # stays visible to later calls
-            raise AssertionError(f"ListAndWatch stream already ended: {self.ended} on {self!r}")
-        return item
-
-    def wait_until(self, predicate: Callable[[Any], bool], timeout: float) -> Any:
-        """Consume updates until one satisfies ``predicate``; return it."""
-        deadline = time.monotonic() + timeout
-        seen = 0
-        last: Any = None
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise AssertionError(
-                    f"no ListAndWatch update satisfied the predicate within {timeout}s "
-                    f"({seen} updates seen) on {self!r}; last seen: {_short(last)}"
-                )
-            try:
-                update = self.next_update(remaining)
-            except AssertionError as error:
-                raise AssertionError(
-                    f"no ListAndWatch update satisfied the predicate ({seen} updates seen; "
-                    f"last seen: {_short(last)}): {error}"
-                ) from None
-            seen += 1
-            last = update
-            if predicate(update):
-                return update
-
-    def wait_ended(self, timeout: float) -> StreamEnd:
-        """How the stream ended; AssertionError if it is still open after ``timeout``."""
-        if not self._ended.wait(timeout):
-            raise AssertionError(f"ListAndWatch stream still open after {timeout}s on {self!r}")
-        end = self.ended
-        assert end is not None
-        return end
 
 
 class _RegistrationServicer:
@@ -461,7 +191,7 @@ class FakeKubelet(StartStop):
         if self.observe is not None:
             self.observe("register", request)
         received_at = time.monotonic()
-        error = self._validate(request)
+        error = refusal(request.version, request.resource_name)
         if error is None:
             error = self._connect(request, received_at, generation)
         attempt = RegisterAttempt(
@@ -477,18 +207,6 @@ class FakeKubelet(StartStop):
         if error is not None:
             context.abort(grpc.StatusCode.UNKNOWN, error)
         return self._pb.Empty()
-
-    @staticmethod
-    def _validate(request: Any) -> str | None:
-        if request.version not in SUPPORTED_VERSIONS:
-            supported = "[" + " ".join(_go_quote(v) for v in SUPPORTED_VERSIONS) + "]"
-            return (
-                f"requested API version {_go_quote(request.version)} is not supported by "
-                f"kubelet. Supported version is {supported}"
-            )
-        if not is_extended_resource_name(request.resource_name):
-            return f"the ResourceName {_go_quote(request.resource_name)} is invalid"
-        return None
 
     def _connect(self, request: Any, received_at: float, generation: int) -> str | None:
         # filepath.Join(socketDir, endpoint): joined, then cleaned.
@@ -697,4 +415,4 @@ class FakeKubelet(StartStop):
             response = call()
         except grpc.RpcError as error:
             return error.code(), error.details() or ""
-        raise AssertionError(f"expected {method} to fail, it returned: {_short(response)}")
+        raise AssertionError(f"expected {method} to fail, it returned: {short(response)}")
