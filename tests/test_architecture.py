@@ -5,7 +5,8 @@ import cycle among gpuagent's modules, type-only imports included; and issue 33'
 - No module of gpuagent/app/ (the composition root) over :data:`APP_LIMIT` lines.
 - No function of gpuagent/ over :data:`FUNCTION_LIMIT` lines, counted from its ``def`` to its
   last line; at most :data:`ROOT_MODULE_LIMIT` loose modules at the package root (the rest lives
-  in the rooms); no test module over :data:`TEST_MODULE_LIMIT`. None of them has an exception.
+  in the rooms); no module of the suite over :data:`TEST_MODULE_LIMIT` (tests, conftests and their
+  helpers alike). None of them has an exception.
 - No import circle among the scripts' modules, and no script in Python that ruff and mypy skip
   (a name without ``.py``).
 - No cycle in the graph of gpuagent's imports as grimp (import-linter's graph) builds it: every
@@ -187,12 +188,6 @@ def long_functions(paths: list[Path], limit: int, root: Path = ROOT) -> dict[str
     return found
 
 
-def beyond(found: Mapping[str, int], allowed: Set[str]) -> tuple[dict[str, int], list[str]]:
-    """What ``found`` holds that ``allowed`` does not, and what ``allowed`` names that ``found``
-    no longer holds (to take off the list: it can only shrink)."""
-    return {k: v for k, v in found.items() if k not in allowed}, sorted(allowed - found.keys())
-
-
 def test_no_function_over_the_limit() -> None:
     assert long_functions(modules(), FUNCTION_LIMIT) == {}, "split it by what each step owns"
 
@@ -211,17 +206,31 @@ def test_the_function_check_sees_a_long_function(tmp_path: Path) -> None:
         "m.py:outer": FUNCTION_LIMIT + 2,
         "m.py:outer.inner": FUNCTION_LIMIT + 1,
     }
-    assert beyond({"a": 61, "b": 70}, {"b", "c"}) == ({"a": 61}, ["c"])
+
+
+def suite_modules(tests: Path = TESTS) -> list[Path]:
+    """Every Python module of the suite: the tests, the conftests and the helpers they share
+    (support/, a folder's own helpers)."""
+    return sorted(tests.rglob("*.py"))
 
 
 def test_no_test_module_over_the_limit() -> None:
-    suite = [
-        p for p in TESTS.rglob("*.py") if p.name.startswith("test_") or p.name == "conftest.py"
-    ]
-    assert len(suite) > 100, "the suite's modules were not found: the check would pass vacuously"
+    suite = suite_modules()
+    assert len(suite) > 200, "the suite's modules were not found: the check would pass vacuously"
     assert oversized(suite, TEST_MODULE_LIMIT) == {}, (
-        "split it by what it tests, mirroring the packages"
+        "split it by what it tests (a helper by what it owns), mirroring the packages"
     )
+
+
+def test_the_test_module_check_sees_a_long_helper(tmp_path: Path) -> None:
+    (tmp_path / "support").mkdir()
+    helper = tmp_path / "support" / "fake_server.py"
+    helper.write_text("x = 1\n" * (TEST_MODULE_LIMIT + 1), encoding="utf-8")
+    (tmp_path / "test_fits.py").write_text("x = 1\n" * TEST_MODULE_LIMIT, encoding="utf-8")
+    suite = suite_modules(tmp_path)
+    assert oversized(suite, TEST_MODULE_LIMIT, tmp_path) == {
+        "support/fake_server.py": TEST_MODULE_LIMIT + 1
+    }
 
 
 def test_few_loose_modules_at_the_package_root() -> None:
