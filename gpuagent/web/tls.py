@@ -7,12 +7,36 @@ certificate and no key: every handshake fails from then on. So a reload reads th
 loads the same bytes (never the files again, which may have changed meanwhile) into the running
 context. Python's ``ssl`` loads certificates only from paths: the bytes are handed to it through
 an in-memory file (``memfd_create``), so the private key is never written anywhere.
+
+A reload must also leave nothing of the old configuration behind, and OpenSSL cannot take a CA
+back out of a context (``load_verify_locations`` only adds). The listening socket's context is
+fixed when the server is made (asyncio and uvloop hold it), so :class:`ServedTls` gives it no
+certificate and no CA of its own: its ``sni_callback`` (called on every ClientHello, with
+``server_name`` ``None`` when the client sends no SNI) switches the handshake to a context built
+whole from the configuration served now. What OpenSSL takes from the switched-to context and what
+it keeps from the listening one (``SSL_set_SSL_CTX``, checked by handshakes in the tests):
+
+- from the switched-to context: the certificate and key, and the CAs client certificates are
+  verified against (OpenSSL verifies with the store of the context the connection has then);
+- from the listening context, copied when the connection is accepted (``SSL_new``), before the
+  ClientHello: the verify mode (``client_auth_type``), the TLS versions (chosen before the
+  callback runs) and the options. A reload sets these on the listening context, so a
+  connection accepted before the reload whose ClientHello comes after has the old verify mode
+  and versions with the new certificate and CAs;
+- a resumed session (a session ticket, or TLS 1.2's session-ID cache, which lives in the
+  listening context and which Python cannot flush) is looked up before the callback and carries
+  the client certificate verified when it was made. The callback refuses the resumption of a
+  session made before the last change of the TLS files or settings while client certificates
+  are verified, so a removed CA's certificate, or no certificate where one is now required,
+  cannot come back by resumption. OpenSSL stamps a session in whole seconds: one made in the
+  second of the reload is refused too (the client makes a new one).
 """
 
 from __future__ import annotations
 
 import os
 import ssl
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -20,7 +44,7 @@ from pathlib import Path
 
 from gpuagent.domain.errors import SettingError
 
-__all__ = ["CLIENT_AUTH", "TLS_VERSIONS", "Pem", "TlsConfig", "WebConfigError"]
+__all__ = ["CLIENT_AUTH", "TLS_VERSIONS", "Pem", "ServedTls", "TlsConfig", "WebConfigError"]
 
 TLS_VERSIONS = {
     "TLS10": ssl.TLSVersion.TLSv1,
@@ -68,17 +92,11 @@ class TlsConfig:
         return Pem(_read("cert_file", self.cert_file), _read("key_file", self.key_file), ca)
 
     def context(self, pem: Pem) -> ssl.SSLContext:
-        """A server context serving ``pem``; raises :class:`WebConfigError` if it does not load
-        (a file written halfway, a key that is not the certificate's)."""
+        """A server context serving ``pem`` with these settings, built whole (what a handshake is
+        switched to); raises :class:`WebConfigError` if it does not load (a file written halfway,
+        a key that is not the certificate's)."""
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
-        self.load_into(ctx, pem)
-        return ctx
-
-    def load_into(self, ctx: ssl.SSLContext, pem: Pem) -> None:
-        """Serve ``pem`` and these settings from ``ctx`` (new connections use them)."""
-        ctx.minimum_version = TLS_VERSIONS[self.min_version]
-        ctx.maximum_version = TLS_VERSIONS[self.max_version]
+        self.settle(ctx)
         try:
             with _in_memory(pem.cert) as cert, _in_memory(pem.key) as key:
                 ctx.load_cert_chain(cert or self.cert_file, key or self.key_file)
@@ -87,7 +105,6 @@ class TlsConfig:
                 "tls_server_config.cert_file",
                 f"cannot load {self.cert_file} with {self.key_file}: {exc}",
             ) from None
-        ctx.verify_mode = CLIENT_AUTH[self.client_auth_type]
         if pem.client_ca is not None:
             try:
                 ctx.load_verify_locations(cadata=pem.client_ca.decode("ascii"))
@@ -96,6 +113,46 @@ class TlsConfig:
                     "tls_server_config.client_ca_file",
                     f"cannot load {self.client_ca_file}: {exc}",
                 ) from None
+        return ctx
+
+    def settle(self, ctx: ssl.SSLContext) -> None:
+        """Set what OpenSSL takes from the listening context, not from a switched-to one: the
+        versions, the verify mode and the options (each replaces the one before)."""
+        ctx.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
+        ctx.minimum_version = TLS_VERSIONS[self.min_version]
+        ctx.maximum_version = TLS_VERSIONS[self.max_version]
+        ctx.verify_mode = CLIENT_AUTH[self.client_auth_type]
+
+
+class ServedTls:
+    """The listening socket's context (:attr:`listening`), which hands every handshake to the
+    context of the configuration served now (see the module's docstring)."""
+
+    def __init__(self, tls: TlsConfig, pem: Pem) -> None:
+        self.listening = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.listening.sni_callback = self._switch
+        self._current = tls.context(pem)
+        tls.settle(self.listening)
+        self._verifies = tls.client_auth_type != "NoClientCert"
+        self._sessions_after = 0  # the second of the last change: older sessions are not resumed
+
+    def serve(self, tls: TlsConfig, pem: Pem) -> None:
+        """Serve ``tls`` and ``pem`` to connections accepted from now on; raises
+        :class:`WebConfigError` (and serves what it did) if they do not load."""
+        current = tls.context(pem)
+        tls.settle(self.listening)
+        self._current = current
+        self._verifies = tls.client_auth_type != "NoClientCert"
+        self._sessions_after = int(time.time())
+
+    def _switch(
+        self, connection: ssl.SSLObject | ssl.SSLSocket, server_name: str | None, _: object
+    ) -> int | None:
+        session = connection.session if connection.session_reused else None
+        if self._verifies and session is not None and session.time <= self._sessions_after:
+            return ssl.ALERT_DESCRIPTION_HANDSHAKE_FAILURE  # verified under what is gone
+        connection.context = self._current
+        return None
 
 
 def _read(key: str, path: Path) -> bytes:

@@ -32,7 +32,7 @@ from types import MappingProxyType
 import structlog
 
 from gpuagent.web.basicauth import BasicAuth
-from gpuagent.web.tls import CLIENT_AUTH, TLS_VERSIONS, Pem, TlsConfig, WebConfigError
+from gpuagent.web.tls import CLIENT_AUTH, TLS_VERSIONS, Pem, ServedTls, TlsConfig, WebConfigError
 from gpuagent.yamlfile import YamlFileError, read_yaml
 
 __all__ = [
@@ -265,8 +265,9 @@ class WebConfigFile:
 
     The agent's reload (SIGHUP, or a change of the config file, of this file or of a TLS file it
     names) reads it again with the rest of the configuration (:meth:`reread`, off the loop) and
-    serves it (:meth:`use`): new certificates are loaded into the running server's context, for
-    new connections, from the very bytes :meth:`reread` checked. A file that no longer parses,
+    serves it (:meth:`use`): connections accepted from then on are served a context built whole
+    from the very bytes :meth:`reread` checked (:class:`~gpuagent.web.tls.ServedTls`), so
+    nothing of the old certificate, CAs or settings applies to them. A file that no longer parses,
     a TLS file that does not load, and a file that would weaken authentication or TLS only by
     leaving a key out (:func:`weakened_by_omission`) refuse the whole reload. TLS itself can be
     turned on or off only by a restart.
@@ -276,7 +277,9 @@ class WebConfigFile:
         self.path = path
         self.config = load_web_config(path)
         tls, pem = self.config.tls, self.config.pem
-        self.ssl_context = tls.context(pem) if tls is not None and pem is not None else None
+        self._tls = ServedTls(tls, pem) if tls is not None and pem is not None else None
+        #: the listening socket's context (``None`` without TLS)
+        self.ssl_context = self._tls.listening if self._tls is not None else None
         self.auth = BasicAuth(self.config.users)
 
     def files(self) -> tuple[Path, ...]:
@@ -300,8 +303,9 @@ class WebConfigFile:
         """Serve ``config`` (as :meth:`reread` returned it) from now on; returns whether it
         changed (the file, or the content of a file it names)."""
         changed = config != self.config
-        if changed and config.tls is not None and config.pem is not None and self.ssl_context:
-            config.tls.load_into(self.ssl_context, config.pem)
+        tls_changed = (config.tls, config.pem) != (self.config.tls, self.config.pem)
+        if tls_changed and config.tls is not None and config.pem is not None and self._tls:
+            self._tls.serve(config.tls, config.pem)
         if config.users != self.config.users:
             self.auth = BasicAuth(config.users)
             if not config.users:

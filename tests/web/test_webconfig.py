@@ -306,8 +306,9 @@ def test_turning_tls_on_or_off_is_refused(tmp_path: Path, pki: Pki) -> None:
 
 
 def test_new_certificates_are_loaded_into_the_running_context(tmp_path: Path, pki: Pki) -> None:
-    """A reload that finds the certificate files changed loads them into the context the server
-    runs with; one whose files are gone fails before any of it is used."""
+    """A reload that finds the certificate files changed serves them through the context the
+    server listens with (the same object); one whose files are gone fails before any of it is
+    used."""
     cert, key = tmp_path / "server.crt", tmp_path / "server.key"
     cert.write_bytes(pki.server_cert.read_bytes())
     key.write_bytes(pki.server_key.read_bytes())

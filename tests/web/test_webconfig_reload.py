@@ -159,7 +159,7 @@ def test_the_certificates_served_are_those_the_reload_checked(
     tmp_path: Path, pki: Pki, other: Pki
 ) -> None:
     """The files change again between the reload's check and its use (a writer caught between
-    its steps): what is loaded into the running context is what was checked, and the server
+    its steps): what is served is what was checked, and the server
     goes on serving (loading the files again would leave it with a certificate and no key)."""
     cert, key = _tls_files(tmp_path, pki)
     path = tmp_path / "web.yml"
