@@ -329,6 +329,25 @@ def revision() -> str:
     return result.stdout.strip() if result.returncode == 0 else "unknown"
 
 
+def build_facts(base: str, version: str, revision: str, created: str) -> list[str]:
+    """podman build's arguments for what this build is: the Containerfile's build arguments, and
+    the labels that depend on them given again as ``--label``. Podman (4.3) reuses a cached
+    ``LABEL`` layer whatever its build arguments now say, so a rebuild whose wheels did not change
+    kept the version, revision and date of the build that made the cache; ``--label`` is applied
+    to the image's configuration at every build."""
+    facts = {"BASE": base, "VERSION": version, "REVISION": revision, "CREATED": created}
+    labels = {
+        "org.opencontainers.image.base.name": base,
+        "org.opencontainers.image.version": version,
+        "org.opencontainers.image.revision": revision,
+        "org.opencontainers.image.created": created,
+    }
+    return [
+        *(arg for name, value in facts.items() for arg in ("--build-arg", f"{name}={value}")),
+        *(arg for name, value in labels.items() for arg in ("--label", f"{name}={value}")),
+    ]
+
+
 def image_size(podman: str, ref: str) -> int:
     return int(run([podman, "image", "inspect", "--format", "{{.Size}}", ref],
                    what="podman image inspect", capture=True).strip())  # fmt: skip
@@ -365,10 +384,7 @@ def build(args: argparse.Namespace) -> None:
             run([
                 podman, "build", "--network", "none", "--platform", target.platform,
                 "--file", str(CONTAINERFILE),
-                "--build-arg", f"BASE={bases[target.platform]}",
-                "--build-arg", f"VERSION={version}",
-                "--build-arg", f"REVISION={revision()}",
-                "--build-arg", f"CREATED={utc_now()}",
+                *build_facts(bases[target.platform], version, revision(), utc_now()),
                 "--manifest" if manifest else "--tag", args.tag,
                 context,
             ], what=f"podman build for {target.platform}")  # fmt: skip

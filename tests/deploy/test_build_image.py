@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -129,3 +130,32 @@ def test_a_replaced_base_still_in_use_stays(
         capfd.readouterr().err
     )
     assert tag in next(tags for tags in images(tools).values() if tags)
+
+
+def test_the_labels_that_change_with_each_build_are_given_as_labels(
+    build_image: ModuleType,
+) -> None:
+    """Podman reuses a cached LABEL layer whatever its build arguments say (a rebuild with the
+    same wheels kept the revision of the build before it), so the labels that change per build
+    are passed as --label too, each with its build argument's value, and every build argument
+    the Containerfile declares after its last FROM is given."""
+    facts = build_image.build_facts("base:1", "1.2.3", "abc123", "2026-12-04T00:00:00Z")
+    labels = dict(facts[i + 1].split("=", 1) for i, a in enumerate(facts) if a == "--label")
+    assert labels == {
+        "org.opencontainers.image.base.name": "base:1",
+        "org.opencontainers.image.version": "1.2.3",
+        "org.opencontainers.image.revision": "abc123",
+        "org.opencontainers.image.created": "2026-12-04T00:00:00Z",
+    }
+    given = {facts[i + 1].split("=", 1)[0] for i, a in enumerate(facts) if a == "--build-arg"}
+    containerfile = build_image.CONTAINERFILE.read_text(encoding="utf-8")
+    declared = set(re.findall(r"^ARG (\w+)", containerfile.rsplit("\nFROM ", 1)[1], re.M))
+    assert declared == given
+    for name in labels:
+        assert f'{name}="${{{value_arg(name)}}}"' in containerfile, name
+
+
+def value_arg(label: str) -> str:
+    """The build argument the Containerfile's LABEL gives ``label`` from."""
+    return {"base.name": "BASE", "version": "VERSION", "revision": "REVISION",
+            "created": "CREATED"}[label.removeprefix("org.opencontainers.image.")]  # fmt: skip
