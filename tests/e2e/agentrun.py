@@ -17,7 +17,8 @@ from support.fake_kubelet import FakeKubelet, Registration
 from gpuagent.app.agent import Agent
 from gpuagent.app.parts.dra import Dra
 from gpuagent.app.parts.http import Http
-from gpuagent.config import load_settings
+from gpuagent.config import Settings
+from gpuagent.config.load import load_as
 from gpuagent.config.planning import load_simulator
 from gpuagent.dra.side import DraSide
 from gpuagent.gpu.sim import SimDriver
@@ -118,6 +119,7 @@ async def running_agent(
     config_check_interval: float = 0.02,
     env: Mapping[str, str] | None = None,
     simulator: SimDriver | None = None,
+    settings_type: type[Settings] = Settings,
 ) -> AsyncIterator[RunningAgent]:
     """Start an agent with ``args`` (plus test-friendly addresses) and stop it afterwards.
 
@@ -126,6 +128,8 @@ async def running_agent(
     ``simulator``: a simulated driver the test has prepared (faults set before the start), in
     place of the one ``args`` describe. ``sysfs_root``: the host's /sys as the agent reads it;
     by default the simulated node's own host (its GPUs' NUMA nodes and PCI classes).
+    ``settings_type``: :class:`Settings`, or a subclass with a test's own options (read as the
+    agent's own, and again at each reload).
     """
     environ = {"NODE_NAME": "test-node", **(env or {})}
     argv = [
@@ -135,7 +139,7 @@ async def running_agent(
         "--log-level", "warning",
         *args,
     ]  # fmt: skip
-    settings = load_settings(argv, environ)
+    settings = load_as(settings_type, argv, environ)
     agent = Agent(
         settings,
         simulator=simulator or load_simulator(settings),
@@ -143,7 +147,7 @@ async def running_agent(
         registration_timing=FAST,
         nvml_call_timeout=nvml_call_timeout,
         **(agent_options or {}),
-        settings_source=lambda: load_settings(argv, environ),
+        settings_source=lambda: load_as(settings_type, argv, environ),
         config_check_interval=config_check_interval,
     )
     stop = asyncio.Event()
