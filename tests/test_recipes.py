@@ -1,29 +1,48 @@
-"""docs/architecture.md's recipes for a metric family and a health check, walked with the code
-they show (run as the page has it), so a recipe that no longer fits the code fails here.
+"""docs/architecture.md's recipes for a part, a metric family and a health check, walked with
+the code they show (run as the page has it), so a recipe that no longer fits the code fails here.
 
 "How to add a setting" is walked by tests/config/test_groups.py.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
+import sys
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
+import structlog
+from e2e.agentrun import RunningAgent, running_agent
 from prometheus_client.parser import text_string_to_metric_families
+from structlog.testing import capture_logs
 from support.metricsdoc import table_rows
 from support.promtool import check_metrics
 from support.synthetic import synthetic_snapshot
+from support.waiting import eventually
 
+from gpuagent.app import agent
+from gpuagent.app.agent import Agent
+from gpuagent.app.part import Context, Part, Task
+from gpuagent.config import Settings
+from gpuagent.config.load import load_as
+from gpuagent.config.option import Option, setting
+from gpuagent.config.planning import load_simulator
+from gpuagent.config.values import parse_absolute_path
 from gpuagent.domain import health
 from gpuagent.domain.devices import Condition, Gpu, GpuHealth
 from gpuagent.domain.dra import Effect, taints
 from gpuagent.domain.health import HealthPolicy, record_event
 from gpuagent.domain.nodehealth import condition_report, project
 from gpuagent.domain.snapshot import Snapshot
+from gpuagent.logs import ProblemLog
+from gpuagent.nodefiles.atomicfile import write_if_changed
 from gpuagent.state.counters import AgentCounters
+from gpuagent.state.store import DeviceStore
 from gpuagent.web import metrics
 from gpuagent.web.exposition import Family, render
 from gpuagent.web.gpufamilies import health_families
@@ -59,6 +78,133 @@ def failing(snapshot: Snapshot, index: int, *conditions: Condition) -> Snapshot:
         replace(g, health=GpuHealth(conditions)) if g.index == index else g for g in snapshot.gpus
     )
     return replace(snapshot, gpus=gpus)
+
+
+# ----- How to add a part ------------------------------------------------------------------------
+# The part's setting, declared as "How to add a setting" says, in a subclass of Settings: the
+# agent's own has no such option, and the loader and the agent take a subclass whole (load_as),
+# so the part reads ``context.settings.unhealthy_file`` as it would the real field.
+UNHEALTHY_FILE = Option(
+    "unhealthy-file",
+    parse_absolute_path,
+    "the unhealthy GPUs' UUIDs, for a script",
+    "FILE",
+    default=None,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class WithUnhealthyFile(Settings):
+    unhealthy_file: Path | None = setting(UNHEALTHY_FILE)
+
+
+def recipe_module(name: str, code: str, names: Mapping[str, Any]) -> ModuleType:
+    """The module ``name`` holding ``code``, after ``names``: what the module would import (its
+    annotations are evaluated, so the names they use must be there too)."""
+    module = ModuleType(name)
+    vars(module).update(names)
+    exec(compile(code, f"<docs/architecture.md: {name}>", "exec"), vars(module))
+    return module
+
+
+@pytest.fixture
+def new_part(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """Steps 1 to 3: the projection in the domain, the loop in ``gpuagent.nodefiles`` and the
+    part in ``gpuagent.app.parts``, each an importable module of the recipe's code (the part
+    imports the loop's module off the loop, then from it), and the part's ``build`` put into
+    ``PARTS`` after the entry the recipe puts it after; the part's module."""
+    projection, loop, part, listed = recipe("How to add a part")
+    domain = recipe_module("gpuagent.domain.unhealthy", projection, {"Snapshot": Snapshot})
+    names = {
+        "asyncio": asyncio,
+        "DeviceStore": DeviceStore,
+        "Path": Path,
+        "ProblemLog": ProblemLog,
+        "log": structlog.get_logger("gpuagent"),
+        "unhealthy_gpus": domain.unhealthy_gpus,
+        "write_if_changed": write_if_changed,
+    }
+    adapter = recipe_module("gpuagent.nodefiles.unhealthyfile", loop, names)
+    names = {"Context": Context, "Mapping": Mapping, "Part": Part, "Task": Task}
+    wiring = recipe_module("gpuagent.app.parts.unhealthyfile", part, names)
+    for module in (domain, adapter, wiring):
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+    entries = re.findall(r"^ +(\w+)\.build,", listed, re.MULTILINE)
+    after = entries[entries.index("unhealthyfile") - 1]
+    place = 1 + [b.__module__ for b in agent.PARTS].index(f"gpuagent.app.parts.{after}")
+    monkeypatch.setattr(agent, "PARTS", (*agent.PARTS[:place], wiring.build, *agent.PARTS[place:]))
+    return wiring
+
+
+def still_running(run: RunningAgent) -> None:
+    """Fail at once when the agent has stopped (a root task that ended stops it), with why."""
+    if run.task.done():
+        raise AssertionError(f"the agent stopped: {run.task.exception()!r}")
+
+
+def unhealthy(run: RunningAgent, path: Path) -> str | None:
+    """What the file names (``None``: no file yet), while the agent runs."""
+    still_running(run)
+    return path.read_text(encoding="utf-8") if path.exists() else None
+
+
+async def test_a_new_part_runs_supervised_and_keeps_its_file(
+    new_part: ModuleType, device_plugin_dir: Path, tmp_path: Path
+) -> None:
+    path = tmp_path / "unhealthy"
+    args = ("--simulate", "4", "--unhealthy-file", str(path))
+    async with running_agent(device_plugin_dir, args, settings_type=WithUnhealthyFile) as run:
+        names = [part.name for part in run.agent.parts]
+        assert names.index("unhealthy-file") == names.index("node-files") + 1
+        assert isinstance(run.agent.part(new_part.UnhealthyFilePart), Part)
+        task = run.agent.supervisor.task("unhealthy-file")
+        await eventually(lambda: unhealthy(run, path) == "", what="the file, no GPU unhealthy")
+        uuid = run.uuids[2]
+        assert (await run.fault({"gpu": 2, "fault": "xid", "xid": 79}))[0] == 200
+        await eventually(lambda: unhealthy(run, path) == f"{uuid}\n", what="GPU 2 in the file")
+        assert (await run.fault({"gpu": 2, "fault": "recover"}))[0] == 200
+        await eventually(lambda: unhealthy(run, path) == "", what="GPU 2 out of the file")
+        assert not task.done()
+        await run.shutdown()
+    assert task.cancelled()  # its task ended with the agent's shutdown
+
+
+async def test_a_new_parts_failed_write_is_logged_and_retried_at_the_next_change(
+    new_part: ModuleType, device_plugin_dir: Path, tmp_path: Path
+) -> None:
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("", encoding="utf-8")
+    path = blocker / "unhealthy"
+    args = ("--simulate", "2", "--unhealthy-file", str(path))
+    with capture_logs() as logs:
+        async with running_agent(device_plugin_dir, args, settings_type=WithUnhealthyFile) as run:
+
+            def warned() -> list[MutableMapping[str, Any]]:
+                still_running(run)
+                return [e for e in logs if e["log_level"] == "warning" and "error" in e]
+
+            failed = await eventually(warned, what="the failed write logged")
+            assert run.agent.liveness() is None
+            blocker.unlink()
+            blocker.mkdir()
+            uuid = run.uuids[1]
+            assert (await run.fault({"gpu": 1, "fault": "xid", "xid": 79}))[0] == 200
+            await eventually(lambda: unhealthy(run, path) == f"{uuid}\n", what="GPU 1 in the file")
+            assert not run.task.done()
+    (warning,) = failed
+    assert "Not a directory" in warning["error"]
+    (written,) = [e for e in logs if e.get("path") == str(path)]  # the recovery, once
+    assert written["log_level"] == "info"
+
+
+def test_a_new_part_is_left_out_where_its_setting_is_not_given(
+    new_part: ModuleType, tmp_path: Path
+) -> None:
+    argv = ["--simulate", "1", "--socket-dir", str(tmp_path), "--metrics-address", "127.0.0.1:0"]
+    settings = load_as(WithUnhealthyFile, argv, {"NODE_NAME": "test-node"})
+    built = Agent(settings, simulator=load_simulator(settings))
+    assert built.parts.find(new_part.UnhealthyFilePart) is None
+    assert "node-files" in [part.name for part in built.parts]
 
 
 # ----- How to add a metric family ----------------------------------------------------------------
