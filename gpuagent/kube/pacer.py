@@ -112,15 +112,17 @@ class Pacer:
     def pending(self) -> bool:
         return self._changed_at is not None
 
-    def due(self, changed: Collection[NewsKey] = ()) -> float | None:
+    def due(self, changed: Collection[NewsKey] = (), *, fresh: bool = False) -> float | None:
         """When the pending changes may go out (``None``: nothing pending). ``changed``: the GPUs
         and causes whose health differs from what was last written; those that are news (not
-        flapping) go out once settled, if the budget has a token, whatever was written before."""
+        flapping) go out once settled, if the budget has a token, whatever was written before.
+        ``fresh``: something never written before waits (a new event): news too, flapping or
+        not."""
         if self._changed_at is None:
             return None
         now = self.clock.now()
         self._stirred.update(changed)
-        if not self.budget.news(changed, self._told, now):
+        if not fresh and not self.budget.news(changed, self._told, now):
             self._news_at = None
         elif self._news_at is None:
             self._news_at = now

@@ -113,11 +113,10 @@ async def test_xid_79_on_gpu_3_is_on_the_node_and_its_pod_within_a_fraction_of_a
     assert kubelet_untouched(rig.server)
     assert rig.server.invalid == []
 
-    # Recovery: True again, one Normal event, after the window of the last write.
+    # Recovery: True again and one Normal event at once, though GPU 3 changed less than a minute
+    # ago (a flap): the GPU's first recovery event is news.
     await rig.heal(3)
-    await rig.settle(29.0)
-    assert gpu_healthy(rig.server)["status"] == "False"  # still within the window
-    await rig.settle(1.0)
+    await wrote(rig)
     condition = gpu_healthy(rig.server)
     assert (condition["status"], condition["reason"]) == ("True", "AllGPUsHealthy")
     recovered = rig.server.node_events()[-1]
@@ -296,7 +295,7 @@ async def test_a_flapping_gpu_is_one_event_series_not_one_event_each_time(
         await rig.settle(20.0)
         await rig.heal(2)
         await rig.settle(20.0)
-    await rig.settle(60.0)
+    await rig.settle(300.0)  # a series is brought up to date at most every 5 minutes
     unhealthy = [e for e in rig.server.node_events() if e["reason"] == "GPUUnhealthy"]
     recovered = [e for e in rig.server.node_events() if e["reason"] == "GPURecovered"]
     assert len(unhealthy) == len(recovered) == 1

@@ -15,12 +15,14 @@ successive views into what should be written:
 - **events**: one when a device turns unhealthy (with its evidence) and one when it recovers, on
   the Node; one on each pod holding the device when it turns unhealthy. An event that repeats (a
   device flapping) is folded into the existing event's series (count, last time), never written
-  again as a new event. At most :data:`MAX_EVENTS` are kept (pending or written); past that the
+  again as a new event; the series is brought up to date at a slow cadence (:mod:`.series`). At
+  most :data:`MAX_EVENTS` are kept (pending or written); past that the
   oldest written ones are forgotten first, then the oldest pending ones are dropped and counted.
 
 The package by what it owns: :mod:`.view` (the projection), :mod:`.condition` (the condition and
-the words for a device's evidence), :mod:`.events` (events, their names and manifests) and
-:mod:`.model` (the fold of successive views into what to write).
+the words for a device's evidence), :mod:`.events` (events, their names and manifests),
+:mod:`.series` (how often a written series is updated) and :mod:`.model` (the fold of successive
+views into what to write).
 """
 
 from gpuagent.domain.nodehealth.condition import (
@@ -37,6 +39,7 @@ from gpuagent.domain.nodehealth.condition import (
 from gpuagent.domain.nodehealth.events import (
     NOTE_LIMIT,
     REPORTING_CONTROLLER,
+    EventKey,
     EventRecord,
     Regarding,
     event_manifest,
@@ -44,6 +47,7 @@ from gpuagent.domain.nodehealth.events import (
     series_patch,
 )
 from gpuagent.domain.nodehealth.model import MAX_EVENTS, TAINT_KEY, NodeHealthModel
+from gpuagent.domain.nodehealth.series import SERIES_INTERVAL, SeriesPacing
 from gpuagent.domain.nodehealth.view import (
     DeviceRef,
     Fault,
@@ -60,14 +64,17 @@ __all__ = [
     "NOTE_LIMIT",
     "REASONS",
     "REPORTING_CONTROLLER",
+    "SERIES_INTERVAL",
     "TAINT_KEY",
     "ConditionReport",
     "DeviceRef",
+    "EventKey",
     "EventRecord",
     "Fault",
     "NodeHealthModel",
     "NodeHealthView",
     "Regarding",
+    "SeriesPacing",
     "condition_patch",
     "condition_report",
     "evidence",

@@ -129,6 +129,7 @@ class NodeHealthWriter:
         """When the next batch goes out (``None``: nothing to write, no heartbeat to make)."""
         times: list[float] = []
         changed = self._health_changed()
+        fresh = self._events is not None and self._events.fresh()
         if self.model.view is not None:
             self.pacer.capacity = self.model.view.gpus
         for key, has in self._work().items():
@@ -139,11 +140,13 @@ class NodeHealthWriter:
                 times.append(until)
                 continue
             self.pacer.changed()
-            if (due := self.pacer.due(changed)) is not None:
+            if (due := self.pacer.due(changed, fresh=fresh)) is not None:
                 times.append(due)
         heartbeat = self._condition.heartbeat_at if self._condition is not None else None
         if heartbeat is not None and heartbeat > self._clock.now():
             times.append(heartbeat)  # once due, the condition has work: paced above
+        if self._events is not None and (series := self._events.next_at()) is not None:
+            times.append(series)  # a series held back falls due: paced above then
         return min(times) if times else None
 
     async def _flush(self) -> None:
