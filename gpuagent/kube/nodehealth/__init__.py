@@ -10,10 +10,12 @@ out in batches paced by :class:`~gpuagent.kube.pacer.Pacer`: a change of a GPU's
 that appears or clears) at once, whatever was written before, unless that GPU's cause flaps (it
 changed within a minute of its last change going out) or the budget of early writes (as many as
 the node has GPUs, two back a minute) is spent; every other change at once after a quiet spell,
-then at most once per window. Through an outage only the latest state of each object is kept,
-and the first batch after it goes out after a random delay (the backoff's full jitter); whether
-the API server is reached goes into the store's counters as soon as a call fails or works again
-(``gpuagent_kube_backing_off``).
+then at most once per window. An event never written before is news too, on a GPU that flaps as
+well; a written event's series is brought up to date at most every 5 minutes, 16 series a minute
+per node (:class:`~gpuagent.domain.nodehealth.SeriesPacing`). Through an outage only the latest
+state of each object is kept, and the first batch after it goes out after a random delay (the
+backoff's full jitter); whether the API server is reached goes into the store's counters as soon
+as a call fails or works again (``gpuagent_kube_backing_off``).
 
 At start the Node is read once: its UID (for events), the condition as a previous agent left it
 (an unchanged condition keeps its ``lastTransitionTime`` and is not written again) and its taints.
