@@ -82,6 +82,18 @@ def test_compute_mode_is_read_and_set_through_nvml(sim: tuple[SimDriver, Nvml]) 
         pynvml.nvmlDeviceGetComputeMode(mig)
 
 
+def test_a_mig_enabled_gpu_refuses_an_exclusive_mode(sim: tuple[SimDriver, Nvml]) -> None:
+    """A real driver: "Setting compute mode to EXCLUSIVE_PROCESS is not supported on a
+    MIG-enabled device" (NVIDIA/DCGM#82); nvml.h: with MIG on, the device must be a MIG device."""
+    driver, _ = sim
+    for mode in (EXCLUSIVE, pynvml.NVML_COMPUTEMODE_PROHIBITED):
+        with pytest.raises(pynvml.NVMLError_NotSupported):
+            pynvml.nvmlDeviceSetComputeMode(handle(H100_MIG), mode)
+    pynvml.nvmlDeviceSetComputeMode(handle(H100_MIG), pynvml.NVML_COMPUTEMODE_DEFAULT)
+    assert pynvml.nvmlDeviceGetComputeMode(handle(H100_MIG)) == pynvml.NVML_COMPUTEMODE_DEFAULT
+    assert driver.describe()[H100_MIG]["compute_mode"] == "default"
+
+
 async def test_compute_modes_give_back_what_the_gpu_had(sim: tuple[SimDriver, Nvml]) -> None:
     _, nvml = sim
     pynvml.nvmlDeviceSetComputeMode(handle(A100), pynvml.NVML_COMPUTEMODE_PROHIBITED)

@@ -30,7 +30,9 @@ As ``nvml.h`` documents them:
   context on any GPU; INSUFFICIENT_SIZE for a buffer too short.
 * ``nvmlDeviceGetComputeMode(device, mode)`` / ``nvmlDeviceSetComputeMode(device, mode)``:
   DEFAULT until set; INVALID_ARGUMENT for a mode nvml.h does not define; NOT_SUPPORTED on a MIG
-  device's handle. The mode admits processes as :mod:`gpuagent.gpu.sim.processes` says.
+  device's handle, and for any mode but DEFAULT on a MIG-enabled GPU (a real driver: "Setting
+  compute mode to EXCLUSIVE_PROCESS is not supported on a MIG-enabled device"). The mode admits
+  processes as :mod:`gpuagent.gpu.sim.processes` says.
 """
 
 from __future__ import annotations
@@ -65,9 +67,10 @@ MODES: dict[int, frozenset[str]] = {
     int(pynvml.NVML_PROCESS_MODE_MPS): frozenset({"mps"}),
     MODE_ALL: ALL_KINDS,
 }
+DEFAULT_COMPUTE_MODE = int(pynvml.NVML_COMPUTEMODE_DEFAULT)
 #: nvmlComputeMode_t -> its name in ``GET /sim/gpus``.
 COMPUTE_MODES = {
-    int(pynvml.NVML_COMPUTEMODE_DEFAULT): "default",
+    DEFAULT_COMPUTE_MODE: "default",
     int(pynvml.NVML_COMPUTEMODE_EXCLUSIVE_THREAD): "exclusive_thread",
     int(pynvml.NVML_COMPUTEMODE_PROHIBITED): "prohibited",
     int(pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS): "exclusive_process",
@@ -216,10 +219,10 @@ def _compute_mode(st: DriverState, gpu: GpuState, ref: object) -> int:
 
 def _set_compute_mode(st: DriverState, gpu: GpuState, mode: object) -> int:
     value = as_int(mode)
-    if gpu.mig is not None:
-        return NOT_SUPPORTED
     if not 0 <= value < int(pynvml.NVML_COMPUTEMODE_COUNT):
         return INVALID_ARGUMENT
+    if gpu.mig is not None or (gpu.mig_enabled and value != DEFAULT_COMPUTE_MODE):
+        return NOT_SUPPORTED
     gpu.compute_mode = value
     return SUCCESS
 
