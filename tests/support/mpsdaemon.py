@@ -5,7 +5,6 @@ and a container's MPS client as a claim's CDI spec makes it (:func:`cdi_client`)
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import time
@@ -15,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuagent.gpu.sim.mpscontrol import ask, install
+from gpuagent.gpu.sim.mpscontrol import ask, install, value_mib
 
 __all__ = [
     "StandIn",
@@ -88,9 +87,6 @@ def running_daemon(driver_root: Path, pipe: Path, log: Path) -> Iterator[StandIn
             process.wait(10)
 
 
-_LIMIT_UNITS = {"": 1 / (1024 * 1024), "K": 1 / 1024, "M": 1.0, "G": 1024.0}
-
-
 def cdi_client(spec: Mapping[str, Any], ordinal: int = 0) -> dict[str, object]:
     """The ``mps`` of a simulated process started in a container given ``spec``'s (a claim's
     CDI spec's) one device, as CUDA in that container reads its environment: the daemon's pipe
@@ -104,9 +100,10 @@ def cdi_client(spec: Mapping[str, Any], ordinal: int = 0) -> dict[str, object]:
     client: dict[str, object] = {"pipe_directory": mounts[env["CUDA_MPS_PIPE_DIRECTORY"]]}
     for entry in filter(None, env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "").split(",")):
         where, _, value = entry.partition("=")
-        number, unit = re.fullmatch(r"(\d+)([KMG]?)", value).groups()  # type: ignore[union-attr]
+        mib = value_mib(value)
+        assert mib is not None, f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT: not a limit: {entry!r}"
         if int(where) == ordinal:
-            client["pinned_mem_limit_mib"] = int(number) * _LIMIT_UNITS[unit]
+            client["pinned_mem_limit_mib"] = mib
     if "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" in env:
         client["active_thread_percentage"] = float(env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"])
     return client

@@ -41,7 +41,7 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["PID_FILE", "ask", "install", "main"]
+__all__ = ["PID_FILE", "ask", "install", "main", "value_mib"]
 
 BINARY = "nvidia-cuda-mps-control"
 PID_FILE = "nvidia-cuda-mps-control.pid"
@@ -63,6 +63,13 @@ def install(driver_root: Path) -> Path:
     )
     launcher.chmod(0o755)
     return launcher
+
+
+def value_mib(text: str) -> float | None:
+    """A memory limit as the control commands and ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` write it
+    (``<n>``: bytes, ``<n>K``, ``<n>M``, ``<n>G``) in MiB; ``None`` when it is not one."""
+    found = _VALUE.fullmatch(text)
+    return None if found is None else int(found[1]) * _UNIT_MIB[found[2].upper()]
 
 
 def ask(pipe_dir: str | Path, command: str, timeout: float = 2.0) -> tuple[bool, str]:
@@ -123,10 +130,10 @@ class _Daemon:
         return True, ""
 
     def _set_limit(self, device: str, value: str) -> tuple[bool, str]:
-        found = _VALUE.fullmatch(value)
-        if not device.isdecimal() or found is None:
+        mib = value_mib(value)
+        if not device.isdecimal() or mib is None:
             return False, f"invalid arguments: {device} {value}"
-        self.limits_mib[int(device)] = int(int(found[1]) * _UNIT_MIB[found[2].upper()])
+        self.limits_mib[int(device)] = int(mib)
         return True, ""
 
 
