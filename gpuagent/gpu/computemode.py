@@ -10,6 +10,7 @@ the GPU had, so it is restored as it was rather than to DEFAULT. A GPU that does
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
@@ -30,6 +31,10 @@ _NAMES = {
     EXCLUSIVE_PROCESS: "EXCLUSIVE_PROCESS",
     int(pynvml.NVML_COMPUTEMODE_PROHIBITED): "PROHIBITED",
 }
+
+
+class _NoComputeMode(Exception):
+    """The GPU has no compute mode to read or set (the driver answered NOT_SUPPORTED or alike)."""
 
 
 class ComputeModeError(Exception):
@@ -75,22 +80,30 @@ class ComputeModes:
         return self._worker.submit(fn)
 
     def _exclusive(self, index: int) -> int | None:
-        had = self._call(index, pynvml.nvmlDeviceGetComputeMode)
-        if had is None or had == EXCLUSIVE_PROCESS:
-            return had
-        self._set(index, EXCLUSIVE_PROCESS)
-        return int(had)
+        try:
+            had = int(self._call(index, pynvml.nvmlDeviceGetComputeMode))
+            if had != EXCLUSIVE_PROCESS:
+                # A GPU that reads its mode may still refuse to set it (NOT_SUPPORTED on a
+                # MIG-enabled GPU): then it was not set, and nothing is to be restored.
+                self._call(index, pynvml.nvmlDeviceSetComputeMode, EXCLUSIVE_PROCESS)
+        except _NoComputeMode:
+            return None
+        return had
 
     def _set(self, index: int, mode: int) -> None:
-        self._call(index, pynvml.nvmlDeviceSetComputeMode, mode)
+        with contextlib.suppress(_NoComputeMode):
+            self._call(index, pynvml.nvmlDeviceSetComputeMode, mode)
 
-    def _call(self, index: int, fn: Callable[..., T], *args: Any) -> T | None:
+    def _call(self, index: int, fn: Callable[..., T], *args: Any) -> T:
+        """``fn`` on GPU ``index``'s handle; raises :class:`_NoComputeMode` where the GPU has none
+        to read or set (NOT_SUPPORTED and the like), :class:`ComputeModeError` on any other
+        error."""
         try:
             handle = self._backend.mig_handle(index)
             return self._backend.calls.call(index, fn, handle, *args)
         except pynvml.NVMLError as exc:
             if exc.value in ABSENT:
-                return None
+                raise _NoComputeMode from None
             raise ComputeModeError(f"GPU {index}: {describe(exc)}") from exc
         except MigRefused as exc:  # the GPU is not described (yet)
             raise ComputeModeError(f"GPU {index}: {exc}") from exc

@@ -94,6 +94,21 @@ def test_a_mig_enabled_gpu_refuses_an_exclusive_mode(sim: tuple[SimDriver, Nvml]
     assert driver.describe()[H100_MIG]["compute_mode"] == "default"
 
 
+async def test_compute_modes_say_none_when_the_gpu_refuses_to_be_set(
+    sim: tuple[SimDriver, Nvml],
+) -> None:
+    """A MIG-enabled GPU reads its mode (DEFAULT) but refuses EXCLUSIVE_PROCESS: nothing was set,
+    so nothing is to be restored (the keeper is told None, not DEFAULT as if it had set it)."""
+    _, nvml = sim
+    modes = ComputeModes(nvml)
+    try:
+        assert pynvml.nvmlDeviceGetComputeMode(handle(H100_MIG)) == pynvml.NVML_COMPUTEMODE_DEFAULT
+        assert await asyncio.wait_for(modes.exclusive(H100_MIG), 10) is None
+        assert pynvml.nvmlDeviceGetComputeMode(handle(H100_MIG)) == pynvml.NVML_COMPUTEMODE_DEFAULT
+    finally:
+        modes.close()
+
+
 async def test_compute_modes_give_back_what_the_gpu_had(sim: tuple[SimDriver, Nvml]) -> None:
     _, nvml = sim
     pynvml.nvmlDeviceSetComputeMode(handle(A100), pynvml.NVML_COMPUTEMODE_PROHIBITED)
