@@ -52,7 +52,8 @@ __all__ = ["Backoff", "Budget", "Coalescing", "SlicePublisher"]
 
 log = structlog.get_logger("gpuagent.dra.slices")
 
-#: What a refusal holds back (every slice call: they stand or fall together).
+#: What a refusal holds back (every call of the publisher, the Node's read included: they stand
+#: or fall together).
 SLICES = "resource_slices"
 #: Seconds to wait when nothing is due (a store change ends the wait sooner).
 IDLE_WAIT = 3600.0
@@ -196,8 +197,9 @@ class SlicePublisher:
         self._store.set_dra_published(frozenset(d.name for d in devices))
 
     async def _publish(self, devices: tuple[DraDevice, ...]) -> bool:
-        if self._node_uid is None:
-            self._node_uid = await self.pacer.call("node", self._api.node_uid(self._node))
+        if self._node_uid is None:  # refused (403, 404): the slices wait with it, not spin
+            call = self._api.node_uid(self._node)
+            self._node_uid = await self.pacer.call("node", call, key=SLICES)
         if self._stored is None:
             listed = await self._call(self._api.slices(self._node, self._driver))
             self.lists += 1

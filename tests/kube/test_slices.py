@@ -268,6 +268,25 @@ async def test_an_outage_shows_at_the_first_failed_write(make_rig: Callable[...,
     assert rig.tainted() == {"gpu-1"}
 
 
+async def test_a_refused_node_read_is_tried_again_rarely(
+    apiserver: FakeApiServer, make_rig: Callable[..., Any]
+) -> None:
+    """The Node not readable (403: no RBAC for it; a wrong node name, 404): the slices, which
+    need its UID, wait with it, tried again every 10 minutes, never in a loop."""
+    node = ("GET", f"/api/v1/nodes/{NODE}")
+    apiserver.refuse.add(f"GET nodes/{NODE}")
+    rig: Rig = await make_rig()
+    assert rig.requests() == [node]
+    assert not rig.publisher.up
+    assert rig.publisher.error.startswith("API server: ")
+    await rig.settle(599.0)
+    assert rig.requests() == [node]
+    apiserver.refuse.clear()
+    await rig.settle(1.0)
+    assert [verb for verb, _ in rig.requests()] == ["GET", "GET", "LIST", "CREATE"]
+    assert rig.publisher.up
+
+
 async def test_429_with_retry_after_is_retried_no_sooner(make_rig: Callable[..., Any]) -> None:
     rig: Rig = await make_rig(draws=(0.5,))
     await rig.settle(600.0)
