@@ -83,6 +83,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _agent(
+    api: FakeApiServer, root: Path, node: tuple[str, ...], **dra_options: Any
+) -> tuple[tuple[str, ...], dict[str, Any]]:
+    """The agent's arguments and options: ``node`` (the simulated node and what DRA serves on
+    it), the API-server stand-in's credentials, the plugin, registry and CDI directories under
+    ``root``, production's poll interval (the test runner's 0.05 s is for tests); ``dra_options``
+    added to the DRA side's."""
+    args = (
+        *node,
+        "--kubeconfig", str(api.kubeconfig(root / "kubeconfig")),
+        "--plugins-dir", str(root / "plugins"),
+        "--plugins-registry-dir", str(root / "registry"),
+        "--cdi-spec-dir", str(root / "cdi"),
+        "--poll-interval", "5",
+    )  # fmt: skip
+    timing = EndpointTiming(watch_interval=0.05)
+    return args, {"node_name": NODE, "dra_options": {"endpoint_timing": timing, **dra_options}}
+
+
 async def _wait(check: Any) -> None:
     deadline = time.perf_counter() + 10.0
     while not check():
@@ -97,22 +116,11 @@ async def _measure(gpus: int, claims: int, faults: int, root: Path) -> dict[str,
     await api.start()
     stubs = dra_stubs()
     watcher = FakePluginWatcher(root / "registry", stubs)
-    args = (
-        "--simulate", str(gpus), "--dra-gpus", "all",
-        "--kubeconfig", str(api.kubeconfig(root / "kubeconfig")),
-        "--plugins-dir", str(root / "plugins"),
-        "--plugins-registry-dir", str(root / "registry"),
-        "--cdi-spec-dir", str(root / "cdi"),
-        "--poll-interval", "5",  # production's default; the test runner's 0.05 s is for tests
+    args, options = _agent(
+        api, root, ("--simulate", str(gpus), "--dra-gpus", "all"),
+        backoff=Backoff(initial=0.05, maximum=0.5),
+        clock=clock,  # production's pacing; quiet spells skipped, not spent
     )  # fmt: skip
-    options = {
-        "node_name": NODE,
-        "dra_options": {
-            "endpoint_timing": EndpointTiming(watch_interval=0.05),
-            "backoff": Backoff(initial=0.05, maximum=0.5),
-            "clock": clock,  # production's pacing; quiet spells skipped, not spent
-        },
-    }
     out: dict[str, list[float]] = {"round_trip": [], "quiet": [], "soon": [], "to_clear": []}
     try:
         async with running_agent(root / "device-plugins", args, agent_options=options) as run:
@@ -184,19 +192,10 @@ async def _measure_shares(
     await api.start()
     watcher = FakePluginWatcher(root / "registry", dra_stubs())
     install(root / "driver")
-    args = (
+    args, options = _agent(api, root, (
         "--simulate", str(gpus), "--dra-gpus", "all", "--dra-sharing", "mps" if shared else "none",
         "--nvidia-driver-root", str(root / "driver"), "--mps-root", str(root / "mps"),
-        "--kubeconfig", str(api.kubeconfig(root / "kubeconfig")),
-        "--plugins-dir", str(root / "plugins"),
-        "--plugins-registry-dir", str(root / "registry"),
-        "--cdi-spec-dir", str(root / "cdi"),
-        "--poll-interval", "5",
-    )  # fmt: skip
-    options = {
-        "node_name": NODE,
-        "dra_options": {"endpoint_timing": EndpointTiming(watch_interval=0.05)},
-    }
+    ))  # fmt: skip
     out: dict[str, list[float]] = {"round_trip": [], "unprepare": []}
     try:
         async with running_agent(root / "device-plugins", args, agent_options=options) as run:
@@ -264,19 +263,9 @@ def _mig_node(api: FakeApiServer, root: Path) -> tuple[tuple[str, ...], dict[str
     node = root / "node.yaml"
     gpus = [{"name": "H100"}] * MIG_NODE_GPUS
     node.write_text(json.dumps({"version": "v1", "gpus": gpus, "cap_sys_admin": True}))
-    args = (
-        "--sim-config", str(node), "--dra-gpus", "all", "--dra-mig", "dynamic",
-        "--kubeconfig", str(api.kubeconfig(root / "kubeconfig")),
-        "--plugins-dir", str(root / "plugins"),
-        "--plugins-registry-dir", str(root / "registry"),
-        "--cdi-spec-dir", str(root / "cdi"),
-        "--poll-interval", "5",
-    )  # fmt: skip
-    options = {
-        "node_name": NODE,
-        "dra_options": {"endpoint_timing": EndpointTiming(watch_interval=0.05)},
-    }
-    return args, options
+    return _agent(
+        api, root, ("--sim-config", str(node), "--dra-gpus", "all", "--dra-mig", "dynamic")
+    )
 
 
 async def _measure_mig(claims: int, root: Path) -> dict[str, Any]:
