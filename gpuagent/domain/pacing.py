@@ -37,6 +37,9 @@ __all__ = [
     "RARE_RETRY_S", "Budget", "Coalescing", "NewsKey", "Spent", "changed_keys", "next_heartbeat",
 ]  # fmt: skip
 
+#: A float's slack when tokens come back exactly on a window's time.
+_SLACK = 1e-9
+
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
@@ -78,10 +81,25 @@ class Coalescing:
 
 @dataclass(frozen=True, slots=True)
 class Spent:
-    """Tokens of a :class:`Budget` spent, as counted at ``at`` (they come back over time)."""
+    """Tokens of a budget spent, as counted at ``at``: a token bucket of ``capacity`` tokens, one
+    back every ``refill`` seconds (the arithmetic of :class:`Budget` and of event series'
+    pacing)."""
 
     tokens: float = 0.0
     at: float = 0.0
+
+    def out(self, now: float, refill: float) -> float:
+        """The tokens still out at ``now``."""
+        return max(0.0, self.tokens - max(0.0, now - self.at) / refill)
+
+    def token_at(self, capacity: int, refill: float) -> float:
+        """When a token is there to spend (at once, or when the next one comes back)."""
+        over = self.tokens - (capacity - 1)
+        return self.at + over * refill if over > _SLACK else self.at
+
+    def after(self, now: float, capacity: int, refill: float, count: int = 1) -> Spent:
+        """These after ``count`` more are spent at ``now`` (never more out than ``capacity``)."""
+        return Spent(min(float(capacity), self.out(now, refill) + count), now)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,16 +114,15 @@ class Budget:
 
     def spent_at(self, spent: Spent, now: float) -> float:
         """The tokens still out at ``now``."""
-        return max(0.0, spent.tokens - max(0.0, now - spent.at) / self.refill)
+        return spent.out(now, self.refill)
 
     def token_at(self, spent: Spent, capacity: int) -> float:
         """When a token is there to spend (at once, or when the next one comes back)."""
-        over = spent.tokens - (max(capacity, 1) - 1)
-        return spent.at + over * self.refill if over > 0 else spent.at
+        return spent.token_at(max(capacity, 1), self.refill)
 
     def spend(self, spent: Spent, now: float, capacity: int) -> Spent:
         """``spent`` after a write with news at ``now`` (never more out than ``capacity``)."""
-        return Spent(min(float(max(capacity, 1)), self.spent_at(spent, now) + 1.0), now)
+        return spent.after(now, max(capacity, 1), self.refill)
 
     def news(self, keys: Iterable[K], told: Mapping[K, float], now: float) -> frozenset[K]:
         """The keys of ``keys`` (changed since last written) that are news at ``now``: those

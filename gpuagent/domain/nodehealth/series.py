@@ -47,15 +47,12 @@ class SeriesPacing:
 
     def allowance(self, spent: Spent, now: float) -> int:
         """Updates the budget allows at ``now``."""
-        out = max(0.0, spent.tokens - max(0.0, now - spent.at) / self.refill)
-        return max(0, math.floor(self.burst - out + _SLACK))
+        return max(0, math.floor(self.burst - spent.out(now, self.refill) + _SLACK))
 
     def token_at(self, spent: Spent) -> float:
         """When the budget next allows an update (at once, or when a token comes back)."""
-        over = spent.tokens - (self.burst - 1)
-        return spent.at + over * self.refill if over > _SLACK else spent.at
+        return spent.token_at(self.burst, self.refill)
 
     def spend(self, spent: Spent, now: float, updates: int) -> Spent:
         """``spent`` after ``updates`` series updates at ``now``."""
-        out = max(0.0, spent.tokens - max(0.0, now - spent.at) / self.refill)
-        return Spent(min(float(self.burst), out + updates), now)
+        return spent.after(now, self.burst, self.refill, updates)
