@@ -1,6 +1,7 @@
 """The agent's own families, rendered on every scrape: the kubelet, configuration reloads,
 pod-resources, NVML calls, the DRA side and the node-health writer (per-container accounting's are
-in :mod:`gpuagent.web.usage`).
+in :mod:`gpuagent.web.usage`) — but for the DRA side's state read off the snapshot
+(:func:`dra_state_families`), rendered with the device part, once per snapshot version.
 
 By default they are what an operator acts on — states, errors, the poll's cost — in a few series
 a node (a fleet pays for every one of them on every node). ``detailed``
@@ -11,7 +12,6 @@ NVML function and the start-up's pieces, API requests by object, request and eve
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from gpuagent.domain.snapshot import Snapshot
 from gpuagent.state.counters import (
@@ -27,6 +27,7 @@ from gpuagent.web.exposition import Family, Single, format_value, label_pairs, s
 __all__ = [
     "config_families",
     "dra_families",
+    "dra_state_families",
     "kube_families",
     "nvml_families",
     "pod_resources_families",
@@ -61,29 +62,17 @@ def config_families(generation: int, reloads: ReloadStats, *, detailed: bool) ->
     return [current, last, total]
 
 
-@dataclass(frozen=True, slots=True)
-class _DraFigures:
-    """The DRA side's counts, and what the snapshot says of its plugin and slices."""
-
-    counts: DraCounters
-    registered: bool
-    unpublished_gpus: int
-
-
 def dra_families(
-    dra: DraCounters | None, snapshot: Snapshot, reach: ApiReach | None, *, detailed: bool
+    dra: DraCounters | None, reach: ApiReach | None, *, detailed: bool
 ) -> list[Family]:
-    """The DRA side's: its counts, its plugin's registration and the GPUs its slices lack (the
-    snapshot's); ``reach``: what its slice publisher last said of the API server."""
+    """The DRA side's counts; ``reach``: what its slice publisher last said of the API server.
+    (What the snapshot says of DRA is :func:`dra_state_families`'.)"""
     if dra is None:
         return []
     up = single("gpuagent_dra_api_up", "gauge",
                 "Whether the last ResourceSlice publication reached the API server (1) or not "
                 "(0).", (), 1 if reach is not None and reach.up else 0)  # fmt: skip
-    registration = snapshot.dra_registration
-    registered = registration is not None and registration.registered
-    figures = _DraFigures(dra, registered, len(snapshot.unpublished_dra_gpus()))
-    out = [up, *singles(_DRA + (_DRA_DETAILED if detailed else ()), figures)]
+    out = [up, *singles(_DRA + (_DRA_DETAILED if detailed else ()), dra)]
     if detailed:
         gone = Family(
             "gpuagent_dra_gone_devices_total",
@@ -98,6 +87,23 @@ def dra_families(
         gone.add((("result", "refused"),), dra.gone_refused)
         out.append(gone)
     return out
+
+
+def dra_state_families(snapshot: Snapshot) -> list[Family]:
+    """What the snapshot says of the DRA side (none while DRA is off): its plugin's registration
+    and the GPUs its published slices lack. Of the snapshot alone, so in the device part,
+    rendered once per snapshot version (finding the GPUs builds the node's DRA devices)."""
+    registration = snapshot.dra_registration
+    if registration is None:
+        return []
+    return [
+        single("gpuagent_dra_unpublished_gpus", "gauge",
+               "GPUs given to DRA whose devices are in no published ResourceSlice, so offered "
+               "through neither API.", (), len(snapshot.unpublished_dra_gpus())),
+        single("gpuagent_dra_registered", "gauge",
+               "Whether the kubelet accepted the DRA plugin (1) or not (0).", (),
+               1 if registration.registered else 0),
+    ]  # fmt: skip
 
 
 def kube_families(
@@ -222,69 +228,56 @@ def pod_resources_families(
     return out
 
 
-_DRA: tuple[Single[_DraFigures], ...] = (
+_DRA: tuple[Single[DraCounters], ...] = (
     (
         "gpuagent_dra_api_errors_total",
         "counter",
         "ResourceSlice publications that failed (API server unreachable or refusing).",
-        lambda d: d.counts.api_errors,
-    ),
-    (
-        "gpuagent_dra_unpublished_gpus",
-        "gauge",
-        "GPUs given to DRA whose devices are in no published ResourceSlice, so offered "
-        "through neither API.",
-        lambda d: d.unpublished_gpus,
-    ),
-    (
-        "gpuagent_dra_registered",
-        "gauge",
-        "Whether the kubelet accepted the DRA plugin (1) or not (0).",
-        lambda d: 1 if d.registered else 0,
+        lambda d: d.api_errors,
     ),
     (
         "gpuagent_dra_prepare_errors_total",
         "counter",
         "Claims NodePrepareResources could not prepare.",
-        lambda d: d.counts.prepare_errors,
+        lambda d: d.prepare_errors,
     ),
 )
-_DRA_DETAILED: tuple[Single[_DraFigures], ...] = (
+_DRA_DETAILED: tuple[Single[DraCounters], ...] = (
     (
         "gpuagent_dra_slice_writes_total",
         "counter",
         "ResourceSlices created or replaced.",
-        lambda d: d.counts.slice_writes,
+        lambda d: d.slice_writes,
     ),
     (
         "gpuagent_dra_slice_generation",
         "gauge",
         "Generation of the node's ResourceSlice pool as last published.",
-        lambda d: d.counts.slice_generation,
+        lambda d: d.slice_generation,
     ),
     (
         "gpuagent_dra_devices",
         "gauge",
         "Devices this node serves through DRA.",
-        lambda d: d.counts.devices,
+        lambda d: d.devices,
     ),
     (
         "gpuagent_dra_prepared_claims",
         "gauge",
         "ResourceClaims prepared on this node (checkpointed).",
-        lambda d: d.counts.prepared_claims,
+        lambda d: d.prepared_claims,
     ),
     (
         "gpuagent_dra_prepares_total",
         "counter",
         "Claims prepared by NodePrepareResources.",
-        lambda d: d.counts.prepares,
+        lambda d: d.prepares,
     ),
     (
         "gpuagent_dra_unprepares_total",
         "counter",
         "Claims unprepared by NodeUnprepareResources.",
-        lambda d: d.counts.unprepares,
+        lambda d: d.unprepares,
     ),
 )
 

@@ -33,6 +33,7 @@ from gpuagent.state.counters import AgentCounters
 from gpuagent.web.agentfamilies import (
     config_families,
     dra_families,
+    dra_state_families,
     kube_families,
     nvml_families,
     pod_resources_families,
@@ -251,6 +252,12 @@ class MetricsRenderer:
         yield layout.static
         for family in render_usage(snapshot):
             yield family.encode()
+        # Of the snapshot alone: the MPS daemons, the DRA claims' shares, the DRA side's state.
+        state = render(
+            [*mps_families(snapshot, detailed=self.detailed), *dra_state_families(snapshot)]
+        )
+        if state:
+            yield state.encode()
 
     @staticmethod
     def _render_dcgm(
@@ -354,11 +361,8 @@ class MetricsRenderer:
             )
         )  # fmt: skip
         families.extend(nvml_families(counters.nvml, detailed=detailed))
-        families.extend(mps_families(snapshot, detailed=detailed))
         api = counters.api
-        families.extend(
-            dra_families(counters.dra, snapshot, api.get("resource_slices"), detailed=detailed)
-        )
+        families.extend(dra_families(counters.dra, api.get("resource_slices"), detailed=detailed))
         families.extend(kube_families(counters.kube, api.get("node_health"), detailed=detailed))
         families.extend(
             accounting_families(

@@ -15,7 +15,7 @@ from support.promtool import prometheus_tool
 from support.synthetic import synthetic_snapshot
 
 from gpuagent.domain import xids
-from gpuagent.domain.devices import Condition, GpuHealth
+from gpuagent.domain.devices import Condition, GpuHealth, Registration
 from gpuagent.domain.usage import ContainerUsage, ProcessReading, Usage
 from gpuagent.state.counters import AgentCounters, DraCounters, PodResourcesStats
 from gpuagent.web.metrics import MetricsRenderer
@@ -37,8 +37,10 @@ def emitted_sample_names() -> set[str]:
     )
     # A container using the GPU without an allocation (per-container families).
     miner = ContainerUsage(0, None, "sneaky", "miner", "main", 1, 2**30, 0.5, 0, 0, 0, 1.0)
+    usage = Usage(containers=(miner,), judged=True)
+    # DRA is on (its registration said): the DRA side's families too.
     snapshot = replace(
-        snapshot, gpus=(gpu, snapshot.gpus[1]), usage=Usage(containers=(miner,), judged=True)
+        snapshot, gpus=(gpu, snapshot.gpus[1]), usage=usage, dra_registration=Registration()
     )
     text = MetricsRenderer("n", "1").render(
         snapshot, AgentCounters(pod_resources=PodResourcesStats(1, 0, True), dra=DraCounters())

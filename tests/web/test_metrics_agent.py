@@ -18,7 +18,9 @@ from gpuagent.domain.devices import (
     Attribution,
     Condition,
     GpuHealth,
+    Registration,
 )
+from gpuagent.domain.dra import DraGpus, DraPlan
 from gpuagent.domain.mps import MpsState, MpsStatus
 from gpuagent.state.counters import (
     AgentCounters,
@@ -30,6 +32,8 @@ from gpuagent.state.counters import (
     NvmlCallStats,
     PodResourcesStats,
 )
+from gpuagent.web.agentfamilies import dra_state_families
+from gpuagent.web.exposition import render
 
 
 def test_pod_resources_families() -> None:
@@ -136,8 +140,10 @@ def test_the_agents_own_series_fit_a_fleet() -> None:
         log_links=LogLinkStats(),
         api=MappingProxyType({"resource_slices": ApiReach(up=True), "node_health": ApiReach()}),
     )
-    refreshed = replace(snapshot, pods=replace(snapshot.pods, refreshed_at=120.0))
-    own = r.agent(refreshed, counters).decode()
+    pods = replace(snapshot.pods, refreshed_at=120.0)
+    refreshed = replace(snapshot, pods=pods, dra_registration=Registration(registered=True))
+    # The DRA side's state is rendered with the device part (of the snapshot alone).
+    own = r.agent(refreshed, counters).decode() + render(dra_state_families(refreshed))
     for family in ("gpuagent_dra_api_up", "gpuagent_cri_errors_total",
                    "gpuagent_container_log_links_errors_total", "gpuagent_kube_backing_off",
                    "gpuagent_pod_resources_age_seconds"):  # fmt: skip
@@ -152,14 +158,36 @@ def test_mps_adds_two_series_per_shared_resource() -> None:
     """Whether each MPS daemon is up, and how often it was started: what an operator alerts on
     (a daemon down: its replicas are unhealthy; a daemon that keeps failing)."""
     snapshot = synthetic_snapshot(2)
-    plain = renderer().agent(snapshot, AgentCounters()).decode()
+    plain = renderer().devices(snapshot).text.decode()
     assert "gpuagent_mps_" not in plain
     state = MpsState().with_status("nvidia.com/gpu", MpsStatus(up=False, error="x", starts=3))
-    shared = renderer().agent(replace(snapshot, mps=state), AgentCounters()).decode()
+    shared = renderer().devices(replace(snapshot, mps=state, version=2)).text.decode()
     count = [line for line in shared.splitlines() if line and not line.startswith("#")]
     assert len(count) == len([ln for ln in plain.splitlines() if ln and ln[0] != "#"]) + 2
     assert 'gpuagent_mps_daemon_up{resource="nvidia.com/gpu"} 0\n' in shared
     assert 'gpuagent_mps_daemon_starts_total{resource="nvidia.com/gpu"} 3\n' in shared
+
+
+def test_the_snapshots_own_families_are_rendered_once_per_version() -> None:
+    """The MPS daemons' and the DRA side's state are of the snapshot alone: they are in the
+    device part, cached per snapshot version, not worked out again on every scrape (finding the
+    GPUs DRA has not published builds the node's DRA devices)."""
+    snapshot = synthetic_snapshot(8)
+    state = MpsState().with_status("nvidia.com/gpu", MpsStatus(up=True, starts=1))
+    dra = replace(snapshot.plan, dra=DraPlan(gpus=DraGpus(all=True)))
+    on = replace(snapshot, plan=dra, mps=state, dra_registration=Registration(registered=True))
+    r = renderer()
+    device = r.devices(on).text.decode()
+    assert samples(device, "gpuagent_dra_unpublished_gpus") == [({}, 8)]
+    assert samples(device, "gpuagent_dra_registered") == [({}, 1)]
+    assert samples(device, "gpuagent_mps_daemon_up") == [({"resource": "nvidia.com/gpu"}, 1)]
+    own = r.agent(on, AgentCounters(dra=DraCounters())).decode()
+    assert "gpuagent_dra_api_up " in own
+    assert "gpuagent_dra_unpublished_gpus" not in own
+    assert "gpuagent_mps_" not in own
+    published = frozenset(d.name for d in dra.dra.devices(on))
+    later = r.devices(replace(on, dra_published=published, version=on.version + 1)).text
+    assert samples(later.decode(), "gpuagent_dra_unpublished_gpus") == [({}, 0)]
 
 
 def full_render(*, detailed: bool = False) -> str:

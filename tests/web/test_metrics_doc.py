@@ -10,7 +10,13 @@ from support.metricsdoc import DOC, label_drift, table_rows
 from support.synthetic import synthetic_snapshot
 
 from gpuagent.config import OPTIONS
-from gpuagent.domain.devices import Allocated, Condition, GpuHealth, claimed_resource
+from gpuagent.domain.devices import (
+    Allocated,
+    Condition,
+    GpuHealth,
+    Registration,
+    claimed_resource,
+)
 from gpuagent.domain.dra import DraPlan
 from gpuagent.domain.drashare import ClaimShare, DraSharing, Share
 from gpuagent.domain.mps import MpsState, MpsStatus
@@ -60,6 +66,7 @@ def rendered() -> str:
         shares=(share,),
         pods=pods,
         plan=replace(snapshot.plan, dra=DraPlan(sharing=DraSharing.MPS)),
+        dra_registration=Registration(),  # DRA is on
     )
     counters = AgentCounters(
         pod_resources=PodResourcesStats(1, 0, True),
