@@ -9,8 +9,10 @@ then is it up: its devices may be allocated.
 
 The daemon is the agent's child: when it exits, its devices turn unhealthy at once (the status
 goes into the store; ListAndWatch follows) and it is started again after the backoff
-(:class:`~gpuagent.domain.pacing.Backoff`: full jitter from 0.5 s, doubling up to 30 s, the count
-forgiven once a daemon has stayed up ten seconds). When the keeper is cancelled (shutdown, or the
+(:class:`~gpuagent.domain.backoff.Backoff`'s ceiling: 0.5 s, doubling up to 30 s, the count
+forgiven once a daemon has stayed up ten seconds). The daemon is the node's own, so the wait has
+no jitter: there is no herd of nodes to spread, and a wait drawn near zero would start a daemon
+that just failed again at once. When the keeper is cancelled (shutdown, or the
 plan no longer wants the daemon) the daemon is told to ``quit`` — within :attr:`Timing.stop`
 in all: then terminated, then killed — and the GPUs' compute modes are set back as they were.
 """
@@ -19,8 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
@@ -82,7 +82,6 @@ class DaemonKeeper:
         compute_modes: ComputeModeControl | None,
         timing: Timing = Timing(),
         clock: Clock | None = None,
-        draw: Callable[[], float] = random.random,
     ) -> None:
         self.daemon = daemon
         self._store = store
@@ -91,7 +90,6 @@ class DaemonKeeper:
         self._modes = compute_modes
         self._timing = timing
         self._clock = clock or LoopClock()
-        self._draw = draw
         self._process: asyncio.subprocess.Process | None = None
         self._relay: asyncio.Task[None] | None = None
         self._control: ControlBinary | None = None
@@ -115,7 +113,7 @@ class DaemonKeeper:
                 reason = await self._run_once()
                 lasted = self._clock.now() - began
                 failures = 1 if lasted >= self._timing.stable else failures + 1
-                delay = self._timing.backoff.delay(failures, self._draw())
+                delay = self._timing.backoff.ceiling(failures)
                 self._report(up=False, error=reason)
                 self._problem.failed(
                     "MPS control daemon down; starting it again",

@@ -66,7 +66,10 @@ class Kept:
         )
 
 
-def keeper_for(tmp_path: Path, modes: Modes | None = None) -> Kept:
+SHORT = Backoff(initial=0.02, maximum=0.05)
+
+
+def keeper_for(tmp_path: Path, modes: Modes | None = None, backoff: Backoff = SHORT) -> Kept:
     store = DeviceStore()
     modes = modes or Modes()
     keeper = DaemonKeeper(
@@ -75,7 +78,7 @@ def keeper_for(tmp_path: Path, modes: Modes | None = None) -> Kept:
         dirs=MpsDirs(str(tmp_path / "mps")),
         driver_root=tmp_path / "driver",
         compute_modes=modes,
-        timing=Timing(backoff=Backoff(initial=0.02, maximum=0.05)),
+        timing=Timing(backoff=backoff),
     )
     return Kept(store, keeper, modes, tmp_path / "mps" / NAME / "pipe")
 
@@ -141,7 +144,8 @@ async def test_a_failed_configuration_is_a_failed_start(tmp_path: Path) -> None:
         f'#!/bin/sh\n[ "$1" = -f ] && exec {real} -f\ncat >/dev/null\necho refused\nexit 1\n'
     )
     binary.chmod(0o755)
-    kept = keeper_for(tmp_path)
+    # Not started again while the test looks (the backoff's ceiling, never less: no jitter).
+    kept = keeper_for(tmp_path, backoff=Backoff(initial=3600.0, maximum=3600.0))
     async with running(kept.keeper.run()):
         await eventually(lambda: kept.status() is not None and "configuring" in kept.status().error)  # type: ignore[union-attr]
         status = kept.status()
