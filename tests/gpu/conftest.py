@@ -16,9 +16,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
+from pathlib import Path
 
 import pynvml
 import pytest
+from support.mpsdaemon import StandIn, running_daemon
 from support.simnvml import Run
 
 from gpu.monitoring import GPUS
@@ -89,6 +91,16 @@ def driver() -> Iterator[SimDriver]:
     with installed(SimDriver(node_from_count(GPUS))) as drv:
         yield drv
         assert drv.misuse == []
+
+
+@pytest.fixture
+def mps_daemon(tmp_path: Path) -> Iterator[StandIn]:
+    """A stand-in MPS control daemon: an MPS client on a simulated GPU needs one answering (the
+    simulated driver runs a process without one as CUDA does, without MPS)."""
+    with running_daemon(
+        tmp_path / "driver", tmp_path / "mps" / "pipe", tmp_path / "mps" / "log"
+    ) as daemon:
+        yield daemon
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ import pynvml
 import pytest
 import structlog.testing
 from support.clock import FakeClock
+from support.mpsdaemon import StandIn
 
 from gpuagent.domain.usage import GpuProcess, ProcessReading, ProcessSample
 from gpuagent.gpu.calls import NvmlCalls
@@ -20,6 +21,7 @@ from gpuagent.gpu.nvml import Nvml
 from gpuagent.gpu.processes import MIN_SAMPLE_ROOM, ProcessReader
 from gpuagent.gpu.sim import SimDriver, install, installed, node_from_mapping, uninstall
 from gpuagent.gpu.sim._api_process import PROCESS_MODE_ALL_CUDA
+from gpuagent.gpu.sim.mps import SERVER_NAME
 from gpuagent.gpu.sim.processes import SAMPLE_PERIOD_US
 from gpuagent.gpu.sim.spec import CUDA_DRIVER_VERSION, SimNode
 
@@ -59,6 +61,13 @@ def driver(clock: FakeClock, tmp_path: Path) -> Iterator[tuple[SimDriver, Proces
 
 def handle(index: int) -> Any:
     return pynvml.nvmlDeviceGetHandleByIndex(index)
+
+
+def server_of(sim: SimDriver) -> int:
+    """The pid of the one MPS server on the simulated node."""
+    (pid,) = {p["pid"] for p in sim.processes() if p["name"] == SERVER_NAME}
+    assert isinstance(pid, int)
+    return pid
 
 
 def next_sample(clock: FakeClock) -> None:
@@ -206,16 +215,21 @@ def test_no_sample_since_the_last_is_an_answer_not_an_error(
 
 
 def test_older_gpus_read_the_three_lists_merging_a_process_in_two(
-    driver: tuple[SimDriver, ProcessReader],
+    driver: tuple[SimDriver, ProcessReader], mps_daemon: StandIn
 ) -> None:
     sim, reader = driver
     sim.add_process(A100, 40, 300, 10)
-    sim.add_process(A100, 41, 100, 10, kind="mps")
+    sim.add_process(A100, 41, 100, 10, mps_client={"pipe_directory": str(mps_daemon.pipe)})
     with structlog.testing.capture_logs() as logs:
         reading = reader.read(A100, handle(A100))
         reader.read(A100, handle(A100))
     assert reading is not None
-    assert [p.pid for p in reading.processes] == [40, 41]
+    # The client once (in the compute and MPS lists both), and its server.
+    assert [(p.pid, p.mps_server) for p in reading.processes] == [
+        (40, False),
+        (41, False),
+        (server_of(sim), True),
+    ]
     switched = [e for e in logs if "no process detail list" in e["event"]]
     assert len(switched) == 1
     before = Counter(sim.calls)
@@ -228,7 +242,7 @@ def test_older_gpus_read_the_three_lists_merging_a_process_in_two(
 
 
 def test_an_r580_driver_refuses_mode_all_and_the_lists_are_read(
-    clock: FakeClock, tmp_path: Path
+    clock: FakeClock, tmp_path: Path, mps_daemon: StandIn
 ) -> None:
     """The built-in driver is R580 (CUDA 13.0), like the real H200 node: mode ALL answers
     INVALID_ARGUMENT there, and the reader reads the three lists from then on (an MPS client,
@@ -240,11 +254,11 @@ def test_an_r580_driver_refuses_mode_all_and_the_lists_are_read(
             nvml.discover()
             reader = ProcessReader(nvml.calls)
             sim.add_process(H100, 40, 300, 10)
-            sim.add_process(H100, 41, 100, 10, kind="mps")
+            sim.add_process(H100, 41, 100, 10, mps_client={"pipe_directory": str(mps_daemon.pipe)})
             for _ in range(2):
                 reading = reader.read(H100, handle(H100))
                 assert reading is not None
-                assert [p.pid for p in reading.processes] == [40, 41]
+                assert [p.pid for p in reading.processes] == [40, 41, server_of(sim)]
         finally:
             nvml.shutdown()
     assert sim.calls["nvmlDeviceGetRunningProcessDetailList"] == 1

@@ -1,5 +1,6 @@
 """MPS on the simulated driver: compute modes, the stand-in control daemon, clients under its
-limits, the server in NVML's lists, and the reader telling the server from its clients."""
+server's limits, the server's life (it outlives its clients until its daemon goes), the clients a
+server serves, the server in NVML's lists, and the reader telling the server from its clients."""
 
 from __future__ import annotations
 
@@ -12,15 +13,16 @@ from typing import Any
 import pynvml
 import pytest
 from support.clock import FakeClock
-from support.mpsdaemon import StandIn, running_daemon
+from support.mpsdaemon import StandIn, running_daemon, wait_until
 
 from gpuagent.gpu.computemode import ComputeModeError, ComputeModes
 from gpuagent.gpu.nvml import Nvml
 from gpuagent.gpu.processes import ProcessReader
-from gpuagent.gpu.sim import SimDriver, install, node_from_mapping, uninstall
+from gpuagent.gpu.sim import SimDriver, install, mps, node_from_mapping, uninstall
 from gpuagent.gpu.sim._api_process import PROCESS_MODE_ALL_CUDA
 from gpuagent.gpu.sim.mps import SERVER_NAME
 from gpuagent.gpu.sim.processes import Refused
+from gpuagent.gpu.sim.spec import CUDA_DRIVER_VERSION
 
 MIB = 1024 * 1024
 H100, H100_MIG, A100 = 0, 1, 2
@@ -169,12 +171,156 @@ def test_a_client_runs_under_its_daemons_limits(
     # In exclusive mode the server holds the GPU: a process that bypasses MPS cannot start.
     with pytest.raises(Refused, match=f"process {server} holds it"):
         driver.add_process(H100, 600, 100, 5)
-    # The server goes with its last client.
-    driver.remove_process(500)
-    assert [p["pid"] for p in driver.remove_process(503)] == [503, server]
+
+
+def test_a_clients_own_limits_only_lower_its_servers(
+    sim: tuple[SimDriver, Nvml], daemon: StandIn
+) -> None:
+    """NVIDIA: a client's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE "will only further constrain" the
+    daemon's; the memory limit is read the same stricter way (the docs are silent on it)."""
+    driver, _ = sim
+    daemon.send(
+        "set_default_device_pinned_mem_limit 0 1G", "set_default_active_thread_percentage 20"
+    )
+    own = client(daemon, pinned_mem_limit_mib=4096, active_thread_percentage=80)
+    with pytest.raises(Refused, match="limit of 1024 MiB"):
+        driver.add_process(H100, 500, 2048, 90, mps_client=own)
+    assert driver.add_process(H100, 500, 1024, 90, mps_client=own)["sm_util"] == 20.0
+
+
+# ----- the server's life --------------------------------------------------------------------------
+def server_of(driver: SimDriver) -> list[tuple[object, object]]:
+    """(GPU, pid) of each MPS server context."""
+    return [(p["gpu"], p["pid"]) for p in driver.processes() if p["name"] == SERVER_NAME]
+
+
+def test_the_server_outlives_its_clients_until_its_daemon_quits(
+    sim: tuple[SimDriver, Nvml], daemon: StandIn
+) -> None:
+    driver, _ = sim
+    pynvml.nvmlDeviceSetComputeMode(handle(H100), EXCLUSIVE)
+    driver.add_process(H100, 500, 100, 5, mps_client=client(daemon))
+    ((_, server),) = server_of(driver)
+    assert daemon.ask("get_server_list") == str(server)
+    assert [p["pid"] for p in driver.remove_process(500)] == [500]
+    # No client left: the server stays, listed by NVML, and holds the exclusive GPU.
+    assert server_of(driver) == [(H100, server)]
+    listed = pynvml.nvmlDeviceGetComputeRunningProcesses_v3(handle(H100))
+    assert [p.pid for p in listed] == [server]
+    with pytest.raises(Refused, match=f"process {server} holds it") as info:
+        driver.add_process(H100, 600, 100, 5)
+    assert info.value.cuda_error == "cudaErrorDevicesUnavailable"
+    # A later client joins the same server.
+    driver.add_process(H100, 501, 100, 5, mps_client=client(daemon))
+    assert server_of(driver) == [(H100, server)]
+    driver.remove_process(501)
+    # The daemon quits: its server goes with it, and the GPU is free again.
+    daemon.send("quit")
+    wait_until(lambda: not server_of(driver), what="the server's exit")
+    wait_until(
+        lambda: not pynvml.nvmlDeviceGetComputeRunningProcesses_v3(handle(H100)),
+        what="NVML's list without the server",
+    )
+    assert driver.add_process(H100, 600, 100, 5)["type"] == "compute"
+
+
+def test_a_server_whose_daemon_quit_stays_while_a_client_runs(
+    sim: tuple[SimDriver, Nvml], daemon: StandIn
+) -> None:
+    driver, _ = sim
+    driver.add_process(H100, 500, 100, 5, mps_client=client(daemon))
+    ((_, server),) = server_of(driver)
+    daemon.send("quit")
+    wait_until(lambda: daemon.process.poll() is not None, what="the daemon's exit")
+    assert server_of(driver) == [(H100, server)]
+    assert [p["pid"] for p in driver.remove_process(500)] == [500, server]
     assert driver.processes() == []
 
 
+def test_a_new_daemon_starts_a_new_server_with_its_defaults(
+    sim: tuple[SimDriver, Nvml], tmp_path: Path
+) -> None:
+    driver, _ = sim
+    pipe, log = tmp_path / "mps" / "pipe", tmp_path / "mps" / "log"
+    with running_daemon(tmp_path / "driver", pipe, log) as first:
+        first.send("set_default_active_thread_percentage 30")
+        driver.add_process(H100, 500, 100, 90, mps_client=client(first))
+        ((_, old),) = server_of(driver)
+    with running_daemon(tmp_path / "driver", pipe, log) as second:
+        started = driver.add_process(H100, 501, 100, 90, mps_client=client(second))
+        assert started["sm_util"] == 90.0  # the new daemon's defaults: 100 %
+        servers = server_of(driver)
+        assert len(servers) == 2
+        assert (H100, old) in servers  # the old one serves 500 still
+        (new,) = {pid for _, pid in servers} - {old}
+        assert second.ask("get_server_list") == str(new)
+        driver.remove_process(500)
+        assert server_of(driver) == [(H100, new)]
+
+
+# ----- the daemon's defaults and a running server's limits ----------------------------------------
+def test_defaults_set_while_a_server_runs_are_for_the_next_server(
+    sim: tuple[SimDriver, Nvml], daemon: StandIn
+) -> None:
+    """NVIDIA's MPS docs: a default set while a server runs "will only affect the next server";
+    set_device_pinned_mem_limit / set_active_thread_percentage <PID> change the running one for
+    the clients created with it afterwards ("existing clients are not affected")."""
+    driver, _ = sim
+    daemon.send(
+        "set_default_device_pinned_mem_limit 0 20G", "set_default_active_thread_percentage 25"
+    )
+    driver.add_process(H100, 500, 1024, 60, mps_client=client(daemon))
+    ((_, server),) = server_of(driver)
+    # NVIDIA's plugin re-sends the defaults: the running server keeps what it started with.
+    sent = daemon.send(
+        "set_default_device_pinned_mem_limit 0 1G", "set_default_active_thread_percentage 50"
+    )
+    assert sent.returncode == 0
+    assert daemon.ask("get_default_device_pinned_mem_limit 0") == "1024M"
+    started = driver.add_process(H100, 501, 15 * 1024, 60, mps_client=client(daemon))
+    assert started["sm_util"] == 25.0
+    assert daemon.ask(f"get_device_pinned_mem_limit {server} 0") == "20480M"
+    assert daemon.ask(f"get_active_thread_percentage {server}") == "25.0"
+    # The per-PID commands change it.
+    daemon.send(
+        f"set_device_pinned_mem_limit {server} 0 2G", f"set_active_thread_percentage {server} 10"
+    )
+    with pytest.raises(Refused, match="limit of 2048 MiB"):
+        driver.add_process(H100, 502, 3 * 1024, 60, mps_client=client(daemon))
+    assert driver.add_process(H100, 502, 2048, 60, mps_client=client(daemon))["sm_util"] == 10.0
+    # The clients already running keep theirs.
+    assert [p["memory_mib"] for p in driver.processes() if p["pid"] == 501] == [15 * 1024]
+    # Another pid is no server of this daemon.
+    refused = daemon.send(f"set_active_thread_percentage {int(str(server)) + 1} 10")
+    assert refused.returncode == 1
+
+
+# ----- how many clients a server serves -----------------------------------------------------------
+def test_max_clients_follow_nvidias_mps_documentation() -> None:
+    assert mps.max_clients(pynvml.NVML_DEVICE_ARCH_PASCAL, 13030) == 16
+    assert mps.max_clients(pynvml.NVML_DEVICE_ARCH_VOLTA, 12080) == 48
+    assert mps.max_clients(pynvml.NVML_DEVICE_ARCH_HOPPER, CUDA_DRIVER_VERSION) == 48  # 13.0
+    assert mps.max_clients(pynvml.NVML_DEVICE_ARCH_HOPPER, 13010) == 60
+
+
+def test_a_server_serves_at_most_its_most_clients_a_gpu(
+    sim: tuple[SimDriver, Nvml], daemon: StandIn
+) -> None:
+    driver, _ = sim  # CUDA 13.3: 60 a GPU
+    most = mps.max_clients(pynvml.NVML_DEVICE_ARCH_HOPPER, driver.node.cuda_driver_version)
+    assert most == 60
+    for pid in range(1000, 1000 + most):
+        driver.add_process(H100, pid, 1, 1, mps_client=client(daemon))
+    with pytest.raises(Refused, match="serves 60 clients on GPU 0") as info:
+        driver.add_process(H100, 2000, 1, 1, mps_client=client(daemon))
+    assert info.value.cuda_error == "cudaErrorMpsMaxClientsReached"
+    driver.add_process(H100, 1000, 2, 1, mps_client=client(daemon))  # a client updated: still 60
+    driver.add_process(A100, 2000, 1, 1, mps_client=client(daemon))  # another GPU: its own 60
+    driver.remove_process(1001)
+    assert driver.add_process(H100, 2001, 1, 1, mps_client=client(daemon))["type"] == "mps"
+
+
+# ----- without a daemon ---------------------------------------------------------------------------
 def test_without_a_daemon_a_client_runs_as_a_plain_process(
     sim: tuple[SimDriver, Nvml], tmp_path: Path
 ) -> None:
@@ -182,10 +328,31 @@ def test_without_a_daemon_a_client_runs_as_a_plain_process(
     gone = {"pipe_directory": str(tmp_path / "nobody")}
     started = driver.add_process(H100, 700, 100, 5, mps_client=gone)
     assert started["type"] == "compute"
+    # Typed "mps", with no daemon answering: CUDA runs it without MPS all the same.
+    assert driver.add_process(H100, 701, 100, 5, kind="mps", mps_client=gone)["type"] == "compute"
+    assert not (Path(mps.DEFAULT_PIPE) / "control").exists()  # CUDA's default: no daemon there
+    assert driver.add_process(A100, 702, 100, 5, kind="mps")["type"] == "compute"
+    assert pynvml.nvmlDeviceGetMPSComputeRunningProcesses_v3(handle(H100)) == []
     with pytest.raises(ValueError, match="absolute path"):
-        driver.add_process(H100, 701, 1, 1, mps_client={"pipe_directory": "relative"})
+        driver.add_process(H100, 703, 1, 1, mps_client={"pipe_directory": "relative"})
     with pytest.raises(ValueError, match="unknown keys"):
-        driver.add_process(H100, 701, 1, 1, mps_client={"pipe_directory": "/x", "limit": 1})
+        driver.add_process(H100, 703, 1, 1, mps_client={"pipe_directory": "/x", "limit": 1})
+
+
+def test_a_process_typed_mps_without_a_daemon_is_refused_by_an_exclusive_gpu(
+    sim: tuple[SimDriver, Nvml], daemon: StandIn, tmp_path: Path
+) -> None:
+    """A server holds the EXCLUSIVE_PROCESS GPU; a process whose daemon does not answer is no
+    MPS client, whatever its type: CUDA refuses its context (cudaErrorDevicesUnavailable)."""
+    driver, _ = sim
+    pynvml.nvmlDeviceSetComputeMode(handle(H100), EXCLUSIVE)
+    driver.add_process(H100, 500, 100, 5, mps_client=client(daemon))
+    ((_, server),) = server_of(driver)
+    gone = {"pipe_directory": str(tmp_path / "nobody")}
+    for extra in ({"mps_client": gone}, {}):
+        with pytest.raises(Refused, match=f"process {server} holds it") as info:
+            driver.add_process(H100, 700, 100, 5, kind="mps", **extra)
+        assert info.value.cuda_error == "cudaErrorDevicesUnavailable"
 
 
 # ----- the reader ---------------------------------------------------------------------------------

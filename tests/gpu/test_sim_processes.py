@@ -16,10 +16,12 @@ from typing import Any
 import pynvml
 import pytest
 from support.clock import FakeClock
+from support.mpsdaemon import StandIn
 from support.simnvml import nvml_on
 
 from gpuagent.gpu.sim import SimDriver, node_from_mapping
 from gpuagent.gpu.sim._api_process import PROCESS_MODE_ALL_CUDA
+from gpuagent.gpu.sim.mps import SERVER_NAME
 from gpuagent.gpu.sim.processes import SAMPLE_PERIOD_US
 from gpuagent.overrides.nvml import nvml_function
 
@@ -53,6 +55,18 @@ def mig_handle(gpu: int, position: int) -> Any:
     return pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle(gpu), position)
 
 
+def client_of(daemon: StandIn) -> dict[str, object]:
+    """The ``mps`` of a client of ``daemon``."""
+    return {"pipe_directory": str(daemon.pipe)}
+
+
+def server_pid(driver: SimDriver) -> int:
+    """The pid of the one MPS server on the simulated node."""
+    (pid,) = {p["pid"] for p in driver.processes() if p["name"] == SERVER_NAME}
+    assert isinstance(pid, int)
+    return pid
+
+
 def instances(driver: SimDriver, gpu: int) -> list[tuple[int, int]]:
     """(GPU instance, compute instance) of each MIG device, in enumeration order."""
     found = []
@@ -77,16 +91,20 @@ class TestRunningProcesses:
         assert pynvml.nvmlDeviceGetComputeRunningProcesses_v3(handle(0)) == []
         assert pynvml.nvmlDeviceGetGraphicsRunningProcesses_v3(handle(0)) == []
 
-    def test_processes_listed_by_kind_with_memory(self, driver: SimDriver) -> None:
+    def test_processes_listed_by_kind_with_memory(
+        self, driver: SimDriver, mps_daemon: StandIn
+    ) -> None:
         driver.add_process(0, 4242, 1024, 30)
         driver.add_process(0, 4343, 512.5, 10, kind="graphics")
-        driver.add_process(0, 4444, 256, 5, kind="mps")
+        driver.add_process(0, 4444, 256, 5, mps_client=client_of(mps_daemon))
         driver.add_process(1, 4242, 100, 1)  # the same process on a second GPU
         compute = pynvml.nvmlDeviceGetComputeRunningProcesses_v3(handle(0))
-        # An MPS client is a compute context too: listed in both, as on a real R580 driver.
+        # An MPS client is a compute context too: listed in both, as on a real R580 driver, with
+        # its server (a compute process of 66 MiB).
         assert [(p.pid, p.usedGpuMemory) for p in compute] == [
             (4242, 1024 * MIB),
             (4444, 256 * MIB),
+            (server_pid(driver), 66 * MIB),
         ]
         assert (compute[0].gpuInstanceId, compute[0].computeInstanceId) == (NO_INSTANCE,) * 2
         graphics = pynvml.nvmlDeviceGetGraphicsRunningProcesses_v3(handle(0))
@@ -151,14 +169,22 @@ class TestDetailList:
             )
         )
 
-    def test_modes_list_as_a_real_r580_driver_does(self, driver: SimDriver) -> None:
+    def test_modes_list_as_a_real_r580_driver_does(
+        self, driver: SimDriver, mps_daemon: StandIn
+    ) -> None:
         """What a real 580.159 driver answered with an MPS server's clients on the GPU: mode
-        compute lists every compute context (MPS clients too), MPS the clients, graphics none."""
+        compute lists every compute context (MPS clients and server too), MPS the clients,
+        graphics none."""
         driver.add_process(0, 1, 10, 1)
         driver.add_process(0, 2, 20, 1, kind="graphics")
-        driver.add_process(0, 3, 30, 1, kind="mps")
+        driver.add_process(0, 3, 30, 1, mps_client=client_of(mps_daemon))
         compute = self.detail(0, pynvml.NVML_PROCESS_MODE_COMPUTE)
-        assert [(p.pid, p.usedGpuMemory) for p in compute] == [(1, 10 * MIB), (3, 30 * MIB)]
+        server = server_pid(driver)
+        assert [(p.pid, p.usedGpuMemory) for p in compute] == [
+            (1, 10 * MIB),
+            (3, 30 * MIB),
+            (server, 66 * MIB),
+        ]
         assert [p.pid for p in self.detail(0, pynvml.NVML_PROCESS_MODE_GRAPHICS)] == [2]
         assert [p.pid for p in self.detail(0, pynvml.NVML_PROCESS_MODE_MPS)] == [3]
         assert self.detail(1, pynvml.NVML_PROCESS_MODE_COMPUTE) == []
@@ -169,18 +195,21 @@ class TestDetailList:
         refused = code(self.detail, 0, pynvml.NVML_PROCESS_MODE_ALL)
         assert refused == pynvml.NVML_ERROR_INVALID_ARGUMENT
 
-    def test_mode_all_lists_every_kind_on_a_newer_driver(self, clock: FakeClock) -> None:
+    def test_mode_all_lists_every_kind_on_a_newer_driver(
+        self, clock: FakeClock, mps_daemon: StandIn
+    ) -> None:
         node = node_from_mapping({"version": "v1", "gpus": [{"name": "H100"}]})
         newer = replace(node, cuda_driver_version=PROCESS_MODE_ALL_CUDA)
         with nvml_on(SimDriver(newer, clock=clock)) as driver:
             driver.add_process(0, 1, 10, 1)
             driver.add_process(0, 2, 20, 1, kind="graphics")
-            driver.add_process(0, 3, 30, 1, kind="mps")
+            driver.add_process(0, 3, 30, 1, mps_client=client_of(mps_daemon))
             every = self.detail(0, pynvml.NVML_PROCESS_MODE_ALL)
             assert [(p.pid, p.usedGpuMemory) for p in every] == [
                 (1, 10 * MIB),
                 (2, 20 * MIB),
                 (3, 30 * MIB),
+                (server_pid(driver), 66 * MIB),
             ]
 
     def test_bad_version_or_mode_and_older_gpus(self, driver: SimDriver) -> None:

@@ -103,7 +103,7 @@ class SimDriver:
         self._state = DriverState(node, clock)
         self._proc = SimProcFiles(node, boot_id or str(uuid.uuid4()))
         self._sys = SimSysFiles(node)
-        self._mps_servers: dict[str, int] = {}  # MPS pipe directory -> its server's pid
+        self._mps = mps.Servers(node.cuda_driver_version)
         self._sleep = sleep
         self.calls = Counter()
         self._faults = CallFaults(self._state.cond, len(self._state.gpus), SYMBOLS, self.remove)
@@ -172,6 +172,8 @@ class SimDriver:
                 gpus.append(gpu)
             if not symbol.lost_ok and any(gpu.lost for gpu in gpus):
                 return int(pynvml.NVML_ERROR_GPU_IS_LOST)
+            if self._mps.running:  # servers whose daemon went end (see sim/mps.py)
+                self._mps.reap_due(st.processes, time.monotonic())
             try:
                 return symbol.impl(st, *gpus, *args[symbol.handles :])
             except BadArgument:
@@ -306,39 +308,35 @@ class SimDriver:
         name: object = "python3",
         mps_client: object = None,
     ) -> dict[str, object]:
-        """Start (or update) process ``pid``'s context on GPU ``gpu``; returns it as JSON.
-
-        ``mps_client``: the process is a client of the MPS daemon it names
-        (:mod:`gpuagent.gpu.sim.mps`). Raises ``LookupError`` for a GPU that does not exist,
-        :class:`~gpuagent.gpu.sim.processes.Refused` for what the driver refuses (an exclusive
-        compute mode, an MPS client's memory limit) and ``ValueError`` for a bad value, a MIG
-        instance that does not exist, or more memory than the GPU (instance) has free.
-        """
+        """Start (or update) process ``pid``'s context on GPU ``gpu``; returns it as JSON. With
+        ``mps_client`` (or ``kind`` ``mps``): an MPS client (:mod:`gpuagent.gpu.sim.mps`).
+        ``LookupError``: no such GPU; ``Refused``: what the driver refuses; ``ValueError``: a bad
+        value, a MIG instance that does not exist, more memory than the GPU (instance) has free."""
         st = self._state
         if isinstance(gpu, bool) or not isinstance(gpu, int):
             raise ValueError(f"'gpu' must be an integer GPU index, got {gpu!r}")  # noqa: TRY004
-        client = mps.MpsClient.parse(mps_client)
-        limits = mps.client_limits(client, gpu) if client is not None else None
+        connected = mps.connect_process(self._mps, mps_client, kind)
         started = {"pid": pid, "memory_mib": memory_mib, "sm_util": sm_util, "name": name,
                    "gpu_instance": gpu_instance, "compute_instance": compute_instance}  # fmt: skip
         with st.cond:
             if not 0 <= gpu < len(st.gpus):
                 raise LookupError(f"no simulated GPU {gpu} (there are {len(st.gpus)})")
-            if client is not None and limits is not None:
-                process = mps.start_client(
-                    st.gpus[gpu], st.processes, self._mps_servers, client, limits, **started
-                )
+            self._mps.reap(st.processes)
+            target = st.gpus[gpu]
+            if connected is not None:
+                process = self._mps.start(target, st.processes, connected, **started)
                 return process.describe()
-            process = new_process(st.gpus[gpu], st.processes, kind=kind, **started)  # type: ignore[arg-type]
+            plain = "compute" if kind == "mps" else kind  # no daemon: CUDA runs without MPS
+            process = new_process(target, st.processes, kind=plain, **started)  # type: ignore[arg-type]
             st.processes.add(process)
             return process.describe()
 
     def remove_process(self, pid: int) -> list[dict[str, object]]:
-        """End process ``pid`` on every GPU (and an MPS server left without a client there);
+        """End process ``pid`` on every GPU (and a server it leaves without client or daemon);
         ``LookupError`` when it runs on none."""
         with self._state.cond:
             removed = self._state.processes.remove(pid)
-            ended = mps.end_servers(self._state.processes, self._mps_servers)
+            ended = self._mps.reap(self._state.processes)
         if not removed:
             raise LookupError(f"no simulated process {pid}")
         return [p.describe() for p in (*removed, *ended)]
@@ -346,6 +344,7 @@ class SimDriver:
     def processes(self) -> list[dict[str, object]]:
         """Every simulated process context, by GPU then start order, as JSON."""
         with self._state.cond:
+            self._mps.reap(self._state.processes)
             return [p.describe() for p in self._state.processes.all()]
 
     # ----- test hooks --------------------------------------------------------------------------

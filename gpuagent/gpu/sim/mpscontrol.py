@@ -19,9 +19,23 @@ agent and the simulated driver can see it:
 Commands: ``set_default_device_pinned_mem_limit <dev> <value>`` (value ``<n>``, ``<n>K``,
 ``<n>M`` or ``<n>G``, bytes without a unit), ``get_default_device_pinned_mem_limit <dev>``
 (``<n>M``, or ``none``), ``set_default_active_thread_percentage <p>``,
-``get_default_active_thread_percentage`` (``100.0`` until set), ``get_server_list`` (empty: the
-simulated driver keeps the servers) and ``quit``. The simulated driver asks the daemon for a
-client's limits over the same socket (:func:`ask`), as a CUDA client asks the real one.
+``get_default_active_thread_percentage`` (``100.0`` until set), ``get_server_list`` (the pid of
+its server, when one runs), ``set_device_pinned_mem_limit <PID> <dev> <value>``,
+``get_device_pinned_mem_limit <PID> <dev>``, ``set_active_thread_percentage <PID> <p>``,
+``get_active_thread_percentage <PID>`` (of the running server ``PID``; another pid is refused)
+and ``quit``.
+
+As NVIDIA's MPS documentation says of the real daemon ("Legacy MPS v2 Interface"): the defaults
+are what a server gets when it starts — set while a server runs, they "only affect the next
+server" — and the per-PID commands change a running server's limits for the clients created
+with it afterwards ("existing clients are not affected"). The server is started for the first
+client and outlives its clients: it goes with the daemon (``quit``, a signal).
+
+The simulated driver connects a client over the same socket (:func:`ask`), as a CUDA client
+connects to the real daemon: ``sim_client_connect <pid>`` (not a command of the real daemon)
+starts the daemon's server with pid ``<pid>`` (the simulated driver names the processes) if it
+has none, and answers its pid, the daemon's pid, its active thread percentage and its pinned
+memory limits (``<server pid> <daemon pid> <percentage> [<dev>=<MiB> …]``).
 
 The standard library only: the program starts in tens of milliseconds, and never imports the
 agent.
@@ -39,6 +53,7 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 __all__ = ["PID_FILE", "ask", "install", "main", "value_mib"]
@@ -87,13 +102,25 @@ def ask(pipe_dir: str | Path, command: str, timeout: float = 2.0) -> tuple[bool,
     return status == "ok", answer.rstrip("\n")
 
 
+class _Server:
+    """The daemon's server: the limits it started with, or was given since."""
+
+    def __init__(self, pid: int, limits_mib: dict[int, int], percentage: float) -> None:
+        self.pid, self.limits_mib, self.percentage = pid, limits_mib, percentage
+
+    def describe(self) -> str:
+        limits = " ".join(f"{dev}={mib}" for dev, mib in sorted(self.limits_mib.items()))
+        return f"{self.pid} {os.getpid()} {self.percentage:g} {limits}".rstrip()
+
+
 class _Daemon:
-    """The control daemon's state: the defaults its clients get."""
+    """The control daemon's state: the defaults a new server gets, and its server."""
 
     def __init__(self, pipe: Path, log: Path) -> None:
         self.pipe, self.log = pipe, log
         self.limits_mib: dict[int, int] = {}
         self.percentage = 100.0
+        self.server: _Server | None = None
         self.quitting = False
 
     def handle(self, command: str) -> tuple[bool, str]:
@@ -101,40 +128,104 @@ class _Daemon:
         if not words:
             return True, ""
         verb, args = words[0], words[1:]
-        if verb == "quit" and not args:
-            self.quitting = True
-            return True, ""
-        if verb == "get_server_list" and not args:
-            return True, ""
-        if verb == "get_default_active_thread_percentage" and not args:
-            return True, f"{self.percentage:.1f}"
-        if verb == "set_default_active_thread_percentage" and len(args) == 1:
-            return self._set_percentage(args[0])
-        if verb == "get_default_device_pinned_mem_limit" and len(args) == 1:
-            if not args[0].isdecimal():
-                return False, f"invalid device: {args[0]}"
-            limit = self.limits_mib.get(int(args[0]))
-            return True, "none" if limit is None else f"{limit}M"
-        if verb == "set_default_device_pinned_mem_limit" and len(args) == 2:
-            return self._set_limit(args[0], args[1])
-        return False, f"Unrecognized command: {command.strip()[:200]}"
+        known = _COMMANDS.get(verb)
+        if known is None or len(args) != known[0]:
+            return False, f"Unrecognized command: {command.strip()[:200]}"
+        return known[1](self, *args)
 
-    def _set_percentage(self, text: str) -> tuple[bool, str]:
-        try:
-            value = float(text)
-        except ValueError:
-            return False, f"invalid percentage: {text}"
-        if not 0 < value <= 100:
+    def quit(self) -> tuple[bool, str]:
+        self.quitting = True
+        return True, ""
+
+    def server_list(self) -> tuple[bool, str]:
+        return True, "" if self.server is None else str(self.server.pid)
+
+    def connect(self, pid: str) -> tuple[bool, str]:
+        """A client connects: the running server, or one started now with the defaults."""
+        if self.server is None:
+            if not pid.isdecimal():
+                return False, f"invalid pid: {pid}"
+            self.server = _Server(int(pid), dict(self.limits_mib), self.percentage)
+        return True, self.server.describe()
+
+    def default_percentage(self) -> tuple[bool, str]:
+        return True, f"{self.percentage:.1f}"
+
+    def set_default_percentage(self, text: str) -> tuple[bool, str]:
+        value = _percentage(text)
+        if value is None:
             return False, f"invalid percentage: {text}"
         self.percentage = value
         return True, ""
 
-    def _set_limit(self, device: str, value: str) -> tuple[bool, str]:
+    def default_limit(self, device: str) -> tuple[bool, str]:
+        if not device.isdecimal():
+            return False, f"invalid device: {device}"
+        limit = self.limits_mib.get(int(device))
+        return True, "none" if limit is None else f"{limit}M"
+
+    def set_default_limit(self, device: str, value: str) -> tuple[bool, str]:
         mib = value_mib(value)
         if not device.isdecimal() or mib is None:
             return False, f"invalid arguments: {device} {value}"
         self.limits_mib[int(device)] = int(mib)
         return True, ""
+
+    def _running(self, pid: str) -> _Server | None:
+        server = self.server
+        return server if server is not None and pid == str(server.pid) else None
+
+    def percentage_of(self, pid: str) -> tuple[bool, str]:
+        server = self._running(pid)
+        if server is None:
+            return False, f"no server with pid {pid}"
+        return True, f"{server.percentage:.1f}"
+
+    def set_percentage_of(self, pid: str, text: str) -> tuple[bool, str]:
+        server, value = self._running(pid), _percentage(text)
+        if server is None or value is None:
+            return False, f"invalid arguments: {pid} {text}"
+        server.percentage = value
+        return True, ""
+
+    def limit_of(self, pid: str, device: str) -> tuple[bool, str]:
+        server = self._running(pid)
+        if server is None or not device.isdecimal():
+            return False, f"invalid arguments: {pid} {device}"
+        limit = server.limits_mib.get(int(device))
+        return True, "none" if limit is None else f"{limit}M"
+
+    def set_limit_of(self, pid: str, device: str, value: str) -> tuple[bool, str]:
+        server, mib = self._running(pid), value_mib(value)
+        if server is None or not device.isdecimal() or mib is None:
+            return False, f"invalid arguments: {pid} {device} {value}"
+        server.limits_mib[int(device)] = int(mib)
+        return True, ""
+
+
+_Handler = Callable[..., tuple[bool, str]]
+#: Each command: how many arguments it takes, and what answers it.
+_COMMANDS: dict[str, tuple[int, _Handler]] = {
+    "quit": (0, _Daemon.quit),
+    "get_server_list": (0, _Daemon.server_list),
+    "sim_client_connect": (1, _Daemon.connect),
+    "get_default_active_thread_percentage": (0, _Daemon.default_percentage),
+    "set_default_active_thread_percentage": (1, _Daemon.set_default_percentage),
+    "get_default_device_pinned_mem_limit": (1, _Daemon.default_limit),
+    "set_default_device_pinned_mem_limit": (2, _Daemon.set_default_limit),
+    "get_active_thread_percentage": (1, _Daemon.percentage_of),
+    "set_active_thread_percentage": (2, _Daemon.set_percentage_of),
+    "get_device_pinned_mem_limit": (2, _Daemon.limit_of),
+    "set_device_pinned_mem_limit": (3, _Daemon.set_limit_of),
+}
+
+
+def _percentage(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if 0 < value <= 100 else None
 
 
 def _say(daemon: _Daemon, text: str) -> None:

@@ -88,8 +88,8 @@ class SimProcess:
     compute_instance: int | None = None
     kind: str = "compute"
     name: str = DEFAULT_NAME
-    # The MPS pipe directory of the daemon whose server this is, or whose client.
-    mps_pipe: str = ""
+    # The pid of the MPS server this process is a client of, or is (0: neither).
+    mps_server: int = 0
 
     @property
     def memory_bytes(self) -> int:
@@ -189,7 +189,7 @@ def new_process(
     compute_instance: object = None,
     kind: object = "compute",
     name: object = DEFAULT_NAME,
-    mps_pipe: str = "",
+    mps_server: int = 0,
 ) -> SimProcess:
     """A validated process for ``gpu`` (a full GPU's state); ``ValueError`` says what is wrong,
     :class:`Refused` what the driver refuses."""
@@ -223,7 +223,7 @@ def new_process(
         compute_instance=ci,
         kind=kind,
         name=name,
-        mps_pipe=mps_pipe,
+        mps_server=mps_server,
     )
 
 
