@@ -29,7 +29,11 @@ Probe = Callable[[], str | None]
 
 class FirstBytes(asyncio.Protocol):
     """``inner`` (aiohttp's protocol for one connection), closed unless bytes arrive within
-    ``deadline`` seconds of the connection opening."""
+    ``deadline`` seconds of the connection opening.
+
+    ``on_made`` is called when the connection is made (after its TLS handshake), ``on_lost``
+    when it is lost; a connection whose handshake fails has neither (asyncio and uvloop tell
+    the protocol nothing of it)."""
 
     def __init__(self, inner: asyncio.Protocol, deadline: float) -> None:
         self._inner = inner
@@ -38,6 +42,7 @@ class FirstBytes(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self.expired = False
         self.last_heard = 0.0  # loop time of the client's last bytes (or of the connection)
+        self.on_made: Callable[[FirstBytes], None] | None = None
         self.on_lost: Callable[[FirstBytes], None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -45,6 +50,8 @@ class FirstBytes(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         self.last_heard = loop.time()
         self._timer = loop.call_later(self._deadline, self._expire)
+        if self.on_made is not None:
+            self.on_made(self)
         self._inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:

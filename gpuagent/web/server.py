@@ -260,10 +260,16 @@ class HttpServer:
                 "/readyz": lambda: ready().reason,
             }
         self._started = False
-        self._live: set[FirstBytes] = set()
+        self._live: set[FirstBytes] = set()  # made (past their TLS handshake), not yet lost
         self.port = self._listener.port
         self.refused = 0
         self.evicted = 0
+        self.accepted = 0  # handed to the HTTP protocol (their TLS handshakes not yet done)
+
+    @property
+    def connections(self) -> int:
+        """The connections open now, past their TLS handshake (over-limit ones aside)."""
+        return len(self._live)
 
     async def start(self) -> None:
         await self._runner.setup()
@@ -285,8 +291,10 @@ class HttpServer:
                 return ProbesOnly(self._probes, limits.overflow_timeout)
             if full:
                 self.evicted += 1
+            self.accepted += 1
             connection = FirstBytes(handler_factory(), limits.first_bytes_timeout)
-            live.add(connection)
+            # Counted once made: a connection whose TLS handshake fails is never lost either.
+            connection.on_made = live.add
             connection.on_lost = live.discard
             return connection
 

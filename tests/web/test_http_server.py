@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 from support.synthetic import synthetic_snapshot
 from support.tls import Pki, make_pki
+from support.tlsclient import KeptConnection
 from support.waiting import eventually
 
 from gpuagent.domain.devices import Registration
@@ -418,3 +419,26 @@ async def test_a_silent_tls_client_is_cut_off(tmp_path: Path, pki: Pki) -> None:
         async with asyncio.timeout(5):
             assert await reader.read() == b""  # never sent a ClientHello
         writer.close()
+
+
+async def test_a_refused_tls_handshake_leaves_no_connection_behind(
+    tmp_path: Path, pki: Pki
+) -> None:
+    """asyncio and uvloop tell the protocol nothing of a failed handshake: a connection is
+    counted (and can be evicted to make room) once made, never before."""
+    config = write_web_config(
+        tmp_path / "web.yml",
+        f"tls_server_config:\n  cert_file: {pki.server_cert}\n  key_file: {pki.server_key}\n"
+        f"  client_ca_file: {pki.ca_cert}\n  client_auth_type: RequireAndVerifyClientCert\n",
+    )
+    async with serving(web_config=config) as s:
+        kept, refused = (KeptConnection(s.server.port, pki.ca_cert, cert=pki),
+                         KeptConnection(s.server.port, pki.ca_cert))  # fmt: skip
+        try:
+            assert (await kept.ask()).startswith("200 OK")
+            assert await refused.ask() == "closed"
+            assert s.server.accepted == 2
+            assert s.server.connections == 1  # the kept one
+        finally:
+            refused.close()
+            kept.close()
