@@ -3,7 +3,8 @@
 * :class:`FirstBytes` — a connection that sends nothing within a short deadline is closed (an
   idle squatter costs seconds, not aiohttp's one-minute keep-alive); it also knows when its
   client last sent anything, so that at the limit the quietest connection can make room
-  (:func:`evict_quietest`);
+  (:func:`evict_quietest`); and it can be retired (:meth:`FirstBytes.retire`): closed once
+  the response in progress, if any, is written, and no request taken on it meanwhile;
 * :class:`ProbesOnly` — a connection over the server's limit is not refused outright: a probe
   (``GET /health``, ``/healthz`` or ``/readyz``) on it is answered from the probes, anything
   else gets ``503``, and the connection is closed. However many connections others hold, the
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import cast
+from typing import Protocol, cast
 
 __all__ = ["MAX_REQUEST_LINE", "FirstBytes", "ProbesOnly", "evict_quietest"]
 
@@ -27,21 +28,38 @@ _PATHS = {path.encode() for path in _OK}
 Probe = Callable[[], str | None]
 
 
+class ConnectionHandler(Protocol):
+    """What :class:`FirstBytes` needs of the protocol it wraps (aiohttp's ``RequestHandler``)."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None: ...
+    def data_received(self, data: bytes) -> None: ...
+    def eof_received(self) -> bool | None: ...
+    def pause_writing(self) -> None: ...
+    def resume_writing(self) -> None: ...
+    def connection_lost(self, exc: Exception | None) -> None: ...
+    def close(self) -> None: ...  # take no further request; close after the one in progress
+    async def shutdown(self, timeout: float | None, /) -> None: ...  # noqa: ASYNC109  (aiohttp's)
+
+
 class FirstBytes(asyncio.Protocol):
     """``inner`` (aiohttp's protocol for one connection), closed unless bytes arrive within
-    ``deadline`` seconds of the connection opening.
+    ``deadline`` seconds of the connection opening. ``accepted_in``: the server's count of
+    changes of trust when it accepted the connection (read back when the connection is made).
 
     ``on_made`` is called when the connection is made (after its TLS handshake), ``on_lost``
     when it is lost; a connection whose handshake fails has neither (asyncio and uvloop tell
     the protocol nothing of it)."""
 
-    def __init__(self, inner: asyncio.Protocol, deadline: float) -> None:
+    def __init__(self, inner: ConnectionHandler, deadline: float, *, accepted_in: int = 0) -> None:
         self._inner = inner
         self._deadline = deadline
         self._timer: asyncio.TimerHandle | None = None
         self._transport: asyncio.Transport | None = None
         self.expired = False
+        #: no request is to be answered on it any more (:meth:`retire`)
+        self.retired = False
         self.last_heard = 0.0  # loop time of the client's last bytes (or of the connection)
+        self.accepted_in = accepted_in
         self.on_made: Callable[[FirstBytes], None] | None = None
         self.on_lost: Callable[[FirstBytes], None] | None = None
 
@@ -53,6 +71,8 @@ class FirstBytes(asyncio.Protocol):
         if self.on_made is not None:
             self.on_made(self)
         self._inner.connection_made(transport)
+        if self.retired:  # (by ``on_made``): it never takes a request
+            self.close()
 
     def data_received(self, data: bytes) -> None:
         if self._timer is not None:
@@ -65,6 +85,20 @@ class FirstBytes(asyncio.Protocol):
         """Close the connection (a response being written is cut short)."""
         if self._transport is not None and not self._transport.is_closing():
             self._transport.close()
+
+    def retire(self) -> None:
+        """Take no further request on this connection, from now on: aiohttp parses no more of
+        its bytes, and the server answers none of the requests already parsed (it checks
+        :attr:`retired` before any handler runs). :meth:`drain` then closes it."""
+        self.retired = True
+        if self._transport is not None:
+            self._inner.close()
+
+    async def drain(self, seconds: float) -> None:
+        """Close a retired connection: at once if idle, else once the response in progress is
+        written (for ``seconds`` at most: then it is cut short)."""
+        if self._transport is not None:
+            await self._inner.shutdown(seconds)
 
     def eof_received(self) -> bool | None:
         return self._inner.eof_received()

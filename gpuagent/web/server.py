@@ -7,6 +7,10 @@ keep-alive timer runs from the moment a connection opens), TLS handshake time, c
 connections, concurrent /metrics responses, and the time to write one. /metrics bodies are written
 in 64 KiB pieces that wait for the socket to drain, so a client that reads slowly holds at most
 about one piece in memory; the body itself is shared by every scrape of a snapshot version.
+
+A reload of the web config that changes who may be served (client CAs, ``client_auth_type``, TLS
+versions) closes the connections opened before it (:meth:`HttpServer.retire`): none of them is
+served on the identity it was verified with then.
 """
 
 from __future__ import annotations
@@ -80,7 +84,9 @@ def build_app(
     limits: HttpLimits = HttpLimits(),
 ) -> web.Application:
     """The HTTP surface, reading only from ``store`` (snapshot, plan, counters) and ``probes``."""
-    app = web.Application(client_max_size=MAX_BODY, middlewares=[_auth_middleware(web_config)])
+    app = web.Application(
+        client_max_size=MAX_BODY, middlewares=[_retired, _auth_middleware(web_config)]
+    )
     scrapes = _Scrapes(store, renderer, limits)
 
     async def add_headers(request: web.Request, response: web.StreamResponse) -> None:
@@ -124,6 +130,19 @@ def build_app(
     if simulator is not None:
         add_simulation_routes(app, simulator)
     return app
+
+
+@web.middleware
+async def _retired(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A request on a retired connection (accepted before a change of who may be served, see
+    :meth:`HttpServer.retire`) is not answered: the connection is closed, and the client asks
+    again on a new one, verified under what is served now."""
+    transport = request.transport
+    connection = transport.get_protocol() if transport is not None else None
+    if isinstance(connection, FirstBytes) and connection.retired:
+        request.protocol.force_close()
+        return web.Response(status=503)  # never written: the connection is closed
+    return await handler(request)
 
 
 def _auth_middleware(web_config: WebConfigFile | None) -> Middleware:
@@ -222,7 +241,8 @@ class HttpServer:
     """Runs an application on a TCP address; ``port`` is the bound port (useful with port 0).
 
     ``listener``: the address already bound (:class:`~gpuagent.web.listener.Listener`); by
-    default :meth:`start` binds ``host`` and ``port``.
+    default :meth:`start` binds ``host`` and ``port``. ``web_config``: the web config served,
+    whose changes of who may be served retire the connections accepted before them.
     """
 
     def __init__(
@@ -235,6 +255,7 @@ class HttpServer:
         limits: HttpLimits = HttpLimits(),
         probes: Probes | None = None,
         listener: Listener | None = None,
+        web_config: WebConfigFile | None = None,
     ) -> None:
         self._runner = web.AppRunner(
             app,
@@ -261,6 +282,9 @@ class HttpServer:
             }
         self._started = False
         self._live: set[FirstBytes] = set()  # made (past their TLS handshake), not yet lost
+        self._web_config = web_config
+        self._trust_changes = 0  # since the start (each connection knows the count it met)
+        self._draining: set[asyncio.Task[None]] = set()
         self.port = self._listener.port
         self.refused = 0
         self.evicted = 0
@@ -292,12 +316,16 @@ class HttpServer:
             if full:
                 self.evicted += 1
             self.accepted += 1
-            connection = FirstBytes(handler_factory(), limits.first_bytes_timeout)
+            connection = FirstBytes(
+                handler_factory(), limits.first_bytes_timeout, accepted_in=self._trust_changes
+            )
             # Counted once made: a connection whose TLS handshake fails is never lost either.
-            connection.on_made = live.add
+            connection.on_made = self._made
             connection.on_lost = live.discard
             return connection
 
+        if self._web_config is not None:
+            self._web_config.trust_changed.append(self.retire)
         await self._listener.serve(protocol)
         self.port = self._listener.port
         log.info(
@@ -307,7 +335,41 @@ class HttpServer:
             tls=self._listener.tls,
         )
 
+    def _made(self, connection: FirstBytes) -> None:
+        # Accepted before a change of trust, handshaken after: OpenSSL took the verify mode and
+        # versions from the listening context when it was accepted, the CAs at its ClientHello.
+        # Whatever it was verified under, it is retired: it is closed before any request.
+        if connection.accepted_in != self._trust_changes:
+            connection.retired = True
+        self._live.add(connection)
+
+    def retire(self) -> None:
+        """Retire every connection open now (a reload changed who may be served: the client
+        CAs, ``client_auth_type`` or the TLS versions): none of them gets an answer to a request
+        not yet under way; each is closed at once if idle, else once its response is written.
+        One accepted but still in its TLS handshake is closed once that ends. The clients
+        connect again, and their new handshakes are verified under the new config."""
+        self._trust_changes += 1
+        retired = [c for c in self._live if not c.retired]
+        for connection in retired:
+            connection.retire()
+        if not retired:
+            return
+        log.info("closing the connections opened before a change of TLS trust", count=len(retired))
+        task = asyncio.create_task(self._drain(retired), name="http-retired-connections")
+        self._draining.add(task)
+        task.add_done_callback(self._draining.discard)
+
+    async def _drain(self, retired: list[FirstBytes]) -> None:
+        timeout = self._limits.write_timeout  # a response in progress: as long as its write
+        await asyncio.gather(*(c.drain(timeout) for c in retired), return_exceptions=True)
+
     async def close(self) -> None:
+        if self._web_config is not None and self.retire in self._web_config.trust_changed:
+            self._web_config.trust_changed.remove(self.retire)
+        for task in self._draining:
+            task.cancel()
+        await asyncio.gather(*self._draining, return_exceptions=True)
         self._listener.close()
         if self._started:
             await self._runner.cleanup()

@@ -22,7 +22,9 @@ it keeps from the listening one (``SSL_set_SSL_CTX``, checked by handshakes in t
   ClientHello: the verify mode (``client_auth_type``), the TLS versions (chosen before the
   callback runs) and the options. A reload sets these on the listening context, so a
   connection accepted before the reload whose ClientHello comes after has the old verify mode
-  and versions with the new certificate and CAs;
+  and versions with the new certificate and CAs (the HTTP server closes such a connection when
+  its handshake ends, as it does every connection open at a change of trust:
+  :meth:`TlsConfig.trust`);
 - a resumed session (a session ticket, or TLS 1.2's session-ID cache, which lives in the
   listening context and which Python cannot flush) is looked up before the callback and carries
   the client certificate verified when it was made. The callback refuses the resumption of a
@@ -114,6 +116,13 @@ class TlsConfig:
                     f"cannot load {self.client_ca_file}: {exc}",
                 ) from None
         return ctx
+
+    def trust(self, pem: Pem) -> tuple[object, ...]:
+        """What a client is verified against and held to: the client CAs (their content, not
+        the file's name), ``client_auth_type`` and the TLS versions. A change of it is a change
+        of who may be served (:meth:`WebConfigFile.use` closes the connections accepted before
+        it); the server's own certificate and key are not part of it."""
+        return (pem.client_ca, self.client_auth_type, self.min_version, self.max_version)
 
     def settle(self, ctx: ssl.SSLContext) -> None:
         """Set what OpenSSL takes from the listening context, not from a switched-to one: the

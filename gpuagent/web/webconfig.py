@@ -24,7 +24,7 @@ security setting is never silently ignored.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -271,6 +271,10 @@ class WebConfigFile:
     a TLS file that does not load, and a file that would weaken authentication or TLS only by
     leaving a key out (:func:`weakened_by_omission`) refuse the whole reload. TLS itself can be
     turned on or off only by a restart.
+
+    A reload that changes who may be served (:meth:`~gpuagent.web.tls.TlsConfig.trust`: the
+    client CAs, ``client_auth_type``, the TLS versions) also calls every :attr:`trust_changed`
+    callback, at once: the HTTP server retires the connections accepted before it.
     """
 
     def __init__(self, path: Path) -> None:
@@ -281,6 +285,8 @@ class WebConfigFile:
         #: the listening socket's context (``None`` without TLS)
         self.ssl_context = self._tls.listening if self._tls is not None else None
         self.auth = BasicAuth(self.config.users)
+        #: called (on the loop) by :meth:`use` when it changes who may be served
+        self.trust_changed: list[Callable[[], None]] = []
 
     def files(self) -> tuple[Path, ...]:
         """The files a change of the web config is a change of: itself and its TLS files."""
@@ -304,6 +310,7 @@ class WebConfigFile:
         changed (the file, or the content of a file it names)."""
         changed = config != self.config
         tls_changed = (config.tls, config.pem) != (self.config.tls, self.config.pem)
+        trust_changed = _trust(config) != _trust(self.config)
         if tls_changed and config.tls is not None and config.pem is not None and self._tls:
             self._tls.serve(config.tls, config.pem)
         if config.users != self.config.users:
@@ -313,4 +320,12 @@ class WebConfigFile:
         self.config = config
         if changed:
             log.info("web config reloaded", path=str(self.path))
+        if trust_changed:
+            for callback in self.trust_changed:
+                callback()
         return changed
+
+
+def _trust(config: WebConfig) -> tuple[object, ...]:
+    tls, pem = config.tls, config.pem
+    return () if tls is None or pem is None else tls.trust(pem)

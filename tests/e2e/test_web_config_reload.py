@@ -22,6 +22,7 @@ import pytest
 from structlog.testing import capture_logs
 from support.files import replace_atomically
 from support.tls import Pki, make_pki
+from support.tlsclient import KeptConnection
 from support.waiting import eventually
 
 from e2e.agentrun import RunningAgent, running_agent
@@ -228,6 +229,35 @@ async def test_a_half_written_key_keeps_the_served_certificate(
         assert await run.agent.reload() == []
         rotated = await asyncio.to_thread(_served_certificate, port, other.ca_cert)
         assert rotated == ssl.PEM_cert_to_DER_cert(other.server_cert.read_text())
+
+
+async def test_a_client_ca_replaced_closes_the_connections_it_verified(
+    device_plugin_dir: Path, tmp_path: Path
+) -> None:
+    """A scraper's kept connection, verified by the CA the reload removes, is closed at once;
+    the scraper connects again, with a certificate the new CA signed."""
+    pki, other, _, _, args = await served_over_tls(tmp_path)
+    ca = tmp_path / "client-ca.crt"
+    ca.write_bytes(pki.ca_cert.read_bytes())
+    web = tmp_path / "web.yml"
+    web.write_text(
+        web.read_text() + "  client_ca_file: client-ca.crt\n"
+        "  client_auth_type: RequireAndVerifyClientCert\n"
+    )
+    async with running_agent(device_plugin_dir, args) as run:
+        kept = KeptConnection(run.port, pki.ca_cert, cert=pki)
+        try:
+            assert (await kept.ask()).startswith("200 OK")
+            replace_atomically(ca, other.ca_cert.read_text())
+            await eventually(lambda: reloads(run).changed == 1, what="the reload")
+            assert await kept.closed_by_server()
+        finally:
+            kept.close()
+        again = KeptConnection(run.port, pki.ca_cert, cert=other)
+        try:
+            assert (await again.ask()).startswith("200 OK")
+        finally:
+            again.close()
 
 
 def _served_certificate(port: int, ca: Path) -> bytes:

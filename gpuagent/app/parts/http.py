@@ -64,6 +64,7 @@ class Http(Part):
             settings.metrics_port,
             probes=context.probes,
             listener=context.listener,
+            web_config=context.web_config,
         )
         await self.server.start()
 
