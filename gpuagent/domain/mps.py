@@ -39,6 +39,7 @@ __all__ = [
     "MpsStatus",
     "client_env",
     "daemon_reason",
+    "server_pids",
 ]
 
 CONTROL_BINARY = "nvidia-cuda-mps-control"
@@ -125,6 +126,23 @@ class MpsDaemon:
         if self.thread_percentage is not None:
             out.append(f"set_default_active_thread_percentage {self.thread_percentage}")
         return tuple(out)
+
+    def server_commands(self, pid: int) -> tuple[str, ...]:
+        """The same limits for server ``pid``, already running: the defaults reach only the
+        servers started after them (NVIDIA's MPS documentation, "Legacy MPS v2 Interface")."""
+        out = [
+            f"set_device_pinned_mem_limit {pid} {g.index} {g.pinned_limit_mib}M"
+            for g in self.gpus
+            if g.pinned_limit_mib > 0
+        ]
+        if self.thread_percentage is not None:
+            out.append(f"set_active_thread_percentage {pid} {self.thread_percentage}")
+        return tuple(out)
+
+
+def server_pids(answer: str) -> tuple[int, ...]:
+    """The servers ``get_server_list`` names (a pid a line; nothing when none runs)."""
+    return tuple(int(word) for word in answer.split() if word.isdecimal())
 
 
 def client_env(

@@ -4,8 +4,9 @@ A start makes the daemon's directories under the MPS root (pipe and log, and the
 directory all daemons share), asks a daemon left on the same pipe directory by an earlier agent
 to quit, sets the GPUs to EXCLUSIVE_PROCESS (unless told to leave them), starts the daemon in the
 foreground, waits for its control socket, then gives it each GPU's default pinned memory limit
-and the active thread percentage, one control command each (:class:`MpsDaemon.commands`). Only
-then is it up: its devices may be allocated.
+and the active thread percentage, one control command each (:class:`MpsDaemon.commands`); a
+server a client started before them (the defaults reach only servers started after them) is
+given the same limits by its pid. Only then is it up: its devices may be allocated.
 
 The daemon is the agent's child: when it exits, its devices turn unhealthy at once (the status
 goes into the store; ListAndWatch follows) and it is started again after the backoff
@@ -28,7 +29,7 @@ from typing import Protocol
 import structlog
 
 from gpuagent.domain.backoff import Backoff
-from gpuagent.domain.mps import MpsDaemon, MpsDirs, MpsStatus
+from gpuagent.domain.mps import MpsDaemon, MpsDirs, MpsStatus, server_pids
 from gpuagent.logs import ProblemLog
 from gpuagent.mps.control import ControlBinary, MpsCommandError, find_control_binary
 from gpuagent.state.clock import Clock, LoopClock
@@ -165,12 +166,30 @@ class DaemonKeeper:
             _relay(self._process, name), name=f"mps-daemon-output:{name}"
         )
         await self._until_ready(control)
-        for command in self.daemon.commands():
-            try:
+        try:
+            for command in self.daemon.commands():
                 await control.send(command)
-            except MpsCommandError as exc:
-                raise DaemonError(f"configuring it failed: {exc}") from exc
+            await self._limit_early_servers(control)
+        except MpsCommandError as exc:
+            raise DaemonError(f"configuring it failed: {exc}") from exc
         return control
+
+    async def _limit_early_servers(self, control: ControlBinary) -> None:
+        """A client that connected between the daemon's start and its configuration (a
+        container left from before a restart, which has the pipe directory) got a server
+        without the limits, and the defaults reach only servers started after them: such a
+        server is given the limits itself, so that the clients it serves from now on get them."""
+        servers = server_pids(await control.send("get_server_list"))
+        for pid in servers:
+            for command in self.daemon.server_commands(pid):
+                await control.send(command)
+        if servers:
+            log.warning(
+                "an MPS server started before the daemon's limits were set; they are set on "
+                "it now (clients it served before run without them)",
+                daemon=self.daemon.name,
+                servers=list(servers),
+            )
 
     def _make_dirs(self, control: ControlBinary) -> None:
         try:

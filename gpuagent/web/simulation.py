@@ -9,12 +9,14 @@
   ``"gpu_instance"``, ``"compute_instance"`` (MIG), ``"type"`` (``compute``, ``graphics``,
   ``mps``), ``"name"`` (what ``nvmlSystemGetProcessName`` answers) and ``"mps"``
   (``{"pipe_directory": dir}``, optionally the client's own ``"pinned_mem_limit_mib"`` and
-  ``"active_thread_percentage"``: a client of the MPS daemon on that pipe directory): starts the
-  process on that GPU (or updates it) → 200 with the process as JSON; 409 with the CUDA error
-  (``{"error", "cuda_error"}``) when the driver refuses it — past an MPS client's pinned memory
-  limit (``cudaErrorMemoryAllocation``), or a GPU whose exclusive compute mode another process
-  holds (``cudaErrorDevicesUnavailable``); 400 for a malformed body or value (more memory than
-  the GPU has included), 404 for an unknown GPU.
+  ``"active_thread_percentage"``: a client of the MPS daemon on that pipe directory; typed
+  ``mps`` without it, of CUDA's default ``/tmp/nvidia-mps``; with no daemon answering there, a
+  plain compute process, as CUDA falls back): starts the process on that GPU (or updates it) →
+  200 with the process as JSON; 409 with the CUDA error (``{"error", "cuda_error"}``) when the
+  driver refuses it — past an MPS client's pinned memory limit (``cudaErrorMemoryAllocation``),
+  past its server's clients on that GPU (``cudaErrorMpsMaxClientsReached``), or a GPU whose
+  exclusive compute mode another process holds (``cudaErrorDevicesUnavailable``); 400 for a
+  malformed body or value (more memory than the GPU has included), 404 for an unknown GPU.
 * ``DELETE /sim/processes/<pid>``: the process exits, on every GPU → 200 with what was removed;
   404 when no such process runs, 400 for a pid that is not a number.
 * ``GET /sim/processes``: every simulated process.

@@ -17,6 +17,7 @@ from gpuagent.domain.mps import (
     MpsState,
     MpsStatus,
     client_env,
+    server_pids,
 )
 from gpuagent.domain.mpsplan import gate_mps, mps_daemons
 from gpuagent.domain.resources import MigStrategy, ResourceSettings, build_resources
@@ -136,6 +137,22 @@ def test_a_gpu_of_unknown_memory_gets_no_memory_limit() -> None:
         "set_default_active_thread_percentage 50",
     )
     assert MpsDaemon("claim", (MpsGpu(0, G0),)).commands() == ()
+
+
+def test_a_running_server_gets_the_same_limits_by_its_pid() -> None:
+    daemon = MpsDaemon("r", (MpsGpu(0, G0, 0, 2), MpsGpu(1, G1, 1000, 2)), thread_percentage=50)
+    assert daemon.server_commands(4242) == (
+        "set_device_pinned_mem_limit 4242 1 500M",
+        "set_active_thread_percentage 4242 50",
+    )
+    assert MpsDaemon("claim", (MpsGpu(0, G0),)).server_commands(7) == ()
+
+
+@pytest.mark.parametrize(
+    ("answer", "pids"), [("", ()), ("4242", (4242,)), ("4242\n4243\n", (4242, 4243))]
+)
+def test_the_server_list_names_pids(answer: str, pids: tuple[int, ...]) -> None:
+    assert server_pids(answer) == pids
 
 
 # ----- health while a daemon is down --------------------------------------------------------------
