@@ -258,7 +258,10 @@ def _run_daemon(pipe: Path, log: Path) -> int:
         sys.stderr.write(f"An instance of this daemon is already running on {pipe}\n")
         return 1
     daemon = _Daemon(pipe, log)
-    made = [pipe / name for name in ("control", "control_privileged", "control_lock", "log")]
+    made = [
+        pipe / name
+        for name in ("control", ".control.binding", "control_privileged", "control_lock", "log")
+    ]
     for path in made:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
@@ -269,8 +272,11 @@ def _run_daemon(pipe: Path, log: Path) -> int:
         (pipe / "control_lock").touch()
         os.mkfifo(pipe / "log")
         pid_file.write_text(f"{os.getpid()}\n")
-        server.bind(str(pipe / "control"))
+        # Bound and listening before it appears: a socket file seen between bind and listen
+        # refuses connections, and whoever waits for the file would take the daemon for absent.
+        server.bind(str(pipe / ".control.binding"))
         server.listen(16)
+        os.replace(pipe / ".control.binding", pipe / "control")
         _say(daemon, f"Starting control daemon using socket {pipe / 'control'}")
         _say(
             daemon,
