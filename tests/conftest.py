@@ -11,12 +11,21 @@ from pathlib import Path
 
 import pytest
 import uvloop
+from hypothesis import HealthCheck, settings
 from support import grpcstubs
 from support.clock import FakeClock
 from support.fake_apiserver import FakeApiServer
 from support.fake_kubelet import FakeKubelet
 from support.fake_podresources import FakePodResources
 from support.grpcstubs import CriStubs, DraStubs, StubModules
+
+# Hypothesis times each example (a 200 ms deadline) and its data generation (the too_slow health
+# check): timed assertions, which a loaded CI machine can fail by chance. A test that is slow or
+# hangs is caught by pytest-timeout; speed is measured by the bench scripts.
+settings.register_profile(
+    "gpuagent", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True
+)
+settings.load_profile("gpuagent")
 
 
 def pytest_configure(config: pytest.Config) -> None:
