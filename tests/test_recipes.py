@@ -191,7 +191,15 @@ async def test_a_new_parts_failed_write_is_logged_and_retried_at_the_next_change
             blocker.mkdir()
             uuid = run.uuids[1]
             assert (await run.fault({"gpu": 1, "fault": "xid", "xid": 79}))[0] == 200
-            await eventually(lambda: unhealthy(run, path) == f"{uuid}\n", what="GPU 1 in the file")
+
+            def recovered() -> bool:
+                # The file is replaced on a thread and the recovery logged once the part is back
+                # on the loop: the file alone can be seen first, and the agent stopped before the
+                # line is logged.
+                logged = any(e.get("path") == str(path) for e in logs)
+                return unhealthy(run, path) == f"{uuid}\n" and logged
+
+            await eventually(recovered, what="GPU 1 in the file, and the recovery logged")
             assert not run.task.done()
     (warning,) = failed
     assert warning["log_level"] == "warning"
