@@ -31,7 +31,7 @@ def fuzzed(examples: int) -> settings:
     return settings(
         max_examples=examples,
         deadline=None,
-        suppress_health_check=[HealthCheck.function_scoped_fixture],
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
     )
 
 

@@ -299,12 +299,19 @@ def _serve(daemon: _Daemon, server: socket.socket) -> None:
     def stopped(signum: int, frame: object) -> None:
         stop[0] = True
 
+    # A signal wakes the wait at once (its byte on the pipe): a daemon told to stop exits and
+    # removes its files within the moment its stopper waits before killing it.
+    woken, wake = os.pipe()
+    os.set_blocking(wake, False)
+    signal.set_wakeup_fd(wake)
     signal.signal(signal.SIGTERM, stopped)
     signal.signal(signal.SIGINT, stopped)
     while not stop[0] and not daemon.quitting:
         with contextlib.suppress(InterruptedError):
-            ready, _, _ = select.select([server], [], [], 0.2)
-            if not ready:
+            ready, _, _ = select.select([server.fileno(), woken], [], [], 1.0)
+            if woken in ready:
+                os.read(woken, 512)
+            if server.fileno() not in ready:
                 continue
         connection, _ = server.accept()
         with connection:
