@@ -43,11 +43,13 @@ class HangingProbe(Delegating):
         self.hang = hang
         self.release = threading.Event()
         self.probes: Counter[int] = Counter()
+        self.threads: set[int] = set()  # the threads that probed
         self._lock = threading.Lock()
 
     def probe(self, index: int) -> Probe:
         with self._lock:
             self.probes[index] += 1
+            self.threads.add(threading.get_ident())
         if index == self.hang:
             self.release.wait(WAIT_S * 2)
         return self.inner.probe(index)
@@ -59,18 +61,6 @@ async def test_hung_probe_stalls_only_its_gpu(
     """A GPU whose probe hangs gets ``nvml_error``; the others and the event loop carry on."""
     nvml = HangingProbe(tmp_path, hang=1)
     monitor = monitor_for(store, nvml, call_timeout=0.1)
-    gaps: list[float] = []
-    ticking = True
-
-    async def ticker() -> None:
-        last = time.monotonic()
-        while ticking:
-            await asyncio.sleep(0.005)
-            now = time.monotonic()
-            gaps.append(now - last)
-            last = now
-
-    tick_task = asyncio.create_task(ticker())
     try:
         async with running(monitor):
             snapshot = await until(
@@ -109,10 +99,10 @@ async def test_hung_probe_stalls_only_its_gpu(
             assert all(g.health.healthy for g in snapshot.gpus)
     finally:
         nvml.release.set()
-        ticking = False
-        await tick_task
-    assert gaps
-    assert max(gaps) < 1.0, f"event loop stalled for {max(gaps):.3f}s"
+    # The loop carried on: the hang is released from the loop itself (above), and no probe ran
+    # on the loop's thread.
+    assert nvml.threads
+    assert threading.get_ident() not in nvml.threads
 
 
 async def test_a_long_hang_is_one_series_and_two_log_lines(
