@@ -12,7 +12,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Pki", "make_pki", "served_certificate"]
+__all__ = ["Pki", "make_pki", "served_certificate", "write_web_config"]
 
 
 @dataclass(frozen=True)
@@ -85,3 +85,21 @@ def served_certificate(server: ssl.SSLContext, ca: Path) -> bytes:
             assert der is not None
             return der
     raise AssertionError("the handshake did not finish")
+
+
+def write_web_config(
+    directory: Path, pki: Pki, ca: Pki | None = None, *extra: str, **tls: str
+) -> Path:
+    """A web config (``directory/web.yml``) serving ``pki``'s server certificate, verifying
+    client certificates against ``ca``'s CA (copied to ``client-ca.crt``: a reload sees the
+    file change); ``tls``: more ``tls_server_config`` keys, ``extra``: more lines after it."""
+    (directory / "server.crt").write_bytes(pki.server_cert.read_bytes())
+    (directory / "server.key").write_bytes(pki.server_key.read_bytes())
+    lines = ["tls_server_config:", "  cert_file: server.crt", "  key_file: server.key"]
+    if ca is not None:
+        (directory / "client-ca.crt").write_bytes(ca.ca_cert.read_bytes())
+        lines.append("  client_ca_file: client-ca.crt")
+    lines += [f"  {key}: {value}" for key, value in tls.items()]
+    path = directory / "web.yml"
+    path.write_text("\n".join([*lines, *extra]) + "\n")
+    return path

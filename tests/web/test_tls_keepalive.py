@@ -21,7 +21,7 @@ import bcrypt
 import pytest
 from aiohttp import web
 from support.synthetic import synthetic_snapshot
-from support.tls import Pki, make_pki
+from support.tls import Pki, make_pki, write_web_config
 from support.tlsclient import KeptConnection
 from support.waiting import eventually
 
@@ -117,21 +117,6 @@ async def serving(web_config: WebConfigFile) -> AsyncIterator[Served]:
         await server.close()
 
 
-def write_config(directory: Path, pki: Pki, ca: Pki | None, *extra: str, **tls: str) -> Path:
-    """The web config serving ``pki``'s server certificate, verifying client certificates
-    against ``ca``'s CA (copied to ``client-ca.crt``: a reload sees the file change)."""
-    (directory / "server.crt").write_bytes(pki.server_cert.read_bytes())
-    (directory / "server.key").write_bytes(pki.server_key.read_bytes())
-    lines = ["tls_server_config:", "  cert_file: server.crt", "  key_file: server.key"]
-    if ca is not None:
-        (directory / "client-ca.crt").write_bytes(ca.ca_cert.read_bytes())
-        lines.append("  client_ca_file: client-ca.crt")
-    lines += [f"  {key}: {value}" for key, value in tls.items()]
-    path = directory / "web.yml"
-    path.write_text("\n".join([*lines, *extra]) + "\n")
-    return path
-
-
 def reload(web_config: WebConfigFile) -> bool:
     return web_config.use(web_config.reread())
 
@@ -139,11 +124,11 @@ def reload(web_config: WebConfigFile) -> bool:
 async def test_a_connection_verified_by_a_removed_ca_gets_no_further_answer(
     tmp_path: Path, pki: Pki, other: Pki
 ) -> None:
-    web_config = WebConfigFile(write_config(tmp_path, pki, pki, client_auth_type=REQUIRE))
+    web_config = WebConfigFile(write_web_config(tmp_path, pki, pki, client_auth_type=REQUIRE))
     async with serving(web_config) as s:
         kept = s.connect(pki, cert=pki)
         assert (await kept.ask()).startswith("200 OK")
-        write_config(tmp_path, pki, other, client_auth_type=REQUIRE)
+        write_web_config(tmp_path, pki, other, client_auth_type=REQUIRE)
         assert reload(web_config) is True
         assert await kept.ask() == "closed"
         assert await s.connect(pki, cert=pki).ask() == "closed"  # refused
@@ -153,12 +138,12 @@ async def test_a_connection_verified_by_a_removed_ca_gets_no_further_answer(
 async def test_an_idle_connection_is_closed_at_once_when_a_certificate_becomes_required(
     tmp_path: Path, pki: Pki
 ) -> None:
-    web_config = WebConfigFile(write_config(tmp_path, pki, pki, client_auth_type=IF_GIVEN))
+    web_config = WebConfigFile(write_web_config(tmp_path, pki, pki, client_auth_type=IF_GIVEN))
     async with serving(web_config) as s:
         anonymous, signed = s.connect(pki), s.connect(pki, cert=pki)
         for connection in (anonymous, signed):
             assert (await connection.ask()).startswith("200 OK")
-        write_config(tmp_path, pki, pki, client_auth_type=REQUIRE)
+        write_web_config(tmp_path, pki, pki, client_auth_type=REQUIRE)
         assert reload(web_config) is True
         # Both are closed, unasked: a connection holds no verification the server could
         # still go by (the signed one's certificate would pass; it connects again).
@@ -173,14 +158,14 @@ async def test_an_idle_connection_is_closed_at_once_when_a_certificate_becomes_r
 async def test_a_request_under_way_is_answered_then_its_connection_closed(
     tmp_path: Path, pki: Pki, other: Pki
 ) -> None:
-    web_config = WebConfigFile(write_config(tmp_path, pki, pki, client_auth_type=REQUIRE))
+    web_config = WebConfigFile(write_web_config(tmp_path, pki, pki, client_auth_type=REQUIRE))
     async with serving(web_config) as s:
         kept = s.connect(pki, cert=pki)
         assert (await kept.ask()).startswith("200 OK")
         await kept.send("/held")
         async with asyncio.timeout(30):
             await s.held.entered.wait()
-        write_config(tmp_path, pki, other, client_auth_type=REQUIRE)
+        write_web_config(tmp_path, pki, other, client_auth_type=REQUIRE)
         assert reload(web_config) is True
         s.held.release.set()
         assert await kept.answer() == "200 OK held\n"
@@ -192,7 +177,7 @@ async def test_a_request_read_before_the_reload_but_not_yet_handled_is_not_answe
 ) -> None:
     """The reload runs between aiohttp's reading of a request and its handling (the loop
     runs the reload first): the request is not answered, and the connection is closed."""
-    web_config = WebConfigFile(write_config(tmp_path, pki, pki, client_auth_type=REQUIRE))
+    web_config = WebConfigFile(write_web_config(tmp_path, pki, pki, client_auth_type=REQUIRE))
     async with serving(web_config) as s:
         kept = s.connect(pki, cert=pki)
         s.held.release.set()
@@ -203,7 +188,7 @@ async def test_a_request_read_before_the_reload_but_not_yet_handled_is_not_answe
 
         def read_then_reload(data: bytes) -> None:
             read(data)
-            write_config(tmp_path, pki, other, client_auth_type=REQUIRE)
+            write_web_config(tmp_path, pki, other, client_auth_type=REQUIRE)
             assert reload(web_config) is True
 
         connection.data_received = read_then_reload  # type: ignore[method-assign]
@@ -216,11 +201,11 @@ async def test_a_connection_whose_handshake_ends_after_the_reload_is_closed(
     """Accepted before the reload, its handshake has the verify mode of then (OpenSSL copies
     it when the connection is accepted): an anonymous client would pass where a certificate is
     now required. It is closed once its handshake ends, before any request."""
-    web_config = WebConfigFile(write_config(tmp_path, pki, pki, client_auth_type=IF_GIVEN))
+    web_config = WebConfigFile(write_web_config(tmp_path, pki, pki, client_auth_type=IF_GIVEN))
     async with serving(web_config) as s:
         early = s.connect(pki)
         await eventually(lambda: s.server.accepted == 1, what="the connection accepted")
-        write_config(tmp_path, pki, pki, client_auth_type=REQUIRE)
+        write_web_config(tmp_path, pki, pki, client_auth_type=REQUIRE)
         assert reload(web_config) is True
         await early.handshake()  # passes: no certificate was asked for when it was accepted
         assert await early.ask() == "closed"
@@ -232,21 +217,21 @@ async def test_a_reload_that_leaves_trust_alone_closes_nothing(
     """The same files written again, basic auth turned on (checked per request: the kept
     connection is asked for credentials at once) and the server's own certificate rotated:
     the client keeps its connection through all three."""
-    path = write_config(tmp_path, pki, pki, client_auth_type=REQUIRE)
+    path = write_web_config(tmp_path, pki, pki, client_auth_type=REQUIRE)
     web_config = WebConfigFile(path)
     async with serving(web_config) as s:
         kept = s.connect(pki, cert=pki)
         assert (await kept.ask()).startswith("200 OK")
-        write_config(tmp_path, pki, pki, client_auth_type=REQUIRE)
+        write_web_config(tmp_path, pki, pki, client_auth_type=REQUIRE)
         assert reload(web_config) is False
         assert (await kept.ask()).startswith("200 OK")
         users = ("basic_auth_users:", f"  prometheus: {HASH}")
-        write_config(tmp_path, pki, pki, *users, client_auth_type=REQUIRE)
+        write_web_config(tmp_path, pki, pki, *users, client_auth_type=REQUIRE)
         assert reload(web_config) is True
         assert (await kept.ask()).startswith("401 Unauthorized")
         assert (await kept.ask(authorization=AUTH)).startswith("200 OK")
         # The server's certificate and key from the other PKI, the client CA still ``pki``'s.
-        write_config(tmp_path, other, None, *users, client_auth_type=REQUIRE,
+        write_web_config(tmp_path, other, None, *users, client_auth_type=REQUIRE,
                      client_ca_file=str(pki.ca_cert))  # fmt: skip
         assert reload(web_config) is True
         assert (await kept.ask(authorization=AUTH)).startswith("200 OK")

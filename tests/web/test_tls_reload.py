@@ -18,7 +18,7 @@ from typing import cast
 
 import bcrypt
 import pytest
-from support.tls import Pki, make_pki
+from support.tls import Pki, make_pki, write_web_config
 
 from gpuagent.web.listener import Listener
 from gpuagent.web.webconfig import WebConfigFile
@@ -90,21 +90,6 @@ class Client:
         return answer or "refused"
 
 
-def write_config(directory: Path, pki: Pki, ca: Pki | None = None, **settings: str) -> Path:
-    """The web config serving ``pki``'s server certificate, verifying client certificates
-    against ``ca``'s CA (copied to ``client-ca.crt``: a reload sees the file change)."""
-    (directory / "server.crt").write_bytes(pki.server_cert.read_bytes())
-    (directory / "server.key").write_bytes(pki.server_key.read_bytes())
-    lines = ["tls_server_config:", "  cert_file: server.crt", "  key_file: server.key"]
-    if ca is not None:
-        (directory / "client-ca.crt").write_bytes(ca.ca_cert.read_bytes())
-        lines.append("  client_ca_file: client-ca.crt")
-    lines += [f"  {key}: {value}" for key, value in settings.items()]
-    path = directory / "web.yml"
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
 def reload(web: WebConfigFile) -> None:
     assert web.use(web.reread()) is True
 
@@ -112,14 +97,14 @@ def reload(web: WebConfigFile) -> None:
 async def test_a_client_ca_replaced_is_no_longer_trusted(
     tmp_path: Path, pki: Pki, other: Pki
 ) -> None:
-    web = WebConfigFile(write_config(tmp_path, pki, pki, client_auth_type=REQUIRE))
+    web = WebConfigFile(write_web_config(tmp_path, pki, pki, client_auth_type=REQUIRE))
     signed_by_a, signed_by_b = Client(pki, pki), Client(pki, other)
     async with listening(web) as port:
         assert [await signed_by_a.connect(port), await signed_by_b.connect(port)] == [
             "cert",
             "refused",
         ]
-        write_config(tmp_path, pki, other, client_auth_type=REQUIRE)
+        write_web_config(tmp_path, pki, other, client_auth_type=REQUIRE)
         reload(web)
         assert [await signed_by_a.connect(port), await signed_by_b.connect(port)] == [
             "refused",
@@ -131,25 +116,25 @@ async def test_a_client_ca_removed_is_no_longer_trusted(tmp_path: Path, pki: Pki
     """``VerifyClientCertIfGiven`` without a CA any more: a certificate the old CA signed is
     refused (it cannot be verified), a client without one still served."""
     web = WebConfigFile(
-        write_config(tmp_path, pki, pki, client_auth_type="VerifyClientCertIfGiven")
+        write_web_config(tmp_path, pki, pki, client_auth_type="VerifyClientCertIfGiven")
     )
     signed, anonymous = Client(pki, pki), Client(pki)
     async with listening(web) as port:
         assert await signed.connect(port) == "cert"
-        write_config(tmp_path, pki, None, client_auth_type="VerifyClientCertIfGiven")
+        write_web_config(tmp_path, pki, None, client_auth_type="VerifyClientCertIfGiven")
         reload(web)
         assert [await signed.connect(port), await anonymous.connect(port)] == ["refused", "none"]
 
 
 async def test_client_auth_type_lowered_and_raised_again(tmp_path: Path, pki: Pki) -> None:
-    web = WebConfigFile(write_config(tmp_path, pki, pki, client_auth_type=REQUIRE))
+    web = WebConfigFile(write_web_config(tmp_path, pki, pki, client_auth_type=REQUIRE))
     signed, anonymous = Client(pki, pki), Client(pki)
     async with listening(web) as port:
         assert [await signed.connect(port), await anonymous.connect(port)] == ["cert", "refused"]
-        write_config(tmp_path, pki, pki, client_auth_type="VerifyClientCertIfGiven")
+        write_web_config(tmp_path, pki, pki, client_auth_type="VerifyClientCertIfGiven")
         reload(web)
         assert [await signed.connect(port), await anonymous.connect(port)] == ["cert", "none"]
-        write_config(tmp_path, pki, pki, client_auth_type=REQUIRE)
+        write_web_config(tmp_path, pki, pki, client_auth_type=REQUIRE)
         reload(web)
         assert [await signed.connect(port), await anonymous.connect(port)] == ["cert", "refused"]
 
@@ -157,12 +142,12 @@ async def test_client_auth_type_lowered_and_raised_again(tmp_path: Path, pki: Pk
 async def test_the_server_certificate_and_versions_follow_a_reload(
     tmp_path: Path, pki: Pki, other: Pki
 ) -> None:
-    web = WebConfigFile(write_config(tmp_path, pki))
+    web = WebConfigFile(write_web_config(tmp_path, pki))
     old, new, old_tls12 = Client(pki), Client(other), Client(pki, version=TLS12)
     async with listening(web) as port:
         assert [await old.connect(port), await new.connect(port)] == ["none", "refused"]
         assert await old_tls12.connect(port) == "none"
-        write_config(tmp_path, other, min_version="TLS13")
+        write_web_config(tmp_path, other, min_version="TLS13")
         reload(web)
         assert [await old.connect(port), await new.connect(port)] == ["refused", "none"]
         assert await Client(other, version=TLS12).connect(port) == "refused"
@@ -174,12 +159,12 @@ async def test_a_session_from_before_the_reload_is_not_resumed(
 ) -> None:
     """The session a client certificate signed by the removed CA was verified in would carry
     that verification past the reload; it is refused, a new handshake decides."""
-    web = WebConfigFile(write_config(tmp_path, pki, pki, client_auth_type=REQUIRE))
+    web = WebConfigFile(write_web_config(tmp_path, pki, pki, client_auth_type=REQUIRE))
     signed_by_a = Client(pki, pki, version)
     async with listening(web) as port:
         assert await signed_by_a.connect(port) == "cert"
         assert await signed_by_a.connect(port, resume=True) == "cert resumed"
-        write_config(tmp_path, pki, other, client_auth_type=REQUIRE)
+        write_web_config(tmp_path, pki, other, client_auth_type=REQUIRE)
         reload(web)
         assert await signed_by_a.connect(port, resume=True) == "refused"
         assert await Client(pki, other, version).connect(port) == "cert"
@@ -189,17 +174,17 @@ async def test_a_session_from_before_the_reload_is_not_resumed(
 async def test_a_session_without_a_certificate_is_not_resumed_once_one_is_required(
     tmp_path: Path, pki: Pki, version: ssl.TLSVersion
 ) -> None:
-    web = WebConfigFile(write_config(tmp_path, pki, pki))
+    web = WebConfigFile(write_web_config(tmp_path, pki, pki))
     anonymous = Client(pki, None, version)
     async with listening(web) as port:
         assert await anonymous.connect(port) == "none"
-        write_config(tmp_path, pki, pki, client_auth_type=REQUIRE)
+        write_web_config(tmp_path, pki, pki, client_auth_type=REQUIRE)
         reload(web)
         assert await anonymous.connect(port, resume=True) == "refused"
 
 
 async def test_a_reload_that_leaves_tls_alone_keeps_sessions(tmp_path: Path, pki: Pki) -> None:
-    path = write_config(tmp_path, pki, pki, client_auth_type=REQUIRE)
+    path = write_web_config(tmp_path, pki, pki, client_auth_type=REQUIRE)
     web = WebConfigFile(path)
     signed = Client(pki, pki)
     async with listening(web) as port:
