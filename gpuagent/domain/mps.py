@@ -115,28 +115,27 @@ class MpsDaemon:
     def uuids(self) -> tuple[str, ...]:
         return tuple(g.uuid for g in self.gpus)
 
-    def commands(self) -> tuple[str, ...]:
+    def commands(self, server: int | None = None) -> tuple[str, ...]:
         """What the control daemon is told once it is up, in order: each GPU's default pinned
-        memory limit (where its memory is known), then the active thread percentage."""
+        memory limit (where its memory is known), then the active thread percentage. With
+        ``server`` (a pid), the same limits for that server, already running: the defaults reach
+        only the servers started after them (NVIDIA's MPS documentation, "Legacy MPS v2
+        Interface")."""
+        if server is None:
+            limit, percentage = (
+                "set_default_device_pinned_mem_limit",
+                "set_default_active_thread_percentage",
+            )
+        else:
+            limit, percentage = (
+                f"set_device_pinned_mem_limit {server}",
+                f"set_active_thread_percentage {server}",
+            )
         out = [
-            f"set_default_device_pinned_mem_limit {g.index} {g.pinned_limit_mib}M"
-            for g in self.gpus
-            if g.pinned_limit_mib > 0
+            f"{limit} {g.index} {g.pinned_limit_mib}M" for g in self.gpus if g.pinned_limit_mib > 0
         ]
         if self.thread_percentage is not None:
-            out.append(f"set_default_active_thread_percentage {self.thread_percentage}")
-        return tuple(out)
-
-    def server_commands(self, pid: int) -> tuple[str, ...]:
-        """The same limits for server ``pid``, already running: the defaults reach only the
-        servers started after them (NVIDIA's MPS documentation, "Legacy MPS v2 Interface")."""
-        out = [
-            f"set_device_pinned_mem_limit {pid} {g.index} {g.pinned_limit_mib}M"
-            for g in self.gpus
-            if g.pinned_limit_mib > 0
-        ]
-        if self.thread_percentage is not None:
-            out.append(f"set_active_thread_percentage {pid} {self.thread_percentage}")
+            out.append(f"{percentage} {self.thread_percentage}")
         return tuple(out)
 
 

@@ -181,7 +181,7 @@ class DaemonKeeper:
         server is given the limits itself, so that the clients it serves from now on get them."""
         servers = server_pids(await control.send("get_server_list"))
         for pid in servers:
-            for command in self.daemon.server_commands(pid):
+            for command in self.daemon.commands(server=pid):
                 await control.send(command)
         if servers:
             log.warning(

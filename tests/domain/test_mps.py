@@ -141,11 +141,11 @@ def test_a_gpu_of_unknown_memory_gets_no_memory_limit() -> None:
 
 def test_a_running_server_gets_the_same_limits_by_its_pid() -> None:
     daemon = MpsDaemon("r", (MpsGpu(0, G0, 0, 2), MpsGpu(1, G1, 1000, 2)), thread_percentage=50)
-    assert daemon.server_commands(4242) == (
+    assert daemon.commands(server=4242) == (
         "set_device_pinned_mem_limit 4242 1 500M",
         "set_active_thread_percentage 4242 50",
     )
-    assert MpsDaemon("claim", (MpsGpu(0, G0),)).server_commands(7) == ()
+    assert MpsDaemon("claim", (MpsGpu(0, G0),)).commands(server=7) == ()
 
 
 @pytest.mark.parametrize(

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -176,19 +175,7 @@ def _positive(value: object, key: str, most: float) -> float | None:
 
 def _daemon_alive(pipe: str, pid: int) -> bool:
     """Whether the daemon ``pid`` still runs on ``pipe`` (its pid file names it, and it lives)."""
-    try:
-        named = int((Path(pipe) / mpscontrol.PID_FILE).read_text().strip())
-    except (OSError, ValueError):
-        return False
-    if named != pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return mpscontrol.running_pid(Path(pipe) / mpscontrol.PID_FILE) == pid
 
 
 @dataclass

@@ -56,7 +56,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["PID_FILE", "ask", "install", "main", "value_mib"]
+__all__ = ["PID_FILE", "ask", "install", "main", "running_pid", "value_mib"]
 
 BINARY = "nvidia-cuda-mps-control"
 PID_FILE = "nvidia-cuda-mps-control.pid"
@@ -236,18 +236,24 @@ def _say(daemon: _Daemon, text: str) -> None:
         log.write(line)
 
 
-def _already_running(pid_file: Path) -> bool:
+def running_pid(pid_file: Path) -> int | None:
+    """The pid ``pid_file`` names, if that process lives (one of another user's counts)."""
     try:
         pid = int(pid_file.read_text().strip())
     except (OSError, ValueError):
-        return False
+        return None
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        return False
+        return None
     except PermissionError:
-        return True
-    return pid != os.getpid()
+        return pid
+    return pid
+
+
+def _already_running(pid_file: Path) -> bool:
+    pid = running_pid(pid_file)
+    return pid is not None and pid != os.getpid()
 
 
 def _run_daemon(pipe: Path, log: Path) -> int:
