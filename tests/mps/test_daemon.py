@@ -146,6 +146,33 @@ async def test_a_daemon_left_by_an_earlier_agent_is_quit(tmp_path: Path) -> None
             assert kept.keeper.pid != stale.process.pid
 
 
+async def test_a_server_started_before_the_limits_is_given_them(tmp_path: Path) -> None:
+    """A client that reaches the daemon between its start and its configuration (a container
+    left from before a restart has the pipe directory) gets a server before the limits are set;
+    the defaults reach only servers started after them, so that server is given them by its
+    pid. The stand-in's client here lets such a client in just before the first limit."""
+    real = installed_control(tmp_path / "real")
+    binary = tmp_path / "driver" / "usr" / "bin" / "nvidia-cuda-mps-control"
+    binary.parent.mkdir(parents=True)
+    early = 4242
+    binary.write_text(
+        f'#!/bin/sh\n[ "$1" = -f ] && exec {real} -f\ninput=$(cat)\n'
+        'case "$input" in set_default_device_pinned_mem_limit\\ 0\\ *)\n'
+        f"  printf 'sim_client_connect {early}' | {real} >/dev/null || exit 1 ;;\nesac\n"
+        f"printf '%s' \"$input\" | exec {real}\n"
+    )
+    binary.chmod(0o755)
+    kept = keeper_for(tmp_path, backoff=Backoff(initial=3600.0, maximum=3600.0))
+    async with running(kept.keeper.run()):
+        await kept.up(starts=1)
+        assert ask(kept.pipe, "get_server_list") == (True, str(early))
+        # The defaults are set (for the next server), and the early server has them too.
+        assert ask(kept.pipe, "get_default_device_pinned_mem_limit 0") == (True, "20389M")
+        assert ask(kept.pipe, f"get_device_pinned_mem_limit {early} 0") == (True, "20389M")
+        assert ask(kept.pipe, f"get_device_pinned_mem_limit {early} 1") == (True, "10240M")
+        assert ask(kept.pipe, f"get_active_thread_percentage {early}") == (True, "25.0")
+
+
 async def test_a_failed_configuration_is_a_failed_start(tmp_path: Path) -> None:
     real = installed_control(tmp_path / "real")
     binary = tmp_path / "driver" / "usr" / "bin" / "nvidia-cuda-mps-control"
