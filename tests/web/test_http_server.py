@@ -18,7 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 from support.synthetic import synthetic_snapshot
-from support.tls import Pki, make_pki
+from support.tls import Pki
 from support.tlsclient import KeptConnection
 from support.waiting import eventually
 
@@ -84,11 +84,6 @@ async def serving(
         yield Served(store, renderer, server, f"{scheme}://127.0.0.1:{server.port}", probes)
     finally:
         await server.close()
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 def write_web_config(path: Path, body: str) -> WebConfigFile:

@@ -18,10 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import bcrypt
-import pytest
 from aiohttp import web
 from support.synthetic import synthetic_snapshot
-from support.tls import Pki, make_pki, write_web_config
+from support.tls import Pki, write_web_config
 from support.tlsclient import KeptConnection
 from support.waiting import eventually
 
@@ -38,16 +37,6 @@ HASH = bcrypt.hashpw(PASSWORD, bcrypt.gensalt(4)).decode()
 AUTH = "Basic " + base64.b64encode(b"prometheus:" + PASSWORD).decode()
 # Long enough that no idle timer of the server's closes a connection during a test.
 LIMITS = HttpLimits(keepalive_timeout=3600, first_bytes_timeout=3600)
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    return make_pki(tmp_path_factory.mktemp("a"))
-
-
-@pytest.fixture(scope="module")
-def other(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    return make_pki(tmp_path_factory.mktemp("b"))
 
 
 class _Probes:

@@ -18,23 +18,13 @@ from typing import cast
 
 import bcrypt
 import pytest
-from support.tls import Pki, make_pki, write_web_config
+from support.tls import Pki, write_web_config
 
 from gpuagent.web.listener import Listener
 from gpuagent.web.webconfig import WebConfigFile
 
 TLS12, TLS13 = ssl.TLSVersion.TLSv1_2, ssl.TLSVersion.TLSv1_3
 REQUIRE = "RequireAndVerifyClientCert"
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    return make_pki(tmp_path_factory.mktemp("a"))
-
-
-@pytest.fixture(scope="module")
-def other(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    return make_pki(tmp_path_factory.mktemp("b"))
 
 
 class _Answer(asyncio.Protocol):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import bcrypt
 import pytest
-from support.tls import Pki, make_pki
+from support.tls import Pki
 
 from gpuagent.web.basicauth import AuthResult, BasicAuth
 from gpuagent.web.webconfig import (
@@ -21,11 +21,6 @@ from gpuagent.web.webconfig import (
 
 PASSWORD = b"s3cret"
 HASH = bcrypt.hashpw(PASSWORD, bcrypt.gensalt(4)).decode()
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 def header(user: str, password: bytes) -> str:

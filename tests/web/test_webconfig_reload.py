@@ -13,7 +13,7 @@ from pathlib import Path
 
 import bcrypt
 import pytest
-from support.tls import Pki, make_pki, served_certificate
+from support.tls import Pki, served_certificate
 
 from gpuagent.web.webconfig import (
     WebConfigError,
@@ -24,16 +24,6 @@ from gpuagent.web.webconfig import (
 
 HASH = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(4)).decode()
 OTHER = bcrypt.hashpw(b"other", bcrypt.gensalt(4)).decode()
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    return make_pki(tmp_path_factory.mktemp("pki"))
-
-
-@pytest.fixture(scope="module")
-def other(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    return make_pki(tmp_path_factory.mktemp("other"))
 
 
 def der(pem: Path) -> bytes:
