@@ -81,6 +81,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dra-share-claims", type=int, default=200, help="claims with a share prepared (DRA rows)"
     )
+    parser.add_argument(
+        "--dra-held", type=int, default=200, help="claims the node holds in the held rows (DRA)"
+    )
 
 
 def _agent(
@@ -182,12 +185,12 @@ SHARES_PER_GPU = 6
 
 
 async def _measure_shares(
-    gpus: int, claims: int, root: Path, *, shared: bool = True
+    gpus: int, claims: int, root: Path, *, shared: bool = True, per_gpu: int = SHARES_PER_GPU
 ) -> dict[str, list[float]]:
     """Claims with a share of a GPU prepared (round trip, and the agent's own time), each GPU
-    holding :data:`SHARES_PER_GPU` of them as they come and go (the oldest unprepared: round
-    trip); see the module's doc. ``shared=False``: the same claims of whole GPUs, without sharing
-    (what the share adds is the difference)."""
+    holding ``per_gpu`` of them as they come and go (the oldest unprepared: round trip; the
+    first ``per_gpu`` a GPU is given are not timed); see the module's doc. ``shared=False``: the
+    same claims of whole GPUs, without sharing (what the share adds is the difference)."""
     api = FakeApiServer(node=NODE)
     await api.start()
     watcher = FakePluginWatcher(root / "registry", dra_stubs())
@@ -205,21 +208,22 @@ async def _measure_shares(
                         and all(d.up for d in store.snapshot.mps.daemons.values()))  # fmt: skip
             await _wait(lambda: len(api.devices()) == gpus)
             names = sorted(api.devices())
-            held = SHARES_PER_GPU * gpus
-            for i in range(claims + held):
-                if i < claims:
-                    uid, device = f"share-{i}", names[i % gpus]
-                    results = [("g", DRIVER, NODE, device)]
-                    api.add_claim(claim("b", uid, uid, results, consumed=SHARE if shared else None))
-                    out["round_trip"].append(await _prepare(watcher, reg, uid))
-                if i >= held:  # the oldest claim goes: each GPU holds SHARES_PER_GPU shares
-                    gone = f"share-{i - held}"
-                    started = time.perf_counter()
-                    await watcher.aunprepare(reg, [("b", gone, gone)])
-                    out["unprepare"].append(time.perf_counter() - started)
-                if i == held - 1 and shared:
+            held = per_gpu * gpus
+            for i in range(held + claims):
+                uid, device = f"share-{i}", names[i % gpus]
+                results = [("g", DRIVER, NODE, device)]
+                api.add_claim(claim("b", uid, uid, results, consumed=SHARE if shared else None))
+                trip = await _prepare(watcher, reg, uid)
+                if i < held:  # each GPU given its per_gpu claims: not timed
+                    continue
+                out["round_trip"].append(trip)
+                gone = f"share-{i - held}"  # the oldest claim goes: each GPU holds per_gpu
+                started = time.perf_counter()
+                await watcher.aunprepare(reg, [("b", gone, gone)])
+                out["unprepare"].append(time.perf_counter() - started)
+                if shared:
                     assert len(store.snapshot.shares) == held
-            out["prepare"] = list(run.dra.stats.prepare_seconds)
+            out["prepare"] = list(run.dra.stats.prepare_seconds[held:])
             assert api.invalid == [], api.invalid
     finally:
         await api.stop()
@@ -227,24 +231,28 @@ async def _measure_shares(
 
 
 def share_rows(args: argparse.Namespace) -> list[Row]:
-    """The rows of claims with a share of a GPU (``--dra-sharing mps``)."""
+    """The rows of claims with a share of a GPU (``--dra-sharing mps``), and of claims prepared
+    while the node holds ``--dra-held`` others (shared and whole)."""
     logs.configure("console", "warning")
+    many = max(1, args.dra_held // args.gpus)
     measured = []
-    for shared in (True, False):
+    for shared, per_gpu in ((True, SHARES_PER_GPU), (False, SHARES_PER_GPU), (True, many),
+                            (False, many)):  # fmt: skip
         root = Path(tempfile.mkdtemp(prefix="gad-", dir="/tmp"))
         try:
-            measured.append(
-                uvloop.run(_measure_shares(args.gpus, args.dra_share_claims, root, shared=shared))
-            )
+            measured.append(uvloop.run(_measure_shares(
+                args.gpus, args.dra_share_claims, root, shared=shared, per_gpu=per_gpu
+            )))  # fmt: skip
         finally:
             shutil.rmtree(root, ignore_errors=True)
-    m, whole = measured
+    m, whole, held, held_whole = measured
 
     def spread(values: list[float]) -> str:
         return f"p50 {ms(statistics.median(values))}, p99 {ms(percentile(values, 99))}"
 
     trip, own = m["round_trip"], m["prepare"]
     shape = f"{len(trip)} claims, {SHARES_PER_GPU} held per GPU on {args.gpus}"
+    kept = f"{many * args.gpus} held"
     return [
         Row(f"DRA shared claim: NodePrepareResources, no API read, {shape}", spread(own),
             "p99 ≤ 50 ms", percentile(own, 99) <= 0.050),
@@ -255,6 +263,13 @@ def share_rows(args: argparse.Namespace) -> list[Row]:
             spread(whole["round_trip"]), "", None),
         Row("DRA the same claims of whole GPUs: NodePrepareResources, no API read",
             spread(whole["prepare"]), "", None),
+        Row(f"DRA shared claim, {kept}: NodePrepareResources, no API read",
+            spread(held["prepare"]), "p99 ≤ 50 ms", percentile(held["prepare"], 99) <= 0.050),
+        Row(f"DRA shared claim, {kept}: unprepare round trip", spread(held["unprepare"]), "",
+            None),
+        Row(f"DRA whole-GPU claim, {kept}: NodePrepareResources, no API read",
+            spread(held_whole["prepare"]), "p99 < 20 ms",
+            percentile(held_whole["prepare"], 99) < 0.020),
     ]  # fmt: skip
 
 
