@@ -35,7 +35,10 @@ __all__ = [
     "cdi_name",
     "boot_from_checkpoint",
     "checkpoint_json",
+    "claim_from_record",
     "claims_from_checkpoint",
+    "node_json",
+    "record_json",
     "restated",
     "switched_from_checkpoint",
 ]
@@ -224,38 +227,59 @@ def _made(entry: Mapping[str, Any], boot: str) -> MadeMig | None:
     return MadeMig(*values, boot=made_in)
 
 
+def _entry_json(claim: PreparedClaim) -> dict[str, Any]:
+    return {
+        "namespace": claim.ref.namespace,
+        "name": claim.ref.name,
+        "devices": [
+            {
+                "requests": list(d.requests),
+                "pool": d.pool,
+                "device": d.device,
+                "cdi": list(d.cdi_ids),
+                "uuid": d.uuid,
+                **_made_json(d.made),
+                **_share_json(d.share),
+            }
+            for d in claim.devices
+        ],
+    }
+
+
+def _claim_from_entry(uid: str, entry: Any, boot: str) -> PreparedClaim:
+    try:
+        ref = ClaimRef(namespace=entry["namespace"], name=entry["name"], uid=uid)
+        devices = tuple(
+            PreparedDevice(
+                requests=tuple(d["requests"]),
+                pool=d["pool"],
+                device=d["device"],
+                cdi_ids=tuple(d["cdi"]),
+                uuid=d.get("uuid", ""),
+                made=_made(d, boot),
+                share=_share(d),
+            )
+            for d in entry["devices"]
+        )
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"checkpoint entry {uid!r} is malformed: {exc!r}") from None
+    return PreparedClaim(ref=ref, devices=devices)
+
+
 def checkpoint_json(
     claims: Mapping[str, PreparedClaim], switched: Collection[str] = (), boot: str = ""
 ) -> dict[str, Any]:
     """The checkpoint document for the prepared claims (keyed by UID) and the GPUs (UUIDs)
-    whose MIG mode the agent switched on, written in ``boot`` (omitted when unknown).
+    whose MIG mode the agent switched on, written in ``boot`` (omitted when unknown): the one
+    file agents before per-claim records kept (:func:`record_json`), read to carry its claims
+    over.
 
     Version 1 throughout: ``bootId``, a MIG device's ``boot`` and a device's ``share`` are
     optional, so an agent without them reads this document, and this one reads theirs (their
     MIG devices' boot is unknown: see :func:`gpuagent.domain.dynmig.made_standing`)."""
     return {
-        "version": CHECKPOINT_VERSION,
-        **({"bootId": boot} if boot else {}),
-        "migSwitched": sorted(switched),
-        "claims": {
-            uid: {
-                "namespace": c.ref.namespace,
-                "name": c.ref.name,
-                "devices": [
-                    {
-                        "requests": list(d.requests),
-                        "pool": d.pool,
-                        "device": d.device,
-                        "cdi": list(d.cdi_ids),
-                        "uuid": d.uuid,
-                        **_made_json(d.made),
-                        **_share_json(d.share),
-                    }
-                    for d in c.devices
-                ],
-            }
-            for uid, c in sorted(claims.items())
-        },
+        **node_json(switched, boot),
+        "claims": {uid: _entry_json(c) for uid, c in sorted(claims.items())},
     }
 
 
@@ -267,26 +291,40 @@ def claims_from_checkpoint(document: object) -> dict[str, PreparedClaim]:
     if not isinstance(claims, Mapping):
         raise ValueError("checkpoint has no claims mapping")  # noqa: TRY004 - one error kind
     boot = boot_from_checkpoint(document)
-    out: dict[str, PreparedClaim] = {}
-    for uid, entry in claims.items():
-        try:
-            ref = ClaimRef(namespace=entry["namespace"], name=entry["name"], uid=uid)
-            devices = tuple(
-                PreparedDevice(
-                    requests=tuple(d["requests"]),
-                    pool=d["pool"],
-                    device=d["device"],
-                    cdi_ids=tuple(d["cdi"]),
-                    uuid=d.get("uuid", ""),
-                    made=_made(d, boot),
-                    share=_share(d),
-                )
-                for d in entry["devices"]
-            )
-        except (KeyError, TypeError, AttributeError) as exc:
-            raise ValueError(f"checkpoint entry {uid!r} is malformed: {exc!r}") from None
-        out[str(uid)] = PreparedClaim(ref=ref, devices=devices)
-    return out
+    return {str(uid): _claim_from_entry(str(uid), entry, boot) for uid, entry in claims.items()}
+
+
+def node_json(switched: Collection[str] = (), boot: str = "") -> dict[str, Any]:
+    """The node's part of the checkpoint: the GPUs whose MIG mode the agent switched on, and
+    the boot it was written in (read back with :func:`switched_from_checkpoint` and
+    :func:`boot_from_checkpoint`)."""
+    return {
+        "version": CHECKPOINT_VERSION,
+        **({"bootId": boot} if boot else {}),
+        "migSwitched": sorted(switched),
+    }
+
+
+def record_json(claim: PreparedClaim, boot: str = "") -> dict[str, Any]:
+    """One prepared claim's record, written in ``boot`` (omitted when unknown): its UID and
+    what :func:`checkpoint_json` keeps of it."""
+    return {
+        "version": CHECKPOINT_VERSION,
+        **({"bootId": boot} if boot else {}),
+        "uid": claim.ref.uid,
+        **_entry_json(claim),
+    }
+
+
+def claim_from_record(document: object) -> PreparedClaim:
+    """The prepared claim of a record (:func:`record_json`); raises :class:`ValueError` if
+    malformed."""
+    if not isinstance(document, Mapping) or document.get("version") != CHECKPOINT_VERSION:
+        raise ValueError(f"not a version {CHECKPOINT_VERSION} claim record")
+    uid = document.get("uid")
+    if not isinstance(uid, str) or not uid:
+        raise ValueError("claim record has no UID")
+    return _claim_from_entry(uid, document, boot_from_checkpoint(document))
 
 
 def switched_from_checkpoint(document: object) -> frozenset[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -48,6 +49,9 @@ SUPPORTED_SERVICES = (
     "v1alpha1.DRAResourceHealth",
 )
 MAX_ERROR = 1024
+#: A claim's UID as the API server makes them (an RFC 4122 UUID), or any name that is safe as a
+#: file name: it names the claim's CDI spec and record.
+_UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 #: How long a claim prepared before the agent started waits for the GPUs to be described (and
 #: the MIG devices of prepared claims checked) before its devices are checked again.
 SETTLE_S = 10.0
@@ -104,16 +108,21 @@ class ClaimPreparer:
         self._store.counters.claims_counted(self.stats.counts(prepared_claims=len(self.claims)))
 
     async def load(self) -> None:
-        """Read the checkpoint (a restart keeps every prepared claim) and the boot this process
-        runs in. A checkpoint that cannot be read is logged and set aside: claims are then
-        prepared again from the API server."""
+        """Read the claims' records (a restart keeps every prepared claim) and the boot this
+        process runs in. A record that cannot be read is logged and its claim set aside (the
+        kubelet's prepare reads it again from the API server, its unprepare removes it); the
+        state directory unreadable as a whole is logged and the agent starts empty."""
         switched: frozenset[str] = frozenset()
         written_in = ""
         try:
-            self.claims, switched, written_in = await asyncio.to_thread(self._files.load)
-        except (ValueError, OSError) as exc:
+            loaded = await asyncio.to_thread(self._files.load)
+        except OSError as exc:
             log.error("dra checkpoint unreadable; starting empty", error=str(exc))
             self.claims = {}
+        else:
+            self.claims, switched, written_in = loaded.claims, loaded.switched, loaded.boot
+            for problem in loaded.unreadable:
+                log.error("dra checkpoint file unreadable; set aside", error=problem)
         self.shares.publish(self.claims)
         try:
             boot = await asyncio.to_thread(self._files.boot)
@@ -152,7 +161,7 @@ class ClaimPreparer:
             kept = [d.made for c in self.claims.values() for d in c.devices if d.made]
             removed = await mig.sweep(self._devices(self._store.snapshot), kept)
             try:
-                await asyncio.to_thread(self._files.save, self.claims, mig.switched)
+                await asyncio.to_thread(self._files.save_node, mig.switched)
             except OSError as exc:  # the next prepare or unprepare writes it again
                 log.error("dra checkpoint not written after the mig sweep", error=str(exc))
         log.info("mig devices of prepared claims checked", kept=len(kept), orphans_removed=removed)
@@ -234,11 +243,11 @@ class ClaimPreparer:
         return prepared
 
     async def _commit(self, prepared: PreparedClaim) -> None:
-        """Write ``prepared``'s CDI spec and the checkpoint with it, then remember it."""
+        """Write ``prepared``'s CDI spec and its record, then remember it."""
         claims = with_claim(self.claims, prepared)
         try:
             # The snapshot now, which lists the MIG devices just made.
-            await asyncio.to_thread(self._write, self._store.snapshot, prepared, claims)
+            await asyncio.to_thread(self._write, self._store.snapshot, prepared)
         except OSError as exc:
             raise ClaimError(f"writing the claim's CDI spec or checkpoint: {exc}") from None
         self.claims = claims
@@ -267,7 +276,7 @@ class ClaimPreparer:
             return known
         claims = with_claim(self.claims, again)
         try:
-            await asyncio.to_thread(self._write, self._store.snapshot, again, claims)
+            await asyncio.to_thread(self._write, self._store.snapshot, again)
         except OSError as exc:
             if self.mig is not None:
                 await self.mig.remove_all(changed, undo=True)
@@ -282,11 +291,10 @@ class ClaimPreparer:
         )
         return again
 
-    def _write(
-        self, snapshot: Snapshot, prepared: PreparedClaim, claims: Mapping[str, PreparedClaim]
-    ) -> None:
-        """The claim's CDI spec (from the node's, which may read the driver root), then the
-        checkpoint; runs off the event loop."""
+    def _write(self, snapshot: Snapshot, prepared: PreparedClaim) -> None:
+        """The claim's CDI spec (from the node's, which may read the driver root), the node's
+        facts where they changed (a GPU switched to MIG mode), then the claim's record; runs off
+        the event loop."""
         spec = claim_spec(
             self._node_spec(snapshot),
             prepared.ref.uid,
@@ -295,7 +303,8 @@ class ClaimPreparer:
             extra=self.shares.edits(prepared, snapshot.plan.serving.containers.mps),
         )
         self._files.write_spec(prepared.ref.uid, spec)
-        self._files.save(claims, self._switched)
+        self._files.save_node(self._switched)
+        self._files.save_claim(prepared)
 
     async def unprepare(self, ref: ClaimRef) -> None:
         """Destroy the claim's MIG devices made for it, forget the claim and remove its CDI
@@ -306,7 +315,7 @@ class ClaimPreparer:
                 await self.mig.remove_all(known.devices)
             claims = without_claim(self.claims, ref.uid)
             try:
-                await asyncio.to_thread(self._remove, ref.uid, claims)
+                await asyncio.to_thread(self._remove, ref.uid)
             except OSError as exc:
                 raise ClaimError(
                     f"removing the claim's CDI spec or checkpoint entry: {exc}"
@@ -316,9 +325,10 @@ class ClaimPreparer:
             self.claims = claims
             self.shares.publish(claims)
 
-    def _remove(self, uid: str, claims: Mapping[str, PreparedClaim]) -> None:
+    def _remove(self, uid: str) -> None:
         self._files.remove_spec(uid)
-        self._files.save(claims, self._switched)
+        self._files.remove_claim(uid)
+        self._files.save_node(self._switched)
 
 
 def _ref(claim: dra_v1.Claim | dra_v1beta1.Claim) -> ClaimRef:
@@ -328,6 +338,11 @@ def _ref(claim: dra_v1.Claim | dra_v1beta1.Claim) -> ClaimRef:
 def _check(ref: ClaimRef) -> None:
     if not ref.uid or not ref.name or not ref.namespace:
         raise ClaimError(f"claim {ref!r} lacks a namespace, name or UID")
+    if not _UID.fullmatch(ref.uid):  # it names the claim's files
+        raise ClaimError(
+            f"claim {ref.namespace}/{ref.name}: UID {ref.uid!r} is not a Kubernetes UID "
+            "(letters, digits, '-', '_' and '.', at most 128)"
+        )
 
 
 def _bounded(text: str) -> str:

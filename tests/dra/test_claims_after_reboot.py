@@ -6,7 +6,6 @@ API server stand-in, on simulated H100s. A fresh simulated driver is a reboot: a
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +38,7 @@ OVER_SMALL = "gpu-0-mig-1g20gb-15-6"  # a 1g.20gb over slices 6-7: SMALL's place
 
 
 def checkpoint(dirs: Dirs) -> dict[str, Any]:
-    return dict(json.loads((dirs.plugins / DRIVER / "checkpoint.json").read_text()))
+    return dirs.checkpoint()
 
 
 def made_at(run: RunningAgent, start: int) -> MigDevice:

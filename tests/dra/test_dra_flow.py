@@ -55,6 +55,14 @@ class Dirs:
         self.registry = root / "plugins_registry"
         self.cdi = root / "cdi"
 
+    def checkpoint(self, driver: str = "gpu.nvidia.com") -> dict[str, Any]:
+        """What the agent keeps of its claims, as one document: the node's facts (``bootId``,
+        ``migSwitched``) and each claim's record by UID (``claims``)."""
+        state = self.plugins / driver
+        node = json.loads((state / "node.json").read_text())
+        records = sorted((state / "claims").glob("*.json"))
+        return {**node, "claims": {p.stem: json.loads(p.read_text()) for p in records}}
+
     def args(
         self, apiserver: FakeApiServer, dra_gpus: str = "2,3", extra: tuple[str, ...] = ()
     ) -> tuple[str, ...]:
@@ -149,7 +157,7 @@ async def test_plugin_watcher_registers_and_a_claim_is_prepared_and_unprepared(
         nodes = [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
         assert nodes == [f"/dev/nvidia{minor}"]
         cdi_validator().validate(spec)
-        checkpoint = json.loads((dirs.plugins / DRIVER / "checkpoint.json").read_text())
+        checkpoint = dirs.checkpoint()
         assert list(checkpoint["claims"]) == ["uid-1"]
 
         # Idempotent: asked again (v1beta1 this time), answered from memory, no API read.
@@ -166,7 +174,7 @@ async def test_plugin_watcher_registers_and_a_claim_is_prepared_and_unprepared(
         assert not spec_path.exists()
         again_done = await watcher.aunprepare(reg, [("team-a", "train", "uid-1")])
         assert again_done.claims["uid-1"].error == ""
-        checkpoint = json.loads((dirs.plugins / DRIVER / "checkpoint.json").read_text())
+        checkpoint = dirs.checkpoint()
         assert checkpoint["claims"] == {}
         assert apiserver.invalid == []
 

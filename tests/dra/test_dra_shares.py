@@ -186,7 +186,7 @@ async def test_two_claims_share_a_gpu_each_held_to_its_own_share(
         assert [s.claim for s in run.agent.store.snapshot.shares] == ["big"]
         text = await run.metrics_until(lambda t: "gpuagent_dra_shared_claims 1" in t)
         assert "gpuagent_dra_claims_over_share 0" in text
-        checkpoint = json.loads((dirs.plugins / DRIVER / "checkpoint.json").read_text())
+        checkpoint = dirs.checkpoint()
         assert list(checkpoint["claims"]) == ["u-big"]
     assert apiserver.invalid == []
     # Shutdown quits the daemons and sets the GPUs' compute modes back.

@@ -152,7 +152,7 @@ async def test_a_1g_and_a_3g_are_made_on_prepare_and_removed_on_unprepare(
         assert len(nodes) == 3
         assert all(n.startswith("/dev/nvidia-caps/") for n in nodes[1:])
         assert nodes[1:] == list(mig.device_nodes)
-    checkpoint = json.loads((dirs.plugins / DRIVER / "checkpoint.json").read_text())
+    checkpoint = dirs.checkpoint()
     assert checkpoint["migSwitched"] == [gpu.uuid]
     assert checkpoint["claims"]["u-small"]["devices"][0]["mig"]["start"] == 6
 

@@ -154,8 +154,8 @@ async def test_a_restored_claim_is_answered_while_the_driver_is_not_up(tmp_path:
     claim = PreparedClaim(ref, (PreparedDevice(("gpu",), "node-1", "gpu-0", ("x",), "GPU-0"),))
     made_ref = ClaimRef("default", "made", "uid-2")
     made = PreparedClaim(made_ref, (prepared_at(MadeMig("GPU-0", 19, 3, 1)),))
-    files.checkpoint.parent.mkdir()
-    files.save({ref.uid: claim, made_ref.uid: made})
+    files.save_claim(claim)
+    files.save_claim(made)
 
     async def unreadable(namespace: str, name: str) -> dict[str, Any]:
         raise AssertionError("a restored claim is not read again")
