@@ -23,7 +23,9 @@ the interpreter with the agent: the round trips are upper bounds.
   the GPUs as they come and go, each GPU holding six (the oldest unprepared as a new one comes) —
   the agent's own time per claim (no API read; the target, 50 ms at p99, as the unshared claims'
   row is), the kubelet-side round trip (local API read included), the unprepares; and the same
-  claims of whole GPUs without sharing, whose difference is what a share adds.
+  claims of whole GPUs without sharing, whose difference is what a share adds. Then the same
+  with ``--dra-held`` claims held at once (25 per GPU on 8), shared and whole: a prepare's cost
+  must not grow with the claims a node holds.
 - A reboot under ``--dra-mig dynamic``: claims prepared on 8 simulated H100s (a 3g.40gb and four
   1g.10gb each), the agent stopped and started on a fresh simulated driver (a new boot: its MIG
   devices gone, MIG mode off), the kubelet's prepares of the same claims again: the round trip

@@ -5,12 +5,14 @@ allocation comes from the API server. :func:`allocated_devices` reads that alloc
 ``resource.k8s.io/v1`` JSON) and keeps the results of our driver, refusing what this node cannot
 serve with a :class:`ClaimError` whose message goes back to the kubelet and into the pod's events.
 
-A prepared claim is remembered (:class:`PreparedClaim`, serialised by :func:`checkpoint_json`)
-so a second ``NodePrepareResources`` needs nothing from the API server, and
-``NodeUnprepareResources`` neither — the claim may be gone by then. The checkpoint records the
-boot it was written in (the kernel's boot ID) and the boot each MIG device made for a claim was
-made in: a MIG device does not outlive a reboot. A repeated prepare checks the claim's devices
-again (:func:`restated` here, MIG made on demand: :func:`gpuagent.domain.dynmig.made_standing`).
+A prepared claim is remembered (:class:`PreparedClaim`, serialised one claim a record by
+:func:`record_json`; the node's facts by :func:`node_json`; :func:`checkpoint_json` is the one
+document of older agents, read to carry it over) so a second ``NodePrepareResources`` needs
+nothing from the API server, and ``NodeUnprepareResources`` neither — the claim may be gone by
+then. The checkpoint records the boot it was written in (the kernel's boot ID) and the boot each
+MIG device made for a claim was made in: a MIG device does not outlive a reboot. A repeated
+prepare checks the claim's devices again (:func:`restated` here, MIG made on demand:
+:func:`gpuagent.domain.dynmig.made_standing`).
 """
 
 from __future__ import annotations

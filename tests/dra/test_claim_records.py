@@ -5,8 +5,11 @@ that an unprepare leaves behind."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import shutil
+import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -18,7 +21,7 @@ from support.nodes import gpu, gpu_uuid, node
 
 import gpuagent.dra.claims as claim_files
 from gpuagent._proto.k8s.io.kubelet.pkg.apis.dra import v1 as dra_v1
-from gpuagent.domain.claims import ClaimRef
+from gpuagent.domain.claims import ClaimRef, claims_from_checkpoint, switched_from_checkpoint
 from gpuagent.domain.dra import DraGpus, DraPlan
 from gpuagent.domain.drasharing import served_devices
 from gpuagent.domain.plan import Plan
@@ -319,3 +322,30 @@ async def test_an_old_checkpoint_that_cannot_be_read_is_kept_aside(tmp_path: Pat
     (problem,) = [e["error"] for e in logs if e["event"].startswith("dra checkpoint file")]
     assert problem.startswith(f"{old}: ")
     assert problem.endswith("(kept as checkpoint.json.unreadable)")
+
+
+def _downgrade_command() -> str:
+    """docs/dra.md's command that writes an older agent's checkpoint from the records (after
+    its ``cd`` to the production directory)."""
+    text = (Path(__file__).parents[2] / "docs" / "dra.md").read_text()
+    block = text[text.index("**Downgrading**") :].split("```sh\n", 1)[1].split("```", 1)[0]
+    lines = block.splitlines()
+    assert lines[0].startswith("cd /var/lib/kubelet/plugins/")
+    return "\n".join(lines[1:])
+
+
+@pytest.mark.skipif(shutil.which("jq") is None, reason="jq is not installed")
+async def test_the_documented_downgrade_writes_the_checkpoint_an_older_agent_reads(
+    tmp_path: Path,
+) -> None:
+    node = Node(tmp_path)
+    preparer = await node.started()
+    for uid in ("one", "two"):
+        await preparer.prepare(node.add(uid))
+    state = tmp_path / "state"
+    await asyncio.to_thread(
+        subprocess.run, ["bash", "-ec", _downgrade_command()], cwd=state, check=True
+    )
+    document = json.loads((state / "checkpoint.json").read_text())
+    assert claims_from_checkpoint(document) == preparer.claims
+    assert switched_from_checkpoint(document) == frozenset()
