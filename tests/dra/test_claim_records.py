@@ -18,6 +18,7 @@ import pytest
 import structlog.testing
 from support.apiobjects import claim
 from support.nodes import gpu, gpu_uuid, node
+from support.required import unavailable
 
 import gpuagent.dra.claims as claim_files
 from gpuagent._proto.k8s.io.kubelet.pkg.apis.dra import v1 as dra_v1
@@ -334,10 +335,11 @@ def _downgrade_command() -> str:
     return "\n".join(lines[1:])
 
 
-@pytest.mark.skipif(shutil.which("jq") is None, reason="jq is not installed")
 async def test_the_documented_downgrade_writes_the_checkpoint_an_older_agent_reads(
     tmp_path: Path,
 ) -> None:
+    if shutil.which("jq") is None:
+        unavailable("jq runs the documented downgrade command")
     node = Node(tmp_path)
     preparer = await node.started()
     for uid in ("one", "two"):
