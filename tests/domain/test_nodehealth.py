@@ -194,6 +194,36 @@ def test_pod_events_name_the_pod_uid_where_its_processes_gave_it() -> None:
     }  # fmt: skip
 
 
+def test_a_holder_attributed_after_the_failure_is_told_once_per_episode() -> None:
+    """Attribution lags a poll: a pod named as the failed GPU's holder only in a later view gets
+    its event then; a pod told already is not told again until the GPU fails anew."""
+    whole = failing(synthetic_snapshot(1, replicas=2), 0, Condition("ecc_dbe"))
+    first, *rest = whole.pods.allocated
+    late = {(a.namespace, a.pod) for a in rest} - {(first.namespace, first.pod)}
+    assert late  # two pods hold the GPU's two replicas
+    lagging = replace(whole, pods=replace(whole.pods, allocated=(first,)))
+
+    def told(model: NodeHealthModel) -> dict[str, int]:
+        return {
+            r.key.regarding.name: r.count
+            for r in model.events.values()
+            if r.key.regarding.kind == "Pod"
+        }
+
+    model = NodeHealthModel("node-a")
+    model.observe(view_of(lagging), T0)
+    assert told(model) == {first.pod: 1}
+    model.observe(view_of(whole), T0 + 5)
+    assert told(model) == {first.pod: 1, **{pod: 1 for _, pod in late}}
+    model.observe(view_of(lagging), T0 + 10)  # a holder missing from one view is not news
+    model.observe(view_of(whole), T0 + 15)
+    assert told(model) == {first.pod: 1, **{pod: 1 for _, pod in late}}
+    healthy = replace(whole, gpus=tuple(replace(g, health=GpuHealth()) for g in whole.gpus))
+    model.observe(view_of(healthy), T0 + 20)
+    model.observe(view_of(whole), T0 + 25)  # failed anew: every holder is told again
+    assert told(model) == {first.pod: 2, **{pod: 2 for _, pod in late}}
+
+
 def test_the_message_is_bounded() -> None:
     snapshot = synthetic_snapshot(16)
     for index in range(16):

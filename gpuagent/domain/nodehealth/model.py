@@ -40,6 +40,8 @@ class NodeHealthModel:
     max_events: int = MAX_EVENTS
     view: NodeHealthView | None = None
     since: dict[DeviceRef, float] = field(default_factory=dict)
+    #: The pods (namespace, name) told of each failed device's failure, this episode.
+    told: dict[DeviceRef, frozenset[tuple[str, str]]] = field(default_factory=dict)
     events: dict[EventKey, EventRecord] = field(default_factory=dict)
     dropped_events: int = 0
 
@@ -51,22 +53,35 @@ class NodeHealthModel:
         after = {f.device: f for f in view.faults}
         node = Regarding("Node", self.node, uid=self.node_uid)
         for device, fault in after.items():
-            if device in before:
-                continue
-            self.since[device] = now
             detail = evidence_of(fault.conditions)
-            self._occurred(node, UNHEALTHY, f"{device} is unhealthy: {detail}", now)
-            for pod, containers in by_pod(view.holders_of(device), view.pod_uids):
-                names = ", ".join(containers)
-                plural = "s" if len(containers) > 1 else ""
-                note = f"{device} allocated to this pod (container{plural} {names}) failed: "
-                self._occurred(pod, UNHEALTHY, note + detail, now)
+            if device not in before:
+                self.since[device] = now
+                self.told[device] = frozenset()
+                self._occurred(node, UNHEALTHY, f"{device} is unhealthy: {detail}", now)
+            self._tell_holders(view, device, detail, now)
         for device in sorted(before - set(after)):
             self.since.pop(device, None)
+            self.told.pop(device, None)
             self._occurred(node, RECOVERED, f"{device} is healthy again", now)
         self._over_shares(view, now)
         self.view = view
         return True
+
+    def _tell_holders(
+        self, view: NodeHealthView, device: DeviceRef, detail: str, now: float
+    ) -> None:
+        """An event on each pod holding failed ``device`` not told yet in this episode: the
+        holders when it failed, and one attributed only later (attribution lags a poll)."""
+        told = self.told.get(device, frozenset())
+        for pod, containers in by_pod(view.holders_of(device), view.pod_uids):
+            if (pod.namespace, pod.name) in told:
+                continue
+            told |= {(pod.namespace, pod.name)}
+            names = ", ".join(containers)
+            plural = "s" if len(containers) > 1 else ""
+            note = f"{device} allocated to this pod (container{plural} {names}) failed: "
+            self._occurred(pod, UNHEALTHY, note + detail, now)
+        self.told[device] = told
 
     def _over_shares(self, view: NodeHealthView, now: float) -> None:
         """An event on each pod holding a claim that went over its share (once per episode:
