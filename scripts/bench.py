@@ -37,6 +37,7 @@ import bench_mps  # noqa: E402
 import bench_plugin  # noqa: E402
 import bench_poll  # noqa: E402
 import bench_series  # noqa: E402
+import bench_start  # noqa: E402
 import bench_watch  # noqa: E402
 from bench_preferred import bench_preferred  # noqa: E402
 from benchlib import Row, agent, ms, percentile, table, tempdir  # noqa: E402
@@ -199,6 +200,10 @@ def main() -> int:
     parser.add_argument("--only-mps", action="store_true",
                         help="run the MPS daemon rows only")  # fmt: skip
     bench_mps.add_arguments(parser)
+    parser.add_argument("--only-start", action="store_true",
+                        help="start → registered of a plain and a DRA node (--replay, "
+                        "--startups, --start-rounds)")  # fmt: skip
+    bench_start.add_arguments(parser)
     args = parser.parse_args()
 
     if args.only_dra_shares:
@@ -246,6 +251,9 @@ def main() -> int:
             print(table(rows))
             return 0
         replay = bench_plugin.replay_config(args.replay, Path(stubs_dir)) if args.replay else None
+        if args.only_start:
+            print(table(bench_start.rows(stubs, args, Path(stubs_dir), replay)))
+            return 0
         plugins = [
             bench_plugin.gpuagent(args.gpus, args.agent_python, args.agent_arg, sim_config=replay)
         ]
