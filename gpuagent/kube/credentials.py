@@ -1,13 +1,18 @@
-"""Whether the agent has API-server credentials at all, told without importing the client (the
-node condition and events are on by default exactly where it has)."""
+"""Whether the agent has API-server credentials, told without importing the client: at all
+(:func:`missing`: the node condition and events are on by default exactly where it has), and
+whether they can be loaded (:func:`unusable`: the DRA side refuses to start without, before
+anything starts, while the client is imported only once the kubelet has its device plugin)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-__all__ = ["SERVICE_ACCOUNT", "missing"]
+from gpuagent.yamlfile import YamlFileError, read_yaml
+
+__all__ = ["SERVICE_ACCOUNT", "missing", "unusable"]
 
 #: Where a pod's service-account token is mounted.
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -30,3 +35,78 @@ def missing(
     if not (account / "token").is_file():
         return f"no service-account token in {account} (automountServiceAccountToken: false?)"
     return None
+
+
+def unusable(
+    kubeconfig: Path | None,
+    *,
+    environ: Mapping[str, str] = os.environ,
+    account: Path = SERVICE_ACCOUNT,
+) -> str | None:
+    """Why the credentials cannot be loaded, as the client loads them (``kubeconfig``'s current
+    context, else the pod's service account), or ``None``. What the client's models then make of
+    the values (a field of the wrong type) is found when it loads them."""
+    if kubeconfig is not None:
+        problem = _kubeconfig_problem(kubeconfig)
+        return None if problem is None else f"{kubeconfig}: {problem}"
+    problem = _account_problem(environ, account)
+    return None if problem is None else f"in-cluster service account: {problem}"
+
+
+def _account_problem(environ: Mapping[str, str], account: Path) -> str | None:
+    for variable in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):
+        if not environ.get(variable):
+            return f"{variable} unset (not in a pod?)"
+    for name in ("token", "namespace"):
+        if not (account / name).is_file():
+            return f"no {name} in {account} (automountServiceAccountToken: false?)"
+    return None
+
+
+def _kubeconfig_problem(path: Path) -> str | None:
+    """What keeps the current context of the kubeconfig at ``path`` from being loaded."""
+    if not path.is_file():
+        return "no such file"
+    try:
+        config = read_yaml(path)
+    except YamlFileError as exc:
+        return str(exc).removeprefix(f"{path}:").lstrip()
+    if not isinstance(config, dict):
+        return "not a kubeconfig (a mapping with clusters, contexts and current-context)"
+    try:
+        clusters = _named(config, "clusters", "cluster")
+        contexts = _named(config, "contexts", "context")
+        users = _named(config, "users", "user") if "users" in config else {}
+    except _NotAKubeconfig as exc:
+        return str(exc)
+    current = config.get("current-context")
+    if not current:
+        return "no current-context"
+    if current not in contexts:
+        return f"current-context {current!r}: no such context"
+    context = contexts[current]
+    if context.get("cluster") not in clusters:
+        return f"context {current!r}: no cluster named {context.get('cluster')!r}"
+    if not clusters[context["cluster"]].get("server"):
+        return f"cluster {context['cluster']!r}: no server"
+    if context.get("user") and context["user"] not in users:
+        return f"context {current!r}: no user named {context['user']!r}"
+    return None
+
+
+class _NotAKubeconfig(Exception):
+    """A kubeconfig's list not of the shape the client reads."""
+
+
+def _named(config: dict[Any, Any], key: str, inner: str) -> dict[str, dict[Any, Any]]:
+    """The kubeconfig's list ``key`` by name: each entry's ``inner`` mapping (raises
+    :class:`_NotAKubeconfig`, saying which entry is not of that shape)."""
+    entries = config.get(key)
+    if not isinstance(entries, list):
+        raise _NotAKubeconfig(f"{key}: not a list")
+    found: dict[str, dict[Any, Any]] = {}
+    for n, entry in enumerate(entries):
+        if not isinstance(entry, dict) or not isinstance(entry.get(inner), dict):
+            raise _NotAKubeconfig(f"{key}[{n}]: no {inner} mapping")
+        found[str(entry.get("name"))] = entry[inner]
+    return found

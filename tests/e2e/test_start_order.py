@@ -1,6 +1,8 @@
 """What the agent imports before it registers with the kubelet: what registration needs, and none of
 the rest (HTTP, metrics, pod-resources, accounting, node files, DRA, the API client), started as the
-DaemonSet starts it (its config file and environment) on simulated GPUs.
+DaemonSet starts it (its config file and environment) on simulated GPUs, as a plain node and as a
+DRA node (``--dra-gpus all``: its credentials are checked before anything starts without the
+client, :mod:`gpuagent.kube.credentials`; the side and the client are imported after).
 
 The process is run with ``PYTHONPROFILEIMPORTTIME=1``: the interpreter writes a line to stderr as
 each import completes, on the same stream as the agent's log, so every module named before the log
@@ -14,6 +16,7 @@ import signal
 from pathlib import Path
 
 import pytest
+from support.fake_apiserver import FakeApiServer
 from support.fake_kubelet import FakeKubelet
 
 from e2e.agentprocess import T, free_port, reaped, spawn
@@ -37,6 +40,7 @@ NOT_BEFORE_REGISTRATION = (
     "gpuagent.kube.client",
     "gpuagent.kube.nodehealth",
     "lightkube",
+    "httpx2",
     "bcrypt",
     "importlib.metadata",  # (betterproto2's version is read without it: overrides.protoversion)
 )
@@ -63,8 +67,22 @@ def _imports_before_registration(stderr: str) -> list[str]:
     raise AssertionError(f"no registration in the agent's log:\n{stderr[-3000:]}")
 
 
+def _dra_node(root: Path) -> tuple[str, ...]:
+    """A DRA node's options: its directories under ``root``, the kubeconfig of an API server
+    that is not there (registration with the kubelet needs none)."""
+    kubeconfig = FakeApiServer(node="test-node", port=free_port()).kubeconfig(root / "kc")
+    return (
+        "--dra-gpus=all",
+        f"--kubeconfig={kubeconfig}",
+        f"--plugins-dir={root / 'plugins'}",
+        f"--plugins-registry-dir={root / 'registry'}",
+        f"--cdi-spec-dir={root / 'cdi'}",
+    )
+
+
+@pytest.mark.parametrize("dra", [False, True], ids=["plain", "dra"])
 def test_the_daemonsets_agent_imports_only_what_registration_needs_before_it(
-    fake_kubelet: FakeKubelet, device_plugin_dir: Path, short_tmp_path: Path
+    fake_kubelet: FakeKubelet, device_plugin_dir: Path, short_tmp_path: Path, dra: bool
 ) -> None:
     args = (
         f"--config={DAEMONSET_CONFIG}",
@@ -72,6 +90,7 @@ def test_the_daemonsets_agent_imports_only_what_registration_needs_before_it(
         f"--socket-dir={device_plugin_dir}",
         f"--pod-resources-socket={short_tmp_path / 'pod-resources' / 'kubelet.sock'}",
         f"--metrics-address=127.0.0.1:{free_port()}",
+        *(_dra_node(short_tmp_path) if dra else ()),
     )
     env = {
         "NODE_NAME": "test-node",

@@ -1,12 +1,14 @@
 """The DRA side, when ``--dra-gpus`` serves GPUs through DRA: its kubelet plugin and ResourceSlice
 publisher (:mod:`gpuagent.dra.side`), and the check of the GPUs ``--dra-gpus`` names.
 
-The side is built with the agent (imported only when DRA is on: its API client costs memory), so
-credentials that cannot be loaded are a configuration error before anything starts — unless
-``--dra-gpus`` names GPUs: then the GPUs named are checked first, once the driver has listed
-them, and each mistake is said whatever the other. Its tasks start with the rest; with MIG made
-on demand (``--dra-mig dynamic``) it makes and destroys MIG devices through the driver, on a
-thread of its own closed with the side.
+Credentials that cannot be loaded are a configuration error before anything starts, told without
+the API client (:func:`gpuagent.kube.credentials.unusable`) — unless ``--dra-gpus`` names GPUs:
+then the GPUs named are checked first, once the driver has listed them, and each mistake is said
+whatever the other. The side and its client (lightkube, httpx2: ~100 ms of CPU) are imported off
+the loop once the kubelet has its device plugin, and the side built then (what the client's
+models make of the kubeconfig's values is found then: still exit 2). Its tasks start with the
+rest; with MIG made on demand (``--dra-mig dynamic``) it makes and destroys MIG devices through
+the driver, on a thread of its own closed with the side.
 """
 
 from __future__ import annotations
@@ -19,31 +21,41 @@ from gpuagent.app import policy
 from gpuagent.app.part import Context, Part, Stage, Task, bounded
 from gpuagent.app.parts.driver import Driver
 from gpuagent.config import ConfigError
+from gpuagent.domain.devices import Registration
 from gpuagent.domain.dra import DraMig
 from gpuagent.domain.snapshot import Snapshot
 from gpuagent.gpu.migcontrol import MigControl
+from gpuagent.kube.credentials import unusable
 
 if TYPE_CHECKING:
     from gpuagent.dra.side import DraSide
 
-__all__ = ["Dra", "DraGpusCheck", "build", "check_gpus"]
+__all__ = ["SIDE_MODULE", "Dra", "DraGpusCheck", "build", "check_gpus"]
+
+#: The side's module (and with it the API client's), imported off the loop before it starts.
+SIDE_MODULE = "gpuagent.dra.side"
 
 
 class Dra(Part):
-    """The DRA side: ``side`` (``None`` when it could not be built, for ``unusable``)."""
+    """The DRA side: ``side`` once started (never, for ``unusable`` credentials: the check of
+    the GPUs named says so before anything starts)."""
 
     name = "dra"
 
-    def __init__(
-        self, context: Context, side: DraSide | None, unusable: ConfigError | None = None
-    ) -> None:
+    def __init__(self, context: Context, unusable: ConfigError | None = None) -> None:
         self._context = context
-        self.side = side
+        self.side: DraSide | None = None
         self.unusable = unusable
+        self.imports = (SIDE_MODULE,) if unusable is None else ()
+        if unusable is None:  # (not registered until the kubelet says so: readiness waits)
+            context.store.set_dra_registration(Registration())
 
     async def start(self) -> None:
+        if self.unusable is not None:
+            return
+        self.side = _side(self._context)
         store = self._context.store
-        if self.side is not None and store.plan.dra.mig is DraMig.DYNAMIC:
+        if store.plan.dra.mig is DraMig.DYNAMIC:
             nvml = self._context.parts.get(Driver).nvml
             assert nvml is not None
             self.side.manage_mig(MigControl(nvml, store))
@@ -57,22 +69,29 @@ class Dra(Part):
 
 
 def build(context: Context) -> Dra | None:
-    """The DRA side, when DRA is on. Without credentials, when ``--dra-gpus`` names GPUs: none,
-    and the error, said once the GPUs named are checked (:class:`DraGpusCheck`)."""
+    """The DRA side, when DRA is on. Raises :class:`ConfigError` for credentials that cannot be
+    loaded, naming the kubeconfig as given or the setting that needs them; when ``--dra-gpus``
+    names GPUs, the error is said once they are checked (:class:`DraGpusCheck`)."""
     gpus = context.store.plan.dra.gpus
     if not gpus.enabled:
         return None
-    try:
-        return Dra(context, _side(context))
-    except ConfigError as exc:
-        if not gpus.refs:
-            raise
-        return Dra(context, None, exc)
+    settings = context.settings
+    why = unusable(settings.kubeconfig)
+    if why is None:
+        return Dra(context)
+    given = settings.kubeconfig is not None
+    error = ConfigError(
+        settings.named("kubeconfig" if given else "dra_gpus"),
+        why if given else f"needs API server credentials: {why}",
+    )
+    if not gpus.refs:
+        raise error
+    return Dra(context, error)
 
 
 def _side(context: Context) -> DraSide:
-    """Raises :class:`ConfigError` without usable credentials, naming the kubeconfig as given, or
-    the setting that needs them."""
+    """Raises :class:`ConfigError` for credentials the client cannot load, named as in
+    :func:`build`."""
     from gpuagent.dra.side import DraSide, KubeConfigError  # noqa: PLC0415
 
     settings = context.settings
