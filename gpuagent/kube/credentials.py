@@ -91,6 +91,26 @@ def _kubeconfig_problem(path: Path) -> str | None:
         return f"cluster {context['cluster']!r}: no server"
     if context.get("user") and context["user"] not in users:
         return f"context {current!r}: no user named {context['user']!r}"
+    named = [("cluster", context["cluster"], clusters[context["cluster"]])]
+    if context.get("user"):
+        named.append(("user", context["user"], users[context["user"]]))
+    return _missing_file(path, named)
+
+
+#: The files a cluster's or user's entry may name, which the client reads as it is made.
+_FILES = ("certificate-authority", "client-certificate", "client-key")
+
+
+def _missing_file(kubeconfig: Path, named: list[tuple[str, str, dict[Any, Any]]]) -> str | None:
+    """The first file the entries ``named`` (kind, name, entry) name that is not there (a
+    relative path is the kubeconfig's directory's, as the client and kubectl read it)."""
+    for kind, name, entry in named:
+        for key in _FILES:
+            value = entry.get(key)
+            if isinstance(value, str) and value:
+                file = kubeconfig.parent / Path(value).expanduser()
+                if not file.is_file():
+                    return f"{kind} {name!r}: {key} {file}: no such file"
     return None
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 from lightkube import ConfigError as LightkubeConfigError
+from support.tls import make_pki
 
 from gpuagent.kube.client import KubeApi, KubeConfigError, load_config
 from gpuagent.kube.credentials import unusable
@@ -42,6 +43,15 @@ BAD = [
     pytest.param(_kubeconfig(clusters=[]), "context 'x': no cluster named 'c'",
                  id="cluster-absent"),
     pytest.param(_kubeconfig(users=[]), "context 'x': no user named 'u'", id="user-absent"),
+    pytest.param(
+        _kubeconfig(clusters=[{"name": "c", "cluster": {
+            "server": "https://127.0.0.1:6443", "certificate-authority": "pki/ca.crt"}}]),
+        "cluster 'c': certificate-authority ", id="ca-file-absent"),
+    pytest.param(
+        _kubeconfig(users=[{"name": "u", "user": {
+            "client-certificate": "/nonexistent/client.crt", "client-key": "pki/client.key"}}]),
+        "user 'u': client-certificate /nonexistent/client.crt: no such file",
+        id="client-certificate-absent"),
 ]  # fmt: skip
 
 
@@ -57,7 +67,10 @@ NO_SERVER = pytest.param(
 )
 # What the client raises for them: each of these took the agent down with a traceback before
 # the check (only its own KubeConfigError was a configuration error).
-CLIENT_ERRORS = (KubeConfigError, LightkubeConfigError, yaml.YAMLError, AttributeError, KeyError)
+# A file the kubeconfig names that is not there: OSError, as the client makes its TLS context.
+CLIENT_ERRORS = (
+    KubeConfigError, LightkubeConfigError, yaml.YAMLError, AttributeError, KeyError, OSError
+)  # fmt: skip
 
 
 @pytest.mark.parametrize(("content", "said"), [*BAD, NO_SERVER])
@@ -86,6 +99,21 @@ async def test_a_kubeconfig_the_client_loads_passes(tmp_path: Path) -> None:
     path = _write(tmp_path, _kubeconfig(users=[{"name": "u", "user": {}}]))
     assert unusable(path) is None
     await _client(path)  # (and the client loads it)
+
+
+@pytest.fixture
+def with_ca(tmp_path: Path) -> Path:
+    """``tmp_path``, with a CA's certificate at ``pki/ca.crt``."""
+    make_pki(tmp_path / "pki")
+    return tmp_path
+
+
+async def test_files_named_relative_to_the_kubeconfig_are_found_there(with_ca: Path) -> None:
+    tmp_path = with_ca
+    cluster = {"server": "https://127.0.0.1:6443", "certificate-authority": "pki/ca.crt"}
+    path = _write(tmp_path, _kubeconfig(clusters=[{"name": "c", "cluster": cluster}]))
+    assert unusable(path) is None
+    await _client(path)  # (and the client reads it there)
 
 
 def test_without_a_user_the_context_passes(tmp_path: Path) -> None:
