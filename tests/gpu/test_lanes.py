@@ -60,7 +60,7 @@ async def test_hung_probe_stalls_only_its_gpu(
 ) -> None:
     """A GPU whose probe hangs gets ``nvml_error``; the others and the event loop carry on."""
     nvml = HangingProbe(tmp_path, hang=1)
-    monitor = monitor_for(store, nvml, call_timeout=0.1)
+    monitor = monitor_for(store, nvml, call_timeout=0.5)
     try:
         async with running(monitor):
             snapshot = await until(
@@ -220,7 +220,7 @@ async def test_a_hung_gpu_keeps_its_thread_and_gives_it_back(
     poll thread in the same poll, the hung GPU is skipped (never queued behind its call), and
     once the call returns the GPU shares the poll thread again and its own thread ends."""
     nvml = ProbeThreads(tmp_path, hang=1)
-    monitor = monitor_for(store, nvml, poll_interval=60.0, call_timeout=0.1)
+    monitor = monitor_for(store, nvml, poll_interval=60.0, call_timeout=0.5)
     try:
         await monitor.start()
         await monitor.poll_once()
