@@ -196,12 +196,15 @@ class Servers:
     def reap(self, table: ProcessTable) -> list[SimProcess]:
         """End each server context whose daemon has gone and which serves no client on its GPU
         any more (a server of a live daemon stays, with or without clients); returns them."""
+        # Each daemon asked once (a pid file read), not once per GPU its server is on.
+        gone = {pid for pid, server in self.running.items() if not self._alive(server)}
+        if not gone:
+            return []
         ended = []
         for process in table.all():
-            server = self.running.get(process.pid)
-            if server is None or process.name != SERVER_NAME:
+            if process.pid not in gone or process.name != SERVER_NAME:
                 continue
-            if self._alive(server) or _clients(table, process.gpu, server.pid):
+            if _clients(table, process.gpu, process.pid):
                 continue
             ended.extend(table.remove_from(process.gpu, process.pid))
         still = {p.pid for p in table.all()}
