@@ -28,10 +28,11 @@ it keeps from the listening one (``SSL_set_SSL_CTX``, checked by handshakes in t
 - a resumed session (a session ticket, or TLS 1.2's session-ID cache, which lives in the
   listening context and which Python cannot flush) is looked up before the callback and carries
   the client certificate verified when it was made. The callback refuses the resumption of a
-  session made before the last change of the TLS files or settings while client certificates
-  are verified, so a removed CA's certificate, or no certificate where one is now required,
-  cannot come back by resumption. OpenSSL stamps a session in whole seconds: one made in the
-  second of the reload is refused too (the client makes a new one).
+  session made before the last change of what clients are verified against
+  (:meth:`TlsConfig.trust`; a renewal of the server's own certificate is none) while client
+  certificates are verified, so a removed CA's certificate, or no certificate where one is now
+  required, cannot come back by resumption. OpenSSL stamps a session in whole seconds: one made
+  in the second of the reload is refused too (the client makes a new one).
 """
 
 from __future__ import annotations
@@ -140,19 +141,24 @@ class ServedTls:
     def __init__(self, tls: TlsConfig, pem: Pem) -> None:
         self.listening = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.listening.sni_callback = self._switch
-        self._current = tls.context(pem)
-        tls.settle(self.listening)
-        self._verifies = tls.client_auth_type != "NoClientCert"
         self._sessions_after = 0  # the second of the last change: older sessions are not resumed
+        self._take(tls, pem, tls.context(pem))
 
     def serve(self, tls: TlsConfig, pem: Pem) -> None:
         """Serve ``tls`` and ``pem`` to connections accepted from now on; raises
-        :class:`WebConfigError` (and serves what it did) if they do not load."""
+        :class:`WebConfigError` (and serves what it did) if they do not load. Sessions made
+        before are no longer resumed only where what clients are verified against changed
+        (:meth:`TlsConfig.trust`): a renewal of the server's own certificate keeps them."""
         current = tls.context(pem)
+        if tls.trust(pem) != self._trust:
+            self._sessions_after = int(time.time())
+        self._take(tls, pem, current)
+
+    def _take(self, tls: TlsConfig, pem: Pem, current: ssl.SSLContext) -> None:
         tls.settle(self.listening)
         self._current = current
+        self._trust = tls.trust(pem)
         self._verifies = tls.client_auth_type != "NoClientCert"
-        self._sessions_after = int(time.time())
 
     def _switch(
         self, connection: ssl.SSLObject | ssl.SSLSocket, server_name: str | None, _: object

@@ -173,6 +173,21 @@ async def test_a_session_without_a_certificate_is_not_resumed_once_one_is_requir
         assert await anonymous.connect(port, resume=True) == "refused"
 
 
+async def test_a_renewed_server_certificate_keeps_sessions(tmp_path: Path, pki: Pki) -> None:
+    """Who is trusted has not changed: a session verified before is still good (a renewal by
+    cert-manager must not fail every client's next resumption). The certificate file is written
+    anew (other bytes, the same certificate: what this PKI can sign for the same name)."""
+    path = write_web_config(tmp_path, pki, pki, client_auth_type=REQUIRE)
+    web = WebConfigFile(path)
+    signed = Client(pki, pki)
+    async with listening(web) as port:
+        assert await signed.connect(port) == "cert"
+        certificate = tmp_path / "server.crt"
+        certificate.write_bytes(b"# renewed\n" + certificate.read_bytes())
+        reload(web)
+        assert await signed.connect(port, resume=True) == "cert resumed"
+
+
 async def test_a_reload_that_leaves_tls_alone_keeps_sessions(tmp_path: Path, pki: Pki) -> None:
     path = write_web_config(tmp_path, pki, pki, client_auth_type=REQUIRE)
     web = WebConfigFile(path)
