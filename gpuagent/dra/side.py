@@ -15,7 +15,6 @@ from typing import Any
 import structlog
 
 from gpuagent.domain.claims import ClaimUnavailable
-from gpuagent.domain.devices import Registration
 from gpuagent.domain.dra import DraDevice
 from gpuagent.domain.drasharing import served_devices
 from gpuagent.domain.snapshot import Snapshot
@@ -88,8 +87,6 @@ class DraSide:
         streams = DeviceHealthStreams(
             store, self._devices, config, stopping, resend_s=health_resend_s
         )
-        # DRA is on: the plugin is not registered until the kubelet says so (the store says it).
-        store.set_dra_registration(Registration())
         self.endpoint = DraEndpoint(
             _services(self.preparer, streams),
             driver=plan.driver,

@@ -57,7 +57,7 @@ def _account_problem(environ: Mapping[str, str], account: Path) -> str | None:
     for variable in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):
         if not environ.get(variable):
             return f"{variable} unset (not in a pod?)"
-    for name in ("token", "namespace"):
+    for name in ("token", "namespace", "ca.crt"):  # (the client reads ca.crt as it is made)
         if not (account / name).is_file():
             return f"no {name} in {account} (automountServiceAccountToken: false?)"
     return None

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 from lightkube import ConfigError as LightkubeConfigError
+from lightkube import KubeConfig
 from support.tls import make_pki
 
 from gpuagent.kube.client import KubeApi, KubeConfigError, load_config
@@ -138,13 +139,14 @@ IN_A_POD = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "4
 @pytest.mark.parametrize(
     ("environ", "files", "said"),
     [
-        ({}, ("token", "namespace"), "KUBERNETES_SERVICE_HOST unset (not in a pod?)"),
-        ({"KUBERNETES_SERVICE_HOST": "10.0.0.1"}, ("token", "namespace"),
+        ({}, ("token", "namespace", "ca.crt"), "KUBERNETES_SERVICE_HOST unset (not in a pod?)"),
+        ({"KUBERNETES_SERVICE_HOST": "10.0.0.1"}, ("token", "namespace", "ca.crt"),
          "KUBERNETES_SERVICE_PORT unset"),
-        (IN_A_POD, ("namespace",), "no token in"),
-        (IN_A_POD, ("token",), "no namespace in"),
+        (IN_A_POD, ("namespace", "ca.crt"), "no token in"),
+        (IN_A_POD, ("token", "ca.crt"), "no namespace in"),
+        (IN_A_POD, ("token", "namespace"), "no ca.crt in"),
     ],
-    ids=["not-in-a-pod", "no-port", "no-token", "no-namespace"],
+    ids=["not-in-a-pod", "no-port", "no-token", "no-namespace", "no-ca"],
 )  # fmt: skip
 def test_the_service_account_refused_saying_what_is_missing(
     tmp_path: Path, environ: dict[str, str], files: tuple[str, ...], said: str
@@ -155,7 +157,12 @@ def test_the_service_account_refused_saying_what_is_missing(
     assert said in why
 
 
-def test_a_pods_service_account_passes(tmp_path: Path) -> None:
-    assert (
-        unusable(None, environ=IN_A_POD, account=_account(tmp_path, "token", "namespace")) is None
-    )
+async def test_a_pods_service_account_passes(
+    with_ca: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    account = _account(with_ca, "token", "namespace")
+    (account / "ca.crt").write_bytes((with_ca / "pki" / "ca.crt").read_bytes())
+    assert unusable(None, environ=IN_A_POD, account=account) is None
+    for variable, value in IN_A_POD.items():
+        monkeypatch.setenv(variable, value)
+    await KubeApi(KubeConfig.from_service_account(account)).close()  # (and the client loads it)

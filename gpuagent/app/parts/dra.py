@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from gpuagent.app import policy
 from gpuagent.app.part import Context, Part, Stage, Task, bounded
 from gpuagent.app.parts.driver import Driver
-from gpuagent.config import ConfigError
+from gpuagent.config import ConfigError, Settings
 from gpuagent.domain.devices import Registration
 from gpuagent.domain.dra import DraMig
 from gpuagent.domain.snapshot import Snapshot
@@ -79,11 +79,7 @@ def build(context: Context) -> Dra | None:
     why = unusable(settings.kubeconfig)
     if why is None:
         return Dra(context)
-    given = settings.kubeconfig is not None
-    error = ConfigError(
-        settings.named("kubeconfig" if given else "dra_gpus"),
-        why if given else f"needs API server credentials: {why}",
-    )
+    error = _credentials_error(settings, why)
     if not gpus.refs:
         raise error
     return Dra(context, error)
@@ -109,9 +105,15 @@ def _side(context: Context) -> DraSide:
             **context.knobs.dra_options,
         )
     except KubeConfigError as exc:
-        given = settings.kubeconfig is not None
-        why = str(exc) if given else f"needs API server credentials: {exc}"
-        raise ConfigError(settings.named("kubeconfig" if given else "dra_gpus"), why) from exc
+        raise _credentials_error(settings, str(exc)) from exc
+
+
+def _credentials_error(settings: Settings, why: str) -> ConfigError:
+    """Credentials that cannot be loaded, said of the kubeconfig as given, else of the setting
+    that needs them."""
+    if settings.kubeconfig is not None:
+        return ConfigError(settings.named("kubeconfig"), why)
+    return ConfigError(settings.named("dra_gpus"), f"needs API server credentials: {why}")
 
 
 class DraGpusCheck(Part):
