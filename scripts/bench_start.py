@@ -10,12 +10,12 @@ CPU time the process had used by then is the steadier figure on a busy machine.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
 
 import bench_plugin
 from benchlib import Row, free_port, ms
+from support.fake_apiserver import FakeApiServer
 from support.grpcstubs import StubModules
 
 __all__ = ["add_arguments", "dra_args", "rows"]
@@ -31,14 +31,8 @@ def dra_args(directory: Path) -> tuple[str, ...]:
     """What makes the agent a DRA node, its directories under ``directory`` and its kubeconfig
     naming an API server that is not there."""
     directory.mkdir(parents=True, exist_ok=True)
-    kubeconfig = directory / "kubeconfig"
-    server = f"http://127.0.0.1:{free_port()}"
-    kubeconfig.write_text(json.dumps({  # (JSON is YAML)
-        "apiVersion": "v1", "kind": "Config", "current-context": "bench",
-        "clusters": [{"name": "bench", "cluster": {"server": server}}],
-        "users": [{"name": "agent", "user": {"token": "bench"}}],
-        "contexts": [{"name": "bench", "context": {"cluster": "bench", "user": "agent"}}],
-    }))  # fmt: skip
+    api = FakeApiServer(node="bench", port=free_port())  # (never started: nobody answers)
+    kubeconfig = api.kubeconfig(directory / "kubeconfig")
     return (
         "--dra-gpus", "all", "--kubeconfig", str(kubeconfig),
         "--plugins-dir", str(directory / "plugins"),
