@@ -13,7 +13,7 @@ import pynvml
 import pytest
 import structlog.testing
 from support.clock import FakeClock
-from support.mpsdaemon import StandIn
+from support.mpsdaemon import StandIn, server_pid
 
 from gpuagent.domain.usage import GpuProcess, ProcessReading, ProcessSample
 from gpuagent.gpu.calls import NvmlCalls
@@ -21,7 +21,6 @@ from gpuagent.gpu.nvml import Nvml
 from gpuagent.gpu.processes import MIN_SAMPLE_ROOM, ProcessReader
 from gpuagent.gpu.sim import SimDriver, install, installed, node_from_mapping, uninstall
 from gpuagent.gpu.sim._api_process import PROCESS_MODE_ALL_CUDA
-from gpuagent.gpu.sim.mps import SERVER_NAME
 from gpuagent.gpu.sim.processes import SAMPLE_PERIOD_US
 from gpuagent.gpu.sim.spec import CUDA_DRIVER_VERSION, SimNode
 
@@ -61,13 +60,6 @@ def driver(clock: FakeClock, tmp_path: Path) -> Iterator[tuple[SimDriver, Proces
 
 def handle(index: int) -> Any:
     return pynvml.nvmlDeviceGetHandleByIndex(index)
-
-
-def server_of(sim: SimDriver) -> int:
-    """The pid of the one MPS server on the simulated node."""
-    (pid,) = {p["pid"] for p in sim.processes() if p["name"] == SERVER_NAME}
-    assert isinstance(pid, int)
-    return pid
 
 
 def next_sample(clock: FakeClock) -> None:
@@ -228,7 +220,7 @@ def test_older_gpus_read_the_three_lists_merging_a_process_in_two(
     assert [(p.pid, p.mps_server) for p in reading.processes] == [
         (40, False),
         (41, False),
-        (server_of(sim), True),
+        (server_pid(sim), True),
     ]
     switched = [e for e in logs if "no process detail list" in e["event"]]
     assert len(switched) == 1
@@ -258,7 +250,7 @@ def test_an_r580_driver_refuses_mode_all_and_the_lists_are_read(
             for _ in range(2):
                 reading = reader.read(H100, handle(H100))
                 assert reading is not None
-                assert [p.pid for p in reading.processes] == [40, 41, server_of(sim)]
+                assert [p.pid for p in reading.processes] == [40, 41, server_pid(sim)]
         finally:
             nvml.shutdown()
     assert sim.calls["nvmlDeviceGetRunningProcessDetailList"] == 1

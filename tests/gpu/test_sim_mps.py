@@ -54,20 +54,8 @@ def sim(clock: FakeClock, tmp_path: Path) -> Iterator[tuple[SimDriver, Nvml]]:
         uninstall()
 
 
-@pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[StandIn]:
-    with running_daemon(
-        tmp_path / "driver", tmp_path / "mps" / "pipe", tmp_path / "mps" / "log"
-    ) as d:
-        yield d
-
-
 def handle(index: int) -> Any:
     return pynvml.nvmlDeviceGetHandleByIndex(index)
-
-
-def client(daemon: StandIn, **own: float) -> dict[str, object]:
-    return {"pipe_directory": str(daemon.pipe), **own}
 
 
 # ----- compute modes ------------------------------------------------------------------------------
@@ -143,24 +131,24 @@ def test_an_exclusive_gpu_admits_one_process(sim: tuple[SimDriver, Nvml]) -> Non
 
 # ----- clients of a daemon ------------------------------------------------------------------------
 def test_a_client_runs_under_its_daemons_limits(
-    sim: tuple[SimDriver, Nvml], daemon: StandIn
+    sim: tuple[SimDriver, Nvml], mps_daemon: StandIn
 ) -> None:
     driver, _ = sim
-    daemon.send(
+    mps_daemon.send(
         "set_default_device_pinned_mem_limit 0 20G", "set_default_active_thread_percentage 25"
     )
     pynvml.nvmlDeviceSetComputeMode(handle(H100), EXCLUSIVE)
-    started = driver.add_process(H100, 500, 20 * 1024, 60, mps_client=client(daemon))
+    started = driver.add_process(H100, 500, 20 * 1024, 60, mps_client=mps_daemon.client())
     assert (started["type"], started["sm_util"]) == ("mps", 25.0)
     with pytest.raises(Refused, match="past the client's pinned device memory limit") as info:
-        driver.add_process(H100, 501, 20 * 1024 + 1, 10, mps_client=client(daemon))
+        driver.add_process(H100, 501, 20 * 1024 + 1, 10, mps_client=mps_daemon.client())
     assert info.value.cuda_error == "cudaErrorMemoryAllocation"
     # A client's own limit wins over the daemon's default.
     with pytest.raises(Refused, match="limit of 1024 MiB"):
         driver.add_process(
-            H100, 502, 2048, 10, mps_client=client(daemon, pinned_mem_limit_mib=1024)
+            H100, 502, 2048, 10, mps_client=mps_daemon.client(pinned_mem_limit_mib=1024)
         )
-    driver.add_process(H100, 503, 512, 10, mps_client=client(daemon, pinned_mem_limit_mib=1024))
+    driver.add_process(H100, 503, 512, 10, mps_client=mps_daemon.client(pinned_mem_limit_mib=1024))
     # NVML lists the server and both clients as compute processes, the clients alone as MPS.
     compute = pynvml.nvmlDeviceGetComputeRunningProcesses_v3(handle(H100))
     mps = pynvml.nvmlDeviceGetMPSComputeRunningProcesses_v3(handle(H100))
@@ -174,15 +162,15 @@ def test_a_client_runs_under_its_daemons_limits(
 
 
 def test_a_clients_own_limits_only_lower_its_servers(
-    sim: tuple[SimDriver, Nvml], daemon: StandIn
+    sim: tuple[SimDriver, Nvml], mps_daemon: StandIn
 ) -> None:
     """NVIDIA: a client's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE "will only further constrain" the
     daemon's; the memory limit is read the same stricter way (the docs are silent on it)."""
     driver, _ = sim
-    daemon.send(
+    mps_daemon.send(
         "set_default_device_pinned_mem_limit 0 1G", "set_default_active_thread_percentage 20"
     )
-    own = client(daemon, pinned_mem_limit_mib=4096, active_thread_percentage=80)
+    own = mps_daemon.client(pinned_mem_limit_mib=4096, active_thread_percentage=80)
     with pytest.raises(Refused, match="limit of 1024 MiB"):
         driver.add_process(H100, 500, 2048, 90, mps_client=own)
     assert driver.add_process(H100, 500, 1024, 90, mps_client=own)["sm_util"] == 20.0
@@ -195,13 +183,13 @@ def server_of(driver: SimDriver) -> list[tuple[object, object]]:
 
 
 def test_the_server_outlives_its_clients_until_its_daemon_quits(
-    sim: tuple[SimDriver, Nvml], daemon: StandIn
+    sim: tuple[SimDriver, Nvml], mps_daemon: StandIn
 ) -> None:
     driver, _ = sim
     pynvml.nvmlDeviceSetComputeMode(handle(H100), EXCLUSIVE)
-    driver.add_process(H100, 500, 100, 5, mps_client=client(daemon))
+    driver.add_process(H100, 500, 100, 5, mps_client=mps_daemon.client())
     ((_, server),) = server_of(driver)
-    assert daemon.ask("get_server_list") == str(server)
+    assert mps_daemon.ask("get_server_list") == str(server)
     assert [p["pid"] for p in driver.remove_process(500)] == [500]
     # No client left: the server stays, listed by NVML, and holds the exclusive GPU.
     assert server_of(driver) == [(H100, server)]
@@ -211,11 +199,11 @@ def test_the_server_outlives_its_clients_until_its_daemon_quits(
         driver.add_process(H100, 600, 100, 5)
     assert info.value.cuda_error == "cudaErrorDevicesUnavailable"
     # A later client joins the same server.
-    driver.add_process(H100, 501, 100, 5, mps_client=client(daemon))
+    driver.add_process(H100, 501, 100, 5, mps_client=mps_daemon.client())
     assert server_of(driver) == [(H100, server)]
     driver.remove_process(501)
     # The daemon quits: its server goes with it, and the GPU is free again.
-    daemon.send("quit")
+    mps_daemon.send("quit")
     wait_until(lambda: not server_of(driver), what="the server's exit")
     wait_until(
         lambda: not pynvml.nvmlDeviceGetComputeRunningProcesses_v3(handle(H100)),
@@ -225,13 +213,13 @@ def test_the_server_outlives_its_clients_until_its_daemon_quits(
 
 
 def test_a_server_whose_daemon_quit_stays_while_a_client_runs(
-    sim: tuple[SimDriver, Nvml], daemon: StandIn
+    sim: tuple[SimDriver, Nvml], mps_daemon: StandIn
 ) -> None:
     driver, _ = sim
-    driver.add_process(H100, 500, 100, 5, mps_client=client(daemon))
+    driver.add_process(H100, 500, 100, 5, mps_client=mps_daemon.client())
     ((_, server),) = server_of(driver)
-    daemon.send("quit")
-    wait_until(lambda: daemon.process.poll() is not None, what="the daemon's exit")
+    mps_daemon.send("quit")
+    wait_until(lambda: mps_daemon.process.poll() is not None, what="the daemon's exit")
     assert server_of(driver) == [(H100, server)]
     assert [p["pid"] for p in driver.remove_process(500)] == [500, server]
     assert driver.processes() == []
@@ -244,10 +232,10 @@ def test_a_new_daemon_starts_a_new_server_with_its_defaults(
     pipe, log = tmp_path / "mps" / "pipe", tmp_path / "mps" / "log"
     with running_daemon(tmp_path / "driver", pipe, log) as first:
         first.send("set_default_active_thread_percentage 30")
-        driver.add_process(H100, 500, 100, 90, mps_client=client(first))
+        driver.add_process(H100, 500, 100, 90, mps_client=first.client())
         ((_, old),) = server_of(driver)
     with running_daemon(tmp_path / "driver", pipe, log) as second:
-        started = driver.add_process(H100, 501, 100, 90, mps_client=client(second))
+        started = driver.add_process(H100, 501, 100, 90, mps_client=second.client())
         assert started["sm_util"] == 90.0  # the new daemon's defaults: 100 %
         servers = server_of(driver)
         assert len(servers) == 2
@@ -260,38 +248,40 @@ def test_a_new_daemon_starts_a_new_server_with_its_defaults(
 
 # ----- the daemon's defaults and a running server's limits ----------------------------------------
 def test_defaults_set_while_a_server_runs_are_for_the_next_server(
-    sim: tuple[SimDriver, Nvml], daemon: StandIn
+    sim: tuple[SimDriver, Nvml], mps_daemon: StandIn
 ) -> None:
     """NVIDIA's MPS docs: a default set while a server runs "will only affect the next server";
     set_device_pinned_mem_limit / set_active_thread_percentage <PID> change the running one for
     the clients created with it afterwards ("existing clients are not affected")."""
     driver, _ = sim
-    daemon.send(
+    mps_daemon.send(
         "set_default_device_pinned_mem_limit 0 20G", "set_default_active_thread_percentage 25"
     )
-    driver.add_process(H100, 500, 1024, 60, mps_client=client(daemon))
+    driver.add_process(H100, 500, 1024, 60, mps_client=mps_daemon.client())
     ((_, server),) = server_of(driver)
     # NVIDIA's plugin re-sends the defaults: the running server keeps what it started with.
-    sent = daemon.send(
+    sent = mps_daemon.send(
         "set_default_device_pinned_mem_limit 0 1G", "set_default_active_thread_percentage 50"
     )
     assert sent.returncode == 0
-    assert daemon.ask("get_default_device_pinned_mem_limit 0") == "1024M"
-    started = driver.add_process(H100, 501, 15 * 1024, 60, mps_client=client(daemon))
+    assert mps_daemon.ask("get_default_device_pinned_mem_limit 0") == "1024M"
+    started = driver.add_process(H100, 501, 15 * 1024, 60, mps_client=mps_daemon.client())
     assert started["sm_util"] == 25.0
-    assert daemon.ask(f"get_device_pinned_mem_limit {server} 0") == "20480M"
-    assert daemon.ask(f"get_active_thread_percentage {server}") == "25.0"
+    assert mps_daemon.ask(f"get_device_pinned_mem_limit {server} 0") == "20480M"
+    assert mps_daemon.ask(f"get_active_thread_percentage {server}") == "25.0"
     # The per-PID commands change it.
-    daemon.send(
+    mps_daemon.send(
         f"set_device_pinned_mem_limit {server} 0 2G", f"set_active_thread_percentage {server} 10"
     )
     with pytest.raises(Refused, match="limit of 2048 MiB"):
-        driver.add_process(H100, 502, 3 * 1024, 60, mps_client=client(daemon))
-    assert driver.add_process(H100, 502, 2048, 60, mps_client=client(daemon))["sm_util"] == 10.0
+        driver.add_process(H100, 502, 3 * 1024, 60, mps_client=mps_daemon.client())
+    assert (
+        driver.add_process(H100, 502, 2048, 60, mps_client=mps_daemon.client())["sm_util"] == 10.0
+    )
     # The clients already running keep theirs.
     assert [p["memory_mib"] for p in driver.processes() if p["pid"] == 501] == [15 * 1024]
     # Another pid is no server of this daemon.
-    refused = daemon.send(f"set_active_thread_percentage {int(str(server)) + 1} 10")
+    refused = mps_daemon.send(f"set_active_thread_percentage {int(str(server)) + 1} 10")
     assert refused.returncode == 1
 
 
@@ -304,19 +294,21 @@ def test_max_clients_follow_nvidias_mps_documentation() -> None:
 
 
 def test_a_server_serves_at_most_its_most_clients_a_gpu(
-    sim: tuple[SimDriver, Nvml], daemon: StandIn
+    sim: tuple[SimDriver, Nvml], mps_daemon: StandIn
 ) -> None:
     driver, _ = sim
     most = 60  # CUDA 13.3 (the fixture's driver), a Hopper GPU
     for pid in range(1000, 1000 + most):
-        driver.add_process(H100, pid, 1, 1, mps_client=client(daemon))
+        driver.add_process(H100, pid, 1, 1, mps_client=mps_daemon.client())
     with pytest.raises(Refused, match="serves 60 clients on GPU 0") as info:
-        driver.add_process(H100, 2000, 1, 1, mps_client=client(daemon))
+        driver.add_process(H100, 2000, 1, 1, mps_client=mps_daemon.client())
     assert info.value.cuda_error == "cudaErrorMpsMaxClientsReached"
-    driver.add_process(H100, 1000, 2, 1, mps_client=client(daemon))  # a client updated: still 60
-    driver.add_process(A100, 2000, 1, 1, mps_client=client(daemon))  # another GPU: its own 60
+    driver.add_process(
+        H100, 1000, 2, 1, mps_client=mps_daemon.client()
+    )  # a client updated: still 60
+    driver.add_process(A100, 2000, 1, 1, mps_client=mps_daemon.client())  # another GPU: its own 60
     driver.remove_process(1001)
-    assert driver.add_process(H100, 2001, 1, 1, mps_client=client(daemon))["type"] == "mps"
+    assert driver.add_process(H100, 2001, 1, 1, mps_client=mps_daemon.client())["type"] == "mps"
 
 
 # ----- without a daemon ---------------------------------------------------------------------------
@@ -339,13 +331,13 @@ def test_without_a_daemon_a_client_runs_as_a_plain_process(
 
 
 def test_a_process_typed_mps_without_a_daemon_is_refused_by_an_exclusive_gpu(
-    sim: tuple[SimDriver, Nvml], daemon: StandIn, tmp_path: Path
+    sim: tuple[SimDriver, Nvml], mps_daemon: StandIn, tmp_path: Path
 ) -> None:
     """A server holds the EXCLUSIVE_PROCESS GPU; a process whose daemon does not answer is no
     MPS client, whatever its type: CUDA refuses its context (cudaErrorDevicesUnavailable)."""
     driver, _ = sim
     pynvml.nvmlDeviceSetComputeMode(handle(H100), EXCLUSIVE)
-    driver.add_process(H100, 500, 100, 5, mps_client=client(daemon))
+    driver.add_process(H100, 500, 100, 5, mps_client=mps_daemon.client())
     ((_, server),) = server_of(driver)
     gone = {"pipe_directory": str(tmp_path / "nobody")}
     for extra in ({"mps_client": gone}, {}):
@@ -357,7 +349,7 @@ def test_a_process_typed_mps_without_a_daemon_is_refused_by_an_exclusive_gpu(
 # ----- the reader ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("gpu", [H100, A100], ids=["detail-list", "three-lists"])
 def test_the_reader_marks_the_server_and_asks_its_name_once(
-    sim: tuple[SimDriver, Nvml], daemon: StandIn, gpu: int
+    sim: tuple[SimDriver, Nvml], mps_daemon: StandIn, gpu: int
 ) -> None:
     driver, nvml = sim
     reader = ProcessReader(nvml.calls)
@@ -366,8 +358,8 @@ def test_the_reader_marks_the_server_and_asks_its_name_once(
     assert first is not None
     assert [(p.pid, p.mps_server) for p in first.processes] == [(42, False)]
     assert driver.calls["nvmlSystemGetProcessName"] == 0
-    driver.add_process(gpu, 500, 1000, 5, mps_client=client(daemon))
-    driver.add_process(gpu, 501, 1000, 5, mps_client=client(daemon))
+    driver.add_process(gpu, 500, 1000, 5, mps_client=mps_daemon.client())
+    driver.add_process(gpu, 501, 1000, 5, mps_client=mps_daemon.client())
     lists = driver.calls["nvmlDeviceGetMPSComputeRunningProcesses_v3"]
     for _ in range(3):
         reading = reader.read(gpu, handle(gpu))

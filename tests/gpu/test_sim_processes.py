@@ -16,12 +16,11 @@ from typing import Any
 import pynvml
 import pytest
 from support.clock import FakeClock
-from support.mpsdaemon import StandIn
+from support.mpsdaemon import StandIn, server_pid
 from support.simnvml import nvml_on
 
 from gpuagent.gpu.sim import SimDriver, node_from_mapping
 from gpuagent.gpu.sim._api_process import PROCESS_MODE_ALL_CUDA
-from gpuagent.gpu.sim.mps import SERVER_NAME
 from gpuagent.gpu.sim.processes import SAMPLE_PERIOD_US
 from gpuagent.overrides.nvml import nvml_function
 
@@ -55,18 +54,6 @@ def mig_handle(gpu: int, position: int) -> Any:
     return pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle(gpu), position)
 
 
-def client_of(daemon: StandIn) -> dict[str, object]:
-    """The ``mps`` of a client of ``daemon``."""
-    return {"pipe_directory": str(daemon.pipe)}
-
-
-def server_pid(driver: SimDriver) -> int:
-    """The pid of the one MPS server on the simulated node."""
-    (pid,) = {p["pid"] for p in driver.processes() if p["name"] == SERVER_NAME}
-    assert isinstance(pid, int)
-    return pid
-
-
 def instances(driver: SimDriver, gpu: int) -> list[tuple[int, int]]:
     """(GPU instance, compute instance) of each MIG device, in enumeration order."""
     found = []
@@ -96,7 +83,7 @@ class TestRunningProcesses:
     ) -> None:
         driver.add_process(0, 4242, 1024, 30)
         driver.add_process(0, 4343, 512.5, 10, kind="graphics")
-        driver.add_process(0, 4444, 256, 5, mps_client=client_of(mps_daemon))
+        driver.add_process(0, 4444, 256, 5, mps_client=mps_daemon.client())
         driver.add_process(1, 4242, 100, 1)  # the same process on a second GPU
         compute = pynvml.nvmlDeviceGetComputeRunningProcesses_v3(handle(0))
         # An MPS client is a compute context too: listed in both, as on a real R580 driver, with
@@ -177,7 +164,7 @@ class TestDetailList:
         graphics none."""
         driver.add_process(0, 1, 10, 1)
         driver.add_process(0, 2, 20, 1, kind="graphics")
-        driver.add_process(0, 3, 30, 1, mps_client=client_of(mps_daemon))
+        driver.add_process(0, 3, 30, 1, mps_client=mps_daemon.client())
         compute = self.detail(0, pynvml.NVML_PROCESS_MODE_COMPUTE)
         server = server_pid(driver)
         assert [(p.pid, p.usedGpuMemory) for p in compute] == [
@@ -203,7 +190,7 @@ class TestDetailList:
         with nvml_on(SimDriver(newer, clock=clock)) as driver:
             driver.add_process(0, 1, 10, 1)
             driver.add_process(0, 2, 20, 1, kind="graphics")
-            driver.add_process(0, 3, 30, 1, mps_client=client_of(mps_daemon))
+            driver.add_process(0, 3, 30, 1, mps_client=mps_daemon.client())
             every = self.detail(0, pynvml.NVML_PROCESS_MODE_ALL)
             assert [(p.pid, p.usedGpuMemory) for p in every] == [
                 (1, 10 * MIB),

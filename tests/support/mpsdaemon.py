@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuagent.gpu.sim import SimDriver
+from gpuagent.gpu.sim.mps import SERVER_NAME
 from gpuagent.gpu.sim.mpscontrol import ask, install, value_mib
 
 __all__ = [
@@ -22,6 +24,7 @@ __all__ = [
     "control_env",
     "installed_control",
     "running_daemon",
+    "server_pid",
     "wait_until",
 ]
 
@@ -50,6 +53,10 @@ class StandIn:
     pipe: Path
     log: Path
     process: subprocess.Popen[bytes]
+
+    def client(self, **own: float) -> dict[str, object]:
+        """The ``mps`` of a simulated client of this daemon (``own``: its own limits)."""
+        return {"pipe_directory": str(self.pipe), **own}
 
     def send(self, *commands: str) -> subprocess.CompletedProcess[bytes]:
         """The commands on a client's standard input, one a line, no trailing newline."""
@@ -107,3 +114,10 @@ def cdi_client(spec: Mapping[str, Any], ordinal: int = 0) -> dict[str, object]:
     if "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" in env:
         client["active_thread_percentage"] = float(env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"])
     return client
+
+
+def server_pid(driver: SimDriver) -> int:
+    """The pid of the one MPS server on the simulated node ``driver``."""
+    (pid,) = {p["pid"] for p in driver.processes() if p["name"] == SERVER_NAME}
+    assert isinstance(pid, int)
+    return pid
