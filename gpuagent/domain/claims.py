@@ -273,8 +273,9 @@ def checkpoint_json(
 ) -> dict[str, Any]:
     """The checkpoint document for the prepared claims (keyed by UID) and the GPUs (UUIDs)
     whose MIG mode the agent switched on, written in ``boot`` (omitted when unknown): the one
-    file agents before per-claim records kept (:func:`record_json`), read to carry its claims
-    over.
+    file agents before per-claim records (:func:`record_json`) wrote, which this one reads only
+    to carry its claims over (:func:`claims_from_checkpoint`). Nothing here writes it any more:
+    it states that format, which docs/dra.md's downgrade command writes, for the tests.
 
     Version 1 throughout: ``bootId``, a MIG device's ``boot`` and a device's ``share`` are
     optional, so an agent without them reads this document, and this one reads theirs (their

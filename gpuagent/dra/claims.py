@@ -230,11 +230,7 @@ class ClaimFiles:
         except FileNotFoundError:
             return claims
         for path in paths:
-            if path.name.startswith("."):  # a write a crash interrupted: never renamed in
-                if path.name.endswith(".tmp"):
-                    remove_if_present(path)
-                continue
-            if path.suffix != ".json":
+            if path.name.startswith(".") or path.suffix != ".json":  # (".…tmp": a torn write)
                 continue
             try:
                 claim = _record(path)
