@@ -28,6 +28,14 @@ TAINT_KEY = "nvidia.com/gpu-unhealthy"
 MAX_EVENTS = 256
 
 
+@dataclass(frozen=True, slots=True)
+class Episode:
+    """A device's failure, from ``since`` until it recovers: the pods (namespace, name) told."""
+
+    since: float
+    told: frozenset[tuple[str, str]] = frozenset()
+
+
 @dataclass
 class NodeHealthModel:
     """Successive views of one node, folded into the condition and the events to write."""
@@ -39,9 +47,8 @@ class NodeHealthModel:
     series_ttl: float = 3600.0
     max_events: int = MAX_EVENTS
     view: NodeHealthView | None = None
-    since: dict[DeviceRef, float] = field(default_factory=dict)
-    #: The pods (namespace, name) told of each failed device's failure, this episode.
-    told: dict[DeviceRef, frozenset[tuple[str, str]]] = field(default_factory=dict)
+    #: Each failed device's episode: since when, and the pods told of it.
+    episodes: dict[DeviceRef, Episode] = field(default_factory=dict)
     events: dict[EventKey, EventRecord] = field(default_factory=dict)
     dropped_events: int = 0
 
@@ -55,13 +62,11 @@ class NodeHealthModel:
         for device, fault in after.items():
             detail = evidence_of(fault.conditions)
             if device not in before:
-                self.since[device] = now
-                self.told[device] = frozenset()
+                self.episodes[device] = Episode(since=now)
                 self._occurred(node, UNHEALTHY, f"{device} is unhealthy: {detail}", now)
             self._tell_holders(view, device, detail, now)
         for device in sorted(before - set(after)):
-            self.since.pop(device, None)
-            self.told.pop(device, None)
+            self.episodes.pop(device, None)
             self._occurred(node, RECOVERED, f"{device} is healthy again", now)
         self._over_shares(view, now)
         self.view = view
@@ -72,7 +77,8 @@ class NodeHealthModel:
     ) -> None:
         """An event on each pod holding failed ``device`` not told yet in this episode: the
         holders when it failed, and one attributed only later (attribution lags a poll)."""
-        told = self.told.get(device, frozenset())
+        episode = self.episodes.get(device, Episode(since=now))
+        told = episode.told
         for pod, containers in by_pod(view.holders_of(device), view.pod_uids):
             if (pod.namespace, pod.name) in told:
                 continue
@@ -81,7 +87,7 @@ class NodeHealthModel:
             plural = "s" if len(containers) > 1 else ""
             note = f"{device} allocated to this pod (container{plural} {names}) failed: "
             self._occurred(pod, UNHEALTHY, note + detail, now)
-        self.told[device] = told
+        self.episodes[device] = replace(episode, told=told)
 
     def _over_shares(self, view: NodeHealthView, now: float) -> None:
         """An event on each pod holding a claim that went over its share (once per episode:
@@ -94,7 +100,9 @@ class NodeHealthModel:
                 self._occurred(pod, OVER_SHARE, _over_share_note(use, containers), now)
 
     def condition(self) -> ConditionReport | None:
-        return condition_report(self.view, self.since) if self.view is not None else None
+        if self.view is None:
+            return None
+        return condition_report(self.view, {d: e.since for d, e in self.episodes.items()})
 
     def taint_wanted(self) -> bool:
         return self.view is not None and self.view.all_unhealthy
