@@ -29,7 +29,12 @@ As NVIDIA's MPS documentation says of the real daemon ("Legacy MPS v2 Interface"
 are what a server gets when it starts — set while a server runs, they "only affect the next
 server" — and the per-PID commands change a running server's limits for the clients created
 with it afterwards ("existing clients are not affected"). The server is started for the first
-client and outlives its clients: it goes with the daemon (``quit``, a signal).
+client and outlives its clients: it goes with the daemon (``quit``, a signal). Kinder than
+the real daemon, knowingly: its ``quit`` "stops accepting new clients while waiting for current
+MPS servers and MPS clients to finish" (the nvidia-cuda-mps-control man page), while this one
+exits at once — the stand-in does not see the clients, the simulated driver does (it keeps a
+quit daemon's server until its last client there ends). So a stop of the agent's keeper that
+meets running clients ends in a terminate here at once, on a real node after its quit's wait.
 
 The simulated driver connects a client over the same socket (:func:`ask`), as a CUDA client
 connects to the real daemon: ``sim_client_connect <pid>`` (not a command of the real daemon)
