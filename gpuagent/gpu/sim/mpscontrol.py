@@ -33,8 +33,9 @@ client and outlives its clients: it goes with the daemon (``quit``, a signal). K
 the real daemon, knowingly: its ``quit`` "stops accepting new clients while waiting for current
 MPS servers and MPS clients to finish" (the nvidia-cuda-mps-control man page), while this one
 exits at once — the stand-in does not see the clients, the simulated driver does (it keeps a
-quit daemon's server until its last client there ends). So a stop of the agent's keeper that
-meets running clients ends in a terminate here at once, on a real node after its quit's wait.
+quit daemon's server until its last client there ends). Where the agent's keeper stops a
+daemon whose clients still run, this one has exited by itself; a real one is still waiting
+when the keeper's bound runs out, and is terminated.
 
 The simulated driver connects a client over the same socket (:func:`ask`), as a CUDA client
 connects to the real daemon: ``sim_client_connect <pid>`` (not a command of the real daemon)
